@@ -1,0 +1,180 @@
+"""The wire codec: the only module that calls msgpack.
+
+A message travels as a ZeroMQ multipart message: frame 0 is a msgpack map
+``{"type": str, "schema": int, "body": map}``; frames 1..n hold raw blobs (screenshots and other bytes
+fields of at least ``BLOB_MIN_BYTES``), referenced from the body by msgpack ExtType(1, frame index).
+Integer lists travel as little-endian int32 arrays (ExtType 2), float lists as float64 arrays (ExtType 3).
+Never pickle; never base64.
+
+Every decoder enforces a maximum total size and frame count, rejects unknown types and schema versions,
+and checks every field against the message's type hints, raising WireError with the reason. A hostile or
+corrupt message therefore costs one WireError, never a crash or a half-built object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from arpo_async.messages import MESSAGE_TYPES, SCHEMA_VERSION
+
+BLOB_MIN_BYTES = 4096
+"""bytes fields at least this long travel in their own frame (zero-copy on the receiving side)."""
+MAX_FRAMES = 4096
+"""Most frames one message may have (one per screenshot, plus the header)."""
+
+_EXT_BLOB, _EXT_INT32, _EXT_FLOAT64 = 1, 2, 3
+
+
+class WireError(ValueError):
+    """A message that cannot be decoded or encoded: too large, malformed, unknown type, wrong field types."""
+
+
+def encode(message: Any) -> list[bytes]:
+    """Encode a message dataclass into multipart frames (header first, then blobs).
+
+    Raises:
+        WireError: the object is not a registered message type, or a field does not fit its type.
+    """
+    msg_type = getattr(message, "TYPE", None)
+    if msg_type not in MESSAGE_TYPES or not isinstance(message, MESSAGE_TYPES[msg_type]):
+        raise WireError(f"not a wire message: {type(message).__name__}")
+    blobs: list[bytes] = []
+    body = _to_wire(message, typing.get_type_hints(type(message)), blobs)
+    header = msgpack.packb({"type": msg_type, "schema": SCHEMA_VERSION, "body": body}, use_bin_type=True)
+    return [header, *blobs]
+
+
+def decode(frames: list[bytes], *, max_bytes: int) -> Any:
+    """Decode multipart frames into a message dataclass.
+
+    Args:
+        frames: frame 0 the msgpack header, then the blobs it references.
+        max_bytes: largest total size accepted (the sum of all frames).
+
+    Raises:
+        WireError: too large, too many frames, not msgpack, unknown type or schema, a missing, unknown or
+            mistyped field, or a blob reference out of range.
+    """
+    if not frames:
+        raise WireError("empty message")
+    if len(frames) > MAX_FRAMES:
+        raise WireError(f"too many frames: {len(frames)} > {MAX_FRAMES}")
+    total = sum(len(f) for f in frames)
+    if total > max_bytes:
+        raise WireError(f"message of {total} bytes exceeds the limit of {max_bytes}")
+    blobs = frames[1:]
+
+    def ext_hook(code: int, data: bytes) -> Any:
+        if code == _EXT_BLOB:
+            index = int.from_bytes(data, "little")
+            if index >= len(blobs):
+                raise WireError(f"blob reference {index} but only {len(blobs)} blob frames")
+            return bytes(blobs[index])
+        if code == _EXT_INT32:
+            if len(data) % 4:
+                raise WireError("int32 array length is not a multiple of 4")
+            return np.frombuffer(data, dtype="<i4").tolist()
+        if code == _EXT_FLOAT64:
+            if len(data) % 8:
+                raise WireError("float64 array length is not a multiple of 8")
+            return np.frombuffer(data, dtype="<f8").tolist()
+        raise WireError(f"unknown msgpack extension type {code}")
+
+    try:
+        header = msgpack.unpackb(bytes(frames[0]), raw=False, ext_hook=ext_hook, strict_map_key=True)
+    except WireError:
+        raise
+    except Exception as e:  # msgpack raises several unrelated exception types on corrupt input
+        raise WireError(f"header is not valid msgpack: {type(e).__name__}: {e}") from e
+    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
+        raise WireError("header must be a map with a string 'type'")
+    if header.get("schema") != SCHEMA_VERSION:
+        raise WireError(f"schema {header.get('schema')!r} is not {SCHEMA_VERSION} (peers of different versions)")
+    cls = MESSAGE_TYPES.get(header["type"])
+    if cls is None:
+        raise WireError(f"unknown message type {header['type']!r}")
+    return _from_wire(cls, header.get("body"), header["type"])
+
+
+def _to_wire(obj: Any, hints: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        out[f.name] = _value_to_wire(getattr(obj, f.name), hints[f.name], blobs, f.name)
+    return out
+
+
+def _value_to_wire(value: Any, hint: Any, blobs: list[bytes], name: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        return _to_wire(value, typing.get_type_hints(hint), blobs)
+    if origin is list and args == (int,):
+        return msgpack.ExtType(_EXT_INT32, _int32_bytes(value, name))
+    if origin is list and args == (float,):
+        return msgpack.ExtType(_EXT_FLOAT64, np.asarray(value, dtype="<f8").tobytes())
+    if origin is list and args == (bytes,):
+        return [_value_to_wire(v, bytes, blobs, name) for v in value]
+    if origin is list and dataclasses.is_dataclass(args[0]):
+        return [_to_wire(v, typing.get_type_hints(args[0]), blobs) for v in value]
+    if hint is bytes and isinstance(value, (bytes, bytearray, memoryview)) and len(value) >= BLOB_MIN_BYTES:
+        blobs.append(bytes(value))
+        return msgpack.ExtType(_EXT_BLOB, (len(blobs) - 1).to_bytes(4, "little"))
+    return value
+
+
+def _int32_bytes(values: list[int], name: str) -> bytes:
+    array = np.asarray(values, dtype=np.int64)
+    if array.size and (array.min() < -(2**31) or array.max() >= 2**31):
+        raise WireError(f"{name}: value out of int32 range")
+    return array.astype("<i4").tobytes()
+
+
+def _from_wire(cls: type, data: Any, path: str) -> Any:
+    if not isinstance(data, dict):
+        raise WireError(f"{path}: expected a map, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(data) - set(fields)
+    if unknown:
+        raise WireError(f"{path}: unknown field(s) {sorted(map(str, unknown))}")
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise WireError(f"{path}: missing field {name!r}")
+            continue
+        kwargs[name] = _check(data[name], hints[name], f"{path}.{name}")
+    return cls(**kwargs)
+
+
+def _check(value: Any, hint: Any, path: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        return _from_wire(hint, value, path)
+    if origin is list:
+        if not isinstance(value, list):
+            raise WireError(f"{path}: expected a list, got {type(value).__name__}")
+        return [_check(v, args[0], f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            raise WireError(f"{path}: expected a map, got {type(value).__name__}")
+        if args:
+            return {_check(k, args[0], path): _check(v, args[1], f"{path}[{k!r}]") for k, v in value.items()}
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise WireError(f"{path}: expected a number, got {type(value).__name__}")
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise WireError(f"{path}: expected an integer, got {type(value).__name__}")
+        return value
+    if hint in (str, bytes, bool):
+        if not isinstance(value, hint):
+            raise WireError(f"{path}: expected {hint.__name__}, got {type(value).__name__}")
+        return value
+    raise WireError(f"{path}: unsupported field type {hint!r}")

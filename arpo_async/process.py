@@ -1,0 +1,53 @@
+"""Process entry helpers shared by arpo-learner and arpo-actors: one event loop, clean signal handling."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import traceback
+from typing import Any, Coroutine
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def run_until_signal(coro: Coroutine[Any, Any, Any], name: str) -> int:
+    """Run ``coro`` as the process's one event loop; SIGINT / SIGTERM cancel it so its ``finally`` blocks run.
+
+    Returns:
+        0 when the coroutine finished or was stopped by a signal; 1 when it raised (the error is logged with
+        its type and message, and every sub-exception of an ExceptionGroup is listed).
+    """
+    log = logging.getLogger(name)
+
+    async def runner() -> int:
+        task = asyncio.ensure_future(coro)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            await task
+        except asyncio.CancelledError:
+            log.info("stopped by signal; cleaned up")
+        return 0
+
+    try:
+        return asyncio.run(runner())
+    except BaseExceptionGroup as group:
+        for exc in _leaves(group):
+            log.error("%s failed: %s: %s", name, type(exc).__name__, exc)
+            log.debug("".join(traceback.format_exception(exc)))
+        return 1
+    except Exception as exc:  # noqa: BLE001 - the process boundary: report and exit non-zero
+        log.error("%s failed: %s: %s", name, type(exc).__name__, exc)
+        log.debug("".join(traceback.format_exception(exc)))
+        return 1
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out

@@ -1,0 +1,156 @@
+"""ZeroMQ transport: the learner's ROUTER and the actors' DEALER, each owned by exactly one task.
+
+A `SocketPump` owns one socket: it polls, then receives (a cancelled poll loses nothing), decodes with the
+codec and hands each message to a callback; it sends what other tasks put on its bounded outbox. Sockets are
+made with explicit high-water marks and linger 0. Messages that fail to decode are counted by reason and
+reported through ``on_bad``; they never stop the pump.
+
+Addressing: actors set their ZeroMQ routing id to their actor id, so the learner addresses an actor by id
+and a reconnecting actor keeps its address (ROUTER_HANDOVER).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import zmq
+import zmq.asyncio
+
+from arpo_async import codec
+from arpo_async.config import TransportConfig
+
+log = logging.getLogger(__name__)
+
+OUTBOX_SIZE = 1024
+"""Bounded outbox per socket: producers wait (backpressure) when it is full."""
+
+
+def router_socket(ctx: zmq.asyncio.Context, config: TransportConfig) -> zmq.asyncio.Socket:
+    """A bound ROUTER for the learner. Raises zmq.ZMQError (e.g. address in use) with ZeroMQ's message."""
+    sock = ctx.socket(zmq.ROUTER)
+    _set_common(sock, config)
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    sock.bind(config.endpoint)
+    return sock
+
+
+def dealer_socket(ctx: zmq.asyncio.Context, config: TransportConfig, identity: str) -> zmq.asyncio.Socket:
+    """A DEALER for an actor process, connected to the learner; ZeroMQ reconnects by itself."""
+    sock = ctx.socket(zmq.DEALER)
+    _set_common(sock, config)
+    sock.setsockopt(zmq.ROUTING_ID, identity.encode())
+    sock.setsockopt(zmq.RECONNECT_IVL, 100)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+    sock.connect(config.endpoint)
+    return sock
+
+
+def _set_common(sock: zmq.asyncio.Socket, config: TransportConfig) -> None:
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, config.high_water_mark)
+    sock.setsockopt(zmq.RCVHWM, config.high_water_mark)
+    sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
+
+
+@dataclass
+class Envelope:
+    """A decoded message and, on a ROUTER, the routing id of the peer that sent it (else None)."""
+
+    message: Any
+    peer: str | None
+
+
+class SocketPump:
+    """Owns one ROUTER or DEALER socket: receive -> decode -> callback; outbox -> encode -> send.
+
+    Args:
+        sock: the socket; the pump closes it when `run` ends.
+        routed: True for a ROUTER (frames carry the peer's routing id first).
+        max_bytes: largest message accepted; larger or malformed ones go to ``on_bad``.
+        on_message: awaited for each decoded message, in arrival order.
+        on_bad: called with (peer, reason) for each message that failed to decode.
+    """
+
+    def __init__(self, sock: zmq.asyncio.Socket, *, routed: bool, max_bytes: int,
+                 on_message: Callable[[Envelope], Awaitable[None]],
+                 on_bad: Callable[[str | None, str], None] | None = None) -> None:
+        self._sock = sock
+        self._routed = routed
+        self._max_bytes = max_bytes
+        self._on_message = on_message
+        self._on_bad = on_bad or (lambda peer, reason: log.warning("bad message from %s: %s", peer, reason))
+        self.outbox: asyncio.Queue[tuple[str | None, Any]] = asyncio.Queue(OUTBOX_SIZE)
+        self.received = 0
+        self.sent = 0
+        self.rejected: collections.Counter[str] = collections.Counter()
+
+    async def send(self, message: Any, peer: str | None = None) -> None:
+        """Queue a message (waits while the outbox is full). ``peer`` is required on a ROUTER."""
+        if self._routed and peer is None:
+            raise ValueError("a ROUTER message needs a peer routing id")
+        await self.outbox.put((peer, message))
+
+    async def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until everything queued so far has been handed to ZeroMQ; False if ``timeout_s`` passed first."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.outbox.join()
+            return True
+        except TimeoutError:
+            return False
+
+    async def run(self) -> None:
+        """Pump until cancelled; closes the socket on the way out."""
+        outgoing: asyncio.Task | None = None
+        incoming: asyncio.Future | None = None
+        try:
+            while True:
+                if outgoing is None:
+                    outgoing = asyncio.ensure_future(self.outbox.get())
+                if incoming is None:
+                    incoming = asyncio.ensure_future(self._sock.poll(None, zmq.POLLIN))
+                done, _ = await asyncio.wait({outgoing, incoming}, return_when=asyncio.FIRST_COMPLETED)
+                if incoming in done:
+                    incoming.result()
+                    incoming = None
+                    await self._drain_incoming()
+                if outgoing in done:
+                    peer, message = outgoing.result()
+                    outgoing = None
+                    try:
+                        await self._send_now(peer, message)
+                    finally:
+                        self.outbox.task_done()
+        finally:
+            for fut in (outgoing, incoming):
+                if fut is not None:
+                    fut.cancel()
+            self._sock.close(linger=0)
+
+    async def _drain_incoming(self) -> None:
+        while self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=True)
+            frames = await frames if asyncio.isfuture(frames) else frames
+            peer = None
+            if self._routed:
+                peer = frames[0].decode(errors="replace")
+                frames = frames[1:]
+            try:
+                message = codec.decode(frames, max_bytes=self._max_bytes)
+            except codec.WireError as e:
+                self.rejected[str(e).split(":")[0]] += 1
+                self._on_bad(peer, str(e))
+                continue
+            self.received += 1
+            await self._on_message(Envelope(message, peer))
+
+    async def _send_now(self, peer: str | None, message: Any) -> None:
+        frames = codec.encode(message)
+        if self._routed:
+            frames = [peer.encode(), *frames]
+        await self._sock.send_multipart(frames, copy=False)
+        self.sent += 1

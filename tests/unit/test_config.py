@@ -1,0 +1,48 @@
+"""Config: TOML + overrides, validation with clear errors, and a dump that loads back equal."""
+
+import pytest
+
+from arpo_async.config import ConfigError, RunConfig, dump_toml, load_config
+
+
+def test_defaults_are_the_embedded_run():
+    config = load_config()
+    assert config.actors.actors == 8 and config.learner.steps == 3
+    assert config.learner.batch_trajectories == config.learner.group_size * config.learner.groups_per_step
+
+
+def test_toml_and_overrides(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('run_dir = "x"\n[learner]\nlr = 1\ngroup_size = 8\n[actors]\ninference_urls = ["http://a:1"]\n')
+    config = load_config(path, ["learner.steps=7", "actors.constrained=false", 'actors.image="img:1"'])
+    assert config.run_dir == "x" and config.learner.lr == 1.0 and config.learner.group_size == 8
+    assert config.learner.steps == 7 and config.actors.constrained is False and config.actors.image == "img:1"
+    assert config.actors.inference_urls == ("http://a:1",)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["learner.nope=1"], "unknown config key"),
+    (["learner.group_size=1"], "at least 2"),
+    (["learner.lr=fast"], "must be float"),
+    (["actors.coordinate_mode=pixels"], "absolute"),
+    (["transport.endpoint=localhost:1"], "ZeroMQ endpoint"),
+    (["learner"], "section.key=value"),
+])
+def test_bad_values_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_unreadable_toml(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[learner\n")
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(path)
+
+
+def test_dump_round_trip(tmp_path):
+    config = load_config(None, ["learner.task_ids=['grid4-']", "actors.max_steps=3", 'model="/m"'])
+    path = tmp_path / "c.toml"
+    path.write_text(dump_toml(config))
+    assert load_config(path) == config
+    assert isinstance(config, RunConfig)
