@@ -1,0 +1,120 @@
+"""Batcher: completed groups in, training batches out.
+
+Owns: the per-group pipeline between the scheduler and the trainer, in ARPO's order (REFERENCE.md section 1):
+drop what cannot be trained (ENV_ERROR / ABORTED, or staler than the bound), inject a stored success into an
+all-failed group, update the replay buffer from the group as sampled, compute group-relative advantages,
+and drop zero-variance groups (they carry no gradient; DAPO's dynamic sampling). Every drop is counted by
+reason in ``drops``.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+from arpo_async.messages import Outcome, Trajectory
+from learner.grpo import compute_reward, group_advantages, is_zero_variance
+from learner.replay import SuccessReplay
+from learner.scheduler import Group
+from learner.trainer import TrainSample
+
+
+@dataclass
+class ScoredGroup:
+    """A group ready for training. ``trajectories`` are after injection; ``sampled_success`` before it."""
+
+    task_id: str
+    trajectories: list[Trajectory]
+    rewards: list[float]
+    advantages: list[float]
+    injected: bool
+    sampled_success: float
+    policy_lag: list[int]
+    """Per trajectory: version at scoring minus the oldest token version in it."""
+
+
+def policy_lag(traj: Trajectory, version: int) -> int:
+    """Policy lag of a trajectory at ``version``: version minus the oldest version among its tokens."""
+    versions = [v for step in traj.steps for v in step.versions]
+    return version - min(versions) if versions else 0
+
+
+class Batcher:
+    """Turns complete groups into ScoredGroups and hands out batches of ``groups_per_step`` of them.
+
+    Args:
+        replay: the success replay buffer (may be disabled).
+        max_staleness: eta; trajectories with policy lag above it are dropped (reason "stale").
+        groups_per_step: scored groups per training batch.
+        format_reward_weight: ARPO's weight on the format reward.
+    """
+
+    def __init__(self, replay: SuccessReplay, *, max_staleness: int, groups_per_step: int,
+                 format_reward_weight: float = 0.5, success_threshold: float = 0.5) -> None:
+        self.replay = replay
+        self._eta = max_staleness
+        self._groups_per_step = groups_per_step
+        self._format_weight = format_reward_weight
+        self._success_threshold = success_threshold
+        self.ready: list[ScoredGroup] = []
+        self.drops: collections.Counter[str] = collections.Counter()
+
+    def add_group(self, group: Group, version: int) -> ScoredGroup | None:
+        """Score one complete group at policy ``version``; None when the whole group was dropped."""
+        kept: list[Trajectory] = []
+        for traj in group.trajectories():
+            if not Outcome(traj.outcome).trainable:
+                self.drops[traj.outcome.lower()] += 1
+            elif policy_lag(traj, version) > self._eta:
+                self.drops["stale"] += 1
+            else:
+                kept.append(traj)
+        if len(kept) < 2:
+            self.drops["group_too_small"] += 1
+            return None
+        scores = [t.score for t in kept]
+        sampled_success = sum(s >= self._success_threshold for s in scores) / len(scores)
+        trajs, scores, injected = self.replay.maybe_inject(group.task.id, kept, scores)
+        self.replay.add_group(group.task.id, kept, [t.score for t in kept])
+        rewards = [compute_reward(t.score, t.format_ok, format_weight=self._format_weight) for t in trajs]
+        if is_zero_variance(rewards):
+            self.drops["zero_variance"] += 1
+            return None
+        advantages = group_advantages(rewards).tolist()
+        scored = ScoredGroup(group.task.id, list(trajs), rewards, advantages, injected, sampled_success,
+                             [policy_lag(t, version) for t in trajs])
+        self.ready.append(scored)
+        return scored
+
+    @property
+    def has_batch(self) -> bool:
+        return len(self.ready) >= self._groups_per_step
+
+    def take_batch(self) -> list[ScoredGroup] | None:
+        """The next batch of ``groups_per_step`` groups, oldest first, or None while too few are ready."""
+        if len(self.ready) < self._groups_per_step:
+            return None
+        batch, self.ready = self.ready[: self._groups_per_step], self.ready[self._groups_per_step:]
+        return batch
+
+
+def train_samples(batch: list[ScoredGroup]) -> list[TrainSample]:
+    """One TrainSample per generated step of every trajectory, carrying its trajectory's advantage.
+
+    Tokens in, tokens out: the exact prompt and output ids the sampler used, its behaviour log-probs, and the
+    screenshots the prompt referenced, in prompt order.
+    """
+    samples: list[TrainSample] = []
+    for group in batch:
+        for traj, advantage in zip(group.trajectories, group.advantages):
+            for step in traj.steps:
+                if not step.output_ids:
+                    continue
+                samples.append(TrainSample(
+                    prompt_ids=step.prompt_ids,
+                    images=[traj.screenshots[i] for i in step.image_indices],
+                    output_ids=step.output_ids,
+                    behaviour_logprobs=step.logprobs,
+                    advantage=advantage,
+                ))
+    return samples

@@ -1,0 +1,221 @@
+"""Success replay buffer (ARPO): per task, the most recent successful trajectories, replayed into all-failed groups.
+
+Owns, per task id, a FIFO of at most ``capacity_per_task`` whole successful trajectories with their evaluator
+scores, a seeded RNG for the uniform draw, and an injection counter. Trajectories are stored as the caller
+gives them (opaque objects); the buffer never looks inside.
+
+Rule, as ARPO implements it (``verl/trainer/ray_trainer.py`` ``apply_replay`` and ``replay_buffer.py``):
+
+1. A group whose evaluator scores satisfy :func:`learner.grpo.is_all_failed` (std < 0.05 and mean < 0.2) and
+   whose task has a stored success gets one stored success, drawn uniformly, in place of its FIRST rollout;
+   the group size is unchanged. Other groups are untouched.
+2. Only after that is the buffer updated from the group as sampled (successes: score > 0.1), so a success is
+   replayed from the next batch on, never into its own group.
+
+Call order per complete group: ``maybe_inject(...)`` then ``add_group(...)`` with the ORIGINAL (un-injected)
+trajectories, so an injected trajectory is never stored twice.
+
+Unlike ARPO (whose ``enable_replay`` switch is never read, ARPO issue 17) ``enabled=False`` really turns the
+buffer off: nothing is stored and nothing is injected.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+from learner.grpo import is_all_failed
+
+__all__ = ["ReplayError", "SuccessReplay"]
+
+T = TypeVar("T")
+
+_STATE_SCHEMA = 1
+
+
+class ReplayError(ValueError):
+    """Raised for bad arguments to the replay buffer or a state dict it cannot load."""
+
+
+def _check_group(trajectories: Sequence[Any], scores: Sequence[float]) -> list[float]:
+    if len(trajectories) != len(scores):
+        raise ReplayError(f"{len(trajectories)} trajectories but {len(scores)} scores")
+    if len(scores) == 0:
+        raise ReplayError("empty group")
+    checked = [float(s) for s in scores]
+    bad = [s for s in checked if not math.isfinite(s)]
+    if bad:
+        raise ReplayError(f"non-finite scores: {bad}")
+    return checked
+
+
+class SuccessReplay(Generic[T]):
+    """ARPO's per-task replay buffer of successful trajectories.
+
+    Args:
+        capacity_per_task: most successes kept per task; the oldest is evicted first (ARPO: 8).
+        success_threshold: a trajectory is a success when its evaluator score is strictly above this (ARPO: 0.1).
+        enabled: False turns the buffer off (no storing, no injection).
+        seed: seed of the RNG used for the uniform draw; the RNG state is part of :meth:`state_dict`.
+        all_failed_std: std threshold of the all-failed rule (ARPO: 0.05).
+        all_failed_mean: mean threshold of the all-failed rule (ARPO: 0.2).
+
+    Raises:
+        ReplayError: ``capacity_per_task`` < 1 or a threshold is not finite.
+    """
+
+    def __init__(
+        self,
+        capacity_per_task: int = 8,
+        success_threshold: float = 0.1,
+        enabled: bool = True,
+        seed: int = 0,
+        *,
+        all_failed_std: float = 0.05,
+        all_failed_mean: float = 0.2,
+    ) -> None:
+        if capacity_per_task < 1:
+            raise ReplayError(f"capacity_per_task must be >= 1, got {capacity_per_task}")
+        for name, value in (
+            ("success_threshold", success_threshold),
+            ("all_failed_std", all_failed_std),
+            ("all_failed_mean", all_failed_mean),
+        ):
+            if not math.isfinite(value):
+                raise ReplayError(f"{name} must be finite, got {value}")
+        self.capacity_per_task = capacity_per_task
+        self.success_threshold = success_threshold
+        self.enabled = enabled
+        self.all_failed_std = all_failed_std
+        self.all_failed_mean = all_failed_mean
+        self._rng = random.Random(seed)
+        self._buffers: dict[str, deque[tuple[T, float]]] = {}
+        self._injections = 0
+
+    def add_group(self, task_id: str, trajectories: Sequence[T], scores: Sequence[float]) -> int:
+        """Store the group's successes (score > ``success_threshold``) at the back of the task's FIFO.
+
+        Pass the group as sampled, after :meth:`maybe_inject` has been called for it.
+
+        Args:
+            task_id: the task's id.
+            trajectories: the group's trajectories, any objects, shape (G,).
+            scores: their evaluator scores, shape (G,).
+
+        Returns:
+            How many trajectories were stored (0 when disabled).
+
+        Raises:
+            ReplayError: lengths differ, the group is empty, or a score is not finite.
+        """
+        checked = _check_group(trajectories, scores)
+        if not self.enabled:
+            return 0
+        stored = 0
+        for trajectory, score in zip(trajectories, checked):
+            if score > self.success_threshold:
+                fifo = self._buffers.setdefault(task_id, deque(maxlen=self.capacity_per_task))
+                fifo.append((trajectory, score))
+                stored += 1
+        return stored
+
+    def maybe_inject(
+        self, task_id: str, trajectories: Sequence[T], scores: Sequence[float]
+    ) -> tuple[list[T], list[float], bool]:
+        """Replace the first rollout of an all-failed group by a stored success of the same task.
+
+        Args:
+            task_id: the task's id.
+            trajectories: the group's trajectories, shape (G,).
+            scores: their evaluator scores, shape (G,); the all-failed rule is applied to these.
+
+        Returns:
+            ``(trajectories, scores, injected)``: new lists of length G (the inputs are not modified); when
+            ``injected`` is True, element 0 of both lists is the replayed success and its stored score.
+
+        Raises:
+            ReplayError: lengths differ, the group is empty, or a score is not finite.
+        """
+        checked = _check_group(trajectories, scores)
+        out_trajectories = list(trajectories)
+        fifo = self._buffers.get(task_id)
+        if (
+            not self.enabled
+            or not fifo
+            or not is_all_failed(checked, std_threshold=self.all_failed_std, mean_threshold=self.all_failed_mean)
+        ):
+            return out_trajectories, checked, False
+        trajectory, score = fifo[self._rng.randrange(len(fifo))]
+        out_trajectories[0] = trajectory
+        checked[0] = score
+        self._injections += 1
+        return out_trajectories, checked, True
+
+    def stored(self, task_id: str) -> list[tuple[T, float]]:
+        """The task's stored ``(trajectory, score)`` pairs, oldest first (a copy)."""
+        return list(self._buffers.get(task_id, ()))
+
+    def stats(self) -> dict[str, int]:
+        """``{"tasks": tasks with at least one stored success, "stored": stored successes in all,
+        "injections": injections since construction (or since the loaded state's)}``."""
+        return {
+            "tasks": sum(1 for fifo in self._buffers.values() if fifo),
+            "stored": sum(len(fifo) for fifo in self._buffers.values()),
+            "injections": self._injections,
+        }
+
+    def state_dict(self, encode: Callable[[T], Any] | None = None) -> dict[str, Any]:
+        """The buffer as plain dicts, lists, strings and numbers (msgpack-friendly if the trajectories are).
+
+        Args:
+            encode: applied to each stored trajectory (e.g. to turn it into a msgpack map); identity if None.
+
+        Returns:
+            ``{"schema", "injections", "rng", "tasks": {task_id: [[trajectory, score], ...] oldest first}}``.
+        """
+        version, internal, gauss_next = self._rng.getstate()
+        return {
+            "schema": _STATE_SCHEMA,
+            "injections": self._injections,
+            "rng": [version, list(internal), gauss_next],
+            "tasks": {
+                task_id: [[encode(t) if encode else t, score] for t, score in fifo]
+                for task_id, fifo in self._buffers.items()
+                if fifo
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any], decode: Callable[[Any], T] | None = None) -> None:
+        """Restore contents, injection counter and RNG from :meth:`state_dict`'s output.
+
+        The constructor's configuration (capacity, thresholds, enabled) is kept; a task holding more than
+        ``capacity_per_task`` entries keeps its newest ones.
+
+        Args:
+            state: a dict produced by :meth:`state_dict`.
+            decode: applied to each stored trajectory; identity if None.
+
+        Raises:
+            ReplayError: unknown schema or malformed state.
+        """
+        if state.get("schema") != _STATE_SCHEMA:
+            raise ReplayError(f"unsupported replay state schema {state.get('schema')!r}, expected {_STATE_SCHEMA}")
+        try:
+            version, internal, gauss_next = state["rng"]
+            buffers: dict[str, deque[tuple[T, float]]] = {}
+            for task_id, entries in state["tasks"].items():
+                fifo: deque[tuple[T, float]] = deque(maxlen=self.capacity_per_task)
+                for trajectory, score in entries:
+                    fifo.append((decode(trajectory) if decode else trajectory, float(score)))
+                buffers[str(task_id)] = fifo
+            injections = int(state["injections"])
+            rng = random.Random()
+            rng.setstate((int(version), tuple(int(x) for x in internal), gauss_next))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ReplayError(f"malformed replay state: {type(error).__name__}: {error}") from error
+        self._buffers = buffers
+        self._injections = injections
+        self._rng = rng

@@ -1,0 +1,154 @@
+"""Learner service: the learner's side of the conversation with actors.
+
+Owns: the known actors, the queue of waiting work requests, trajectory de-duplication, and the current
+policy version as announced to actors. It reacts to each message from the ROUTER pump:
+
+- hello / heartbeat -> reply with LearnerStatus (learner id + version), so actors notice a restarted learner;
+- work_request -> queued; handed an Assignment as soon as the staleness rule admits one more rollout;
+- trajectory -> acknowledged at once (the learner now holds it), de-duplicated by trajectory id, recorded in
+  the scheduler; complete groups go to the batcher, and a batch sets ``batch_ready``.
+
+Invariant: a request waits (backpressure) rather than being refused; a trajectory is acked exactly when
+it is held by the learner, so an actor never forgets one the learner has not got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+import uuid
+
+from arpo_async.messages import (Ack, Assignment, Heartbeat, Hello, LearnerStatus, Outcome, Reject, Shutdown,
+                                 Trajectory, WorkRequest)
+from arpo_async.transport import Envelope, SocketPump
+from learner.batcher import Batcher
+from learner.scheduler import GroupScheduler
+from learner.staleness import StalenessManager
+
+log = logging.getLogger(__name__)
+
+SEEN_IDS = 200_000
+"""Trajectory ids remembered for de-duplication (oldest forgotten first)."""
+
+
+class WindowStats:
+    """Counts since the last optimizer step (reset by ``take``)."""
+
+    def __init__(self) -> None:
+        self.outcomes: collections.Counter[str] = collections.Counter()
+
+    def take(self) -> collections.Counter[str]:
+        out, self.outcomes = self.outcomes, collections.Counter()
+        return out
+
+
+class LearnerService:
+    """Handles actor messages; see the module docstring. ``pump`` must be the ROUTER pump."""
+
+    def __init__(self, pump: SocketPump, scheduler: GroupScheduler, staleness: StalenessManager,
+                 batcher: Batcher, *, version: int = 0) -> None:
+        self.pump = pump
+        self.scheduler = scheduler
+        self.staleness = staleness
+        self.batcher = batcher
+        self.version = version
+        self.learner_id = uuid.uuid4().hex[:12]
+        self.actors: dict[str, float] = {}
+        self.waiting: collections.deque[tuple[str, WorkRequest]] = collections.deque()
+        self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.batch_ready = asyncio.Event()
+        self.window = WindowStats()
+        self.totals: collections.Counter[str] = collections.Counter()
+
+    async def on_message(self, envelope: Envelope) -> None:
+        """Dispatch one decoded message from actor ``envelope.peer``."""
+        peer, message = envelope.peer, envelope.message
+        self.actors[peer] = time.monotonic()
+        if isinstance(message, (Hello, Heartbeat)):
+            await self.pump.send(LearnerStatus(self.learner_id, self.version), peer)
+        elif isinstance(message, WorkRequest):
+            self.waiting.append((peer, message))
+            await self.dispatch()
+        elif isinstance(message, Trajectory):
+            await self._on_trajectory(peer, message)
+        else:
+            await self.pump.send(Reject(f"the learner does not accept {type(message).TYPE!r}"), peer)
+
+    def on_bad(self, peer: str | None, reason: str) -> None:
+        """A message from ``peer`` failed to decode: count it, tell the peer, keep going."""
+        self.totals["bad_messages"] += 1
+        log.warning("rejected a message from %s: %s", peer, reason)
+        if peer is not None:
+            try:
+                self.pump.outbox.put_nowait((peer, Reject(reason[:500])))
+            except asyncio.QueueFull:
+                pass
+
+    async def dispatch(self) -> None:
+        """Hand out rollouts to waiting requests while the staleness rule admits them."""
+        while self.waiting and self.staleness.can_admit(self.version):
+            peer, request = self.waiting.popleft()
+            rollout = self.scheduler.next_rollout()
+            self.staleness.on_start()
+            await self.pump.send(Assignment(request.request_id, rollout.task.to_dict(), rollout.group_id,
+                                            rollout.rollout_index, self.version), peer)
+
+    async def _on_trajectory(self, peer: str, traj: Trajectory) -> None:
+        await self.pump.send(Ack([traj.trajectory_id]), peer)
+        if traj.trajectory_id in self._seen:
+            self.totals["duplicates"] += 1
+            return
+        self._seen[traj.trajectory_id] = None
+        if len(self._seen) > SEEN_IDS:
+            self._seen.popitem(last=False)
+        if not self.scheduler.is_running(traj.group_id, traj.rollout_index):
+            self.totals["late"] += 1  # its slot was re-issued after a timeout, or the learner restarted
+            return
+        try:
+            Outcome(traj.outcome)
+        except ValueError:
+            self.totals["bad_messages"] += 1
+            await self.pump.send(Reject(f"unknown outcome {traj.outcome!r}"), peer)
+            return
+        self.window.outcomes[traj.outcome] += 1
+        self.totals[traj.outcome] += 1
+        self.totals["trajectories"] += 1
+        group = self.scheduler.on_trajectory(traj)
+        self.staleness.on_finish(accepted=Outcome(traj.outcome).trainable)
+        if group is not None:
+            accepted = sum(Outcome(t.outcome).trainable for t in group.trajectories())
+            scored = self.batcher.add_group(group, self.version)
+            self.staleness.on_discard(accepted - (len(scored.trajectories) if scored else 0))
+            if self.batcher.has_batch:
+                self.batch_ready.set()
+        await self.dispatch()
+
+    async def expire_loop(self, period_s: float = 5.0) -> None:
+        """Re-issue rollouts that never came back (their actor died) every ``period_s``."""
+        while True:
+            await asyncio.sleep(period_s)
+            for _ in range(self.scheduler.expire()):
+                self.staleness.on_finish(accepted=False)
+            await self.dispatch()
+
+    async def set_version(self, version: int) -> None:
+        """Adopt a newly published policy version: announce it to every known actor, admit more work."""
+        self.version = version
+        for peer in list(self.actors):
+            await self.pump.send(LearnerStatus(self.learner_id, version), peer)
+        await self.dispatch()
+
+    def status(self) -> dict:
+        """A snapshot for progress displays (written to <run>/status.json by the learner)."""
+        return {"learner_id": self.learner_id, "policy_version": self.version,
+                "trajectories": self.totals["trajectories"], "running": self.staleness.running,
+                "waiting_requests": len(self.waiting), "actors": len(self.actors),
+                "outcomes": {k: v for k, v in self.totals.items() if k.isupper()},
+                "drops": dict(self.batcher.drops), "ready_groups": len(self.batcher.ready)}
+
+    async def shutdown_actors(self, reason: str) -> None:
+        """Tell every known actor the run is over."""
+        for peer in list(self.actors):
+            await self.pump.send(Shutdown(reason), peer)

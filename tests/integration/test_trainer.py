@@ -1,0 +1,224 @@
+"""Integration tests for learner.trainer.Trainer on the real tiny Qwen2.5-VL policy (CPU, offline)."""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+from arpo_async.model.init_model import create_tiny_model
+from arpo_async.model.inputs import PromptEncoder, load_policy, token_logprobs
+from learner.trainer import Trainer, TrainerConfig, TrainerConfigError, TrainerError, TrainerInputError, TrainSample
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return create_tiny_model(tmp_path_factory.mktemp("tiny") / "policy", seed=0)
+
+
+def _screenshot(colour: str, size: tuple[int, int] = (320, 180)) -> bytes:
+    image = Image.new("RGB", size, "white")
+    ImageDraw.Draw(image).rectangle([20, 20, 120, 80], fill=colour)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _sample(
+    model_dir: Path, reply: str, advantage: float, *, colour: str = "red", with_image: bool = True
+) -> TrainSample:
+    """A sample as the sampler would produce it: the prompt through the shared PromptEncoder, the reply's token
+    ids, and on-policy behaviour log-probs from the initial checkpoint."""
+    encoder = PromptEncoder(model_dir)
+    images = [_screenshot(colour)] if with_image else []
+    content: list[dict] = [{"type": "text", "text": "Please click the save button."}]
+    if with_image:
+        content.append({"type": "image"})
+    prompt_ids = encoder.encode([{"role": "user", "content": content}], [(320, 180)] * len(images))
+    output_ids = encoder.tokenize(reply + "<|im_end|>")
+    model, image_processor = load_policy(model_dir)
+    with torch.no_grad():
+        behaviour = token_logprobs(model, image_processor, prompt_ids, images, output_ids).tolist()
+    return TrainSample(prompt_ids, images, output_ids, behaviour, advantage)
+
+
+@pytest.fixture(scope="module")
+def samples(model_dir) -> list[TrainSample]:
+    return [
+        _sample(model_dir, "Thought: open the file menu\nAction: click(start_box='(10,20)')", 1.5, colour="red"),
+        _sample(model_dir, "Thought: wait\nAction: wait()", -0.5, colour="blue"),
+        _sample(model_dir, "Action: hotkey(key='ctrl s')", -0.5, with_image=False),
+    ]
+
+
+def _params(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+def _mean_logprob(trainer: Trainer, sample: TrainSample) -> float:
+    values = trainer.compute_logprobs([sample])[0]
+    return sum(values) / len(values)
+
+
+def test_train_step_changes_weights_and_reports_finite_stats(model_dir, samples):
+    trainer = Trainer(model_dir, TrainerConfig(lr=1e-3))
+    before = _params(trainer)
+    stats = trainer.train_step(samples[:2])
+    after = _params(trainer)
+
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    for key in ("loss", "grad_norm", "clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl", "seconds"):
+        assert math.isfinite(stats[key]), key
+    assert stats["tokens"] == len(samples[0].output_ids) + len(samples[1].output_ids)
+    assert stats["samples"] == 2 and stats["skipped"] == 0.0
+    assert stats["grad_norm"] > 0
+    # on-policy first step: ratio 1 on every token, nothing clipped, and the loss is -mean(A) per token
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert stats["clip_frac"] == 0.0
+    t0, t1 = len(samples[0].output_ids), len(samples[1].output_ids)
+    assert stats["loss"] == pytest.approx(-(1.5 * t0 - 0.5 * t1) / (t0 + t1), rel=1e-3)
+    assert trainer.steps == 1
+
+
+def test_positive_advantage_raises_log_prob_and_negative_lowers_it(model_dir, samples):
+    for sample, sign in ((samples[0], +1), (samples[1], -1)):
+        trainer = Trainer(model_dir, TrainerConfig(lr=2e-3))
+        start = _mean_logprob(trainer, sample)
+        for _ in range(20):
+            # on-policy: the sampler's log-probs are those of the current weights
+            current = TrainSample(sample.prompt_ids, sample.images, sample.output_ids,
+                                  trainer.compute_logprobs([sample])[0], sample.advantage)
+            trainer.train_step([current])
+        end = _mean_logprob(trainer, sample)
+        assert sign * (end - start) > 2.0, (sign, start, end)  # measured: ~4 nats either way
+
+
+def test_clip_stops_the_update_when_every_ratio_is_past_the_trust_region(model_dir, samples):
+    trainer = Trainer(model_dir, TrainerConfig(lr=1e-3))
+    positive = samples[0]
+    # proximal log-probs 1 nat below the current ones: ratio e = 2.7 > 1.3 for every token, A > 0 -> all clipped
+    proximal = [[x - 1.0 for x in trainer.compute_logprobs([positive])[0]]]
+    before = _params(trainer)
+    stats = trainer.train_step([positive], proximal_logprobs=proximal)
+    assert stats["clip_frac"] == 1.0
+    assert stats["ratio_mean"] == pytest.approx(math.e, rel=1e-3)
+    assert stats["grad_norm"] == 0.0
+    after = _params(trainer)
+    # AdamW with a zero gradient still applies weight decay, so only (1 - lr * wd) shrinkage may remain
+    for k in before:
+        torch.testing.assert_close(after[k], before[k] * (1 - 1e-3 * 0.01), rtol=1e-6, atol=1e-8)
+
+
+def test_micro_batch_does_not_change_the_step(model_dir, samples):
+    results = []
+    for micro_batch in (1, 3):
+        trainer = Trainer(model_dir, TrainerConfig(lr=1e-3, micro_batch=micro_batch))
+        stats = trainer.train_step(samples)
+        results.append((stats, _params(trainer)))
+    (stats_a, params_a), (stats_b, params_b) = results
+    assert stats_a["loss"] == pytest.approx(stats_b["loss"], rel=1e-5)
+    assert stats_a["grad_norm"] == pytest.approx(stats_b["grad_norm"], rel=1e-4)
+    for k in params_a:
+        torch.testing.assert_close(params_a[k], params_b[k], rtol=1e-4, atol=1e-6)
+
+
+def test_saved_weights_load_and_match_the_trainer(model_dir, samples, tmp_path):
+    trainer = Trainer(model_dir, TrainerConfig(lr=1e-3))
+    trainer.train_step(samples)
+    out = trainer.save_weights(tmp_path / "weights" / "v1")
+
+    assert out == tmp_path / "weights" / "v1"
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+            "preprocessor_config.json"} <= names
+    assert [p.name for p in out.parent.iterdir()] == ["v1"]  # no temporary folder left behind
+    PromptEncoder(out)  # the folder serves prompts exactly like the source checkpoint
+
+    loaded, image_processor = load_policy(out)
+    original, _ = load_policy(model_dir)
+    with torch.no_grad():
+        for sample in samples:
+            args = (sample.prompt_ids, sample.images, sample.output_ids)
+            saved_lp = token_logprobs(loaded, image_processor, *args)
+            torch.testing.assert_close(saved_lp, torch.tensor(trainer.compute_logprobs([sample])[0]),
+                                       rtol=1e-5, atol=1e-5)
+            assert not torch.allclose(saved_lp, token_logprobs(original, image_processor, *args), atol=1e-4)
+
+
+def test_save_weights_refuses_to_overwrite_unless_asked(model_dir, samples, tmp_path):
+    trainer = Trainer(model_dir, TrainerConfig(lr=1e-3))
+    target = trainer.save_weights(tmp_path / "w")
+    with pytest.raises(TrainerError, match="exists"):
+        trainer.save_weights(target)
+    trainer.train_step(samples[:1])
+    trainer.save_weights(target, overwrite=True)
+    loaded, image_processor = load_policy(target)
+    sample = samples[0]
+    with torch.no_grad():
+        lp = token_logprobs(loaded, image_processor, sample.prompt_ids, sample.images, sample.output_ids)
+    torch.testing.assert_close(lp, torch.tensor(trainer.compute_logprobs([sample])[0]), rtol=1e-5, atol=1e-5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w"]
+
+
+def test_checkpoint_round_trip_restores_model_and_optimizer(model_dir, samples, tmp_path):
+    config = TrainerConfig(lr=1e-3)
+    trainer = Trainer(model_dir, config)
+    trainer.train_step(samples)
+    path = trainer.save_checkpoint(tmp_path / "ckpt" / "trainer.pt")
+
+    restored = Trainer(model_dir, config)
+    restored.load_checkpoint(path)
+    assert restored.steps == 1
+    # the next step is identical only if the Adam moments were restored too
+    stats_a = trainer.train_step(samples)
+    stats_b = restored.train_step(samples)
+    assert stats_a["loss"] == pytest.approx(stats_b["loss"], rel=1e-6)
+    params_a, params_b = _params(trainer), _params(restored)
+    for k in params_a:
+        torch.testing.assert_close(params_a[k], params_b[k])
+
+
+def test_fresh_optimizer_state_differs_from_restored(model_dir, samples, tmp_path):
+    """Control for the round trip above: loading only the model weights gives a different second step."""
+    config = TrainerConfig(lr=1e-3)
+    trainer = Trainer(model_dir, config)
+    trainer.train_step(samples)
+    state = trainer.state_dict()
+    other = Trainer(model_dir, config)
+    other.model.load_state_dict(state["model"])
+    trainer.train_step(samples)
+    other.train_step(samples)
+    params_a, params_b = _params(trainer), _params(other)
+    assert any(not torch.allclose(params_a[k], params_b[k]) for k in params_a)
+
+
+def test_bad_batches_are_rejected(model_dir, samples):
+    trainer = Trainer(model_dir, TrainerConfig())
+    good = samples[0]
+
+    def with_(output_ids=None, logprobs=None, advantage=1.0) -> TrainSample:
+        return TrainSample(good.prompt_ids, good.images, good.output_ids if output_ids is None else output_ids,
+                           good.behaviour_logprobs if logprobs is None else logprobs, advantage)
+
+    with pytest.raises(TrainerInputError, match="at least one"):
+        trainer.train_step([])
+    with pytest.raises(TrainerInputError, match="behaviour log-probs"):
+        trainer.train_step([with_(logprobs=good.behaviour_logprobs[:-1])])
+    with pytest.raises(TrainerInputError, match="no output"):
+        trainer.train_step([with_(output_ids=[], logprobs=[])])
+    with pytest.raises(TrainerInputError, match="advantage"):
+        trainer.train_step([with_(advantage=math.nan)])
+    with pytest.raises(TrainerInputError, match="proximal"):
+        trainer.train_step([good], proximal_logprobs=[])
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"lr": 0.0}, {"eps_low": 1.0}, {"dual_clip": 1.0}, {"micro_batch": 0}, {"torch_threads": 0}]
+)
+def test_bad_config_is_rejected(kwargs):
+    with pytest.raises(TrainerConfigError):
+        TrainerConfig(**kwargs)
