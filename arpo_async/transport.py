@@ -137,7 +137,7 @@ class SocketPump:
             frames = await frames if asyncio.isfuture(frames) else frames
             peer = None
             if self._routed:
-                peer = frames[0].decode(errors="replace")
+                peer = frames[0].decode("latin-1")  # routing ids are bytes; latin-1 round-trips any of them
                 frames = frames[1:]
             try:
                 message = codec.decode(frames, max_bytes=self._max_bytes)
@@ -151,6 +151,6 @@ class SocketPump:
     async def _send_now(self, peer: str | None, message: Any) -> None:
         frames = codec.encode(message)
         if self._routed:
-            frames = [peer.encode(), *frames]
+            frames = [peer.encode("latin-1"), *frames]
         await self._sock.send_multipart(frames, copy=False)
         self.sent += 1

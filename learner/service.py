@@ -58,6 +58,7 @@ class LearnerService:
         self.actors: dict[str, float] = {}
         self.waiting: collections.deque[tuple[str, WorkRequest]] = collections.deque()
         self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._requests_seen: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.batch_ready = asyncio.Event()
         self.window = WindowStats()
         self.totals: collections.Counter[str] = collections.Counter()
@@ -69,6 +70,9 @@ class LearnerService:
         if isinstance(message, (Hello, Heartbeat)):
             await self.pump.send(LearnerStatus(self.learner_id, self.version), peer)
         elif isinstance(message, WorkRequest):
+            if message.request_id in self._requests_seen:
+                return  # a re-send of a request this learner already holds or answered
+            self._remember(self._requests_seen, message.request_id)
             self.waiting.append((peer, message))
             await self.dispatch()
         elif isinstance(message, Trajectory):
@@ -86,6 +90,12 @@ class LearnerService:
             except asyncio.QueueFull:
                 pass
 
+    @staticmethod
+    def _remember(seen: collections.OrderedDict[str, None], key: str) -> None:
+        seen[key] = None
+        if len(seen) > SEEN_IDS:
+            seen.popitem(last=False)
+
     async def dispatch(self) -> None:
         """Hand out rollouts to waiting requests while the staleness rule admits them."""
         while self.waiting and self.staleness.can_admit(self.version):
@@ -100,9 +110,7 @@ class LearnerService:
         if traj.trajectory_id in self._seen:
             self.totals["duplicates"] += 1
             return
-        self._seen[traj.trajectory_id] = None
-        if len(self._seen) > SEEN_IDS:
-            self._seen.popitem(last=False)
+        self._remember(self._seen, traj.trajectory_id)
         if not self.scheduler.is_running(traj.group_id, traj.rollout_index):
             self.totals["late"] += 1  # its slot was re-issued after a timeout, or the learner restarted
             return

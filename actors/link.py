@@ -1,0 +1,150 @@
+"""The actor process's link to the learner: work requests out, assignments in, trajectories held until acked.
+
+Owns: the DEALER pump, the outstanding work requests, the unacknowledged trajectories and the policy
+version last announced by the learner.
+Invariants:
+- a trajectory is kept until the learner acknowledges it; it is sent again after ``resend_after_s`` and
+  whenever the learner restarts (a new learner id in LearnerStatus); the learner drops duplicates by id;
+- a work request is re-sent after a learner restart (the new learner never saw it);
+- nothing here blocks an EnvActor except the bounded outbox (backpressure) and waiting for work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+
+from arpo_async.config import TransportConfig
+from arpo_async.messages import (Ack, Assignment, Heartbeat, Hello, LearnerStatus, Reject, Shutdown, Trajectory,
+                                 WorkRequest)
+from arpo_async.transport import Envelope, SocketPump
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Held:
+    trajectory: Trajectory
+    sent_at: float
+
+
+class LearnerLink:
+    """Actor-side protocol over one DEALER pump (see the module docstring).
+
+    Args:
+        pump: a SocketPump over a DEALER connected to the learner; the link's ``on_message`` must be its callback.
+        actor_id: this process's id (also the DEALER routing id).
+        slots: how many EnvActors share this link (reported in Hello).
+        config: heartbeat and resend periods.
+    """
+
+    def __init__(self, pump: SocketPump, actor_id: str, slots: int, config: TransportConfig) -> None:
+        self.pump = pump
+        self.actor_id = actor_id
+        self.slots = slots
+        self._config = config
+        self._ids = itertools.count()
+        self._requests: dict[str, asyncio.Future[Assignment]] = {}
+        self._held: dict[str, _Held] = {}
+        self.learner_id: str | None = None
+        self.policy_version = 0
+        self.shutdown = asyncio.Event()
+        self.shutdown_reason = ""
+        self.connected = asyncio.Event()
+        self._all_acked = asyncio.Event()
+        self._all_acked.set()
+        self.running = 0
+        self.rejects = 0
+
+    @property
+    def unacked(self) -> int:
+        return len(self._held)
+
+    async def request_work(self) -> Assignment | None:
+        """Ask the learner for one rollout and wait for it; None once the learner has said shutdown."""
+        if self.shutdown.is_set():
+            return None
+        request_id = f"{self.actor_id}-r{next(self._ids)}"
+        future: asyncio.Future[Assignment] = asyncio.get_running_loop().create_future()
+        self._requests[request_id] = future
+        await self.pump.send(WorkRequest(request_id, self.actor_id))
+        stop = asyncio.ensure_future(self.shutdown.wait())
+        try:
+            done, _ = await asyncio.wait({future, stop}, return_when=asyncio.FIRST_COMPLETED)
+            return future.result() if future in done else None
+        finally:
+            stop.cancel()
+            self._requests.pop(request_id, None)
+
+    async def submit(self, trajectory: Trajectory) -> None:
+        """Send a trajectory and hold it until the learner acknowledges it."""
+        self._held[trajectory.trajectory_id] = _Held(trajectory, time.monotonic())
+        self._all_acked.clear()
+        await self.pump.send(trajectory)
+
+    async def wait_acked(self, timeout_s: float) -> bool:
+        """Wait until every held trajectory is acknowledged; False if ``timeout_s`` passed first."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._all_acked.wait()
+            return True
+        except TimeoutError:
+            return False
+
+    async def on_message(self, envelope: Envelope) -> None:
+        """The DEALER pump's callback."""
+        message = envelope.message
+        if isinstance(message, Assignment):
+            future = self._requests.get(message.request_id)
+            if future is not None and not future.done():
+                future.set_result(message)
+            else:
+                log.warning("assignment for unknown request %s (dropped; the learner re-issues it later)",
+                            message.request_id)
+        elif isinstance(message, Ack):
+            for trajectory_id in message.trajectory_ids:
+                self._held.pop(trajectory_id, None)
+            if not self._held:
+                self._all_acked.set()
+        elif isinstance(message, LearnerStatus):
+            await self._on_status(message)
+        elif isinstance(message, Shutdown):
+            self.shutdown_reason = message.reason
+            self.shutdown.set()
+        elif isinstance(message, Reject):
+            self.rejects += 1
+            log.warning("learner rejected a message: %s", message.reason)
+        else:
+            log.warning("unexpected %s from the learner", type(message).TYPE)
+
+    async def _on_status(self, status: LearnerStatus) -> None:
+        restarted = self.learner_id is not None and status.learner_id != self.learner_id
+        self.learner_id = status.learner_id
+        self.policy_version = status.policy_version
+        self.connected.set()
+        if restarted:
+            log.warning("learner restarted (%s); re-sending %d trajectories and %d requests",
+                        status.learner_id, len(self._held), len(self._requests))
+            await self.pump.send(Hello(self.actor_id, self.slots, list(self._held)))
+            for held in self._held.values():
+                held.sent_at = time.monotonic()
+                await self.pump.send(held.trajectory)
+            for request_id, future in self._requests.items():
+                if not future.done():
+                    await self.pump.send(WorkRequest(request_id, self.actor_id))
+
+    async def keepalive(self) -> None:
+        """Hello, then heartbeats every ``heartbeat_s``; re-sends trajectories unacked for ``resend_after_s``."""
+        await self.pump.send(Hello(self.actor_id, self.slots, list(self._held)))
+        while True:
+            await asyncio.sleep(self._config.heartbeat_s)
+            waiting = sum(not f.done() for f in self._requests.values())
+            await self.pump.send(Heartbeat(self.actor_id, self.running, waiting, len(self._held)))
+            now = time.monotonic()
+            for held in list(self._held.values()):
+                if now - held.sent_at > self._config.resend_after_s:
+                    held.sent_at = now
+                    await self.pump.send(held.trajectory)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian 12 machine (root, no GPU) for arpo-async; safe to run again (skips what is done).
+#   1. Debian packages: docker.io (the engine), debootstrap (builds the desktop image without a registry)
+#   2. the Docker engine, started in the background if it is not answering
+#   3. Python packages: torch 2.13.0 (CPU build), then this project with its test extras
+#   4. the desktop image arpo-desktop:<version>, built locally if missing
+set -euo pipefail
+cd "$(dirname "$0")/.."
+say() { printf '[bootstrap] %s\n' "$*"; }
+
+if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
+  say "installing docker.io and debootstrap"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq docker.io debootstrap >/dev/null
+fi
+
+if ! docker info >/dev/null 2>&1; then
+  say "starting the Docker engine (log: /tmp/dockerd.log)"
+  nohup dockerd --iptables=false --bridge=none >/tmp/dockerd.log 2>&1 &
+  for _ in $(seq 1 120); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+  docker info >/dev/null 2>&1 || { say "the Docker engine did not start; see /tmp/dockerd.log"; exit 1; }
+fi
+
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import torch' 2>/dev/null; then
+  say "installing torch 2.13.0 (CPU build)"
+  "$PY" -m pip install -q torch==2.13.0
+fi
+say "installing arpo-async and its test tools"
+"$PY" -m pip install -q -e '.[test]'
+command -v pyenv >/dev/null && pyenv rehash || true
+
+say "building the desktop image if missing"
+"$PY" -m arpo_async.cli desktop build
+say "ready"

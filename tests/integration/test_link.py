@@ -1,0 +1,156 @@
+"""Actor <-> learner protocol over real ZeroMQ TCP sockets on 127.0.0.1.
+
+Covers: assignments under the staleness rule (requests wait, never fail), acks, de-duplication, a learner
+restart (actors notice the new learner id and re-send what they hold), and hostile frames (rejected, counted,
+the learner keeps serving).
+"""
+
+import asyncio
+import socket
+import uuid
+from contextlib import asynccontextmanager
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from actors.link import LearnerLink
+from arpo_async.config import TransportConfig
+from arpo_async.messages import Reject, Step, Trajectory
+from arpo_async import codec
+from arpo_async.tasks import Task
+from arpo_async.transport import SocketPump, dealer_socket, router_socket
+from learner.batcher import Batcher
+from learner.replay import SuccessReplay
+from learner.scheduler import GroupScheduler
+from learner.service import LearnerService
+from learner.staleness import StalenessManager
+
+TASK = Task.from_dict({"id": "grid4-red", "instruction": "click red", "config": [],
+                       "evaluator": {"func": "exact_match", "result": {"type": "vm_file", "path": "/r"},
+                                     "expected": {"type": "rule", "rules": {"expected": "red"}}}})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def transport() -> TransportConfig:
+    return TransportConfig(endpoint=f"tcp://127.0.0.1:{free_port()}", heartbeat_s=0.05, resend_after_s=0.5)
+
+
+@asynccontextmanager
+async def learner(ctx, transport, *, batch=2, eta=0):
+    service: LearnerService
+    pump = SocketPump(router_socket(ctx, transport), routed=True, max_bytes=transport.max_message_bytes,
+                      on_message=lambda env: service.on_message(env), on_bad=lambda p, r: service.on_bad(p, r))
+    service = LearnerService(pump, GroupScheduler([TASK], group_size=2), StalenessManager(batch, eta),
+                             Batcher(SuccessReplay(), max_staleness=eta, groups_per_step=1))
+    task = asyncio.create_task(pump.run())
+    try:
+        yield service
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@asynccontextmanager
+async def actor(ctx, transport):
+    link: LearnerLink
+    pump = SocketPump(dealer_socket(ctx, transport, "actor-1"), routed=False,
+                      max_bytes=transport.max_message_bytes, on_message=lambda env: link.on_message(env))
+    link = LearnerLink(pump, "actor-1", 2, transport)
+    tasks = [asyncio.create_task(pump.run()), asyncio.create_task(link.keepalive())]
+    try:
+        yield link
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def trajectory(assignment, outcome="SUCCESS", score=1.0) -> Trajectory:
+    step = Step([1, 2, 3], [0], [4, 5], [-0.1, -0.2], [0, 0], "Thought: a\nAction: wait()", "wait()")
+    return Trajectory(uuid.uuid4().hex, "actor-1/0", assignment.task["id"], assignment.group_id,
+                      assignment.rollout_index, outcome, score, True, [step], [b"\x89PNG" * 2000])
+
+
+async def until(predicate, timeout=5.0):
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+async def test_work_flows_and_admission_holds_requests_back(transport):
+    ctx = zmq.asyncio.Context()
+    try:
+        async with learner(ctx, transport, batch=2, eta=0) as service, actor(ctx, transport) as link:
+            first = await asyncio.wait_for(link.request_work(), 5)
+            second = await asyncio.wait_for(link.request_work(), 5)
+            assert first.task["id"] == "grid4-red" and first.group_id == second.group_id
+            assert {first.rollout_index, second.rollout_index} == {0, 1}
+            third = asyncio.create_task(link.request_work())
+            await until(lambda: len(service.waiting) == 1)  # (0 + 0 + 1) * 2 rollouts admitted, then wait
+            assert not third.done()
+            await link.submit(trajectory(first))
+            await link.submit(trajectory(second, "FAILURE", 0.0))
+            assert await link.wait_acked(5)
+            assert service.totals["trajectories"] == 2 and service.batch_ready.is_set()
+            await service.set_version(1)
+            assignment = await asyncio.wait_for(third, 5)
+            assert assignment.policy_version == 1 and link.policy_version == 1
+    finally:
+        ctx.term()
+
+
+async def test_duplicates_are_acked_but_counted_once(transport):
+    ctx = zmq.asyncio.Context()
+    try:
+        async with learner(ctx, transport) as service, actor(ctx, transport) as link:
+            assignment = await asyncio.wait_for(link.request_work(), 5)
+            traj = trajectory(assignment)
+            await link.submit(traj)
+            await link.submit(traj)
+            assert await link.wait_acked(5)
+            await until(lambda: service.totals["duplicates"] == 1)
+            assert service.totals["trajectories"] == 1
+    finally:
+        ctx.term()
+
+
+async def test_learner_restart_gets_held_trajectories_again(transport):
+    ctx = zmq.asyncio.Context()
+    try:
+        async with actor(ctx, transport) as link:
+            async with learner(ctx, transport) as old:
+                assignment = await asyncio.wait_for(link.request_work(), 5)
+                old_id = old.learner_id
+            await link.submit(trajectory(assignment))  # the learner is down: held, not lost
+            assert link.unacked == 1
+            async with learner(ctx, transport) as new:
+                await until(lambda: link.learner_id == new.learner_id != old_id)
+                assert await link.wait_acked(5)
+                await until(lambda: new.totals["late"] == 1)  # received and acked; its group was the old learner's
+    finally:
+        ctx.term()
+
+
+async def test_hostile_frames_are_rejected_and_the_learner_keeps_serving(transport):
+    ctx = zmq.asyncio.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(transport.endpoint)
+    try:
+        async with learner(ctx, transport) as service, actor(ctx, transport) as link:
+            for frames in ([b"\xc1\xc1"], [b"\x81\xa4type\xa6pickle"], [b"x" * 10, b"y"]):
+                await raw.send_multipart(frames)
+            await until(lambda: service.totals["bad_messages"] == 3)
+            reply = codec.decode(await asyncio.wait_for(raw.recv_multipart(), 5), max_bytes=1 << 20)
+            assert isinstance(reply, Reject) and "msgpack" in reply.reason
+            assert (await asyncio.wait_for(link.request_work(), 5)).task["id"] == "grid4-red"
+    finally:
+        raw.close(0)
+        ctx.term()
