@@ -1,0 +1,275 @@
+"""Create a tiny random policy of the Qwen2.5-VL architecture, offline.
+
+Role: the embedded default policy for CPU runs and tests (no model hub is reachable). It writes a complete
+Hugging Face checkpoint folder that transformers' Auto classes load and that `arpo-serve` and the trainer use
+exactly like a real UI-TARS-1.5 / Qwen2.5-VL checkpoint:
+
+- ``config.json`` + ``model.safetensors``: ``Qwen2_5_VLForConditionalGeneration`` with random weights
+  (3 text layers, hidden 64; 2 vision blocks, hidden 64; about 0.5 M parameters);
+- ``tokenizer.json`` / ``tokenizer_config.json``: a byte-level BPE tokenizer trained with ``tokenizers`` on a
+  generated corpus of UI-TARS replies, instruction words and digits, with Qwen's special tokens and
+  Qwen2-VL's chat template;
+- ``preprocessor_config.json``: ``Qwen2VLImageProcessor`` (patch 14, merge 2, temporal patch 2) with a small
+  ``max_pixels`` (28*28*80) so a 1280x720 screenshot becomes 66 image tokens;
+- ``generation_config.json`` with both end tokens (<|im_end|>, <|endoftext|>).
+
+Invariant: the same seed gives the same tokenizer and the same weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+from pathlib import Path
+
+# Qwen2 / Qwen2-VL special tokens, in Qwen's order (tokenizer_config.json of Qwen2-VL-7B-Instruct).
+QWEN_SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+
+# Qwen2-VL-7B-Instruct's chat template (tokenizer_config.json / chat_template.json of Qwen/Qwen2-VL-7B-Instruct).
+QWEN2_VL_CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Qwen2's pre-tokenizer split pattern (tokenizer.json of Qwen/Qwen2-VL-7B-Instruct): digits one by one.
+QWEN2_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+TINY_MAX_PIXELS = 28 * 28 * 80
+"""max_pixels of the tiny model's image processor: a 1280x720 screenshot -> 308x168 -> 66 image tokens."""
+TINY_MIN_PIXELS = 56 * 56
+TINY_VOCAB_SIZE = 1024
+"""Upper bound of the BPE vocabulary (the generated corpus yields about 690 tokens)."""
+# OpenAI CLIP normalisation, as in Qwen2-VL's preprocessor_config.json.
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+_WORDS = (
+    "open the file menu and click save button in window dialog settings close tab search type text enter "
+    "name folder desktop terminal browser chrome address bar new document select all copy paste delete "
+    "scroll down up left right wait finished done task complete drag icon double right click hotkey ctrl "
+    "shift alt start box end content key direction thought action screen app editor cell sheet slide write "
+    "i need to first then next now see should will is a an of for on with this that it my calculator "
+    "total ok cancel apply yes no file edit view help tools format insert run play stop volume mail send"
+).split()
+_ACTIONS = (
+    "click(start_box='<|box_start|>({x},{y})<|box_end|>')",
+    "click(start_box='({x},{y})')",
+    "left_double(start_box='({x},{y})')",
+    "right_single(start_box='({x},{y})')",
+    "drag(start_box='({x},{y})', end_box='({x2},{y2})')",
+    "hotkey(key='ctrl {w}')",
+    "type(content='{w} {w2}')",
+    "scroll(start_box='({x},{y})', direction='down')",
+    "scroll(start_box='({x},{y})', direction='up')",
+    "wait()",
+    "finished(content='{w}')",
+    "call_user()",
+)
+
+
+def _corpus(rng: random.Random, n_lines: int = 3000) -> list[str]:
+    """Generated training text for the tiny tokenizer: UI-TARS replies, instructions, digits."""
+    lines = []
+    for _ in range(n_lines):
+        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 9)))
+        action = rng.choice(_ACTIONS).format(
+            x=rng.randint(0, 1920), y=rng.randint(0, 1080), x2=rng.randint(0, 1920), y2=rng.randint(0, 1080),
+            w=rng.choice(_WORDS), w2=rng.choice(_WORDS),
+        )
+        lines.append(f"Thought: {words}\nAction: {action}")
+        lines.append(f"Please {words}. " + " ".join(str(rng.randint(0, 9999)) for _ in range(3)))
+    lines.append("You are a helpful assistant. You are a GUI agent. ## Output Format ## Action Space ## User Instruction")
+    return lines
+
+
+def _train_tokenizer(seed: int):
+    """Train the byte-level BPE tokenizer; returns a transformers PreTrainedTokenizerFast."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TINY_VOCAB_SIZE - len(QWEN_SPECIAL_TOKENS),
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(random.Random(seed)), trainer=trainer)
+    # Special tokens go after the learned vocabulary, as in Qwen's tokenizer.
+    tok.add_special_tokens(list(QWEN_SPECIAL_TOKENS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        bos_token=None,
+        model_max_length=32768,
+        chat_template=QWEN2_VL_CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+        split_special_tokens=False,
+    )
+
+
+def _model_config(tokenizer):
+    from transformers import Qwen2_5_VLConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    vocab_size = len(tokenizer)
+    special = dict(
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+    text_config = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 3, 3]},
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        tie_word_embeddings=True,
+        **special,
+    )
+    vision_config = dict(
+        depth=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_heads=4,
+        out_hidden_size=64,
+        patch_size=14,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        window_size=56,
+        fullatt_block_indexes=[1],
+        tokens_per_second=2,
+    )
+    return Qwen2_5_VLConfig(
+        text_config=text_config, vision_config=vision_config, tie_word_embeddings=True, **special
+    )
+
+
+def _preprocessor_config() -> dict:
+    return {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "do_resize": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "image_mean": list(CLIP_MEAN),
+        "image_std": list(CLIP_STD),
+        "resample": 3,
+        "min_pixels": TINY_MIN_PIXELS,
+        "max_pixels": TINY_MAX_PIXELS,
+        "size": {"shortest_edge": TINY_MIN_PIXELS, "longest_edge": TINY_MAX_PIXELS},
+        "patch_size": 14,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+    }
+
+
+def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False) -> Path:
+    """Write a tiny random Qwen2.5-VL checkpoint (weights, tokenizer, chat template, image processor).
+
+    Args:
+        out_dir: folder to create; it must not exist (or be empty) unless ``overwrite``.
+        seed: seeds the tokenizer corpus and the weight initialisation.
+        overwrite: replace an existing folder.
+    Returns:
+        ``out_dir`` as a Path.
+    Raises:
+        FileExistsError: ``out_dir`` exists, is not empty and ``overwrite`` is false.
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"{out_dir} exists and is not empty (use overwrite=True / --force)")
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = _train_tokenizer(seed)
+    config = _model_config(tokenizer)
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
+    model.generation_config = GenerationConfig(
+        eos_token_id=[tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")],
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        do_sample=True,
+        temperature=1.0,
+    )
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    # Older transformers read the template from tokenizer_config.json; newer ones also from chat_template.jinja.
+    tk_cfg_path = out_dir / "tokenizer_config.json"
+    tk_cfg = json.loads(tk_cfg_path.read_text())
+    tk_cfg["chat_template"] = QWEN2_VL_CHAT_TEMPLATE
+    tk_cfg_path.write_text(json.dumps(tk_cfg, indent=2))
+    (out_dir / "preprocessor_config.json").write_text(json.dumps(_preprocessor_config(), indent=2))
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`arpo init-model --out DIR [--seed N] [--force]`: write the tiny random policy checkpoint."""
+    parser = argparse.ArgumentParser(prog="arpo init-model", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="checkpoint folder to create")
+    parser.add_argument("--seed", type=int, default=0, help="seed for tokenizer corpus and weights")
+    parser.add_argument("--force", action="store_true", help="replace an existing folder")
+    args = parser.parse_args(argv)
+    try:
+        path = create_tiny_model(args.out, seed=args.seed, overwrite=args.force)
+    except FileExistsError as e:
+        parser.exit(2, f"error: {e}\n")
+    print(f"tiny Qwen2.5-VL policy written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,236 @@
+"""HTTP routes of `arpo-serve`: the part of SGLang's native API that arpo uses, same paths and shapes.
+
+Role: parse and validate requests, hand generation to the `Scheduler` and control calls (weights, pause, abort)
+to it or to the `Engine`. Bad requests get HTTP 400 with SGLang's error body ``{"error": {"message": ...}}``;
+an engine failure gets 500 with the same shape; no traceback ever reaches a client.
+
+Routes (sglang python/sglang/srt/entrypoints/http_server.py): POST|PUT /generate, POST /update_weights_from_disk,
+POST /update_weight_version, GET /get_model_info, GET /get_weight_version, GET /get_server_info, GET /health,
+GET /health_generate, POST /pause_generation, POST /continue_generation, GET|POST /flush_cache,
+POST /abort_request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from aiohttp import web
+
+import arpo_async
+from arpo_async.model.inputs import ModelInputError
+from arpo_async.serve.engine import Engine, PreparedRequest, RequestError, SamplingParams
+from arpo_async.serve.grammar import GrammarError
+from arpo_async.serve.protocol import (
+    GenerateInput,
+    decode_image_data,
+    error_body,
+    generate_response,
+    parse_generate,
+)
+from arpo_async.serve.scheduler import EngineFailure, Scheduler
+
+log = logging.getLogger(__name__)
+
+ENGINE_KEY = web.AppKey("engine", Engine)
+SCHEDULER_KEY = web.AppKey("scheduler", Scheduler)
+
+
+def _error(message: str, status: int = 400) -> web.Response:
+    return web.json_response(error_body(message), status=status)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except (RequestError, GrammarError, ModelInputError) as e:
+        return _error(str(e), 400)
+    except EngineFailure as e:
+        return _error(f"engine failure: {e}", 500)
+    except Exception as e:  # last resort: a JSON error, never a traceback (logged here)
+        log.exception("unhandled error on %s", request.path)
+        return _error(f"internal error: {type(e).__name__}: {e}", 500)
+
+
+async def _json_body(request: web.Request, *, required: bool = True) -> dict:
+    raw = await request.read()
+    if not raw.strip():
+        if required:
+            raise RequestError("the request body is empty; a JSON object is required")
+        return {}
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RequestError(f"malformed JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    return body
+
+
+def _prepare(engine: Engine, inp: GenerateInput) -> PreparedRequest:
+    """Blocking: tokenize text, decode images, compute pixels, compile the grammar."""
+    images = [decode_image_data(item) for item in inp.image_data]
+    ids = inp.input_ids if inp.input_ids is not None else engine.encoder.tokenize(inp.text or "")
+    return engine.prepare(inp.rid, ids, images, inp.sampling_params, return_logprob=inp.return_logprob,
+                          logprob_start_len=inp.logprob_start_len,
+                          return_text_in_logprobs=inp.return_text_in_logprobs)
+
+
+async def generate(request: web.Request) -> web.Response:
+    """POST /generate: SGLang's GenerateReqInput -> response map (or a list for a batch body)."""
+    engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
+    inputs, is_batch = parse_generate(await _json_body(request))
+    started = time.monotonic()
+    prepared = await asyncio.to_thread(lambda: [_prepare(engine, inp) for inp in inputs])
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(scheduler.submit(p)) for p in prepared]
+    except* EngineFailure as group:
+        raise group.exceptions[0] from None
+    latency = time.monotonic() - started
+    decode_token = lambda t: engine.encoder.decode([t], skip_special_tokens=False)  # noqa: E731
+    out = [generate_response(inp, task.result(), p.input_ids, latency, decode_token)
+           for inp, p, task in zip(inputs, prepared, tasks)]
+    return web.json_response(out if is_batch else out[0])
+
+
+async def update_weights_from_disk(request: web.Request) -> web.Response:
+    """POST /update_weights_from_disk {model_path, load_format?, abort_all_requests?, weight_version?,
+    flush_cache?} -> {success, message, num_paused_requests}; 400 when the load fails."""
+    engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
+    body = await _json_body(request)
+    model_path = body.get("model_path")
+    if not isinstance(model_path, str) or not model_path:
+        raise RequestError("model_path (string) is required")
+    version = body.get("weight_version")
+
+    def load() -> tuple[bool, str]:  # runs while no batch runs: weights and version change together
+        ok, message = engine.load_weights(model_path, body.get("load_format"))
+        if ok and version is not None:
+            engine.weight_version = str(version)
+            message += f" Weight version updated to {version}."
+        return ok, message
+
+    ok, message = await scheduler.exclusive(load, abort_all=bool(body.get("abort_all_requests", False)))
+    if ok:
+        scheduler.stats.weight_updates += 1
+    content = {"success": ok, "message": message, "num_paused_requests": 0}
+    return web.json_response(content, status=200 if ok else 400)
+
+
+async def update_weight_version(request: web.Request) -> web.Response:
+    """POST /update_weight_version {new_version, abort_all_requests?}."""
+    engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
+    body = await _json_body(request)
+    if body.get("new_version") is None:
+        raise RequestError("new_version is required")
+    version = str(body["new_version"])
+
+    def set_version() -> None:
+        engine.weight_version = version
+
+    await scheduler.exclusive(set_version, abort_all=bool(body.get("abort_all_requests", False)))
+    return web.json_response({"success": True, "message": f"Weight version updated to {version}",
+                              "new_version": version})
+
+
+async def get_model_info(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    return web.json_response({
+        "model_path": str(engine.model_dir), "tokenizer_path": str(engine.model_dir), "is_generation": True,
+        "preferred_sampling_params": None, "weight_version": engine.weight_version,
+    })
+
+
+async def get_weight_version(request: web.Request) -> web.Response:
+    return web.json_response({"weight_version": request.app[ENGINE_KEY].weight_version})
+
+
+async def get_server_info(request: web.Request) -> web.Response:
+    """Server arguments plus ``internal_states`` (one entry: the scheduler's counters), as SGLang's."""
+    engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
+    return web.json_response({
+        "model_path": str(engine.model_dir), "max_running_requests": scheduler.max_batch,
+        "logprob_mode": engine.logprob_mode, "weight_version": engine.weight_version,
+        "internal_states": [scheduler.internal_state()], "version": f"arpo-serve {arpo_async.__version__}",
+    })
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def health_generate(request: web.Request) -> web.Response:
+    """GET /health_generate: runs a one-token generation (skipped while paused)."""
+    engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
+    if scheduler.paused:
+        return web.Response(status=200)
+    probe = engine.prepare(f"health-{time.monotonic_ns()}", [engine.end_token_ids[0]], [],
+                           SamplingParams(max_new_tokens=1, temperature=0.0))
+    await scheduler.submit(probe)
+    return web.Response(status=200)
+
+
+async def pause_generation(request: web.Request) -> web.Response:
+    """POST /pause_generation {mode: abort|retract|in_place} (SGLang's default: abort)."""
+    body = await _json_body(request, required=False)
+    mode = body.get("mode", "abort")
+    try:
+        await request.app[SCHEDULER_KEY].pause(mode)
+    except ValueError as e:
+        raise RequestError(str(e)) from e
+    return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+
+async def continue_generation(request: web.Request) -> web.Response:
+    request.app[SCHEDULER_KEY].resume()
+    return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    """GET|POST /flush_cache: there is no prefix cache; succeeds only when idle, like SGLang's."""
+    scheduler = request.app[SCHEDULER_KEY]
+    idle = scheduler.running == 0 and scheduler.queue_depth == 0
+    return web.Response(
+        text="Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+             "requests, the operation will not be performed.)\n",
+        status=200 if idle else 400,
+    )
+
+
+async def abort_request(request: web.Request) -> web.Response:
+    """POST /abort_request {rid?, abort_all?}."""
+    body = await _json_body(request)
+    rid = body.get("rid")
+    if rid is not None and not isinstance(rid, str):
+        raise RequestError("rid must be a string")
+    request.app[SCHEDULER_KEY].abort(rid, abort_all=bool(body.get("abort_all", False)))
+    return web.Response(status=200)
+
+
+def build_app(engine: Engine, scheduler: Scheduler) -> web.Application:
+    """The aiohttp application with every route; the caller runs ``scheduler.run()`` beside it."""
+    app = web.Application(middlewares=[_errors], client_max_size=256 * 1024 * 1024)
+    app[ENGINE_KEY] = engine
+    app[SCHEDULER_KEY] = scheduler
+    r = app.router
+    r.add_post("/generate", generate)
+    r.add_put("/generate", generate)
+    r.add_post("/update_weights_from_disk", update_weights_from_disk)
+    r.add_post("/update_weight_version", update_weight_version)
+    r.add_get("/get_model_info", get_model_info)
+    r.add_get("/get_weight_version", get_weight_version)
+    r.add_get("/get_server_info", get_server_info)
+    r.add_get("/health", health)
+    r.add_get("/health_generate", health_generate)
+    r.add_post("/pause_generation", pause_generation)
+    r.add_post("/continue_generation", continue_generation)
+    r.add_get("/flush_cache", flush_cache)
+    r.add_post("/flush_cache", flush_cache)
+    r.add_post("/abort_request", abort_request)
+    return app

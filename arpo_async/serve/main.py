@@ -1,0 +1,91 @@
+"""`arpo-serve`: the embedded CPU inference server speaking SGLang's HTTP API.
+
+Wires the engine (model on the CPU), the batching scheduler and the aiohttp routes in one function (`serve`),
+runs until SIGINT/SIGTERM. Prints one line ``arpo-serve ready on http://HOST:PORT`` once it accepts requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from arpo_async.serve.app import build_app
+from arpo_async.serve.engine import LOGPROB_MODES, Engine
+from arpo_async.serve.scheduler import Scheduler
+
+log = logging.getLogger("arpo_async.serve")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Command-line settings of arpo-serve."""
+
+    model: Path
+    """Hugging Face checkpoint folder (e.g. from `arpo init-model`)."""
+    host: str = "127.0.0.1"
+    """Address to bind."""
+    port: int = 30000
+    """TCP port (SGLang's default 30000)."""
+    max_batch: int = 16
+    """Most requests run together; more raises throughput and per-request latency."""
+    weight_version: str = "0"
+    """Initial weight version reported in meta_info.weight_version."""
+    seed: int = 0
+    """Seed of the server-level sampler."""
+    logprob_mode: str = "model"
+    """'model': unmasked temperature-1 log-probs (the trainer's); 'sglang': masked, tempered (SGLang's)."""
+
+
+async def serve(config: ServeConfig, engine: Engine) -> None:
+    """Run the HTTP server and the scheduler until SIGINT/SIGTERM."""
+    scheduler = Scheduler(engine, config.max_batch)
+    runner = web.AppRunner(build_app(engine, scheduler), access_log=None)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await web.TCPSite(runner, config.host, config.port).start()
+        async with asyncio.TaskGroup() as tg:
+            scheduler_task = tg.create_task(scheduler.run(), name="scheduler")
+            print(f"arpo-serve ready on http://{config.host}:{config.port}", flush=True)
+            await stop.wait()
+            scheduler_task.cancel()
+    finally:
+        await runner.cleanup()
+
+
+def parse_args(argv: list[str] | None) -> ServeConfig:
+    p = argparse.ArgumentParser(prog="arpo-serve", description="CPU inference server with SGLang's HTTP API")
+    p.add_argument("--model", "--model-path", dest="model", type=Path, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--max-batch", type=int, default=16)
+    p.add_argument("--weight-version", default="0")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--logprob-mode", choices=LOGPROB_MODES, default="model")
+    a = p.parse_args(argv)
+    if a.max_batch < 1:
+        p.error("--max-batch must be >= 1")
+    return ServeConfig(a.model, a.host, a.port, a.max_batch, a.weight_version, a.seed, a.logprob_mode)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `arpo-serve`."""
+    config = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = Engine(config.model, seed=config.seed, weight_version=config.weight_version,
+                    logprob_mode=config.logprob_mode)
+    asyncio.run(serve(config, engine))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
