@@ -1,0 +1,87 @@
+"""The `arpo` command: `arpo run`, `arpo desktop build`, `arpo desktop clean`, `arpo init-model`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from arpo_async.config import ConfigError, load_config
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="arpo", description="arpo-async: asynchronous ARPO for GUI agents")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run serve + learner + actors on this machine (the embedded default)")
+    run.add_argument("--config", type=Path, help="run TOML file (see arpo_async/config.py)")
+    run.add_argument("--out", type=Path, help="run folder (default runs/default)")
+    run.add_argument("--steps", type=int, help="optimizer steps before stopping (default 3)")
+    run.add_argument("--actors", type=int, help="desktops / EnvActors (default 8)")
+    run.add_argument("--model", type=Path, help="policy checkpoint (default: a tiny random model, created if missing)")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override any config key, e.g. --set learner.lr=1e-3 (repeatable)")
+
+    desktop = sub.add_parser("desktop", help="the desktop image and containers")
+    dsub = desktop.add_subparsers(dest="desktop_command", required=True)
+    build = dsub.add_parser("build", help="build arpo-desktop:<version> locally (no registry needed)")
+    build.add_argument("--force", action="store_true", help="rebuild even if the image exists")
+    clean = dsub.add_parser("clean", help="remove arpo desktop containers")
+    clean.add_argument("--run-id", help="only this run's containers (default: all arpo desktops)")
+
+    init = sub.add_parser("init-model", help="create a tiny random Qwen2.5-VL policy offline")
+    init.add_argument("--out", type=Path, required=True, help="output folder")
+    init.add_argument("--seed", type=int, default=0)
+    init.add_argument("--force", action="store_true", help="overwrite an existing folder")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        return _run(args)
+    if args.command == "desktop" and args.desktop_command == "build":
+        from actors.desktop.build import DesktopBuildError, build_image
+        try:
+            print(build_image(force=args.force))
+            return 0
+        except DesktopBuildError as e:
+            print(f"arpo desktop build: {e}", file=sys.stderr)
+            return 1
+    if args.command == "desktop" and args.desktop_command == "clean":
+        from actors.desktop.fleet import remove_run_containers
+        print(f"removed {asyncio.run(remove_run_containers(args.run_id))} container(s)")
+        return 0
+    if args.command == "init-model":
+        from arpo_async.model.init_model import create_tiny_model
+        print(create_tiny_model(args.out, seed=args.seed, overwrite=args.force))
+        return 0
+    return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from arpo_async.launcher import RunError, run_local
+
+    overrides = list(args.overrides)
+    if args.out is not None:
+        overrides.append(f'run_dir="{args.out}"')
+    if args.steps is not None:
+        overrides.append(f"learner.steps={args.steps}")
+    if args.actors is not None:
+        overrides.append(f"actors.actors={args.actors}")
+    if args.model is not None:
+        overrides.append(f'model="{args.model}"')
+    try:
+        config = load_config(args.config, overrides)
+        return run_local(config)
+    except (ConfigError, RunError) as e:
+        print(f"arpo run: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("arpo run: interrupted; containers removed", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

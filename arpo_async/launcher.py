@@ -1,0 +1,187 @@
+"""`arpo run`: the embedded default on one machine.
+
+Owns: the three child processes of a local run and their logs (``<run>/logs/{serve,learner,actors}.log``).
+Order: build the desktop image and the tiny model if missing -> write ``<run>/config.toml`` -> start
+arpo-serve and wait for /health -> start arpo-learner and arpo-actors -> show a live progress line from
+``status.json`` and ``metrics.jsonl`` -> when the learner exits, stop the actors (SIGTERM, they remove their
+desktops), then the server -> remove any container still labelled with this run. Exit code: the learner's.
+Invariant: whatever ends the run (success, a crashed child, Ctrl-C), no container of this run is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from arpo_async.config import RunConfig, dump_toml
+from arpo_async.metrics import read_metrics
+
+STOP_GRACE_S = 60.0
+"""Seconds a child gets to exit after SIGTERM before it is killed."""
+
+
+class RunError(RuntimeError):
+    """The local run could not start or a child process died; the message says which and where its log is."""
+
+
+def prepare(config: RunConfig, say: Callable[[str], None]) -> RunConfig:
+    """Build the desktop image and the tiny model when missing; returns the config with both resolved."""
+    from actors.desktop.build import build_image, image_exists, image_tag
+    from arpo_async.model.init_model import create_tiny_model
+
+    image = config.actors.image or image_tag()
+    if not image_exists(image):
+        if config.actors.image:
+            raise RunError(f"desktop image {image} does not exist (build it, or leave actors.image empty)")
+        say(f"building the desktop image {image} (first run only, a few minutes)")
+        build_image(log=say)
+    model = config.model_path
+    if not (model / "config.json").exists():
+        if config.model:
+            raise RunError(f"no model at {model} (expected a Hugging Face folder with config.json)")
+        say(f"creating the tiny random Qwen2.5-VL policy in {model}")
+        create_tiny_model(model)
+    return replace(config, model=str(model.resolve()), actors=replace(config.actors, image=image))
+
+
+def spawn(args: list[str], log_path: Path) -> subprocess.Popen:
+    """Start a child process in its own process group with stdout+stderr to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float = 300.0) -> None:
+    """Poll ``url``/health until it answers 200. Raises RunError if the process exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RunError(f"arpo-serve exited with {proc.returncode}; see {log_path}:\n{tail(log_path)}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    raise RunError(f"arpo-serve did not answer {url}/health within {timeout_s:.0f} s; see {log_path}")
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def stop(proc: subprocess.Popen | None, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM the child's process group, wait ``grace_s``, then SIGKILL it."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def progress_line(config: RunConfig, started: float) -> str:
+    """One line: step, version, success rate, trajectories, outcomes, elapsed time."""
+    records = read_metrics(config.run_path / "metrics.jsonl")
+    try:
+        status = json.loads((config.run_path / "status.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        status = {}
+    steps = config.learner.steps or "inf"
+    last = records[-1] if records else {}
+    outcomes = " ".join(f"{k.lower()}={v}" for k, v in sorted(status.get("outcomes", {}).items()))
+    return (f"[{time.monotonic() - started:6.0f}s] step {len(records)}/{steps} "
+            f"version {status.get('policy_version', 0)} | trajectories {status.get('trajectories', 0)} "
+            f"running {status.get('running', 0)} | success {last.get('success_rate', float('nan')):.2f} "
+            f"loss {last.get('loss') if last.get('loss') is not None else float('nan'):.4f} | {outcomes}")
+
+
+def server_weight_version(url: str) -> str | None:
+    """The weight_version an inference server reports in /get_model_info (None if it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"{url}/get_model_info", timeout=5) as reply:
+            return json.loads(reply.read()).get("weight_version")
+    except (urllib.error.URLError, OSError, json.JSONDecodeError):
+        return None
+
+
+def write_summary(config: RunConfig, exit_code: int, url: str, wall_s: float) -> dict:
+    """Write ``<run>/summary.json``: exit code, steps, the last published version and what the server reports."""
+    records = read_metrics(config.run_path / "metrics.jsonl")
+    summary = {"exit_code": exit_code, "steps": len(records),
+               "policy_version": records[-1]["policy_version"] if records else 0,
+               "server_weight_version": server_weight_version(url), "wall_s": round(wall_s, 1)}
+    (config.run_path / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def run_local(config: RunConfig, *, say: Callable[[str], None] = print) -> int:
+    """Run serve + learner + actors on this machine until the learner finishes. Returns the exit code."""
+    from actors.desktop.fleet import remove_run_containers
+
+    run = config.run_path
+    if (run / "metrics.jsonl").exists():
+        raise RunError(f"{run} already holds a run (metrics.jsonl); pass another --out or remove it")
+    config = prepare(config, say)
+    (run / "logs").mkdir(parents=True, exist_ok=True)
+    config_path = run / "config.toml"
+    config_path.write_text(dump_toml(config))
+    logs = run / "logs"
+    url = config.actors.inference_urls[0]
+    py = sys.executable
+    serve = learner = actors = None
+    started = time.monotonic()
+    try:
+        say(f"run folder {run}; logs in {logs}")
+        serve = spawn([py, "-m", "arpo_async.serve.main", "--model", config.model, "--host", config.serve.host,
+                       "--port", str(config.serve.port), "--max-batch", str(config.serve.max_batch),
+                       "--weight-version", "0"], logs / "serve.log")
+        wait_healthy(url, serve, logs / "serve.log")
+        say(f"arpo-serve ready at {url}")
+        learner = spawn([py, "-m", "learner.main", "--config", str(config_path)], logs / "learner.log")
+        actors = spawn([py, "-m", "actors.main", "--config", str(config_path), "--actor-id", "local"],
+                       logs / "actors.log")
+        last_line = ""
+        while learner.poll() is None:
+            for name, proc in (("arpo-actors", actors), ("arpo-serve", serve)):
+                if proc.poll() is not None:
+                    log_path = logs / ("actors.log" if proc is actors else "serve.log")
+                    raise RunError(f"{name} exited with {proc.returncode}; see {log_path}:\n{tail(log_path)}")
+            line = progress_line(config, started)
+            if line != last_line:
+                say(line)
+                last_line = line
+            time.sleep(1.0)
+        say(progress_line(config, started))
+        write_summary(config, learner.returncode, url, time.monotonic() - started)
+        if learner.returncode != 0:
+            say(f"arpo-learner exited with {learner.returncode}; see {logs / 'learner.log'}:\n"
+                f"{tail(logs / 'learner.log')}")
+        return learner.returncode
+    finally:
+        stop(actors)
+        stop(learner)
+        stop(serve, grace_s=10)
+        removed = asyncio.run(remove_run_containers(config.resolved_run_id))
+        if removed:
+            say(f"removed {removed} leftover desktop container(s)")
+        say(f"done in {time.monotonic() - started:.0f} s; metrics in {run / 'metrics.jsonl'}")
