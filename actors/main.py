@@ -1,0 +1,94 @@
+"""arpo-actors: N EnvActors in one process. `run_actors` wires every component in one visible function.
+
+Dataflow: DEALER pump <-> LearnerLink <- EnvActor x N -> (DesktopFleet: containers; PolicyClient: /generate).
+Stops when the learner says shutdown or on SIGINT / SIGTERM; either way every container of this process is
+removed (each actor removes its own in ``finally``, then the fleet removes anything left with its label).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+import zmq.asyncio
+
+from actors.desktop.build import image_tag
+from actors.desktop.fleet import DesktopFleet
+from actors.env_actor import EnvActor
+from actors.episode import EpisodeRunner
+from actors.link import LearnerLink
+from actors.policy_client import PolicyClient, RetryPolicy
+from arpo_async.config import ConfigError, RunConfig, load_config
+from arpo_async.model.inputs import PromptEncoder
+from arpo_async.process import run_until_signal, setup_logging
+from arpo_async.transport import SocketPump, dealer_socket
+
+log = logging.getLogger("arpo.actors")
+
+
+async def run_actors(config: RunConfig, actor_id: str) -> None:
+    """Connect to the learner and run ``actors.actors`` EnvActors until shutdown; remove every desktop."""
+    ac = config.actors
+    encoder = PromptEncoder(config.model_path)
+    policy = PolicyClient(list(ac.inference_urls),
+                          retry=RetryPolicy(attempts=ac.policy_attempts, max_delay_s=ac.policy_max_wait_s))
+    fleet = DesktopFleet(ac.image or image_tag(), config.resolved_run_id, screen=ac.screen_size,
+                         memory_mb=ac.desktop_memory_mb, pids_limit=ac.desktop_pids)
+    ctx = zmq.asyncio.Context()
+    link: LearnerLink
+    pump = SocketPump(dealer_socket(ctx, config.transport, actor_id), routed=False,
+                      max_bytes=config.transport.max_message_bytes, on_message=lambda env: link.on_message(env))
+    link = LearnerLink(pump, actor_id, ac.actors, config.transport)
+    runner = EpisodeRunner(encoder, policy, ac)
+    log.info("%s: %d actors -> learner %s, inference %s", actor_id, ac.actors, config.transport.endpoint,
+             ", ".join(ac.inference_urls))
+    try:
+        async with asyncio.TaskGroup() as tg:
+            pump_task = tg.create_task(pump.run())
+            keepalive = tg.create_task(link.keepalive())
+            async with asyncio.TaskGroup() as actors:
+                for index in range(ac.actors):
+                    actors.create_task(EnvActor(index, link, fleet, runner).run())
+            if not await link.wait_acked(config.transport.resend_after_s):
+                log.warning("%d trajectories were never acknowledged", link.unacked)
+            log.info("learner said shutdown (%s)", link.shutdown_reason)
+            keepalive.cancel()
+            pump_task.cancel()
+    finally:
+        removed = await fleet.remove_all()
+        log.info("removed %d leftover desktops", removed)
+        await fleet.close()
+        await policy.aclose()
+        ctx.term()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="arpo-actors", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, help="run TOML file (see arpo_async.config)")
+    parser.add_argument("--actors", type=int, help="EnvActors in this process (overrides actors.actors)")
+    parser.add_argument("--actor-id", default=f"{socket.gethostname()}-{os.getpid()}",
+                        help="this process's id (its ZeroMQ routing id); default host-pid")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set actors.max_steps=10 (repeatable)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    setup_logging()
+    overrides = list(args.overrides) + ([f"actors.actors={args.actors}"] if args.actors else [])
+    try:
+        config = load_config(args.config, overrides)
+    except ConfigError as e:
+        log.error("%s", e)
+        return 2
+    return run_until_signal(run_actors(config, args.actor_id), "arpo-actors")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

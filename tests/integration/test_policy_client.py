@@ -1,0 +1,237 @@
+"""PolicyClient against the real arpo-serve (a subprocess on a free port with the tiny model), and against a
+loopback aiohttp server standing in for a misbehaving SGLang (5xx, malformed answers, weight_versions spans)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import math
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from actors.policy_client import (
+    Generation,
+    PolicyClient,
+    PolicyRequestError,
+    PolicyUnavailable,
+    RetryPolicy,
+    image_data_uri,
+)
+from actors.uitars import action_regex, build_messages, parse_reply
+
+SCREEN = (1280, 720)
+SERVER_START_TIMEOUT_S = 120.0
+SMALL_REGEX = action_regex(max_thought_chars=8, max_coord_digits=3, max_text_chars=6)
+SAMPLING = {"max_new_tokens": 160, "temperature": 1.0, "regex": SMALL_REGEX}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServeProcess:
+    """`python -m arpo_async.serve.main` as a child process; ``start`` returns once it printed its ready line."""
+
+    def __init__(self, model: Path, port: int, log_dir: Path) -> None:
+        self.model, self.port, self.log_dir = model, port, log_dir
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+        self._starts = 0
+
+    def start(self) -> None:
+        self._starts += 1
+        log = open(self.log_dir / f"serve-{self.port}-{self._starts}.log", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "arpo_async.serve.main", "--model", str(self.model), "--port", str(self.port)],
+            stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        buf = b""
+        try:
+            while b"arpo-serve ready" not in buf:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(f"arpo-serve did not become ready (see {self.log_dir}); stdout: {buf!r}")
+                if sel.select(timeout=left):
+                    chunk = os.read(self.proc.stdout.fileno(), 4096)
+                    buf += chunk
+        finally:
+            sel.close()
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self.proc.stdout.close()
+        self.proc = None
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    from arpo_async.model.init_model import create_tiny_model
+
+    return create_tiny_model(tmp_path_factory.mktemp("policy-client") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    proc = ServeProcess(tiny_model, _free_port(), tmp_path_factory.mktemp("serve-logs"))
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_model):
+    from arpo_async.model.inputs import PromptEncoder
+
+    return PromptEncoder(tiny_model)
+
+
+def _screenshot(seed: int) -> bytes:
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", SCREEN, "white")
+    draw = ImageDraw.Draw(img)
+    draw.rectangle([50 + seed * 40, 60, 300 + seed * 40, 200], fill=(20 * seed % 255, 90, 200))
+    out = io.BytesIO()
+    img.save(out, "PNG")
+    return out.getvalue()
+
+
+def _check_generation(g: Generation) -> None:
+    n = len(g.output_ids)
+    assert n > 0 and len(g.logprobs) == n and len(g.token_versions) == n
+    assert all(math.isfinite(lp) and lp <= 0.0 for lp in g.logprobs)
+    assert g.token_versions == [g.weight_version] * n
+
+
+# ------------------------------------------------------------------------------------------- real arpo-serve
+
+async def test_regex_constrained_episode_parses_every_step(server, encoder):
+    """Two steps of an episode: prompt -> tokens + screenshots -> /generate (regex) -> parse_reply."""
+    shots = [_screenshot(0), _screenshot(1)]
+    replies: list[str] = []
+    async with PolicyClient([server.url]) as client:
+        info = await client.server_info(server.url)
+        for step in range(2):
+            prompt = build_messages("open the file menu", replies, history_images=2)
+            images = [shots[i] for i in prompt.image_indices]
+            input_ids = encoder.encode(prompt.messages, [SCREEN] * len(images))
+            g = await client.generate(input_ids=input_ids, images=images, sampling_params=SAMPLING,
+                                      rid=f"ep1-{step}", episode_id="ep1")
+            _check_generation(g)
+            assert (g.finish_reason, g.attempts, g.url) == ("stop", 1, server.url)
+            assert g.prompt_tokens == len(input_ids)
+            assert g.weight_version == int(info["weight_version"])
+            parsed = parse_reply(g.text, resized_size=encoder.resized_size(*SCREEN), screen_size=SCREEN)
+            for a in parsed.actions:
+                if a.point is not None:
+                    assert 0 <= a.point[0] <= SCREEN[0] - 1 and 0 <= a.point[1] <= SCREEN[1] - 1
+            replies.append(g.text)
+        assert prompt.image_indices == [0, 1]
+
+
+async def test_request_errors_are_4xx_and_not_retried(server, encoder):
+    prompt = build_messages("task", [])
+    ids = encoder.encode(prompt.messages, [SCREEN])
+    slow_retry = RetryPolicy(attempts=5, base_delay_s=5.0, max_delay_s=5.0)
+    async with PolicyClient([server.url], retry=slow_retry) as client:
+        started = time.monotonic()
+        with pytest.raises(PolicyRequestError) as err:  # one image placeholder, two images
+            await client.generate(input_ids=ids, images=[_screenshot(0), _screenshot(1)],
+                                  sampling_params=SAMPLING, rid="bad-1", episode_id="e")
+        assert err.value.status == 400 and "image" in str(err.value)
+        with pytest.raises(PolicyRequestError) as err:
+            await client.generate(input_ids=ids, images=[_screenshot(0)],
+                                  sampling_params={"max_new_tokens": 4, "regex": "(unclosed"},
+                                  rid="bad-2", episode_id="e")
+        assert err.value.status == 400
+        # a retry would have waited 5 s first
+        assert time.monotonic() - started < 4.0
+    with pytest.raises(ValueError, match="neither PNG nor JPEG"):
+        image_data_uri(b"GIF89a...")
+
+
+async def test_weight_publisher_calls(server, tiny_model, encoder):
+    prompt = build_messages("task", [])
+    ids = encoder.encode(prompt.messages, [SCREEN])
+    async with PolicyClient([server.url]) as client:
+        assert await client.health()
+        assert (await client.pause_generation(server.url))
+        reply = await client.update_weights_from_disk(server.url, str(tiny_model), 7)
+        await client.continue_generation(server.url)
+        assert reply["success"] is True, reply
+        assert (await client.server_info(server.url))["weight_version"] == "7"
+        g = await client.generate(input_ids=ids, images=[_screenshot(0)], sampling_params=SAMPLING,
+                                  rid="after-update", episode_id="e")
+        _check_generation(g)
+        assert g.weight_version == 7 and set(g.token_versions) == {7}
+        refused = await client.update_weights_from_disk(server.url, str(tiny_model / "missing"), 8)
+        assert refused["success"] is False and refused.get("message")
+        assert (await client.server_info(server.url))["weight_version"] == "7"
+        with pytest.raises(ValueError, match="pause mode"):
+            await client.pause_generation(server.url, mode="nap")
+
+
+async def test_server_down_then_back_on_the_same_port(tiny_model, encoder, tmp_path):
+    proc = ServeProcess(tiny_model, _free_port(), tmp_path)
+    proc.start()
+    prompt = build_messages("task", [])
+    ids = encoder.encode(prompt.messages, [SCREEN])
+    request = dict(input_ids=ids, images=[_screenshot(0)], sampling_params=SAMPLING, episode_id="e")
+    try:
+        async with PolicyClient([proc.url], retry=RetryPolicy(attempts=3, base_delay_s=0.05,
+                                                              max_delay_s=0.1)) as short:
+            _check_generation(await short.generate(rid="up", **request))
+            proc.stop()
+            assert not await short.health()
+            with pytest.raises(PolicyUnavailable, match=r"unavailable after 3 attempts"):
+                await short.generate(rid="down", **request)
+
+        # Down at the first attempt (connection refused at once); the server needs seconds to come back, well
+        # inside this window of about 60 s of retries.
+        patient = RetryPolicy(attempts=120, base_delay_s=0.1, max_delay_s=0.5)
+        async with PolicyClient([proc.url], retry=patient) as client:
+            pending = asyncio.create_task(client.generate(rid="retried", **request))
+            await asyncio.to_thread(proc.start)
+            g = await asyncio.wait_for(pending, timeout=120)
+            _check_generation(g)
+            assert g.attempts > 1 and g.finish_reason == "stop"
+            assert await client.health()
+    finally:
+        proc.stop()
+
+
+def test_server_for_is_stable_and_spreads_episodes():
+    urls = ["http://a:1", "http://b:2/", "http://c:3"]
+    one, two = PolicyClient(urls), PolicyClient(list(urls))
+    picks = [one.server_for(f"episode-{i}") for i in range(300)]
+    assert picks == [two.server_for(f"episode-{i}") for i in range(300)]
+    assert set(picks) == {"http://a:1", "http://b:2", "http://c:3"}
+    assert one.server_for("episode-7") == one.server_for("episode-7")
+    with pytest.raises(ValueError, match="at least one"):
+        PolicyClient([])
+    with pytest.raises(ValueError, match="attempts"):
+        RetryPolicy(attempts=0)
