@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from actors.policy_client import (
     Generation,
