@@ -1,0 +1,172 @@
+"""Async client for a desktop's in-container controller (OSWorld's controller HTTP API).
+
+Talks HTTP over the Unix socket the container's controller listens on (``<socket_dir>/controller.sock``),
+or over TCP when given a base URL. Request and response shapes are OSWorld's (desktop_env/server/main.py);
+see actors/desktop/image/controller.py for the server side.
+
+Invariant: every call has its own deadline, and every transport failure (missing socket, refused
+connection, reset, timeout, HTTP 5xx from a dead controller) raises :class:`DesktopError` naming the
+endpoint and the cause, so a killed container surfaces quickly instead of hanging an actor.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+
+DEFAULT_TIMEOUT_S = 30.0
+EXECUTE_GRACE_S = 10.0  # extra client-side time beyond an execute's own timeout
+
+
+class DesktopError(Exception):
+    """A desktop (container or its controller) failed or cannot be reached; the message has the cause."""
+
+
+class ControllerClient:
+    """One desktop's controller.
+
+    Args:
+        socket_path: Unix socket of the controller (e.g. /tmp/arpo-desktops/<run>/<name>/controller.sock).
+        base_url: alternatively a TCP base URL such as ``http://10.0.0.5:5000`` (then socket_path is None).
+        timeout: default per-request deadline in seconds (execute uses its own timeout + a grace period).
+    """
+
+    def __init__(self, socket_path: str | None = None, *, base_url: str | None = None,
+                 timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        if (socket_path is None) == (base_url is None):
+            raise ValueError("give exactly one of socket_path and base_url")
+        self.socket_path = socket_path
+        self.base_url = (base_url or "http://desktop").rstrip("/")
+        self.timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    def __repr__(self) -> str:
+        return f"ControllerClient({self.socket_path or self.base_url!r})"
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = (aiohttp.UnixConnector(path=self.socket_path) if self.socket_path
+                         else aiohttp.TCPConnector(limit=16))
+            self._session = aiohttp.ClientSession(connector=connector)
+        return self._session
+
+    async def _request(self, method: str, endpoint: str, *, timeout: float | None = None,
+                       ok_statuses: tuple[int, ...] = (200,), **kw: Any) -> tuple[int, bytes, str]:
+        """Send one request; returns (status, body, content type). Raises DesktopError on failure."""
+        deadline = self.timeout if timeout is None else timeout
+        try:
+            async with asyncio.timeout(deadline):
+                async with self._get_session().request(method, self.base_url + endpoint, **kw) as resp:
+                    body = await resp.read()
+                    status, ctype = resp.status, resp.headers.get("Content-Type", "")
+        except TimeoutError as exc:
+            raise DesktopError(f"{method} {endpoint} to {self._where()}: no answer within {deadline:g} s") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise DesktopError(f"{method} {endpoint} to {self._where()}: {type(exc).__name__}: {exc}") from exc
+        if status not in ok_statuses:
+            raise DesktopError(f"{method} {endpoint} to {self._where()}: HTTP {status}: "
+                               f"{body[:500].decode('utf-8', 'replace')}")
+        return status, body, ctype
+
+    def _where(self) -> str:
+        return self.socket_path or self.base_url
+
+    @staticmethod
+    def _json(endpoint: str, body: bytes) -> Any:
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise DesktopError(f"{endpoint}: controller sent invalid JSON: {body[:200]!r}") from exc
+
+    async def screenshot(self) -> bytes:
+        """PNG bytes of the whole screen with the cursor drawn in."""
+        _, body, _ = await self._request("GET", "/screenshot")
+        if not body.startswith(b"\x89PNG\r\n\x1a\n"):
+            raise DesktopError(f"/screenshot from {self._where()} is not a PNG ({len(body)} bytes)")
+        return body
+
+    async def execute(self, command: list[str] | str, *, shell: bool = False, timeout: float = 120,
+                      setup: bool = False) -> dict:
+        """Run a command to completion inside the desktop.
+
+        Returns OSWorld's shape ``{"status": "success"|"error", "output", "error", "returncode"}``; a
+        command that fails or times out inside the desktop is a result (status "error"), not an exception.
+        ``setup`` selects /setup/execute (same behaviour, OSWorld's setup route). Raises DesktopError when
+        the controller cannot be reached or does not answer within ``timeout`` + 10 s.
+        """
+        endpoint = "/setup/execute" if setup else "/execute"
+        _, body, _ = await self._request(
+            "POST", endpoint, json={"command": command, "shell": shell, "timeout": timeout},
+            timeout=timeout + EXECUTE_GRACE_S, ok_statuses=(200, 500))
+        data = self._json(endpoint, body)
+        if not isinstance(data, dict) or "status" not in data:
+            raise DesktopError(f"{endpoint}: unexpected answer {data!r}")
+        data.setdefault("output", "")
+        data.setdefault("error", data.get("message", ""))
+        data.setdefault("returncode", -1)
+        return data
+
+    async def launch(self, command: list[str] | str, *, shell: bool = False) -> str:
+        """Start a process inside the desktop without waiting for it; returns the controller's text."""
+        _, body, _ = await self._request("POST", "/setup/launch", json={"command": command, "shell": shell})
+        return body.decode("utf-8", "replace")
+
+    async def get_file(self, path: str) -> bytes | None:
+        """Bytes of a file inside the desktop, or None when it does not exist."""
+        status, body, _ = await self._request("POST", "/file", data={"file_path": path}, ok_statuses=(200, 404))
+        return None if status == 404 else body
+
+    async def upload(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path`` inside the desktop (parent folders are created)."""
+        form = aiohttp.FormData()
+        form.add_field("file_path", path)
+        form.add_field("file_data", data, filename="upload", content_type="application/octet-stream")
+        await self._request("POST", "/setup/upload", data=form)
+
+    async def screen_size(self) -> tuple[int, int]:
+        """(width, height) of the screen in pixels."""
+        _, body, _ = await self._request("POST", "/screen_size")
+        d = self._json("/screen_size", body)
+        return int(d["width"]), int(d["height"])
+
+    async def cursor_position(self) -> tuple[int, int]:
+        """(x, y) of the pointer in screen pixels."""
+        _, body, _ = await self._request("GET", "/cursor_position")
+        x, y = self._json("/cursor_position", body)
+        return int(x), int(y)
+
+    async def platform(self) -> str:
+        """The desktop's OS name as OSWorld reports it ("Linux")."""
+        _, body, _ = await self._request("GET", "/platform")
+        return body.decode().strip()
+
+    async def activate_window(self, window_name: str, *, strict: bool = False) -> bool:
+        """Raise and focus the first visible window whose title contains (or, when strict, equals)
+        ``window_name``. Returns False when there is no such window."""
+        status, _, _ = await self._request("POST", "/setup/activate_window", ok_statuses=(200, 404),
+                                           json={"window_name": window_name, "strict": strict})
+        return status == 200
+
+    async def close_window(self, window_name: str, *, strict: bool = False) -> bool:
+        """Close every visible window whose title contains (or equals) ``window_name``. Returns False when
+        there is no such window."""
+        status, _, _ = await self._request("POST", "/setup/close_window", ok_statuses=(200, 404),
+                                           json={"window_name": window_name, "strict": strict})
+        return status == 200
+
+    async def health(self, *, timeout: float = 5.0) -> bool:
+        """True when the controller answers and its X display is up; False otherwise (never raises
+        DesktopError)."""
+        try:
+            status, _, _ = await self._request("GET", "/health", timeout=timeout, ok_statuses=(200, 503))
+        except DesktopError:
+            return False
+        return status == 200
+
+    async def close(self) -> None:
+        """Close the HTTP session (idempotent)."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

@@ -1,0 +1,269 @@
+"""Real desktops: the image, the fleet, the controller API, every built-in task's setup and evaluator.
+
+Each test starts real containers of the arpo desktop image (Xvfb + openbox + Tk apps + xterm) through
+DesktopFleet and drives them through the controller with xdotool, exactly as an agent's actions would.
+Every built-in task is proven to score 0.0 untouched and 1.0 after a scripted correct solution.
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+
+import aiodocker
+import pytest
+from PIL import Image
+
+from actors.desktop.controller_client import ControllerClient, DesktopError
+from actors.desktop.fleet import DesktopFleet, remove_run_containers
+from actors.evaluation import TaskSetupError, evaluate, run_setup
+from arpo_async.tasks import Task, load_tasks
+
+pytestmark = pytest.mark.docker
+
+BUILTIN = {t.id: t for t in load_tasks()}
+LAYOUT = "/tmp/arpo/layout.json"
+
+
+@pytest.fixture
+async def fleet(desktop_image):
+    f = DesktopFleet(desktop_image, run_id=f"test-{secrets.token_hex(3)}")
+    try:
+        yield f
+    finally:
+        await f.remove_all()
+        await f.close()
+
+
+# ---- actions, as the actor would send them --------------------------------------------------------------
+
+async def xdo(c: ControllerClient, *args: str) -> None:
+    r = await c.execute(["xdotool", *args], timeout=20)
+    assert r["status"] == "success" and r["returncode"] == 0, r
+
+
+async def click(c: ControllerClient, x: int, y: int) -> None:
+    await xdo(c, "mousemove", "--sync", str(x), str(y), "click", "1")
+
+
+async def type_text(c: ControllerClient, text: str) -> None:
+    await xdo(c, "type", "--delay", "0", text)
+
+
+async def layout_with(c: ControllerClient, key: str, timeout: float = 10.0) -> dict:
+    """The app's layout file once it holds ``key`` (polled with a deadline: the app writes it on events)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            data = await c.get_file(LAYOUT)
+            if data:
+                layout = json.loads(data)
+                if key in layout:
+                    return layout
+            await asyncio.sleep(0.05)
+
+
+async def click_widget(c: ControllerClient, key: str) -> None:
+    box = (await layout_with(c, key))[key]
+    await click(c, box["cx"], box["cy"])
+
+
+# ---- scripted correct solutions of the built-in tasks (kept here, not in the task JSON) ------------------
+
+def press_button(label: str) -> Callable[[ControllerClient], Awaitable[None]]:
+    async def solve(c: ControllerClient) -> None:
+        await click_widget(c, label)
+    return solve
+
+
+def fill_form(values: dict[str, str]) -> Callable[[ControllerClient], Awaitable[None]]:
+    async def solve(c: ControllerClient) -> None:
+        for name, value in values.items():
+            await click_widget(c, name)
+            await type_text(c, value)
+        await click_widget(c, "Save")
+    return solve
+
+
+def in_terminal(line: str) -> Callable[[ControllerClient], Awaitable[None]]:
+    async def solve(c: ControllerClient) -> None:
+        await click(c, 640, 360)
+        marker = f"/tmp/arpo/typed-{secrets.token_hex(3)}"
+        await type_text(c, f"{line}; touch {marker}\n")
+        async with asyncio.timeout(10):  # the shell runs the line on its own time: wait for its marker
+            while await c.get_file(marker) is None:
+                await asyncio.sleep(0.05)
+    return solve
+
+
+async def tick_milk_eggs(c: ControllerClient) -> None:
+    for key in ("Milk", "Eggs", "Save"):
+        await click_widget(c, key)
+
+
+async def file_export(c: ControllerClient) -> None:
+    await click_widget(c, "File")
+    await click_widget(c, "File/Export")
+
+
+SOLUTIONS: dict[str, Callable[[ControllerClient], Awaitable[None]]] = {
+    "grid4-red": press_button("Red"),
+    "grid4-green": press_button("Green"),
+    "grid4-blue": press_button("Blue"),
+    "grid4-yellow": press_button("Yellow"),
+    "grid8-cherry": press_button("Cherry"),
+    "grid8-mango": press_button("Mango"),
+    "grid8-plum": press_button("Plum"),
+    "form-name": fill_form({"Name": "Alice"}),
+    "form-contact": fill_form({"Name": "Bob", "City": "Paris"}),
+    "terminal-hello": in_terminal("echo hello arpo > /root/hello.txt"),
+    "terminal-mkdir": in_terminal("mkdir -p /root/projects/arpo"),
+    "checklist-groceries": tick_milk_eggs,
+    "menu-export": file_export,
+}
+
+
+def test_every_builtin_task_has_a_solution():
+    assert set(SOLUTIONS) == set(BUILTIN)
+
+
+@pytest.mark.parametrize("task_id", sorted(BUILTIN))
+async def test_builtin_task_scores_zero_untouched_and_one_when_solved(fleet, task_id):
+    task = BUILTIN[task_id]
+    desktop = await fleet.start()
+    c = desktop.controller
+    await run_setup(c, task.config)
+    assert await evaluate(c, task, last_action=None) == 0.0
+    await SOLUTIONS[task_id](c)
+    assert await evaluate(c, task, last_action="DONE") == 1.0
+    # OSWorld: giving up scores 0 even when the desktop state is right
+    assert await evaluate(c, task, last_action="FAIL") == 0.0
+
+
+async def test_wrong_button_scores_zero(fleet):
+    task = BUILTIN["grid4-red"]
+    desktop = await fleet.start()
+    await run_setup(desktop.controller, task.config)
+    await click_widget(desktop.controller, "Blue")
+    assert await desktop.controller.get_file("/tmp/arpo/result.txt") == b"Blue"
+    assert await evaluate(desktop.controller, task, last_action="DONE") == 0.0
+
+
+async def test_screenshot_is_png_of_configured_size(desktop_image):
+    fleet = DesktopFleet(desktop_image, run_id=f"test-{secrets.token_hex(3)}", screen=(1024, 600))
+    try:
+        desktop = await fleet.start()
+        c = desktop.controller
+        png = await c.screenshot()
+        img = Image.open(io.BytesIO(png))
+        img.load()
+        assert (img.format, img.size) == ("PNG", (1024, 600))
+        assert await c.screen_size() == (1024, 600)
+        t0 = time.perf_counter()
+        for _ in range(10):
+            await c.screenshot()
+        ms = (time.perf_counter() - t0) * 100
+        print(f"desktop ready in {desktop.ready_s:.2f} s; screenshot {ms:.1f} ms (1024x600 PNG)")
+        assert ms < 500, f"screenshot took {ms:.0f} ms"
+    finally:
+        await fleet.remove_all()
+        await fleet.close()
+
+
+async def test_controller_api_shapes(fleet):
+    c = (await fleet.start()).controller
+    assert await c.health()
+    assert await c.platform() == "Linux"
+    await click(c, 100, 200)
+    assert await c.cursor_position() == (100, 200)
+    ok = await c.execute(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    assert ok == {"status": "success", "output": "out\n", "error": "err\n", "returncode": 3}
+    assert (await c.execute("echo $((6 * 7))", shell=True))["output"] == "42\n"
+    missing = await c.execute(["no-such-program"])
+    assert missing["status"] == "error" and "no-such-program" in missing["error"]
+    slow = await c.execute("sleep 30", shell=True, timeout=1)
+    assert slow["status"] == "error" and "timed out" in slow["error"]
+    data = bytes(range(256)) * 64 + b"a\r\nb\rc\n"
+    await c.upload("/tmp/x/y/upload.bin", data)
+    assert await c.get_file("/tmp/x/y/upload.bin") == data
+    assert await c.get_file("/tmp/does/not/exist") is None
+    assert not await c.activate_window("No Such Window")
+
+
+async def test_setup_errors_are_task_setup_errors(fleet):
+    c = (await fleet.start()).controller
+    with pytest.raises(TaskSetupError, match="unknown type 'download'"):
+        await run_setup(c, [{"type": "download", "parameters": {"files": []}}])
+    with pytest.raises(TaskSetupError, match="not met"):
+        await run_setup(c, [{"type": "execute", "parameters": {"command": ["false"], "until": {"returncode": 0}}}])
+    with pytest.raises(TaskSetupError, match="no visible window"):
+        await run_setup(c, [{"type": "activate_window", "parameters": {"window_name": "Nothing Here"}}])
+
+
+async def test_infeasible_task_scores_by_last_action(fleet):
+    task = Task.from_dict({"id": "infeasible-purple", "instruction": "Click the Purple button.",
+                           "config": BUILTIN["grid4-red"].raw["config"], "evaluator": {"func": "infeasible"}})
+    c = (await fleet.start()).controller
+    await run_setup(c, task.config)
+    assert await evaluate(c, task, last_action="FAIL") == 1.0
+    assert await evaluate(c, task, last_action="DONE") == 0.0
+    assert await evaluate(c, task, last_action=None) == 0.0
+
+
+async def test_killed_desktop_raises_desktop_error_quickly(fleet):
+    desktop = await fleet.start()
+    async with aiodocker.Docker() as docker:
+        await docker.containers.container(desktop.container_id).kill()
+    t0 = time.monotonic()
+    with pytest.raises(DesktopError):
+        await desktop.controller.screenshot()
+    with pytest.raises(DesktopError):
+        await desktop.controller.execute(["true"])
+    assert time.monotonic() - t0 < 3.0
+    assert not await desktop.controller.health()
+    await fleet.remove(desktop)
+    await fleet.remove(desktop)  # idempotent
+    assert not desktop.socket_dir.exists()
+
+
+async def test_remove_all_leaves_no_container(desktop_image):
+    run_id = f"test-{secrets.token_hex(3)}"
+    fleet = DesktopFleet(desktop_image, run_id=run_id)
+    try:
+        desktops = await asyncio.gather(fleet.start(), fleet.start())
+        assert len({d.container_id for d in desktops}) == 2
+        labels = json.dumps({"label": [f"arpo.run={run_id}"]})
+        async with aiodocker.Docker() as docker:
+            assert len(await docker.containers.list(all="true", filters=labels)) == 2
+            assert await fleet.remove_all() == 2
+            assert await docker.containers.list(all="true", filters=labels) == []
+        assert await remove_run_containers(run_id) == 0
+    finally:
+        await fleet.remove_all()
+        await fleet.close()
+
+
+async def test_start_fails_with_logs_when_image_is_broken(desktop_image):
+    # A real container whose entrypoint exits at once: start() must fail fast with its log, not hang.
+    fleet = DesktopFleet(desktop_image, run_id=f"test-{secrets.token_hex(3)}", ready_timeout=20)
+    config = fleet._config
+
+    def broken(socket_dir):
+        cfg = config(socket_dir)
+        cfg["Entrypoint"] = ["sh", "-c", "echo controller-would-start-here; exit 7"]
+        return cfg
+
+    fleet._config = broken  # type: ignore[method-assign]
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(DesktopError, match="controller-would-start-here"):
+            await fleet.start()
+        assert time.monotonic() - t0 < 10
+        labels = json.dumps({"label": [f"arpo.run={fleet.run_id}"]})
+        async with aiodocker.Docker() as docker:
+            assert await docker.containers.list(all="true", filters=labels) == []
+    finally:
+        await fleet.remove_all()
+        await fleet.close()
