@@ -152,6 +152,8 @@ class ActorConfig:
     """Tries per /generate before the episode ends as ABORTED (exponential backoff between tries)."""
     policy_max_wait_s: float = 30.0
     """Longest backoff between /generate tries (seconds)."""
+    setup_timeout_s: float = 120.0
+    """Deadline for a task's setup steps and for its evaluation (seconds); missing it is an ENV_ERROR."""
     step_timeout_s: float = 120.0
     """Deadline for one desktop call (seconds); a desktop that misses it is treated as dead (ENV_ERROR)."""
 

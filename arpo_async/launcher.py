@@ -26,6 +26,8 @@ from typing import Callable
 from arpo_async.config import RunConfig, dump_toml
 from arpo_async.metrics import read_metrics
 
+PROGRESS_EVERY_S = 30.0
+"""The progress line is printed when it changes, and at least this often."""
 STOP_GRACE_S = 60.0
 """Seconds a child gets to exit after SIGTERM before it is killed."""
 
@@ -134,10 +136,18 @@ def write_summary(config: RunConfig, exit_code: int, url: str, wall_s: float) ->
     return summary
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def run_local(config: RunConfig, *, say: Callable[[str], None] = print) -> int:
-    """Run serve + learner + actors on this machine until the learner finishes. Returns the exit code."""
+    """Run serve + learner + actors on this machine until the learner finishes. Returns the exit code.
+
+    SIGTERM is handled like Ctrl-C: the children are stopped and the run's containers removed.
+    """
     from actors.desktop.fleet import remove_run_containers
 
+    signal.signal(signal.SIGTERM, _interrupt)
     run = config.run_path
     if (run / "metrics.jsonl").exists():
         raise RunError(f"{run} already holds a run (metrics.jsonl); pass another --out or remove it")
@@ -160,16 +170,17 @@ def run_local(config: RunConfig, *, say: Callable[[str], None] = print) -> int:
         learner = spawn([py, "-m", "learner.main", "--config", str(config_path)], logs / "learner.log")
         actors = spawn([py, "-m", "actors.main", "--config", str(config_path), "--actor-id", "local"],
                        logs / "actors.log")
-        last_line = ""
+        last_state, last_said = "", 0.0
         while learner.poll() is None:
             for name, proc in (("arpo-actors", actors), ("arpo-serve", serve)):
                 if proc.poll() is not None:
                     log_path = logs / ("actors.log" if proc is actors else "serve.log")
                     raise RunError(f"{name} exited with {proc.returncode}; see {log_path}:\n{tail(log_path)}")
             line = progress_line(config, started)
-            if line != last_line:
+            state = line.split("]", 1)[1]
+            if state != last_state or time.monotonic() - last_said > PROGRESS_EVERY_S:
                 say(line)
-                last_line = line
+                last_state, last_said = state, time.monotonic()
             time.sleep(1.0)
         say(progress_line(config, started))
         write_summary(config, learner.returncode, url, time.monotonic() - started)

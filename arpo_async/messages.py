@@ -82,6 +82,8 @@ class Trajectory:
     """Seconds per stage: reset_s, setup_s, episode_s, evaluate_s."""
     assigned_version: int = 0
     """Policy version the learner announced when it handed out this rollout."""
+    desktop: str = ""
+    """Name of the desktop container the episode ran in."""
 
     @property
     def outcome_enum(self) -> Outcome:

@@ -120,6 +120,7 @@ class LearnerService:
             self.totals["bad_messages"] += 1
             await self.pump.send(Reject(f"unknown outcome {traj.outcome!r}"), peer)
             return
+        self.totals["from_desktop"] += bool(traj.desktop)
         self.window.outcomes[traj.outcome] += 1
         self.totals[traj.outcome] += 1
         self.totals["trajectories"] += 1
@@ -151,7 +152,8 @@ class LearnerService:
     def status(self) -> dict:
         """A snapshot for progress displays (written to <run>/status.json by the learner)."""
         return {"learner_id": self.learner_id, "policy_version": self.version,
-                "trajectories": self.totals["trajectories"], "running": self.staleness.running,
+                "trajectories": self.totals["trajectories"],
+                "from_desktop": self.totals["from_desktop"], "running": self.staleness.running,
                 "waiting_requests": len(self.waiting), "actors": len(self.actors),
                 "outcomes": {k: v for k, v in self.totals.items() if k.isupper()},
                 "drops": dict(self.batcher.drops), "ready_groups": len(self.batcher.ready)}

@@ -1,0 +1,26 @@
+"""Shared pytest fixtures. Keep small: only fixtures several test modules need."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def desktop_image() -> str:
+    """Tag of the arpo desktop image, built first if missing (debootstrap, about 80 s).
+
+    Fails (never skips) with the builder's message when Docker is missing or its engine is not running.
+    """
+    from actors.desktop.build import DesktopBuildError, build_image
+
+    try:
+        return build_image(log=lambda line: print(f"[desktop build] {line}", flush=True))
+    except DesktopBuildError as exc:
+        pytest.fail(f"cannot provide the desktop image: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """A tiny random Qwen2.5-VL policy folder, created once per test session."""
+    from arpo_async.model.init_model import create_tiny_model
+
+    return create_tiny_model(tmp_path_factory.mktemp("models") / "tiny")

@@ -1,0 +1,70 @@
+"""The README's main job, end to end: `arpo run` with 8 real desktops and 3 optimizer steps.
+
+While it runs, one desktop container is killed mid-episode; the job must go on (that trajectory is
+ENV_ERROR and not trained on), finish with policy_version 3 in metrics.jsonl, leave arpo-serve reporting
+the version the learner published, and leave no container behind.
+"""
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from arpo_async.metrics import REQUIRED_KEYS, read_metrics
+
+pytestmark = pytest.mark.docker
+
+
+def run_containers(run_id: str) -> list[str]:
+    out = subprocess.run(["docker", "ps", "-q", "--filter", f"label=arpo.run={run_id}"],
+                         capture_output=True, text=True, check=True).stdout
+    return out.split()
+
+
+def kill_one_desktop_mid_episode(run_dir, run_id, killed: list[str], stop: threading.Event) -> None:
+    """Once trajectories are flowing, kill one running desktop container of the run."""
+    status = run_dir / "status.json"
+    while not stop.is_set():
+        try:
+            flowing = json.loads(status.read_text()).get("trajectories", 0) >= 2
+        except (OSError, ValueError):
+            flowing = False
+        containers = run_containers(run_id) if flowing else []
+        if containers:
+            subprocess.run(["docker", "kill", containers[0]], capture_output=True)
+            killed.append(containers[0])
+            return
+        stop.wait(0.5)
+
+
+def test_arpo_run_embedded_default(tmp_path, desktop_image, tiny_model):
+    run_dir = tmp_path / "demo"
+    killed: list[str] = []
+    stop = threading.Event()
+    killer = threading.Thread(target=kill_one_desktop_mid_episode, args=(run_dir, "demo", killed, stop))
+    killer.start()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "arpo_async.cli", "run", "--out", str(run_dir), "--model", str(tiny_model),
+             "--set", "serve.port=31777", "--set", 'actors.inference_urls=["http://127.0.0.1:31777"]',
+             "--set", "transport.endpoint=tcp://127.0.0.1:31778"],
+            capture_output=True, text=True, timeout=1500)
+    finally:
+        stop.set()
+        killer.join()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert records[-1]["policy_version"] == 3
+    assert all(set(REQUIRED_KEYS) <= set(r) for r in records)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["server_weight_version"] == "3"  # arpo-serve loaded what the learner published
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["from_desktop"] == status["trajectories"] > 0  # every trajectory ran in a container
+    assert killed, "the test never found a desktop to kill"
+    assert status["outcomes"].get("ENV_ERROR", 0) >= 1
+    assert run_containers("demo") == []
+    assert (run_dir / "config.toml").exists() and (run_dir / "weights" / "v3" / "model.safetensors").exists()
