@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from actors.desktop.build import DesktopBuildError
     from arpo_async.launcher import RunError, run_local
 
     overrides = list(args.overrides)
@@ -75,7 +76,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, overrides)
         return run_local(config)
-    except (ConfigError, RunError) as e:
+    except (ConfigError, RunError, DesktopBuildError) as e:
         print(f"arpo run: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
