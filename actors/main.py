@@ -64,7 +64,7 @@ async def run_actors(config: RunConfig, actor_id: str) -> None:
         log.info("removed %d leftover desktops", removed)
         await fleet.close()
         await policy.aclose()
-        ctx.term()
+        ctx.destroy(linger=0)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

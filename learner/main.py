@@ -93,7 +93,7 @@ async def run_learner(config: RunConfig) -> None:
     finally:
         metrics.close()
         await client.aclose()
-        ctx.term()
+        ctx.destroy(linger=0)
 
 
 async def write_status(service: LearnerService, path: Path, period_s: float = 1.0) -> None:

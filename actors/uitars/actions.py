@@ -20,10 +20,12 @@ by a blank line), and dvlab-research/ARPO ``verl/trainer/gui_agent.py`` (``finis
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
+
+from arpo_async.model.inputs import ModelInputError
+from arpo_async.model.inputs import smart_resize as _qwen_smart_resize
 
 CoordinateMode = Literal["absolute", "relative1000"]
 
@@ -140,16 +142,13 @@ def canonical_key(name: str) -> str:
                            f"{sorted(NAMED_KEYS)}")
 
 
-def _round_by_factor(n: float, factor: int) -> int:
-    return round(n / factor) * factor
-
-
 def smart_resize(*, width: int, height: int, factor: int = 28, min_pixels: int = 56 * 56,
                  max_pixels: int = 2_116_800) -> Size:
     """The size Qwen2-VL / Qwen2.5-VL's image processor resizes an image to (the size the model sees).
 
     Both sides become multiples of ``factor`` with the aspect ratio kept as closely as possible and the area
-    within [min_pixels, max_pixels]. Source: Qwen2-VL ``smart_resize`` (copied in UI-TARS's action_parser.py).
+    within [min_pixels, max_pixels]. A (width, height) view of `arpo_async.model.inputs.smart_resize`, the one
+    implementation that actors, arpo-serve and the trainer share (source: Qwen2-VL ``smart_resize``).
     Defaults are ARPO's processor settings (min 3136, max 2,116,800 = 2,691 tokens at 1920x1080).
     Example: 1920x1080 -> 1932x1092.
 
@@ -160,21 +159,11 @@ def smart_resize(*, width: int, height: int, factor: int = 28, min_pixels: int =
     Raises:
         ValueError: a non-positive side, or an aspect ratio above 200.
     """
-    if width <= 0 or height <= 0:
-        raise ValueError(f"image size must be positive, got {width}x{height}")
-    if max(width, height) / min(width, height) > 200:
-        raise ValueError(f"aspect ratio must be at most 200, got {width}x{height}")
-    h_bar = max(factor, _round_by_factor(height, factor))
-    w_bar = max(factor, _round_by_factor(width, factor))
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt(height * width / max_pixels)
-        h_bar = math.floor(height / beta / factor) * factor
-        w_bar = math.floor(width / beta / factor) * factor
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return Size(w_bar, h_bar)
+    try:
+        h, w = _qwen_smart_resize(height, width, factor, min_pixels, max_pixels)
+    except ModelInputError as e:
+        raise ValueError(str(e)) from e
+    return Size(w, h)
 
 
 # ---------------------------------------------------------------------------------------------------------------

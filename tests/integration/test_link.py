@@ -103,7 +103,7 @@ async def test_work_flows_and_admission_holds_requests_back(transport):
             assignment = await asyncio.wait_for(third, 5)
             assert assignment.policy_version == 1 and link.policy_version == 1
     finally:
-        ctx.term()
+        ctx.destroy(linger=0)
 
 
 async def test_duplicates_are_acked_but_counted_once(transport):
@@ -118,7 +118,7 @@ async def test_duplicates_are_acked_but_counted_once(transport):
             await until(lambda: service.totals["duplicates"] == 1)
             assert service.totals["trajectories"] == 1
     finally:
-        ctx.term()
+        ctx.destroy(linger=0)
 
 
 async def test_learner_restart_gets_held_trajectories_again(transport):
@@ -135,7 +135,7 @@ async def test_learner_restart_gets_held_trajectories_again(transport):
                 assert await link.wait_acked(5)
                 await until(lambda: new.totals["late"] == 1)  # received and acked; its group was the old learner's
     finally:
-        ctx.term()
+        ctx.destroy(linger=0)
 
 
 async def test_hostile_frames_are_rejected_and_the_learner_keeps_serving(transport):
@@ -153,4 +153,4 @@ async def test_hostile_frames_are_rejected_and_the_learner_keeps_serving(transpo
             assert (await asyncio.wait_for(link.request_work(), 5)).task["id"] == "grid4-red"
     finally:
         raw.close(0)
-        ctx.term()
+        ctx.destroy(linger=0)
