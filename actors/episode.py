@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from actors.desktop.controller_client import ControllerClient, DesktopError
 from actors.evaluation import EvaluationError, TaskSetupError, evaluate, run_setup
@@ -55,19 +55,25 @@ class EpisodeRunner:
     encoder: PromptEncoder
     policy: PolicyClient
     config: ActorConfig
+    resized_size: tuple[int, int] = field(init=False)
+    """(w, h) of a screenshot as the model sees it (Qwen2.5-VL smart_resize of the screen size)."""
+    sampling_params: dict = field(init=False)
+    """SGLang sampling_params for every /generate of an episode (with the action regex when constrained)."""
 
-    @property
-    def resized_size(self) -> tuple[int, int]:
-        """(w, h) of a screenshot as the model sees it (Qwen2.5-VL smart_resize)."""
-        return self.encoder.resized_size(*self.config.screen_size)
+    def __post_init__(self) -> None:
+        """Build the sampling parameters once; a bad grammar setting fails here, at process start.
 
-    @property
-    def sampling_params(self) -> dict:
+        Raises:
+            ValueError: an unknown name in ``actors.grammar_actions`` or a bad bound.
+        """
+        width, height = self.encoder.resized_size(*self.config.screen_size)
+        object.__setattr__(self, "resized_size", (width, height))
         params = dict(self.config.sampling_params)
         if self.config.constrained:
-            width, height = self.resized_size
-            params["regex"] = action_regex(max_x=width - 1, max_y=height - 1)
-        return params
+            extra = {"actions": self.config.grammar_actions} if self.config.grammar_actions else {}
+            params["regex"] = action_regex(max_x=width - 1, max_y=height - 1,
+                                           max_thought_chars=self.config.max_thought_chars, **extra)
+        object.__setattr__(self, "sampling_params", params)
 
     async def run(self, controller: ControllerClient, assignment: Assignment, actor_id: str,
                   desktop: str = "") -> Trajectory:
@@ -114,13 +120,15 @@ class EpisodeRunner:
         """The step loop; returns the terminal action ("DONE" or "FAIL"), or None if the budget ran out."""
         cfg = self.config
         replies: list[str] = []
+        shot_of_step: list[int] = []  # observation i -> its index in traj.screenshots (duplicates stored once)
         for _ in range(cfg.max_steps):
             t0 = time.perf_counter()
             async with asyncio.timeout(cfg.step_timeout_s):
-                traj.screenshots.append(await controller.screenshot())
+                shot = await controller.screenshot(cfg.screenshot_format, cfg.screenshot_quality)
+            shot_of_step.append(add_screenshot(traj.screenshots, shot))
             observe_s = time.perf_counter() - t0
             prompt = build_messages(task.instruction, replies, history_images=cfg.history_images)
-            image_indices = list(prompt.image_indices)
+            image_indices = [shot_of_step[i] for i in prompt.image_indices]
             prompt_ids = self.encoder.encode(prompt.messages, [cfg.screen_size] * len(image_indices))
             gen = await self.policy.generate(
                 input_ids=prompt_ids, images=[traj.screenshots[i] for i in image_indices],
@@ -152,6 +160,19 @@ class EpisodeRunner:
                         log.debug("action %s exited %s: %s", command, result.get("returncode"), result.get("error"))
             step.act_s = time.perf_counter() - t0
         return None
+
+
+def add_screenshot(screenshots: list[bytes], shot: bytes) -> int:
+    """Append ``shot`` unless identical bytes are already in ``screenshots``; return its index there.
+
+    An unchanged screen (same pixels, same cursor) encodes to the same bytes, so a trajectory carries each
+    distinct screenshot once and steps reference it by index (``Step.image_indices``). O(len) byte compares.
+    """
+    for i, earlier in enumerate(screenshots):
+        if earlier == shot:
+            return i
+    screenshots.append(shot)
+    return len(screenshots) - 1
 
 
 def describe(action: Action) -> str:

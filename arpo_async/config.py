@@ -89,6 +89,43 @@ class LearnerConfig:
     """ARPO's success replay: inject a stored success into all-failed groups."""
     replay_capacity: int = 8
     """Successes kept per task (ARPO: 8, oldest evicted first)."""
+    replay_mode: str = "prioritized"
+    """"arpo" (ARPO-exact: FIFO per task, uniform draw, all-failed groups only), "prioritized" or "off";
+    replay = false forces "off"."""
+    replay_max_total: int = 256
+    """Prioritized replay: most successes kept over all tasks (lowest priority evicted first); bounds memory."""
+    replay_inject_below: float = 0.0
+    """Prioritized replay: also inject into groups whose success rate is below this (0 = all-failed groups only)."""
+    replay_alpha: float = 1.0
+    """Prioritized replay: exponent on (1 - task success EMA + 0.05), preferring tasks the policy fails."""
+    replay_age_tau: float = 8.0
+    """Prioritized replay: age scale in policy versions; priority x exp(-age / tau) prefers fresh successes."""
+    replay_length_beta: float = 0.5
+    """Prioritized replay: priority x steps^-beta prefers short successful episodes."""
+    correction: str = "decoupled"
+    """Off-policy correction: "arpo" (none), "decoupled" (AReaL), "tis" (slime truncated IS) or "behaviour"
+    (PPO ratio against the sampler's log-probs); see learner.grpo.corrected_token_loss."""
+    decoupled_cap: float = 5.0
+    """"decoupled": tokens with pi_prox / pi_behav above this are left out of the loss (AReaL examples: 5.0)."""
+    tis_cap: float = 2.0
+    """"tis": pi_prox / pi_behav is truncated at this (slime --tis-clip default: 2.0)."""
+    baseline_k: int = 0
+    """Baseline pass: rollouts per task with the initial policy before training, keeping tasks with a success
+    (ARPO's valuable tasks); 0 = no baseline pass."""
+    baseline_min_success: int = 1
+    """Baseline pass: successes a task needs to be kept (ARPO: 1)."""
+    baseline_drop_solved: bool = False
+    """Baseline pass: also drop tasks solved in all k rollouts (they give only zero-variance groups)."""
+    task_strategy: str = "round_robin"
+    """Online task choice among active tasks: "round_robin" (shuffled, seeded) or "uncertainty" (weight p(1-p))."""
+    task_window: int = 8
+    """Rollouts per task in its success window; a task solved in all of them is retired."""
+    task_retire: bool = True
+    """Retire tasks solved every time over the window (they would give only zero-variance groups)."""
+    task_revisit_every: int = 10
+    """Every this many groups one goes to a retired task, which is reactivated if it fails (0 = never)."""
+    task_revisit_prob: float = 0.0
+    """Probability that a group goes to a retired task (in addition to task_revisit_every; 0 = never)."""
     format_reward_weight: float = 0.5
     """reward = score + weight x format reward (format reward -1 when a reply does not parse; ARPO: 0.5)."""
     rollout_retries: int = 2
@@ -99,8 +136,22 @@ class LearnerConfig:
     """Published weight folders kept on disk (older ones are deleted)."""
     seed: int = 0
     """Seed for task order and replay draws."""
+    schedule: str = "async"
+    """"async": hand out work whenever the staleness rule admits it (AReaL); "lockstep": ARPO's synchronous loop
+    (hand out groups_per_step groups, wait for all of them, train, publish, repeat). Lockstep idles desktops."""
+    updates_per_batch: int = 1
+    """Optimizer steps per training batch: its samples are split into this many mini-batches, one step each,
+    all clipped against the same pre-update policy; the weights are then published once (ARPO: 2)."""
+    checkpoint_every: int = 1
+    """Write a resumable checkpoint to <run>/checkpoints every this many optimizer steps (0 = never)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk (older ones are deleted after a new one is complete)."""
 
     def __post_init__(self) -> None:
+        _require(self.schedule in ("async", "lockstep"), "learner.schedule", "must be 'async' or 'lockstep'")
+        _require(self.updates_per_batch >= 1, "learner.updates_per_batch", "must be >= 1")
+        _require(self.checkpoint_every >= 0, "learner.checkpoint_every", "must be >= 0 (0 = never)")
+        _require(self.keep_checkpoints >= 1, "learner.keep_checkpoints", "must be >= 1")
         _require(self.group_size >= 2, "learner.group_size", "GRPO needs at least 2 rollouts per group")
         _require(self.groups_per_step >= 1, "learner.groups_per_step", "must be >= 1")
         _require(self.steps >= 0, "learner.steps", "must be >= 0")
@@ -108,6 +159,24 @@ class LearnerConfig:
         _require(self.lr > 0, "learner.lr", "must be > 0")
         _require(0 < self.eps_low < 1 and self.eps_high > 0, "learner.eps_low/eps_high", "need 0 < eps_low < 1, eps_high > 0")
         _require(self.replay_capacity >= 1, "learner.replay_capacity", "must be >= 1")
+        _require(self.replay_mode in ("arpo", "prioritized", "off"), "learner.replay_mode",
+                 "must be 'arpo', 'prioritized' or 'off'")
+        _require(self.replay_max_total >= 1, "learner.replay_max_total", "must be >= 1")
+        _require(0 <= self.replay_inject_below <= 1, "learner.replay_inject_below", "must be in [0, 1]")
+        _require(self.replay_alpha >= 0, "learner.replay_alpha", "must be >= 0")
+        _require(self.replay_age_tau > 0, "learner.replay_age_tau", "must be > 0")
+        _require(self.replay_length_beta >= 0, "learner.replay_length_beta", "must be >= 0")
+        _require(self.correction in ("arpo", "decoupled", "tis", "behaviour"), "learner.correction",
+                 "must be 'arpo', 'decoupled', 'tis' or 'behaviour'")
+        _require(self.decoupled_cap > 1, "learner.decoupled_cap", "must be > 1")
+        _require(self.tis_cap > 0, "learner.tis_cap", "must be > 0")
+        _require(self.baseline_k >= 0, "learner.baseline_k", "must be >= 0 (0 = no baseline pass)")
+        _require(self.baseline_min_success >= 1, "learner.baseline_min_success", "must be >= 1")
+        _require(self.task_strategy in ("round_robin", "uncertainty"), "learner.task_strategy",
+                 "must be 'round_robin' or 'uncertainty'")
+        _require(self.task_window >= 1, "learner.task_window", "must be >= 1")
+        _require(self.task_revisit_every >= 0, "learner.task_revisit_every", "must be >= 0 (0 = never)")
+        _require(0 <= self.task_revisit_prob <= 1, "learner.task_revisit_prob", "must be in [0, 1]")
         _require(self.keep_weights >= 1, "learner.keep_weights", "must be >= 1")
 
     @property
@@ -136,6 +205,10 @@ class ActorConfig:
     """Nucleus sampling for rollouts."""
     constrained: bool = True
     """Ask the server for the UI-TARS action grammar (regex) so every reply parses."""
+    grammar_actions: tuple[str, ...] = ()
+    """Actions the grammar allows (UI-TARS names, e.g. ["click", "finished"]); empty = the whole action space."""
+    max_thought_chars: int = 20
+    """Longest `Thought:` the grammar allows (characters of [a-z ])."""
     coordinate_mode: str = "absolute"
     """How the model writes coordinates: "absolute" (UI-TARS-1.5, smart-resized pixels) or "relative1000"."""
     screen_width: int = 1280
@@ -156,9 +229,28 @@ class ActorConfig:
     """Deadline for a task's setup steps and for its evaluation (seconds); missing it is an ENV_ERROR."""
     step_timeout_s: float = 120.0
     """Deadline for one desktop call (seconds); a desktop that misses it is treated as dead (ENV_ERROR)."""
+    warm_spares: int = 2
+    """Booted desktops kept ready beyond those in use, so a reset takes one from the pool instead of waiting
+    for a container to boot. Trades RAM (about one desktop's memory each) for reset latency; 0 = boot on demand."""
+    max_concurrent_starts: int = 2
+    """Desktop containers booting at once (staggered starts; more = faster refill, more CPU contention)."""
+    desktop_start_attempts: int = 3
+    """Tries to start one desktop (exponential backoff between tries) before a DesktopError surfaces."""
+    desktop_health_interval_s: float = 10.0
+    """Seconds between health checks of the warm spares (a dead spare is removed and replaced)."""
+    screenshot_format: str = "png"
+    """Screenshot encoding from the desktop: "png" (lossless, OSWorld's) or "jpeg" (smaller, faster at 1080p)."""
+    screenshot_quality: int = 85
+    """JPEG quality 1..100 when screenshot_format is "jpeg" (ignored for PNG)."""
 
     def __post_init__(self) -> None:
         _require(self.actors >= 1, "actors.actors", "must be >= 1")
+        _require(self.warm_spares >= 0, "actors.warm_spares", "must be >= 0")
+        _require(self.max_concurrent_starts >= 1, "actors.max_concurrent_starts", "must be >= 1")
+        _require(self.desktop_start_attempts >= 1, "actors.desktop_start_attempts", "must be >= 1")
+        _require(self.desktop_health_interval_s > 0, "actors.desktop_health_interval_s", "must be > 0")
+        _require(self.screenshot_format in ("png", "jpeg"), "actors.screenshot_format", "must be 'png' or 'jpeg'")
+        _require(1 <= self.screenshot_quality <= 100, "actors.screenshot_quality", "must be in 1..100")
         _require(len(self.inference_urls) >= 1, "actors.inference_urls", "needs at least one URL")
         _require(self.max_steps >= 1, "actors.max_steps", "must be >= 1")
         _require(self.history_images >= 1, "actors.history_images", "must be >= 1")

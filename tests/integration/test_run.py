@@ -32,12 +32,18 @@ def kill_one_desktop_mid_episode(run_dir, run_id, killed: list[str], stop: threa
             flowing = json.loads(status.read_text()).get("trajectories", 0) >= 2
         except (OSError, ValueError):
             flowing = False
-        containers = run_containers(run_id) if flowing else []
-        if containers:
-            subprocess.run(["docker", "kill", containers[0]], capture_output=True)
-            killed.append(containers[0])
-            return
-        stop.wait(0.5)
+        for container in run_containers(run_id) if flowing else []:
+            if in_episode(container):
+                subprocess.run(["docker", "kill", container], capture_output=True)
+                killed.append(container)
+                return
+        stop.wait(0.2)
+
+
+def in_episode(container: str) -> bool:
+    """True when the desktop runs a task's app (its setup has run: an episode is in progress)."""
+    top = subprocess.run(["docker", "top", container], capture_output=True, text=True).stdout
+    return "/opt/arpo/apps/" in top or "xterm" in top
 
 
 def test_arpo_run_embedded_default(tmp_path, desktop_image, tiny_model):
@@ -66,5 +72,7 @@ def test_arpo_run_embedded_default(tmp_path, desktop_image, tiny_model):
     assert status["from_desktop"] == status["trajectories"] > 0  # every trajectory ran in a container
     assert killed, "the test never found a desktop to kill"
     assert status["outcomes"].get("ENV_ERROR", 0) >= 1
+    env_errors = [line for line in (run_dir / "logs" / "actors.log").read_text().splitlines() if "ENV_ERROR" in line]
+    assert any("DesktopError" in line for line in env_errors), env_errors
     assert run_containers("demo") == []
     assert (run_dir / "config.toml").exists() and (run_dir / "weights" / "v3" / "model.safetensors").exists()
