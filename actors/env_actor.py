@@ -1,22 +1,31 @@
-"""EnvActor: one coroutine, one desktop at a time, rollouts until the learner says stop.
+"""EnvActor: one coroutine running rollouts, one fresh desktop per episode, until the learner says stop.
 
-Owns: its current desktop (a container). Loop: ask for work -> run the episode on a fresh desktop ->
-submit the trajectory (held until acked) -> replace the desktop. Every episode starts from a new container,
-so no state leaks between rollouts; a desktop that died (ENV_ERROR) is simply not reused.
-Invariant: the desktop is removed in ``finally``, whatever ends the actor.
+Owns: the desktop of its current episode (from the process's DesktopPool). Loop: ask for work -> acquire a
+desktop (a warm spare when the pool has one) -> run the episode -> release the desktop (the pool removes it
+and boots a replacement) -> submit the trajectory (held until acked). Every episode starts from a new
+container, so no state leaks between rollouts; a desktop that died mid-episode gives an ENV_ERROR trajectory
+(never trained on) and is replaced like any other.
+Invariant: the desktop is released in ``finally``, whatever ends the episode or the actor.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+import uuid
 
 from actors.desktop.controller_client import DesktopError
-from actors.desktop.fleet import Desktop, DesktopFleet
+from actors.desktop.fleet import Desktop
+from actors.desktop.pool import DesktopPool
 from actors.episode import EpisodeRunner
 from actors.link import LearnerLink
-from arpo_async.messages import Outcome, Trajectory
+from arpo_async.messages import Assignment, Outcome, Trajectory
 
 log = logging.getLogger(__name__)
+
+MAX_CONSECUTIVE_ACQUIRE_FAILURES = 3
+"""The actor stops (raising DesktopError) after this many episodes in a row found no desktop; each of those
+already retried the container start ``desktop_start_attempts`` times, so Docker is most likely broken."""
 
 
 class EnvActor:
@@ -25,52 +34,65 @@ class EnvActor:
     Args:
         index: this actor's number within the process (for logs and trajectory ids).
         link: the process's learner link (shared).
-        fleet: creates and removes desktops (shared).
+        pool: hands out booted desktops and removes used ones (shared).
         runner: runs one episode (shared, stateless).
     """
 
-    def __init__(self, index: int, link: LearnerLink, fleet: DesktopFleet, runner: EpisodeRunner) -> None:
+    def __init__(self, index: int, link: LearnerLink, pool: DesktopPool, runner: EpisodeRunner) -> None:
         self.index = index
         self.link = link
-        self.fleet = fleet
+        self.pool = pool
         self.runner = runner
         self.episodes = 0
         self.actor_id = f"{link.actor_id}/{index}"
+        self._acquire_failures = 0
 
     async def run(self) -> None:
-        """Run rollouts until the learner sends shutdown; always removes the desktop on the way out."""
+        """Run rollouts until the learner sends shutdown.
+
+        Raises:
+            DesktopError: no desktop could be started for ``MAX_CONSECUTIVE_ACQUIRE_FAILURES`` episodes in a row
+                (each of those rollouts is first reported as ENV_ERROR).
+        """
+        while True:
+            assignment = await self.link.request_work()
+            if assignment is None:
+                return
+            traj = await self._episode(assignment)
+            self._log(traj)
+            await self.link.submit(traj)
+            self.episodes += 1
+            if self._acquire_failures >= MAX_CONSECUTIVE_ACQUIRE_FAILURES:
+                raise DesktopError(f"actor {self.actor_id}: no desktop could be started for "
+                                   f"{self._acquire_failures} episodes in a row: {traj.error}")
+
+    async def _episode(self, assignment: Assignment) -> Trajectory:
+        """One rollout on a desktop from the pool; the desktop is released whatever happens."""
+        self.link.running += 1
         desktop: Desktop | None = None
         try:
-            while True:
-                if desktop is None:
-                    desktop = await self._start_desktop()
-                assignment = await self.link.request_work()
-                if assignment is None:
-                    return
-                self.link.running += 1
-                try:
-                    traj = await self.runner.run(desktop.controller, assignment, self.actor_id, desktop.name)
-                finally:
-                    self.link.running -= 1
-                self._log(traj)
-                await self.link.submit(traj)
-                self.episodes += 1
-                await self.fleet.remove(desktop)  # a fresh container per episode
-                desktop = None
-        finally:
-            if desktop is not None:
-                await self.fleet.remove(desktop)
-
-    async def _start_desktop(self) -> Desktop:
-        """Start a desktop, retrying a few times; raises DesktopError when Docker keeps failing."""
-        last: Exception | None = None
-        for attempt in range(3):
+            t0 = time.perf_counter()
             try:
-                return await self.fleet.start()
+                desktop = await self.pool.acquire()
             except DesktopError as e:
-                last = e
-                log.warning("actor %s: desktop start failed (try %d): %s", self.actor_id, attempt + 1, e)
-        raise DesktopError(f"actor {self.actor_id} could not start a desktop: {last}")
+                self._acquire_failures += 1
+                return self._no_desktop(assignment, e)
+            self._acquire_failures = 0
+            reset_s = time.perf_counter() - t0
+            traj = await self.runner.run(desktop.controller, assignment, self.actor_id, desktop.name)
+            traj.timings["reset_s"] = reset_s
+            return traj
+        finally:
+            self.link.running -= 1
+            if desktop is not None:
+                await self.pool.release(desktop)
+
+    def _no_desktop(self, assignment: Assignment, error: DesktopError) -> Trajectory:
+        return Trajectory(
+            trajectory_id=uuid.uuid4().hex, actor_id=self.actor_id, task_id=str(assignment.task.get("id", "")),
+            group_id=assignment.group_id, rollout_index=assignment.rollout_index, outcome=Outcome.ENV_ERROR.value,
+            score=0.0, format_ok=True, steps=[], screenshots=[], error=f"DesktopError: {error}",
+            assigned_version=assignment.policy_version)
 
     def _log(self, traj: Trajectory) -> None:
         level = logging.WARNING if traj.outcome in (Outcome.ENV_ERROR.value, Outcome.ABORTED.value) else logging.INFO

@@ -1,8 +1,10 @@
 """arpo-actors: N EnvActors in one process. `run_actors` wires every component in one visible function.
 
-Dataflow: DEALER pump <-> LearnerLink <- EnvActor x N -> (DesktopFleet: containers; PolicyClient: /generate).
+Dataflow: DEALER pump <-> LearnerLink <- EnvActor x N -> (DesktopPool over DesktopFleet: containers, warm
+spares; PolicyClient: /generate).
 Stops when the learner says shutdown or on SIGINT / SIGTERM; either way every container of this process is
-removed (each actor removes its own in ``finally``, then the fleet removes anything left with its label).
+removed (each actor releases its own in ``finally``, the pool removes every desktop it started, then the fleet
+removes anything left with the run's label).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import zmq.asyncio
 
 from actors.desktop.build import image_tag
 from actors.desktop.fleet import DesktopFleet
+from actors.desktop.pool import DesktopPool
 from actors.env_actor import EnvActor
 from actors.episode import EpisodeRunner
 from actors.link import LearnerLink
@@ -39,6 +42,8 @@ async def run_actors(config: RunConfig, actor_id: str) -> None:
                           retry=RetryPolicy(attempts=ac.policy_attempts, max_delay_s=ac.policy_max_wait_s))
     fleet = DesktopFleet(ac.image or image_tag(), config.resolved_run_id, screen=ac.screen_size,
                          memory_mb=ac.desktop_memory_mb, pids_limit=ac.desktop_pids)
+    pool = DesktopPool(fleet, warm_spares=ac.warm_spares, max_concurrent_starts=ac.max_concurrent_starts,
+                       start_attempts=ac.desktop_start_attempts, health_interval_s=ac.desktop_health_interval_s)
     ctx = zmq.asyncio.Context()
     link: LearnerLink
     pump = SocketPump(dealer_socket(ctx, config.transport, actor_id), routed=False,
@@ -48,20 +53,24 @@ async def run_actors(config: RunConfig, actor_id: str) -> None:
     log.info("%s: %d actors -> learner %s, inference %s", actor_id, ac.actors, config.transport.endpoint,
              ", ".join(ac.inference_urls))
     try:
+        pool.start()
         async with asyncio.TaskGroup() as tg:
             pump_task = tg.create_task(pump.run())
             keepalive = tg.create_task(link.keepalive())
             async with asyncio.TaskGroup() as actors:
                 for index in range(ac.actors):
-                    actors.create_task(EnvActor(index, link, fleet, runner).run())
+                    actors.create_task(EnvActor(index, link, pool, runner).run())
             if not await link.wait_acked(config.transport.resend_after_s):
                 log.warning("%d trajectories were never acknowledged", link.unacked)
             log.info("learner said shutdown (%s)", link.shutdown_reason)
             keepalive.cancel()
             pump_task.cancel()
     finally:
-        removed = await fleet.remove_all()
-        log.info("removed %d leftover desktops", removed)
+        try:
+            await pool.close()
+        finally:
+            removed = await fleet.remove_all()
+        log.info("removed %d leftover desktops; desktop pool: %s", removed, dict(pool.stats))
         await fleet.close()
         await policy.aclose()
         ctx.destroy(linger=0)

@@ -20,6 +20,21 @@ DEFAULT_TIMEOUT_S = 30.0
 EXECUTE_GRACE_S = 10.0  # extra client-side time beyond an execute's own timeout
 
 
+IMAGE_MAGIC = {"png": b"\x89PNG\r\n\x1a\n", "jpeg": b"\xff\xd8\xff"}
+"""First bytes of each screenshot encoding the controller can produce."""
+DEFAULT_JPEG_QUALITY = 85
+
+
+def screenshot_endpoint(format: str = "png", quality: int = DEFAULT_JPEG_QUALITY) -> str:
+    """The /screenshot path for an encoding: plain ``/screenshot`` for PNG (OSWorld's request), else
+    ``/screenshot?format=jpeg&quality=Q``. Raises ValueError on an unknown format or a quality outside 1..100."""
+    if format not in IMAGE_MAGIC:
+        raise ValueError(f"screenshot format must be one of {sorted(IMAGE_MAGIC)}, got {format!r}")
+    if isinstance(quality, bool) or not isinstance(quality, int) or not 1 <= quality <= 100:
+        raise ValueError(f"screenshot quality must be an integer 1..100, got {quality!r}")
+    return "/screenshot" if format == "png" else f"/screenshot?format={format}&quality={quality}"
+
+
 class DesktopError(Exception):
     """A desktop (container or its controller) failed or cannot be reached; the message has the cause."""
 
@@ -80,11 +95,21 @@ class ControllerClient:
         except ValueError as exc:
             raise DesktopError(f"{endpoint}: controller sent invalid JSON: {body[:200]!r}") from exc
 
-    async def screenshot(self) -> bytes:
-        """PNG bytes of the whole screen with the cursor drawn in."""
-        _, body, _ = await self._request("GET", "/screenshot")
-        if not body.startswith(b"\x89PNG\r\n\x1a\n"):
-            raise DesktopError(f"/screenshot from {self._where()} is not a PNG ({len(body)} bytes)")
+    async def screenshot(self, format: str = "png", quality: int = DEFAULT_JPEG_QUALITY) -> bytes:
+        """The whole screen with the cursor drawn in, as encoded image bytes.
+
+        Args:
+            format: "png" (lossless, OSWorld's format; the request carries no query, so any OSWorld
+                controller answers it) or "jpeg" (smaller and faster to encode at high resolutions).
+            quality: JPEG quality 1..100 (ignored for PNG).
+        Raises:
+            ValueError: an unknown format or a quality outside 1..100.
+            DesktopError: the controller cannot be reached, or its answer is not an image of that format.
+        """
+        endpoint = screenshot_endpoint(format, quality)
+        _, body, _ = await self._request("GET", endpoint)
+        if not body.startswith(IMAGE_MAGIC[format]):
+            raise DesktopError(f"/screenshot from {self._where()} is not a {format.upper()} ({len(body)} bytes)")
         return body
 
     async def execute(self, command: list[str] | str, *, shell: bool = False, timeout: float = 120,

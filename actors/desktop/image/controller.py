@@ -7,7 +7,9 @@ It owns the X display ``$DISPLAY`` (started by entrypoint.sh) and serves, on the
 from the host), the subset of OSWorld's ``desktop_env/server/main.py`` API that the actors use, with
 OSWorld's request and response shapes:
 
-    GET  /screenshot            -> PNG bytes of the whole screen, cursor drawn in (compress_level 1)
+    GET  /screenshot            -> PNG bytes of the whole screen, cursor drawn in (compress_level 1);
+                                   ours: optional query ?format=png|jpeg&quality=1..100 (JPEG quality,
+                                   default 85; ignored for PNG); 400 on a bad value
     POST /execute, /setup/execute {"command": list|str, "shell": bool, "timeout"?: s}
                                 -> {"status": "success", "output", "error", "returncode"}
                                    or HTTP 500 {"status": "error", "message", "output", "error", "returncode"}
@@ -95,8 +97,13 @@ def pointer() -> _XPointer:
         return _pointer
 
 
-def grab_png() -> bytes:
-    """The whole screen as PNG bytes with an arrow cursor drawn at the pointer."""
+SCREENSHOT_FORMATS = ("png", "jpeg")
+DEFAULT_JPEG_QUALITY = 85
+
+
+def grab_screen(fmt: str = "png", quality: int = DEFAULT_JPEG_QUALITY) -> bytes:
+    """The whole screen, arrow cursor drawn at the pointer, encoded as PNG (compress_level 1, lossless,
+    OSWorld's format) or JPEG (``quality`` 1..100, 4:2:0 subsampling)."""
     image = ImageGrab.grab(xdisplay=DISPLAY)
     if image.mode != "RGB":
         image = image.convert("RGB")
@@ -104,8 +111,29 @@ def grab_png() -> bytes:
     draw = ImageDraw.Draw(image)
     draw.polygon([(x + dx, y + dy) for dx, dy in _ARROW], fill=(255, 255, 255), outline=(0, 0, 0))
     out = io.BytesIO()
-    image.save(out, format="PNG", compress_level=1)
+    if fmt == "jpeg":
+        image.save(out, format="JPEG", quality=quality)
+    else:
+        image.save(out, format="PNG", compress_level=1)
     return out.getvalue()
+
+
+def screenshot_params(query: str) -> tuple[str, int]:
+    """``format`` and ``quality`` from a /screenshot query string; ValueError on a bad value."""
+    q = urllib.parse.parse_qs(query)
+    fmt = (q.get("format") or ["png"])[0].lower()
+    if fmt == "jpg":
+        fmt = "jpeg"
+    if fmt not in SCREENSHOT_FORMATS:
+        raise ValueError(f"format must be one of {', '.join(SCREENSHOT_FORMATS)}, got {fmt!r}")
+    raw = (q.get("quality") or [str(DEFAULT_JPEG_QUALITY)])[0]
+    try:
+        quality = int(raw)
+    except ValueError:
+        raise ValueError(f"quality must be an integer 1..100, got {raw!r}") from None
+    if not 1 <= quality <= 100:
+        raise ValueError(f"quality must be an integer 1..100, got {quality}")
+    return fmt, quality
 
 
 def screen_size() -> tuple[int, int]:
@@ -250,7 +278,12 @@ class Handler(BaseHTTPRequestHandler):
 
     # --- endpoints ------------------------------------------------------------------------------
     def screenshot(self) -> None:
-        self._send(200, grab_png(), "image/png")
+        try:
+            fmt, quality = screenshot_params(urllib.parse.urlsplit(self.path).query)
+        except ValueError as exc:
+            self._json(400, {"status": "error", "message": str(exc)})
+            return
+        self._send(200, grab_screen(fmt, quality), f"image/{fmt}")
 
     def execute(self) -> None:
         data = self._json_body()

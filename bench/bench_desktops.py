@@ -1,0 +1,232 @@
+"""bench_desktops.py: the desktop fleet's latencies and capacity on this machine, with real containers.
+
+Measures, each with the real arpo-desktop image through DesktopFleet / DesktopPool / ControllerClient:
+
+- start: create + boot a container until its first screenshot arrives (p50, p95 over ``--starts`` desktops,
+  one at a time);
+- reset cold: remove the used desktop, start a new one and wait for /health (what an episode waits for with
+  no spares); reset warm: ``DesktopPool.acquire()`` with warm spares (release of the previous one runs in the
+  background, and the pool is given time to refill between episodes, as real episodes last seconds);
+- screenshot: GET /screenshot p50 at 1280x720 and 1920x1080, PNG and JPEG (quality 85);
+- action: one xdotool click through POST /execute (p50);
+- capacity: start desktops (``--max-desktops``, ``--concurrency`` at a time) until the cap, a failed start or
+  less than ``--min-free-gb`` of host memory left; all must answer /health; RAM per desktop is the mean
+  of the containers' cgroup memory usage (Docker stats ``memory_stats.usage``).
+
+Every container carries this run's label and is removed in ``finally`` (also on Ctrl-C). Prints medians,
+then as its LAST line ``key=value`` figures. ``--quick`` runs a small smoke version (capacity cap 16).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _common import median, p95, result_line
+
+from actors.desktop.build import build_image
+from actors.desktop.fleet import Desktop, DesktopFleet
+from actors.desktop.pool import DesktopPool
+
+
+def mem_available_gb() -> float:
+    """Host MemAvailable from /proc/meminfo, GiB."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return float("nan")
+
+
+async def timed(coro) -> tuple[float, object]:
+    t0 = time.perf_counter()
+    result = await coro
+    return time.perf_counter() - t0, result
+
+
+async def bench_start(fleet: DesktopFleet, n: int) -> list[float]:
+    """Seconds from create to the first screenshot, one desktop at a time."""
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        d = await fleet.start()
+        await d.controller.screenshot()
+        out.append(time.perf_counter() - t0)
+        await fleet.remove(d)
+    return out
+
+
+async def bench_reset_cold(fleet: DesktopFleet, n: int) -> list[float]:
+    """Seconds to remove the used desktop and have a new healthy one (no spares)."""
+    out = []
+    d = await fleet.start()
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await fleet.remove(d)
+            d = await fleet.start()
+            out.append(time.perf_counter() - t0)
+    finally:
+        await fleet.remove(d)
+    return out
+
+
+async def bench_reset_pool(fleet: DesktopFleet, n: int, spares: int) -> list[float]:
+    """Seconds for release + acquire from a pool with ``spares`` warm spares (refilled between episodes; with
+    0 spares the acquire waits for a boot while the used desktop is removed in the background)."""
+    out = []
+    async with DesktopPool(fleet, warm_spares=spares) as pool:
+        await pool.wait_spares()
+        d = await pool.acquire()
+        for _ in range(n):
+            await pool.wait_spares()  # the previous episode lasted long enough for the refill
+            while pool.stats["removed"] < len(out):  # and for the removal of the one before
+                await asyncio.sleep(0.05)
+            t0 = time.perf_counter()
+            await pool.release(d)
+            d = await pool.acquire()
+            out.append(time.perf_counter() - t0)
+        await pool.release(d)
+    return out
+
+
+async def bench_screenshots(d: Desktop, n: int) -> dict[str, list[float]]:
+    """Seconds per GET /screenshot, PNG and JPEG q85 (after one warm-up call each)."""
+    out: dict[str, list[float]] = {}
+    for fmt in ("png", "jpeg"):
+        await d.controller.screenshot(fmt)
+        times = []
+        for _ in range(n):
+            dt, _ = await timed(d.controller.screenshot(fmt))
+            times.append(dt)
+        out[fmt] = times
+    return out
+
+
+async def bench_actions(d: Desktop, n: int, command: list[str] | None = None) -> list[float]:
+    """Seconds per xdotool click (or per ``command``) through POST /execute."""
+    times = []
+    for i in range(n):
+        cmd = command or ["xdotool", "mousemove", str(100 + 5 * i), "600", "click", "1"]
+        dt, r = await timed(d.controller.execute(cmd, timeout=20))
+        if r["returncode"] != 0:
+            raise RuntimeError(f"{cmd} failed: {r}")
+        times.append(dt)
+    return times
+
+
+async def desktop_memory_mb(fleet: DesktopFleet, d: Desktop) -> float:
+    """The container's cgroup memory usage (Docker stats memory_stats.usage), MiB."""
+    stats = await fleet.docker.containers.container(d.container_id).stats(stream=False)
+    stats = stats[0] if isinstance(stats, list) else stats
+    return stats.get("memory_stats", {}).get("usage", 0) / 2**20
+
+
+async def bench_capacity(fleet: DesktopFleet, cap: int, concurrency: int, min_free_gb: float) -> tuple[int, float, str]:
+    """Start desktops until ``cap`` / a failure / low host memory; returns (live healthy, MiB each, stop reason)."""
+    live: list[Desktop] = []
+    slots = asyncio.Semaphore(concurrency)
+    reason = f"cap {cap}"
+    stop = asyncio.Event()
+
+    async def one() -> None:
+        nonlocal reason
+        async with slots:
+            if stop.is_set():
+                return
+            if mem_available_gb() < min_free_gb:
+                reason = f"host MemAvailable < {min_free_gb} GiB"
+                stop.set()
+                return
+            try:
+                live.append(await fleet.start())
+            except Exception as exc:  # noqa: BLE001 - the first failure ends the capacity probe
+                reason = f"start failed: {type(exc).__name__}: {str(exc)[:200]}"
+                stop.set()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(cap)))
+    print(f"capacity: started {len(live)} desktops in {time.perf_counter() - t0:.0f} s ({reason}); "
+          f"host MemAvailable now {mem_available_gb():.1f} GiB", flush=True)
+    healthy = await asyncio.gather(*(d.controller.health(timeout=30) for d in live))
+    mems = await asyncio.gather(*(desktop_memory_mb(fleet, d) for d in live))
+    return sum(healthy), (sum(mems) / len(mems) if mems else float("nan")), reason
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    image = args.image or build_image(log=lambda line: print(f"[build] {line}", flush=True))
+    run_id = f"bench-desktops-{secrets.token_hex(3)}"
+    fleet = DesktopFleet(image, run_id)
+    big = DesktopFleet(image, run_id, screen=(1920, 1080))
+    fig: dict = {}
+    try:
+        start = await bench_start(fleet, args.starts)
+        print(f"start to first screenshot: p50 {median(start):.2f} s, p95 {p95(start):.2f} s (n={len(start)})", flush=True)
+        cold = await bench_reset_cold(fleet, args.resets)
+        cold_pool = await bench_reset_pool(fleet, args.resets, 0)
+        warm = await bench_reset_pool(fleet, args.resets, args.spares)
+        print(f"reset: cold (remove + start) p50 {median(cold):.3f} s, pool with 0 spares (removal in the "
+              f"background) p50 {median(cold_pool):.3f} s, warm ({args.spares} spares) p50 "
+              f"{median(warm) * 1e3:.1f} ms (n={args.resets})", flush=True)
+        shots = {}
+        for name, f in (("720p", fleet), ("1080p", big)):
+            d = await f.start()
+            try:
+                for fmt, times in (await bench_screenshots(d, args.shots)).items():
+                    shots[f"{name}_{fmt}"] = median(times)
+                if name == "720p":
+                    action = await bench_actions(d, args.actions)
+                    noop = await bench_actions(d, args.actions, ["true"])
+            finally:
+                await f.remove(d)
+        print("screenshot p50: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in shots.items()), flush=True)
+        print(f"action (xdotool click via /execute) p50 {median(action) * 1e3:.1f} ms; /execute of `true` "
+              f"p50 {median(noop) * 1e3:.1f} ms", flush=True)
+        live, ram, reason = await bench_capacity(fleet, args.max_desktops, args.concurrency, args.min_free_gb)
+        print(f"live desktops: {live} healthy (stopped at: {reason}), RAM {ram:.0f} MiB per desktop", flush=True)
+        fig = {"start_p50_s": median(start), "start_p95_s": p95(start), "reset_cold_p50_s": median(cold),
+               "reset_cold_pool_p50_s": median(cold_pool), "reset_warm_p50_s": median(warm), "ratio_cold_over_warm": median(cold) / median(warm)}
+        fig.update({f"shot_{k}_p50_ms": v * 1e3 for k, v in shots.items()})
+        fig.update({"action_p50_ms": median(action) * 1e3, "exec_noop_p50_ms": median(noop) * 1e3, "live_desktops": live, "live_cap": args.max_desktops,
+                    "ram_per_desktop_mb": ram})
+    finally:
+        removed = await fleet.remove_all()
+        print(f"removed {removed} leftover containers of {run_id}", flush=True)
+        await fleet.close()
+        await big.close()
+    return fig
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smoke run: few repetitions, capacity cap 16")
+    p.add_argument("--image", default="", help="desktop image (default: build / reuse arpo-desktop:<recipe>)")
+    p.add_argument("--starts", type=int, default=10, help="desktops started one by one for start p50/p95")
+    p.add_argument("--resets", type=int, default=10, help="resets measured, cold and warm")
+    p.add_argument("--spares", type=int, default=2, help="warm spares for the warm reset")
+    p.add_argument("--shots", type=int, default=30, help="screenshots per resolution and format")
+    p.add_argument("--actions", type=int, default=30, help="xdotool clicks measured")
+    p.add_argument("--max-desktops", type=int, default=64, help="cap for the live-desktop capacity probe")
+    p.add_argument("--concurrency", type=int, default=4, help="desktops booting at once in the capacity probe")
+    p.add_argument("--min-free-gb", type=float, default=2.0, help="stop the capacity probe below this MemAvailable")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.starts, args.resets, args.shots, args.actions = 3, 4, 10, 10
+        args.max_desktops = min(args.max_desktops, 16)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    fig = asyncio.run(main_async(args))
+    print(result_line(fig))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""The actor fleet under failure, with every real part: desktop containers, the real arpo-serve (a subprocess
+with the tiny model), a LearnerService on real ZeroMQ TCP sockets, EnvActors with a DesktopPool.
+
+(a) a desktop killed mid-episode gives an ENV_ERROR trajectory carrying a DesktopError; the actor goes on
+    with a new desktop;
+(b) arpo-serve stopped for a while: the episode in flight ends ABORTED after its retries; once the server is
+    back on the same port the actor produces trainable trajectories again;
+(c) SIGTERM to a real `arpo-actors` process mid-episode: it exits 0 and no container with its run label is left.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aiodocker
+import pytest
+import zmq.asyncio
+
+from actors.desktop.fleet import DesktopFleet
+from actors.desktop.pool import DesktopPool
+from actors.env_actor import EnvActor
+from actors.episode import EpisodeRunner
+from actors.link import LearnerLink
+from actors.policy_client import PolicyClient, RetryPolicy
+from arpo_async.config import ActorConfig, TransportConfig
+from arpo_async.messages import Outcome, Trajectory
+from arpo_async.model.inputs import PromptEncoder
+from arpo_async.tasks import load_tasks
+from arpo_async.transport import SocketPump, dealer_socket, router_socket
+from learner.batcher import Batcher
+from learner.replay import SuccessReplay
+from learner.scheduler import GroupScheduler
+from learner.service import LearnerService
+from learner.staleness import StalenessManager
+
+pytestmark = pytest.mark.docker
+
+TASKS = [t for t in load_tasks() if t.id == "grid4-red"]
+SERVER_START_TIMEOUT_S = 180.0
+EPISODE_DEADLINE_S = 300.0  # generous: CPU inference and container boots share 2 contended cores
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServeProcess:
+    """The real arpo-serve as a child process on a fixed port; ``start`` returns once it printed its ready line."""
+
+    def __init__(self, model: Path, port: int, log_dir: Path) -> None:
+        self.model, self.port, self.log_dir = model, port, log_dir
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        with open(self.log_dir / f"serve-{self.port}-{self.starts}.log", "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "arpo_async.serve.main", "--model", str(self.model), "--port", str(self.port)],
+                stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        buf = b""
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            while b"arpo-serve ready" not in buf:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(f"arpo-serve did not become ready (logs in {self.log_dir}); stdout: {buf!r}")
+                if sel.select(timeout=left):
+                    buf += os.read(self.proc.stdout.fileno(), 4096)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self.proc.stdout.close()
+        self.proc = None
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    proc = ServeProcess(tiny_model, free_port(), tmp_path_factory.mktemp("serve-logs"))
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_model):
+    return PromptEncoder(tiny_model)
+
+
+def actor_config(**kw) -> ActorConfig:
+    return ActorConfig(actors=1, max_steps=2, max_new_tokens=48, warm_spares=1, step_timeout_s=60.0,
+                       setup_timeout_s=60.0, **kw)
+
+
+async def run_containers(run_id: str) -> list[str]:
+    async with aiodocker.Docker() as docker:
+        found = await docker.containers.list(all="true", filters=json.dumps({"label": [f"arpo.run={run_id}"]}))
+    return [c.id for c in found]
+
+
+async def until(predicate, timeout: float, what: str) -> None:
+    """Poll ``predicate`` every 50 ms until true; fail naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@asynccontextmanager
+async def learner(ctx: zmq.asyncio.Context, transport: TransportConfig):
+    """A LearnerService on a real ROUTER socket; yields (service, list of trajectories received, in order)."""
+    received: list[Trajectory] = []
+    service: LearnerService
+
+    async def on_message(env):
+        if isinstance(env.message, Trajectory):
+            received.append(env.message)
+        await service.on_message(env)
+
+    pump = SocketPump(router_socket(ctx, transport), routed=True, max_bytes=transport.max_message_bytes,
+                      on_message=on_message, on_bad=lambda p, r: service.on_bad(p, r))
+    service = LearnerService(pump, GroupScheduler(TASKS, group_size=2), StalenessManager(1000, 0),
+                             Batcher(SuccessReplay(), max_staleness=1000, groups_per_step=1))
+    task = asyncio.create_task(pump.run())
+    try:
+        yield service, received
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@asynccontextmanager
+async def actors(ctx, transport, pool: DesktopPool, runner: EpisodeRunner, n: int = 1):
+    """``n`` EnvActors in this process (as arpo-actors wires them), running in the background."""
+    link: LearnerLink
+    actor_id = f"test-actors-{secrets.token_hex(3)}"
+    pump = SocketPump(dealer_socket(ctx, transport, actor_id), routed=False, max_bytes=transport.max_message_bytes,
+                      on_message=lambda env: link.on_message(env))
+    link = LearnerLink(pump, actor_id, n, transport)
+    envs = [EnvActor(i, link, pool, runner) for i in range(n)]
+    tasks = [asyncio.create_task(pump.run()), asyncio.create_task(link.keepalive())]
+    tasks += [asyncio.create_task(a.run()) for a in envs]
+    try:
+        yield envs
+        for t in tasks[2:]:
+            assert not t.done() or t.cancelled() or t.exception() is None, t.exception()
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@pytest.fixture
+def transport() -> TransportConfig:
+    return TransportConfig(endpoint=f"tcp://127.0.0.1:{free_port()}", heartbeat_s=0.2, resend_after_s=5.0)
+
+
+@pytest.fixture
+async def pool(desktop_image):
+    fleet = DesktopFleet(desktop_image, run_id=f"test-ff-{secrets.token_hex(3)}")
+    p = DesktopPool(fleet, warm_spares=1, health_interval_s=2.0)
+    p.start()
+    try:
+        yield p
+    finally:
+        await p.close()
+        await fleet.remove_all()
+        await fleet.close()
+        assert await run_containers(fleet.run_id) == []
+
+
+def check_screenshot_indices(traj: Trajectory) -> None:
+    """Every step references stored screenshots; no screenshot is stored twice."""
+    assert len(set(traj.screenshots)) == len(traj.screenshots)
+    assert all(0 <= i < len(traj.screenshots) for s in traj.steps for i in s.image_indices)
+
+
+async def test_desktop_killed_mid_episode_gives_env_error_and_actor_goes_on(server, encoder, pool, transport):
+    policy = PolicyClient([server.url], retry=RetryPolicy(attempts=3, base_delay_s=0.2, max_delay_s=1.0))
+    runner = EpisodeRunner(encoder, policy, actor_config())
+    ctx = zmq.asyncio.Context()
+    try:
+        async with learner(ctx, transport) as (_, received), actors(ctx, transport, pool, runner):
+            await until(lambda: pool.in_use, EPISODE_DEADLINE_S, "an episode to start")
+            victim = pool.in_use[0]
+            await pool.fleet.docker.containers.container(victim.container_id).kill()
+            await until(lambda: received, EPISODE_DEADLINE_S, "the killed episode's trajectory")
+            first = received[0]
+            assert first.outcome == Outcome.ENV_ERROR.value and first.desktop == victim.name
+            assert "DesktopError" in first.error, first.error
+            await until(lambda: any(t.outcome_enum.trainable for t in received), EPISODE_DEADLINE_S,
+                        "a trainable trajectory on a new desktop")
+            after = next(t for t in received if t.outcome_enum.trainable)
+            assert after.desktop and after.desktop != victim.name and after.steps
+            check_screenshot_indices(after)
+            assert victim.container_id not in await run_containers(pool.fleet.run_id)  # the dead one is gone
+    finally:
+        await policy.aclose()
+        ctx.destroy(linger=0)
+
+
+async def test_inference_outage_aborts_then_actor_recovers(tiny_model, encoder, pool, transport, tmp_path):
+    serve = ServeProcess(tiny_model, free_port(), tmp_path)
+    await asyncio.to_thread(serve.start)
+    policy = PolicyClient([serve.url], retry=RetryPolicy(attempts=3, base_delay_s=0.2, max_delay_s=0.5,
+                                                         connect_timeout_s=2.0))
+    runner = EpisodeRunner(encoder, policy, actor_config())
+    ctx = zmq.asyncio.Context()
+    try:
+        async with learner(ctx, transport) as (_, received), actors(ctx, transport, pool, runner):
+            await until(lambda: pool.in_use, EPISODE_DEADLINE_S, "an episode to start")
+            await asyncio.to_thread(serve.stop)  # the server is down until an episode has given up on it
+            await until(lambda: any(t.outcome == Outcome.ABORTED.value for t in received), EPISODE_DEADLINE_S,
+                        "an episode to end ABORTED during the outage")
+            aborted = next(t for t in received if t.outcome == Outcome.ABORTED.value)
+            assert "PolicyUnavailable" in aborted.error, aborted.error
+            n_before = len(received)
+            await asyncio.to_thread(serve.start)  # same port
+            await until(lambda: any(t.outcome_enum.trainable for t in received[n_before:]), EPISODE_DEADLINE_S,
+                        "a trainable trajectory after the server came back")
+            assert all(t.outcome in (Outcome.ABORTED.value, Outcome.ENV_ERROR.value) or t.outcome_enum.trainable
+                       for t in received)
+            assert serve.starts == 2
+    finally:
+        await policy.aclose()
+        await asyncio.to_thread(serve.stop)
+        ctx.destroy(linger=0)
+
+
+async def test_sigterm_removes_every_container_and_exits_0(server, tiny_model, desktop_image, transport, tmp_path):
+    run_id = f"test-sigterm-{secrets.token_hex(3)}"
+    ctx = zmq.asyncio.Context()
+    log_path = tmp_path / "actors.log"
+    proc = None
+    try:
+        async with learner(ctx, transport) as (service, _):
+            log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "actors.main", "--actors", "2", "--actor-id", f"sigterm-{uuid.uuid4().hex[:6]}",
+                    "--set", f"run_id={run_id}", "--set", f"model={tiny_model}",
+                    "--set", f"transport.endpoint={transport.endpoint}",
+                    "--set", f'actors.inference_urls=["{server.url}"]', "--set", f'actors.image="{desktop_image}"',
+                    "--set", "actors.warm_spares=1", "--set", "actors.max_steps=3",
+                    stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            finally:
+                os.close(log)
+            running: list[str] = []
+
+            async def poll_running() -> None:
+                running[:] = await run_containers(run_id)
+
+            deadline = time.monotonic() + EPISODE_DEADLINE_S
+            while not (service.status()["running"] >= 1 and len(running) >= 2):  # episodes on desktops
+                assert proc.returncode is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "arpo-actors never started an episode:\n" + log_path.read_text()[-3000:]
+                await asyncio.sleep(0.2)
+                await poll_running()
+            proc.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(120):
+                rc = await proc.wait()
+            assert rc == 0, log_path.read_text()[-3000:]
+            assert "stopped by signal" in log_path.read_text()  # not a learner shutdown
+            assert await run_containers(run_id) == []
+            assert not (Path("/tmp/arpo-desktops") / run_id).exists()
+    finally:
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        ctx.destroy(linger=0)
+        async with aiodocker.Docker() as docker:  # never leave containers behind, whatever failed
+            for c in await docker.containers.list(all="true", filters=json.dumps({"label": [f"arpo.run={run_id}"]})):
+                await c.delete(force=True)

@@ -1,0 +1,164 @@
+"""DesktopPool and the fast observation path, on real desktop containers.
+
+Covers: warm spares (acquire hands out an already-booted desktop and the pool refills in the background),
+release removes the used container, a dead spare is found by the health check and replaced, a start that
+keeps failing surfaces as DesktopError after the configured tries, close() leaves no container behind;
+the controller's screenshot encodings (PNG default, JPEG with quality, bad values rejected) and the
+byte-identical screenshots of an unchanged screen that the trajectory de-duplication relies on.
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import secrets
+import time
+
+import aiodocker
+import pytest
+from PIL import Image
+
+from actors.desktop.controller_client import DesktopError
+from actors.desktop.fleet import DesktopFleet
+from actors.desktop.pool import DesktopPool
+from actors.episode import add_screenshot
+
+pytestmark = pytest.mark.docker
+
+BOOT_DEADLINE_S = 180.0  # generous: the whole suite may be starting containers on 2 cores
+
+
+async def labelled(run_id: str) -> list[str]:
+    """Ids of every container (running or not) labelled with ``run_id``."""
+    async with aiodocker.Docker() as docker:
+        found = await docker.containers.list(all="true", filters=json.dumps({"label": [f"arpo.run={run_id}"]}))
+    return [c.id for c in found]
+
+
+async def until(predicate, timeout: float, what: str) -> None:
+    """Poll ``predicate`` (sync or async) every 50 ms until true; fail naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ok = predicate()
+        if asyncio.iscoroutine(ok):
+            ok = await ok
+        if ok:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def fleet(desktop_image):
+    run_id = f"test-pool-{secrets.token_hex(3)}"
+    f = DesktopFleet(desktop_image, run_id=run_id)
+    try:
+        yield f
+    finally:
+        await f.remove_all()
+        await f.close()
+
+
+async def test_warm_spare_is_handed_out_at_once_and_refilled(fleet):
+    async with DesktopPool(fleet, warm_spares=2, max_concurrent_starts=2) as pool:
+        async with asyncio.timeout(BOOT_DEADLINE_S):
+            await pool.wait_spares()
+        spares = {d.container_id for d in pool.spares}
+        assert len(spares) == 2 and pool.in_use == []
+        asked_at = time.monotonic()
+        desktop = await pool.acquire()
+        assert desktop.container_id in spares and desktop.started_at < asked_at  # booted before we asked
+        assert pool.stats["warm_acquires"] == 1 and pool.stats["cold_acquires"] == 0
+        assert pool.in_use == [desktop]
+        assert (await desktop.controller.screenshot()).startswith(b"\x89PNG")
+
+        await pool.release(desktop)
+        await until(lambda: len(pool.spares) == 2, BOOT_DEADLINE_S, "the pool to refill to 2 spares")
+        await until(_gone(fleet.run_id, desktop.container_id), 60, "the released container to be removed")
+        assert desktop.container_id not in {d.container_id for d in pool.spares}
+        assert pool.stats["started"] == 3 and pool.stats["removed"] == 1
+    assert await labelled(fleet.run_id) == []  # close() removed the spares
+
+
+def _gone(run_id: str, container_id: str):
+    async def check() -> bool:
+        return container_id not in await labelled(run_id)
+    return check
+
+
+async def test_acquire_without_spares_boots_one_and_close_removes_desktops_in_use(fleet):
+    async with DesktopPool(fleet, warm_spares=0) as pool:
+        async with asyncio.timeout(BOOT_DEADLINE_S):
+            first, second = await asyncio.gather(pool.acquire(), pool.acquire())
+        assert first.container_id != second.container_id
+        assert pool.stats["cold_acquires"] == 2 and pool.spares == [] and pool.starting == 0
+        assert set(await labelled(fleet.run_id)) == {first.container_id, second.container_id}
+    assert await labelled(fleet.run_id) == []  # close() removed them although they were never released
+
+
+async def test_dead_spare_is_replaced(fleet):
+    async with DesktopPool(fleet, warm_spares=1, health_interval_s=0.5) as pool:
+        async with asyncio.timeout(BOOT_DEADLINE_S):
+            await pool.wait_spares()
+        (victim,) = pool.spares
+        await fleet.docker.containers.container(victim.container_id).kill()
+        await until(lambda: pool.stats["dead_spares"] >= 1, 60, "the health check to notice the dead spare")
+        await until(lambda: len(pool.spares) == 1 and pool.spares[0] is not victim, BOOT_DEADLINE_S,
+                    "a replacement spare")
+        await until(_gone(fleet.run_id, victim.container_id), 60, "the dead container to be removed")
+        replacement = await pool.acquire()
+        assert replacement is not victim and await replacement.controller.health()
+        await pool.release(replacement)
+    assert await labelled(fleet.run_id) == []
+
+
+async def test_start_failure_is_retried_then_surfaces_as_desktop_error():
+    run_id = f"test-pool-{secrets.token_hex(3)}"
+    fleet = DesktopFleet("arpo-desktop:no-such-version", run_id=run_id)
+    try:
+        async with DesktopPool(fleet, warm_spares=0, start_attempts=3, retry_base_s=0.05) as pool:
+            with pytest.raises(DesktopError, match="in 3 tries.*no-such-version"):
+                async with asyncio.timeout(60):
+                    await pool.acquire()
+            assert pool.stats["start_failures"] == 3 and pool.stats["start_gave_up"] == 1
+            assert pool.in_use == [] and pool.spares == []
+        with pytest.raises(DesktopError, match="not running"):
+            await pool.acquire()
+    finally:
+        await fleet.close()
+    assert await labelled(run_id) == []
+
+
+async def test_screenshot_encodings(fleet):
+    desktop = await fleet.start()
+    c = desktop.controller
+    png = await c.screenshot()
+    jpeg = await c.screenshot("jpeg", 85)
+    low = await c.screenshot("jpeg", 10)
+    assert png.startswith(b"\x89PNG") and jpeg.startswith(b"\xff\xd8\xff")
+    for data, fmt in ((png, "PNG"), (jpeg, "JPEG"), (low, "JPEG")):
+        image = Image.open(io.BytesIO(data))
+        assert image.format == fmt and image.size == (1280, 720)
+    assert len(low) < len(jpeg)  # quality reaches the encoder
+    with pytest.raises(ValueError):
+        await c.screenshot("gif")
+    with pytest.raises(ValueError):
+        await c.screenshot("jpeg", 0)
+    with pytest.raises(DesktopError, match="HTTP 400.*quality"):  # the controller validates too
+        await c._request("GET", "/screenshot?format=jpeg&quality=101")
+
+
+async def test_unchanged_screen_gives_identical_bytes_stored_once(fleet):
+    """The de-duplication in EpisodeRunner relies on an unchanged screen encoding to the same bytes."""
+    desktop = await fleet.start()
+    c = desktop.controller
+    shots: list[bytes] = []
+    indices = [add_screenshot(shots, await c.screenshot()) for _ in range(3)]
+    assert indices == [0, 0, 0] and len(shots) == 1
+    indices.append(add_screenshot(shots, await c.screenshot("jpeg", 85)))
+    indices.append(add_screenshot(shots, await c.screenshot("jpeg", 85)))
+    assert indices[3:] == [1, 1]
+    r = await c.execute(["xdotool", "mousemove", "--sync", "300", "200"], timeout=20)
+    assert r["returncode"] == 0, r
+    assert add_screenshot(shots, await c.screenshot()) == 2  # the cursor moved: a new screenshot
