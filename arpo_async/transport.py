@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -29,13 +30,28 @@ OUTBOX_SIZE = 1024
 """Bounded outbox per socket: producers wait (backpressure) when it is full."""
 
 
-def router_socket(ctx: zmq.asyncio.Context, config: TransportConfig) -> zmq.asyncio.Socket:
-    """A bound ROUTER for the learner. Raises zmq.ZMQError (e.g. address in use) with ZeroMQ's message."""
+def router_socket(ctx: zmq.asyncio.Context, config: TransportConfig, bind_wait_s: float = 5.0) -> zmq.asyncio.Socket:
+    """A bound ROUTER for the learner.
+
+    A restarted learner may find its port still held for a moment by the socket it replaces (ZeroMQ releases
+    it asynchronously), so "address in use" is retried for up to ``bind_wait_s`` seconds.
+
+    Raises:
+        zmq.ZMQError: the endpoint cannot be bound (still in use after ``bind_wait_s``, bad address).
+    """
     sock = ctx.socket(zmq.ROUTER)
     _set_common(sock, config)
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-    sock.bind(config.endpoint)
-    return sock
+    deadline = time.monotonic() + bind_wait_s
+    while True:
+        try:
+            sock.bind(config.endpoint)
+            return sock
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                sock.close(linger=0)
+                raise
+            time.sleep(0.05)
 
 
 def dealer_socket(ctx: zmq.asyncio.Context, config: TransportConfig, identity: str) -> zmq.asyncio.Socket:

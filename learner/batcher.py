@@ -2,19 +2,24 @@
 
 Owns: the per-group pipeline between the scheduler and the trainer, in ARPO's order (REFERENCE.md section 1):
 drop what cannot be trained (ENV_ERROR / ABORTED, or staler than the bound), inject a stored success into an
-all-failed group, update the replay buffer from the group as sampled, compute group-relative advantages,
-and drop zero-variance groups (they carry no gradient; DAPO's dynamic sampling). Every drop is counted by
-reason in ``drops``.
+all-failed (or, with prioritized replay, low-success) group, update the replay buffer from the group as sampled,
+compute group-relative advantages, and drop zero-variance groups (they carry no gradient and cost no optimizer
+work; DAPO's dynamic sampling). Every drop is counted by reason in ``drops``.
+
+Replayed trajectories are marked per position in ``ScoredGroup.replayed`` and on their ``TrainSample``s
+(``replayed=True``); they keep the behaviour log-probs and token versions recorded when they were sampled, so the
+trainer's off-policy correction applies to them like to any other data. They are never subject to the staleness
+drop (that applies to fresh rollouts only).
 """
 
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from arpo_async.messages import Outcome, Trajectory
 from learner.grpo import compute_reward, group_advantages, is_zero_variance
-from learner.replay import SuccessReplay
+from learner.replay import ReplayBuffer
 from learner.scheduler import Group
 from learner.trainer import TrainSample
 
@@ -31,6 +36,14 @@ class ScoredGroup:
     sampled_success: float
     policy_lag: list[int]
     """Per trajectory: version at scoring minus the oldest token version in it."""
+    replayed: list[bool] = field(default_factory=list)
+    """Per trajectory: True where the replay buffer injected it (empty = none replayed)."""
+
+    @property
+    def fresh_policy_lag(self) -> list[int]:
+        """``policy_lag`` of the trajectories sampled for this group (replayed ones left out)."""
+        flags = self.replayed or [False] * len(self.policy_lag)
+        return [lag for lag, replayed in zip(self.policy_lag, flags) if not replayed]
 
 
 def policy_lag(traj: Trajectory, version: int) -> int:
@@ -43,13 +56,14 @@ class Batcher:
     """Turns complete groups into ScoredGroups and hands out batches of ``groups_per_step`` of them.
 
     Args:
-        replay: the success replay buffer (may be disabled).
+        replay: the success replay buffer (:class:`learner.replay.SuccessReplay` -- ARPO or off -- or
+            :class:`learner.replay.PrioritizedReplay`).
         max_staleness: eta; trajectories with policy lag above it are dropped (reason "stale").
         groups_per_step: scored groups per training batch.
         format_reward_weight: ARPO's weight on the format reward.
     """
 
-    def __init__(self, replay: SuccessReplay, *, max_staleness: int, groups_per_step: int,
+    def __init__(self, replay: ReplayBuffer, *, max_staleness: int, groups_per_step: int,
                  format_reward_weight: float = 0.5, success_threshold: float = 0.5) -> None:
         self.replay = replay
         self._eta = max_staleness
@@ -74,15 +88,18 @@ class Batcher:
             return None
         scores = [t.score for t in kept]
         sampled_success = sum(s >= self._success_threshold for s in scores) / len(scores)
-        trajs, scores, injected = self.replay.maybe_inject(group.task.id, kept, scores)
-        self.replay.add_group(group.task.id, kept, [t.score for t in kept])
+        sampled_rewards = [compute_reward(t.score, t.format_ok, format_weight=self._format_weight) for t in kept]
+        injection = self.replay.inject(group.task.id, kept, scores, version=version, rewards=sampled_rewards)
+        self.replay.add_group(group.task.id, kept, [t.score for t in kept], version=version)
+        trajs = injection.trajectories
         rewards = [compute_reward(t.score, t.format_ok, format_weight=self._format_weight) for t in trajs]
         if is_zero_variance(rewards):
             self.drops["zero_variance"] += 1
             return None
         advantages = group_advantages(rewards).tolist()
-        scored = ScoredGroup(group.task.id, list(trajs), rewards, advantages, injected, sampled_success,
-                             [policy_lag(t, version) for t in trajs])
+        replayed = [i == injection.index for i in range(len(trajs))]
+        scored = ScoredGroup(group.task.id, list(trajs), rewards, advantages, injection.injected, sampled_success,
+                             [policy_lag(t, version) for t in trajs], replayed)
         self.ready.append(scored)
         return scored
 
@@ -106,7 +123,8 @@ def train_samples(batch: list[ScoredGroup]) -> list[TrainSample]:
     """
     samples: list[TrainSample] = []
     for group in batch:
-        for traj, advantage in zip(group.trajectories, group.advantages):
+        flags = group.replayed or [False] * len(group.trajectories)
+        for traj, advantage, replayed in zip(group.trajectories, group.advantages, flags):
             for step in traj.steps:
                 if not step.output_ids:
                     continue
@@ -116,5 +134,6 @@ def train_samples(batch: list[ScoredGroup]) -> list[TrainSample]:
                     output_ids=step.output_ids,
                     behaviour_logprobs=step.logprobs,
                     advantage=advantage,
+                    replayed=replayed,
                 ))
     return samples

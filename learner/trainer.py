@@ -5,11 +5,16 @@ optimizer steps taken. Everything here is synchronous, blocking torch work: the 
 :meth:`Trainer.train_step` and :meth:`Trainer.save_weights` through ``asyncio.to_thread``, one call at a time
 (the trainer is not thread-safe).
 
-Loss (REFERENCE.md section 1; ARPO / EasyR1 ``compute_policy_loss``; DAPO token-level averaging):
-``L = sum over samples and their generated tokens of clipped_token_loss / total generated tokens of the batch``,
-with ratio = pi_theta / pi_old. With one epoch on sampler data, pi_old is the behaviour policy (the sampler's
-log-probs, which the sampler reported with every token). ``train_step`` takes an optional ``proximal_logprobs``
-argument so decoupled PPO (AReaL) can pass the pre-update policy's log-probs instead.
+Loss (REFERENCE.md sections 1 and 5; ARPO / EasyR1 ``compute_policy_loss``; DAPO token-level averaging):
+``L = sum over samples and their generated tokens of w * l_ppo(pi_theta / pi_old, A) / total generated tokens``,
+with the off-policy correction chosen by ``TrainerConfig.correction`` (:func:`learner.grpo.corrected_token_loss`):
+"arpo" (pi_old = pi_prox, w = 1), "decoupled" (AReaL: pi_old = pi_prox, w = pi_prox / pi_behav, tokens above the
+cap filtered out), "tis" (slime: pi_old = pi_prox, w = min(pi_prox / pi_behav, cap)) or "behaviour" (pi_old =
+pi_behav, w = 1). pi_behav is the sampler's log-prob reported with every token; pi_prox is the policy before the
+optimizer step. ``train_step`` takes pi_prox from the same forward pass that carries the gradient (detached):
+the weights have not changed yet, so these are exactly the pre-update log-probs and cost no extra forward pass.
+``train_batch`` splits a batch into several optimizer steps with pi_prox computed once, before the first
+(ARPO: 2 optimizer steps per rollout batch), which is where the clip against pi_prox acts.
 
 Invariants: the loss is computed only on tokens the policy generated (``output_ids``), on exactly the ids the
 sampler produced; the policy runs without dropout (eval mode) so its log-probs are comparable to the sampler's;
@@ -18,20 +23,21 @@ weight folders are written to a temporary sibling and renamed into place, so a r
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import shutil
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from arpo_async.model.inputs import load_policy, token_logprobs
-from learner.grpo import clipped_token_loss
+from learner.grpo import CORRECTION_MODES, corrected_token_loss
 
 __all__ = ["TrainSample", "Trainer", "TrainerConfig", "TrainerConfigError", "TrainerError", "TrainerInputError"]
 
@@ -77,6 +83,8 @@ class TrainSample:
         output_ids: the generated token ids, length T >= 1; the loss covers exactly these tokens.
         behaviour_logprobs: the sampler's log-prob of each output token (nats), length T.
         advantage: the rollout's group-relative advantage, broadcast to all T tokens.
+        replayed: True when the step belongs to a trajectory the replay buffer injected (its behaviour
+            log-probs are those recorded when it was sampled); only used to report its correction separately.
     """
 
     prompt_ids: list[int]
@@ -84,6 +92,7 @@ class TrainSample:
     output_ids: list[int]
     behaviour_logprobs: list[float]
     advantage: float
+    replayed: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,18 @@ class TrainerConfig:
     larger holds more activation graphs in memory at once (1 = least memory)."""
     torch_threads: int = 1
     """torch intra-op threads for this process (torch.set_num_threads); leave cores for the desktops."""
+    correction: str = "decoupled"
+    """Off-policy correction: "arpo" (none; ratio against the recomputed pre-update policy), "decoupled" (AReaL),
+    "tis" (slime truncated IS) or "behaviour" (plain PPO ratio against the sampler's log-probs)."""
+    decoupled_cap: float = 5.0
+    """"decoupled": tokens with pi_prox / pi_behav above this are filtered out (AReaL example configs: 5.0)."""
+    tis_cap: float = 2.0
+    """"tis": the weight pi_prox / pi_behav is truncated at this (slime --tis-clip default: 2.0)."""
+
+    @property
+    def correction_cap(self) -> float:
+        """The cap of the selected correction mode (unused by "arpo" and "behaviour")."""
+        return self.tis_cap if self.correction == "tis" else self.decoupled_cap
 
     def __post_init__(self) -> None:
         checks = (
@@ -118,6 +139,10 @@ class TrainerConfig:
             ("dual_clip", self.dual_clip > 1, "must be > 1"),
             ("micro_batch", self.micro_batch >= 1, "must be >= 1"),
             ("torch_threads", self.torch_threads >= 1, "must be >= 1"),
+            ("correction", self.correction in CORRECTION_MODES, f"must be one of {CORRECTION_MODES}"),
+            ("decoupled_cap", self.decoupled_cap > 1 and math.isfinite(self.decoupled_cap),
+             "must be a finite number > 1"),
+            ("tis_cap", self.tis_cap > 0 and math.isfinite(self.tis_cap), "must be a finite number > 0"),
         )
         for name, ok, rule in checks:
             if not ok:
@@ -143,9 +168,10 @@ def _check_samples(samples: Sequence[TrainSample], proximal: Sequence[Sequence[f
             raise TrainerInputError(f"sample {i}: {n} output tokens but {len(proximal[i])} proximal log-probs")
         if not math.isfinite(sample.advantage):
             raise TrainerInputError(f"sample {i}: advantage {sample.advantage!r} is not finite")
-        old = sample.behaviour_logprobs if proximal is None else proximal[i]
-        if not all(math.isfinite(x) for x in old):
-            raise TrainerInputError(f"sample {i}: old log-probs must be finite")
+        if not all(math.isfinite(x) for x in sample.behaviour_logprobs):
+            raise TrainerInputError(f"sample {i}: behaviour log-probs must be finite")
+        if proximal is not None and not all(math.isfinite(x) for x in proximal[i]):
+            raise TrainerInputError(f"sample {i}: proximal log-probs must be finite")
 
 
 class Trainer:
@@ -195,21 +221,25 @@ class Trainer:
     def train_step(
         self, samples: Sequence[TrainSample], *, proximal_logprobs: Sequence[Sequence[float]] | None = None
     ) -> dict[str, float]:
-        """One optimizer step on ``samples``: token-level clipped PPO loss, backward, grad-norm clip, AdamW step.
+        """One optimizer step on ``samples``: corrected clipped token loss, backward, grad-norm clip, AdamW step.
 
-        ``loss = sum_i clipped_token_loss(logp_i, old_i, A_i).loss_sum / sum_i T_i`` (DAPO token-level mean over
-        the whole batch), where ``old_i`` is ``proximal_logprobs[i]`` if given, else the sample's behaviour
-        log-probs (one epoch on sampler data: ratio = pi_theta / pi_behaviour). Gradients of ``micro_batch``
+        ``loss = sum_i corrected_token_loss(logp_i, prox_i, behav_i, A_i).loss_sum / sum_i T_i`` (DAPO token-level
+        mean over the whole batch; the correction mode is ``config.correction``). ``prox_i`` is
+        ``proximal_logprobs[i]`` if given (pass them when one batch is split over several steps, see
+        :meth:`train_batch`), else the detached log-probs of this step's own forward pass, which are the
+        pre-update policy's. ``behav_i`` is the sample's ``behaviour_logprobs``. Gradients of ``micro_batch``
         samples are accumulated per backward pass; the result does not depend on ``micro_batch``.
 
         Args:
             samples: the batch, at least one sample, each with T_i >= 1 output tokens.
-            proximal_logprobs: optional per-sample old log-probs (same lengths as ``output_ids``).
+            proximal_logprobs: optional per-sample pre-update log-probs (same lengths as ``output_ids``).
 
         Returns:
-            ``{"loss", "grad_norm" (before clipping), "clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl"
-            (token-weighted over the batch), "tokens", "samples", "seconds", "skipped" (1.0 when the gradient was
-            not finite and no step was taken, else 0.0)}``.
+            ``{"loss", "grad_norm" (before clipping), "clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl",
+            "is_weight_mean", "is_capped_frac", "behaviour_kl" (token-weighted over the batch), "is_weight_max",
+            "replayed_tokens", "replayed_is_weight_mean" (token-weighted over replayed samples; 0 when none),
+            "tokens", "samples", "seconds", "skipped" (1.0 when the gradient was not finite and no step was
+            taken, else 0.0)}``.
 
         Raises:
             TrainerInputError: an empty batch, an empty sample, mismatched lengths, or non-finite numbers.
@@ -223,26 +253,41 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
 
         loss_total = 0.0
-        weighted = {"clip_frac": 0.0, "dual_clip_frac": 0.0, "ratio_mean": 0.0, "approx_kl": 0.0}
+        weighted = dict.fromkeys(
+            ("clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl", "is_weight_mean", "is_capped_frac",
+             "behaviour_kl"), 0.0)
+        weight_max = 0.0
+        replayed_tokens = 0.0
+        replayed_weight = 0.0
         pending: torch.Tensor | None = None
         for i, sample in enumerate(samples):
             logprobs = self._logprobs(sample)
-            old_values = sample.behaviour_logprobs if proximal_logprobs is None else proximal_logprobs[i]
-            old = torch.tensor(old_values, dtype=logprobs.dtype)
-            advantages = torch.full_like(old, float(sample.advantage))
-            loss_sum, stats = clipped_token_loss(
+            if proximal_logprobs is None:
+                proximal = logprobs.detach()
+            else:
+                proximal = torch.tensor(proximal_logprobs[i], dtype=logprobs.dtype)
+            behaviour = torch.tensor(sample.behaviour_logprobs, dtype=logprobs.dtype)
+            advantages = torch.full_like(behaviour, float(sample.advantage))
+            loss_sum, stats = corrected_token_loss(
                 logprobs,
-                old,
+                proximal,
+                behaviour,
                 advantages,
+                mode=self.config.correction,
                 eps_low=self.config.eps_low,
                 eps_high=self.config.eps_high,
                 dual_clip=self.config.dual_clip,
+                cap=self.config.correction_cap,
             )
             scaled = loss_sum / total_tokens
             pending = scaled if pending is None else pending + scaled
             loss_total += float(scaled.detach())
             for key in weighted:
                 weighted[key] += stats[key] * stats["tokens"]
+            weight_max = max(weight_max, stats["is_weight_max"])
+            if sample.replayed:
+                replayed_tokens += stats["tokens"]
+                replayed_weight += stats["is_weight_mean"] * stats["tokens"]
             if (i + 1) % self.config.micro_batch == 0 or i + 1 == len(samples):
                 pending.backward()
                 pending = None
@@ -261,10 +306,59 @@ class Trainer:
         result = {"loss": loss_total, "grad_norm": grad_norm}
         result.update({key: value / total_tokens for key, value in weighted.items()})
         result.update(
+            is_weight_max=weight_max,
+            replayed_tokens=replayed_tokens,
+            replayed_is_weight_mean=replayed_weight / replayed_tokens if replayed_tokens else 0.0,
             tokens=float(total_tokens),
             samples=float(len(samples)),
             seconds=time.perf_counter() - start,
             skipped=1.0 if skipped else 0.0,
+        )
+        return result
+
+    def train_batch(self, samples: Sequence[TrainSample], *, minibatches: int = 1) -> dict[str, float]:
+        """Train on one batch with ``minibatches`` optimizer steps, clipping every step against the same pi_prox.
+
+        With ``minibatches == 1`` this is :meth:`train_step` (pi_prox from its own forward pass). Otherwise the
+        pre-update log-probs of the whole batch are computed first, without gradient (:meth:`compute_logprobs`,
+        one extra forward pass per sample), and the samples are split in order into ``minibatches`` contiguous
+        chunks, chunk j holding samples ``[j*n//m, (j+1)*n//m)``, one optimizer step each (ARPO: 2 optimizer steps per rollout batch,
+        old log-probs recomputed once before them).
+
+        Returns:
+            The stats of :meth:`train_step`, token-weighted over the steps for means and fractions; ``loss`` the
+            token-weighted mean loss; ``grad_norm`` and ``is_weight_max`` the largest; ``tokens``, ``samples``,
+            ``seconds``, ``replayed_tokens``, ``skipped`` summed; plus ``optimizer_steps``.
+
+        Raises:
+            TrainerInputError: as :meth:`train_step`, or ``minibatches`` < 1 or more than the samples.
+        """
+        if minibatches < 1 or minibatches > max(1, len(samples)):
+            raise TrainerInputError(f"minibatches must be in [1, {len(samples)}], got {minibatches}")
+        if minibatches == 1:
+            return dict(self.train_step(samples), optimizer_steps=1.0)
+        _check_samples(samples, None)
+        start = time.perf_counter()
+        proximal = self.compute_logprobs(samples)
+        bounds = [k * len(samples) // minibatches for k in range(minibatches + 1)]
+        parts = [self.train_step(samples[a:b], proximal_logprobs=proximal[a:b])
+                 for a, b in itertools.pairwise(bounds)]
+        tokens = sum(p["tokens"] for p in parts)
+        replayed = sum(p["replayed_tokens"] for p in parts)
+        result = {key: sum(p[key] * p["tokens"] for p in parts) / tokens
+                  for key in ("loss", "clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl", "is_weight_mean",
+                              "is_capped_frac", "behaviour_kl")}
+        result.update(
+            grad_norm=max(p["grad_norm"] for p in parts),
+            is_weight_max=max(p["is_weight_max"] for p in parts),
+            replayed_tokens=replayed,
+            replayed_is_weight_mean=(sum(p["replayed_is_weight_mean"] * p["replayed_tokens"] for p in parts)
+                                     / replayed if replayed else 0.0),
+            tokens=tokens,
+            samples=float(len(samples)),
+            seconds=time.perf_counter() - start,
+            skipped=sum(p["skipped"] for p in parts),
+            optimizer_steps=float(minibatches),
         )
         return result
 

@@ -12,7 +12,14 @@ from PIL import Image, ImageDraw
 
 from arpo_async.model.init_model import create_tiny_model
 from arpo_async.model.inputs import PromptEncoder, load_policy, token_logprobs
-from learner.trainer import Trainer, TrainerConfig, TrainerConfigError, TrainerError, TrainerInputError, TrainSample
+from learner.trainer import (
+    Trainer,
+    TrainerConfig,
+    TrainerConfigError,
+    TrainerError,
+    TrainerInputError,
+    TrainSample,
+)
 
 
 @pytest.fixture(scope="module")
@@ -217,8 +224,95 @@ def test_bad_batches_are_rejected(model_dir, samples):
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"lr": 0.0}, {"eps_low": 1.0}, {"dual_clip": 1.0}, {"micro_batch": 0}, {"torch_threads": 0}]
+    "kwargs", [{"lr": 0.0}, {"eps_low": 1.0}, {"dual_clip": 1.0}, {"micro_batch": 0}, {"torch_threads": 0},
+               {"correction": "none"}, {"decoupled_cap": 1.0}, {"tis_cap": 0.0}]
 )
 def test_bad_config_is_rejected(kwargs):
     with pytest.raises(TrainerConfigError):
         TrainerConfig(**kwargs)
+
+
+# ---------------------------------------------------------------- off-policy correction in the trainer
+
+
+def _with_behaviour(sample: TrainSample, behaviour: list[float], *, replayed: bool = False) -> TrainSample:
+    return TrainSample(sample.prompt_ids, sample.images, sample.output_ids, behaviour, sample.advantage,
+                       replayed=replayed)
+
+
+def test_proximal_from_the_forward_pass_equals_a_separate_pre_update_pass(model_dir, samples):
+    """train_step's default pi_prox (its own forward, detached) is the pre-update policy: same step as passing
+    compute_logprobs() explicitly, under a correction whose weights depend on it."""
+    stale = [_with_behaviour(s, [x - 0.3 for x in s.behaviour_logprobs]) for s in samples]
+    config = TrainerConfig(lr=1e-3, correction="tis", tis_cap=2.0)
+    a, b = Trainer(model_dir, config), Trainer(model_dir, config)
+    stats_a = a.train_step(stale)
+    stats_b = b.train_step(stale, proximal_logprobs=b.compute_logprobs(stale))
+    assert stats_a["loss"] == pytest.approx(stats_b["loss"], rel=1e-5)
+    assert stats_a["is_weight_mean"] == pytest.approx(stats_b["is_weight_mean"], rel=1e-5)
+    params_a, params_b = _params(a), _params(b)
+    for k in params_a:
+        torch.testing.assert_close(params_a[k], params_b[k], rtol=1e-4, atol=1e-6)
+
+
+def test_stale_behaviour_log_probs_are_weighted_by_mode(model_dir, samples):
+    """Behaviour log-probs 3 nats below the current policy (pi_prox / pi_behav = e^3 = 20 on every token), as for a
+    success replayed from long ago: decoupled filters every token (no gradient), tis truncates the weight at 2
+    (twice ARPO's loss), arpo ignores the behaviour policy."""
+    sample = samples[0]
+    current = Trainer(model_dir, TrainerConfig()).compute_logprobs([sample])[0]
+    replayed = _with_behaviour(sample, [x - 3.0 for x in current], replayed=True)
+    tokens = len(sample.output_ids)
+    results = {}
+    for mode in ("arpo", "decoupled", "tis"):
+        trainer = Trainer(model_dir, TrainerConfig(lr=1e-3, correction=mode))
+        results[mode] = trainer.train_step([replayed])
+    # ARPO: ratio 1 against the recomputed policy, w = 1: loss = -A = -1.5
+    assert results["arpo"]["loss"] == pytest.approx(-1.5, rel=1e-5)
+    assert results["arpo"]["is_weight_mean"] == 1.0 and results["arpo"]["is_capped_frac"] == 0.0
+    assert results["arpo"]["behaviour_kl"] == pytest.approx(-3.0, abs=1e-4)
+    # decoupled (cap 5): every token filtered out
+    assert results["decoupled"]["loss"] == 0.0
+    assert results["decoupled"]["grad_norm"] == 0.0
+    assert results["decoupled"]["is_capped_frac"] == 1.0 and results["decoupled"]["is_weight_mean"] == 0.0
+    # tis (cap 2): every weight truncated to 2
+    assert results["tis"]["loss"] == pytest.approx(-3.0, rel=1e-5)
+    assert results["tis"]["is_weight_mean"] == pytest.approx(2.0) and results["tis"]["is_capped_frac"] == 1.0
+    assert results["tis"]["grad_norm"] > results["arpo"]["grad_norm"] > 0
+    for stats in results.values():
+        assert stats["replayed_tokens"] == tokens
+
+
+def test_replayed_weights_are_reported_separately(model_dir, samples):
+    trainer = Trainer(model_dir, TrainerConfig(lr=1e-3, correction="decoupled"))
+    current = trainer.compute_logprobs(samples[:2])
+    fresh = _with_behaviour(samples[0], current[0])  # on-policy: weight 1
+    old = _with_behaviour(samples[1], [x + math.log(2.0) for x in current[1]], replayed=True)  # weight 1/2
+    stats = trainer.train_step([fresh, old])
+    t0, t1 = len(fresh.output_ids), len(old.output_ids)
+    assert stats["replayed_tokens"] == t1
+    assert stats["replayed_is_weight_mean"] == pytest.approx(0.5, rel=1e-4)
+    assert stats["is_weight_mean"] == pytest.approx((t0 * 1.0 + t1 * 0.5) / (t0 + t1), rel=1e-4)
+    assert stats["is_weight_max"] == pytest.approx(1.0, rel=1e-4)
+
+
+def test_train_batch_splits_into_steps_clipped_against_one_proximal_policy(model_dir, samples):
+    config = TrainerConfig(lr=1e-3, correction="decoupled")
+    a, b = Trainer(model_dir, config), Trainer(model_dir, config)
+    stats = a.train_batch(samples, minibatches=2)
+    assert a.steps == 2 and stats["optimizer_steps"] == 2.0
+    # reference: pi_prox for the whole batch first, then one step per contiguous half ([0], [1, 2])
+    proximal = b.compute_logprobs(samples)
+    first = b.train_step(samples[:1], proximal_logprobs=proximal[:1])
+    second = b.train_step(samples[1:], proximal_logprobs=proximal[1:])
+    assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert abs(second["ratio_mean"] - 1.0) > 1e-4  # the second step sees the first step's update
+    params_a, params_b = _params(a), _params(b)
+    for k in params_a:
+        torch.testing.assert_close(params_a[k], params_b[k], rtol=1e-4, atol=1e-6)
+    tokens = first["tokens"] + second["tokens"]
+    assert stats["tokens"] == tokens
+    assert stats["loss"] == pytest.approx((first["loss"] * first["tokens"] + second["loss"] * second["tokens"])
+                                          / tokens, rel=1e-4)
+    with pytest.raises(TrainerInputError, match="minibatches"):
+        a.train_batch(samples, minibatches=4)

@@ -9,9 +9,12 @@ import pytest
 import torch
 
 from learner.grpo import (
+    CORRECTION_MODES,
     GrpoInputError,
     clipped_token_loss,
     compute_reward,
+    corrected_token_loss,
+    correction_weights,
     group_advantages,
     is_all_failed,
     is_zero_variance,
@@ -268,3 +271,145 @@ def test_loss_rejects_mismatched_shapes():
         clipped_token_loss(torch.zeros(3), torch.zeros(2), torch.zeros(3))
     with pytest.raises(GrpoInputError):
         clipped_token_loss(torch.zeros(3), torch.zeros(3), torch.zeros(()))
+
+
+# ---------------------------------------------------------------- off-policy correction
+
+# Three tokens: pi_prox / pi_behav = 0.5/0.25 = 2, 0.6/0.1 = 6 and 0.1/0.4 = 0.25.
+PROX = torch.tensor([math.log(0.5), math.log(0.6), math.log(0.1)], dtype=torch.float64)
+BEHAV = torch.tensor([math.log(0.25), math.log(0.1), math.log(0.4)], dtype=torch.float64)
+ADV = torch.tensor([1.0, 1.0, -1.0], dtype=torch.float64)
+
+
+def test_decoupled_weights_filter_tokens_above_the_cap():
+    # AReaL: weight rho where rho <= cap, 0 (token filtered out) where rho > cap
+    w, capped = correction_weights(PROX, BEHAV, mode="decoupled", cap=5.0)
+    assert w.tolist() == pytest.approx([2.0, 0.0, 0.25])
+    assert capped.tolist() == [False, True, False]
+
+
+def test_tis_weights_truncate_at_the_cap():
+    # slime TIS: min(rho, 2); rho = 2 exactly is not capped
+    w, capped = correction_weights(PROX, BEHAV, mode="tis", cap=2.0)
+    assert w.tolist() == pytest.approx([2.0, 2.0, 0.25])
+    assert capped.tolist() == [False, True, False]
+
+
+@pytest.mark.parametrize("mode", ["arpo", "behaviour"])
+def test_no_correction_modes_weigh_every_token_one(mode):
+    w, capped = correction_weights(PROX, BEHAV, mode=mode, cap=2.0)
+    assert w.tolist() == [1.0, 1.0, 1.0] and not capped.any()
+
+
+def _corrected(mode, logprobs=PROX, cap=5.0):
+    new = logprobs.clone().requires_grad_(True)
+    loss, stats = corrected_token_loss(new, PROX, BEHAV, ADV, mode=mode, cap=cap)
+    loss.backward()
+    return float(loss.detach()), new.grad.tolist(), stats
+
+
+def test_decoupled_loss_at_the_proximal_policy_is_the_weighted_policy_gradient():
+    # pi_theta = pi_prox: ratio 1, no clip; loss = sum w * (-A) = 2*(-1) + 0*(-1) + 0.25*(+1) = -1.75
+    loss, grad, stats = _corrected("decoupled")
+    assert loss == pytest.approx(-1.75)
+    assert grad == pytest.approx([-2.0, 0.0, 0.25])  # d/dlogp of -w*A*rho at rho = 1
+    assert stats["is_weight_mean"] == pytest.approx(0.75)
+    assert stats["is_weight_max"] == pytest.approx(2.0)
+    assert stats["is_capped_frac"] == pytest.approx(1 / 3)
+    assert stats["ratio_mean"] == pytest.approx(1.0) and stats["clip_frac"] == 0.0
+    # behaviour_kl = mean(log behav - log prox) = mean(-log 2, -log 6, -log 0.25)
+    assert stats["behaviour_kl"] == pytest.approx((-math.log(2) - math.log(6) + math.log(4)) / 3)
+
+
+def test_tis_loss_at_the_proximal_policy():
+    # weights [2, 2, 0.25]: loss = -2 - 2 + 0.25 = -3.75
+    loss, grad, stats = _corrected("tis", cap=2.0)
+    assert loss == pytest.approx(-3.75)
+    assert grad == pytest.approx([-2.0, -2.0, 0.25])
+    assert stats["is_weight_mean"] == pytest.approx(4.25 / 3)
+    assert stats["is_capped_frac"] == pytest.approx(1 / 3)
+
+
+def test_arpo_loss_ignores_the_behaviour_policy():
+    # ARPO: old log-probs recomputed by the current policy, no weight: loss = -1 - 1 + 1 = -1
+    loss, grad, stats = _corrected("arpo")
+    assert loss == pytest.approx(-1.0)
+    assert grad == pytest.approx([-1.0, -1.0, 1.0])
+    assert stats["is_weight_mean"] == 1.0 and stats["is_capped_frac"] == 0.0
+
+
+def test_behaviour_mode_clips_against_the_sampler_log_probs():
+    # ratios pi_theta/pi_behav = [2, 6, 0.25]: tokens 1-2 (A=1) clipped at 1.3, token 3 (A=-1) at 0.8
+    # loss = -1.3 - 1.3 + 0.8 = -1.8; every token clipped, so no gradient
+    loss, grad, stats = _corrected("behaviour")
+    assert loss == pytest.approx(-1.8)
+    assert grad == pytest.approx([0.0, 0.0, 0.0])
+    assert stats["clip_frac"] == 1.0
+
+
+def test_decoupled_clips_against_the_proximal_policy_and_keeps_the_weight():
+    # token 0 only (w = 2, A = 1); pi_theta / pi_prox = 1.2 inside the clip: loss -2 * 1.2, grad -2.4
+    new = (PROX[:1] + math.log(1.2)).clone().requires_grad_(True)
+    loss, _ = corrected_token_loss(new, PROX[:1], BEHAV[:1], ADV[:1], mode="decoupled", cap=5.0)
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(-2.4) and float(new.grad[0]) == pytest.approx(-2.4)
+    # pi_theta / pi_prox = 1.5 > 1.3: clipped, loss -2 * 1.3, no gradient
+    new = (PROX[:1] + math.log(1.5)).clone().requires_grad_(True)
+    loss, stats = corrected_token_loss(new, PROX[:1], BEHAV[:1], ADV[:1], mode="decoupled", cap=5.0)
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(-2.6) and float(new.grad[0]) == 0.0
+    assert stats["clip_frac"] == 1.0
+
+
+def _corrected_loop(logprobs, prox, behav, adv, mode, cap, eps_low=0.2, eps_high=0.28, dual_clip=3.0):
+    total = 0.0
+    for lp, lx, lb, a in zip(logprobs, prox, behav, adv):
+        old = lb if mode == "behaviour" else lx
+        rho = math.exp(max(-20.0, min(20.0, lp - old)))
+        loss = max(-a * rho, -a * min(max(rho, 1 - eps_low), 1 + eps_high))
+        if a < 0:
+            loss = min(loss, -a * dual_clip)
+        w = math.exp(max(-20.0, min(20.0, lx - lb)))
+        if mode == "decoupled":
+            w = 0.0 if w > cap else w
+        elif mode == "tis":
+            w = min(w, cap)
+        else:
+            w = 1.0
+        total += w * loss
+    return total
+
+
+@pytest.mark.parametrize("mode", CORRECTION_MODES)
+def test_vectorised_corrected_loss_equals_plain_loop(mode):
+    gen = torch.Generator().manual_seed(7)
+    n = 301
+    behav = -torch.rand(n, generator=gen, dtype=torch.float64) * 5
+    prox = behav + torch.randn(n, generator=gen, dtype=torch.float64) * 1.2  # weights ~0.03 .. 30
+    new = prox + torch.randn(n, generator=gen, dtype=torch.float64) * 0.4
+    adv = torch.randn(n, generator=gen, dtype=torch.float64)
+    cap = 2.0 if mode == "tis" else 5.0
+    loss, stats = corrected_token_loss(new, prox, behav, adv, mode=mode, eps_high=0.28, cap=cap)
+    ref = _corrected_loop(new.tolist(), prox.tolist(), behav.tolist(), adv.tolist(), mode, cap)
+    assert float(loss.detach()) == pytest.approx(ref, rel=1e-12, abs=1e-12)
+    if mode in ("decoupled", "tis"):
+        assert 0 < stats["is_capped_frac"] < 1  # the sample exercises the cap
+
+
+def test_correction_rejects_bad_input():
+    with pytest.raises(GrpoInputError, match="unknown correction"):
+        corrected_token_loss(PROX, PROX, BEHAV, ADV, mode="none")
+    with pytest.raises(GrpoInputError, match="proximal"):
+        corrected_token_loss(PROX, None, BEHAV, ADV, mode="decoupled")
+    with pytest.raises(GrpoInputError, match="behaviour"):
+        corrected_token_loss(PROX, PROX, None, ADV, mode="tis")
+    with pytest.raises(GrpoInputError, match="cap"):
+        correction_weights(PROX, BEHAV, mode="tis", cap=0.0)
+    with pytest.raises(GrpoInputError):
+        corrected_token_loss(PROX, PROX, BEHAV[:2], ADV, mode="decoupled")
+
+
+def test_corrected_loss_on_empty_step_is_zero():
+    empty = torch.zeros(0)
+    loss, stats = corrected_token_loss(empty, empty, empty, empty, mode="decoupled")
+    assert float(loss) == 0.0 and stats["is_weight_mean"] == 0.0 and stats["tokens"] == 0

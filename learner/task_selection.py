@@ -1,0 +1,403 @@
+"""Task selection: ARPO's baseline pass ("valuable tasks") and online selection with retirement and revisits.
+
+Owns: which task the next group of G rollouts is for. Pure and seeded; no I/O, no clock.
+
+- :func:`baseline_plan`, :class:`BaselinePass` and :func:`valuable_tasks`: before training, run k rollouts of
+  every task with the initial policy and keep the tasks it solved at least ``min_success`` times (ARPO trains on
+  the 128 of OSWorld's 369 tasks its base agent solved at least once; REFERENCE.md section 1), optionally
+  dropping tasks it already solves k times out of k (they would only give zero-variance groups).
+- :class:`TaskSelector`: during training, keeps each task's last ``window`` rollout outcomes, retires a task
+  once all of them are successes (its groups would be zero-variance: no gradient, only desktop time), revisits
+  retired tasks now and then (every ``revisit_every``-th pick and/or with probability ``revisit_prob``) and
+  reactivates one as soon as a revisit fails; otherwise picks among active tasks by shuffled round-robin or by
+  uncertainty p(1 - p).
+
+Plugs into :class:`learner.scheduler.GroupScheduler` as its task source: the scheduler calls ``pick_task()`` once
+per new group, and whoever receives complete groups calls ``record_group(task_id, scores)``.
+
+Invariants: a pick never returns a task outside the pool; while any task is active, only revisits return a retired
+one; with every task retired, picks cycle through the retired ones (least recently picked first), so the caller is
+never left without work. Zero-variance groups still cost no optimizer work: the batcher drops them.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+__all__ = [
+    "SELECTION_STRATEGIES",
+    "BaselineExhausted",
+    "BaselinePass",
+    "TaskSelectionError",
+    "TaskSelector",
+    "baseline_plan",
+    "trainable_scores",
+    "valuable_tasks",
+]
+
+T = TypeVar("T")
+
+SELECTION_STRATEGIES: tuple[str, ...] = ("round_robin", "uncertainty")
+"""Strategies of :class:`TaskSelector` among active tasks."""
+
+_STATE_SCHEMA = 1
+
+
+class TaskSelectionError(ValueError):
+    """Bad arguments (empty pool, duplicate ids, out-of-range parameters) or a state that cannot be loaded."""
+
+
+class BaselineExhausted(LookupError):
+    """:meth:`BaselinePass.pick_task` was called after every planned group had been handed out."""
+
+
+def _task_id(task: Any) -> str:
+    return str(task.id)
+
+
+def _check_pool(tasks: Sequence[T], task_id: Callable[[T], str]) -> list[str]:
+    if not tasks:
+        raise TaskSelectionError("the task pool is empty")
+    ids = [task_id(t) for t in tasks]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise TaskSelectionError(f"duplicate task ids in the pool: {duplicates}")
+    return ids
+
+
+def trainable_scores(group: Any) -> list[float]:
+    """Evaluator scores of a complete :class:`learner.scheduler.Group`'s trainable trajectories (ENV_ERROR and
+    ABORTED left out): what :meth:`TaskSelector.record_group` and :meth:`BaselinePass.record_group` take."""
+    from arpo_async.messages import Outcome
+
+    return [float(t.score) for t in group.trajectories() if Outcome(t.outcome).trainable]
+
+
+def baseline_plan(tasks: Sequence[T], k: int) -> list[tuple[T, int]]:
+    """The baseline pass: ``(task, k)`` for every task, in pool order: run k rollouts of each with the initial policy.
+
+    Args:
+        tasks: the candidate pool (objects with an ``id``), non-empty, unique ids.
+        k: rollouts per task (>= 1; ARPO's procedure is reported second hand, without its k).
+
+    Raises:
+        TaskSelectionError: empty pool, duplicate ids, or k < 1.
+    """
+    _check_pool(tasks, _task_id)
+    if k < 1:
+        raise TaskSelectionError(f"k must be >= 1, got {k}")
+    return [(task, k) for task in tasks]
+
+
+def valuable_tasks(
+    results: Mapping[str, Sequence[float]],
+    min_success: int = 1,
+    *,
+    drop_solved: bool = False,
+    success_threshold: float = 0.5,
+) -> list[str]:
+    """ARPO's valuable tasks: the ids whose baseline results hold at least ``min_success`` successes.
+
+    A result is a success when its evaluator score is ``>= success_threshold`` (OSWorld scores are 0 or 1 for
+    almost every task; 0.5 is the learner's success threshold for metrics). A task with no result (every
+    rollout of it failed to run) is dropped: nothing shows it can be solved.
+
+    Args:
+        results: task id -> evaluator scores of its baseline rollouts (trainable outcomes only).
+        min_success: successes needed to keep a task (>= 1; ARPO: 1).
+        drop_solved: also drop tasks solved in every one of their rollouts (k out of k).
+        success_threshold: the score from which a rollout counts as a success.
+
+    Returns:
+        The kept ids, in the order of ``results``.
+
+    Raises:
+        TaskSelectionError: ``min_success`` < 1 or a score is not finite.
+    """
+    if min_success < 1:
+        raise TaskSelectionError(f"min_success must be >= 1, got {min_success}")
+    kept: list[str] = []
+    for task_id, scores in results.items():
+        if not all(math.isfinite(float(s)) for s in scores):
+            raise TaskSelectionError(f"task {task_id!r}: non-finite score in {list(scores)}")
+        successes = sum(float(s) >= success_threshold for s in scores)
+        if successes < min_success:
+            continue
+        if drop_solved and successes == len(scores):
+            continue
+        kept.append(task_id)
+    return kept
+
+
+class BaselinePass(Generic[T]):
+    """The baseline pass as a task source for the GroupScheduler: ``ceil(k / group_size)`` groups per task.
+
+    Hand it to the scheduler as ``pick_task``; stop handing out new groups once :attr:`exhausted`; feed every
+    complete group to :meth:`record_group`; when :attr:`done`, :meth:`valuable` gives the tasks to train on.
+
+    Args:
+        tasks: the candidate pool (non-empty, unique ids).
+        k: rollouts per task (>= 1); rounded up to whole groups.
+        group_size: G.
+        task_id: a task's id (default: its ``id`` attribute).
+
+    Raises:
+        TaskSelectionError: empty pool, duplicate ids, k < 1 or group_size < 1.
+    """
+
+    def __init__(self, tasks: Sequence[T], k: int, group_size: int, *,
+                 task_id: Callable[[T], str] = _task_id) -> None:
+        if group_size < 1:
+            raise TaskSelectionError(f"group_size must be >= 1, got {group_size}")
+        self._ids = _check_pool(tasks, task_id)
+        if k < 1:
+            raise TaskSelectionError(f"k must be >= 1, got {k}")
+        groups = -(-k // group_size)
+        self._plan: collections.deque[T] = collections.deque(t for _ in range(groups) for t in tasks)
+        self._expected = groups * len(tasks)
+        self._recorded = 0
+        self.results: dict[str, list[float]] = {i: [] for i in self._ids}
+        """Task id -> scores recorded so far."""
+
+    @property
+    def exhausted(self) -> bool:
+        """Every planned group has been handed out."""
+        return not self._plan
+
+    @property
+    def done(self) -> bool:
+        """Every planned group has been recorded."""
+        return self._recorded >= self._expected
+
+    def pick_task(self) -> T:
+        """The task of the next baseline group (pool order, one round per group of each task).
+
+        Raises:
+            BaselineExhausted: every planned group was already handed out.
+        """
+        if not self._plan:
+            raise BaselineExhausted("the baseline pass has handed out all its groups")
+        return self._plan.popleft()
+
+    def record_group(self, task_id: str, scores: Sequence[float]) -> bool:
+        """Record a complete group's evaluator scores (trainable rollouts only). False for an unknown task."""
+        if task_id not in self.results:
+            return False
+        self.results[task_id].extend(float(s) for s in scores)
+        self._recorded += 1
+        return True
+
+    def valuable(self, min_success: int = 1, *, drop_solved: bool = False,
+                 success_threshold: float = 0.5) -> list[str]:
+        """:func:`valuable_tasks` of the results so far."""
+        return valuable_tasks(self.results, min_success, drop_solved=drop_solved,
+                              success_threshold=success_threshold)
+
+
+class TaskSelector(Generic[T]):
+    """Online task selection: retire tasks solved every time over a window, revisit them now and then.
+
+    Per task, the outcomes of its last ``window`` rollouts are kept (success: score >= ``success_threshold``).
+
+    - Retire: an active task whose window is full and all successes is retired.
+    - Revisit: a pick goes to a retired task when every task is retired, or when ``revisit_every > 0`` and the
+      pick's number (1, 2, ...) is a multiple of it, or, when ``revisit_prob > 0``, with that probability. The
+      revisited task is the retired one picked least recently (ties: pool order). A revisit group with any
+      failure reactivates the task (its window then holds that failure, so it needs ``window`` successes in a
+      row to retire again); an all-success revisit keeps it retired.
+    - Otherwise, among active tasks: ``"round_robin"``: rounds in a seeded shuffled order (``rng.sample`` of
+      the active tasks in pool order, taken from the end, as GroupScheduler's own order; a task retired during
+      the round is skipped); ``"uncertainty"``: drawn with probability proportional to p(1 - p), where
+      p = (successes + 1) / (results + 2) over the window (Laplace's rule, so an untried task has p = 1/2 and
+      the largest weight, 1/4, and a task never solved keeps a small weight).
+
+    Defaults: ``window = 8`` (two groups of 4: a task is retired after 8 successes in a row), ``revisit_every =
+    10`` (one group in ten re-checks a retired task, so forgetting is noticed within a few steps).
+
+    Args:
+        tasks: the pool (non-empty, unique ids).
+        window: rollouts per task in the success window (>= 1).
+        retire: False disables retirement (and therefore revisits).
+        revisit_every: revisit period in picks (0 = never by count).
+        revisit_prob: revisit probability per pick (0 = never by chance).
+        strategy: one of :data:`SELECTION_STRATEGIES`.
+        success_threshold: score from which a rollout counts as a success.
+        seed: RNG seed (the RNG state is part of :meth:`state_dict`).
+        task_id: a task's id (default: its ``id`` attribute).
+
+    Raises:
+        TaskSelectionError: a parameter out of range, an empty pool or duplicate ids.
+    """
+
+    def __init__(
+        self,
+        tasks: Sequence[T],
+        *,
+        window: int = 8,
+        retire: bool = True,
+        revisit_every: int = 10,
+        revisit_prob: float = 0.0,
+        strategy: str = "round_robin",
+        success_threshold: float = 0.5,
+        seed: int = 0,
+        task_id: Callable[[T], str] = _task_id,
+    ) -> None:
+        ids = _check_pool(tasks, task_id)
+        if window < 1:
+            raise TaskSelectionError(f"window must be >= 1, got {window}")
+        if revisit_every < 0:
+            raise TaskSelectionError(f"revisit_every must be >= 0, got {revisit_every}")
+        if not 0.0 <= revisit_prob <= 1.0:
+            raise TaskSelectionError(f"revisit_prob must be in [0, 1], got {revisit_prob}")
+        if strategy not in SELECTION_STRATEGIES:
+            raise TaskSelectionError(f"strategy must be one of {SELECTION_STRATEGIES}, got {strategy!r}")
+        if not math.isfinite(success_threshold):
+            raise TaskSelectionError(f"success_threshold must be finite, got {success_threshold}")
+        self._tasks = list(tasks)
+        self._ids = ids
+        self._by_id = dict(zip(ids, self._tasks))
+        self.window = window
+        self.retire = retire
+        self.revisit_every = revisit_every
+        self.revisit_prob = revisit_prob
+        self.strategy = strategy
+        self.success_threshold = success_threshold
+        self._rng = random.Random(seed)
+        self._order: list[str] = []
+        self._windows: dict[str, collections.deque[bool]] = {i: collections.deque(maxlen=window) for i in ids}
+        self._retired: set[str] = set()
+        self._last_pick: dict[str, int] = {}
+        self._counts: collections.Counter[str] = collections.Counter()
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def active(self) -> list[str]:
+        """Ids of active (not retired) tasks, in pool order."""
+        return [i for i in self._ids if i not in self._retired]
+
+    @property
+    def retired(self) -> list[str]:
+        """Ids of retired tasks, in pool order."""
+        return [i for i in self._ids if i in self._retired]
+
+    def success_estimate(self, task_id: str) -> float:
+        """p = (successes + 1) / (results + 2) over the task's window (1/2 before any result)."""
+        results = self._windows[task_id]
+        return (sum(results) + 1) / (len(results) + 2)
+
+    def stats(self) -> dict[str, int]:
+        """``{"active", "retired", "picks", "revisits", "retirements", "reactivations", "unknown_groups"}``."""
+        return {"active": len(self._ids) - len(self._retired), "retired": len(self._retired),
+                **{k: self._counts[k] for k in ("picks", "revisits", "retirements", "reactivations",
+                                                "unknown_groups")}}
+
+    # ------------------------------------------------------------------ picking
+
+    def pick_task(self) -> T:
+        """The task for the next group (see the class docstring for the rule)."""
+        self._counts["picks"] += 1
+        pick = self._counts["picks"]
+        active = self.active
+        if self._retired and self._revisit_now(pick, active):
+            chosen = min(self.retired, key=lambda i: self._last_pick.get(i, 0))  # min() keeps pool order on ties
+            self._counts["revisits"] += 1
+        elif self.strategy == "round_robin":
+            chosen = self._next_round_robin(active)
+        else:
+            chosen = self._draw_uncertain(active)
+        self._last_pick[chosen] = pick
+        return self._by_id[chosen]
+
+    def _revisit_now(self, pick: int, active: list[str]) -> bool:
+        if not active:
+            return True
+        if self.revisit_every and pick % self.revisit_every == 0:
+            return True
+        return self.revisit_prob > 0 and self._rng.random() < self.revisit_prob
+
+    def _next_round_robin(self, active: list[str]) -> str:
+        while True:
+            if not self._order:
+                self._order = self._rng.sample(active, len(active))
+            candidate = self._order.pop()
+            if candidate not in self._retired:
+                return candidate
+
+    def _draw_uncertain(self, active: list[str]) -> str:
+        weights = [p * (1 - p) for p in (self.success_estimate(i) for i in active)]
+        u = self._rng.random() * math.fsum(weights)
+        cumulative = 0.0
+        for task_id, weight in zip(active, weights):
+            cumulative += weight
+            if u < cumulative:
+                return task_id
+        return active[-1]
+
+    # ------------------------------------------------------------------ results
+
+    def record_group(self, task_id: str, scores: Sequence[float]) -> bool:
+        """Record a complete group's evaluator scores (trainable rollouts only); retire or reactivate its task.
+
+        Returns:
+            False (and counts ``unknown_groups``) when ``task_id`` is not in the pool; else True.
+        """
+        window = self._windows.get(task_id)
+        if window is None:
+            self._counts["unknown_groups"] += 1
+            return False
+        successes = [float(s) >= self.success_threshold for s in scores]
+        window.extend(successes)
+        if task_id in self._retired:
+            if not all(successes):
+                self._retired.discard(task_id)
+                self._counts["reactivations"] += 1
+        elif self.retire and len(window) == self.window and all(window):
+            self._retired.add(task_id)
+            self._counts["retirements"] += 1
+        return True
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Windows, retired set, round-robin order, pick history, counters and RNG as plain (msgpack-friendly) data."""
+        version, internal, gauss_next = self._rng.getstate()
+        return {
+            "schema": _STATE_SCHEMA,
+            "rng": [version, list(internal), gauss_next],
+            "order": list(self._order),
+            "windows": {i: [int(x) for x in w] for i, w in self._windows.items() if w},
+            "retired": self.retired,
+            "last_pick": dict(self._last_pick),
+            "counts": dict(self._counts),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from :meth:`state_dict`. Ids no longer in the pool are ignored; windows longer than this
+        selector's ``window`` keep their newest results; the constructor's parameters are kept.
+
+        Raises:
+            TaskSelectionError: unknown schema or a malformed state.
+        """
+        if state.get("schema") != _STATE_SCHEMA:
+            raise TaskSelectionError(f"unsupported task selector schema {state.get('schema')!r}")
+        try:
+            version, internal, gauss_next = state["rng"]
+            rng = random.Random()
+            rng.setstate((int(version), tuple(int(x) for x in internal), gauss_next))
+            windows = {i: collections.deque(maxlen=self.window) for i in self._ids}
+            for task_id, results in state["windows"].items():
+                if task_id in windows:
+                    windows[task_id].extend(bool(x) for x in results)
+            retired = {str(i) for i in state["retired"] if i in windows}
+            order = [str(i) for i in state["order"] if i in windows]
+            last_pick = {str(i): int(n) for i, n in state["last_pick"].items() if i in windows}
+            counts = collections.Counter({str(k): int(v) for k, v in state["counts"].items()})
+        except (KeyError, TypeError, ValueError) as error:
+            raise TaskSelectionError(f"malformed task selector state: {type(error).__name__}: {error}") from error
+        self._rng, self._windows, self._retired, self._order = rng, windows, retired, order
+        self._last_pick, self._counts = last_pick, counts

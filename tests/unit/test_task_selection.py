@@ -1,0 +1,205 @@
+"""Reference tests for learner.task_selection: baseline pass, valuable tasks, online retirement and revisits."""
+
+from __future__ import annotations
+
+import random
+
+import msgpack
+import pytest
+
+from arpo_async.tasks import Task
+from learner.scheduler import GroupScheduler
+from learner.task_selection import (
+    BaselineExhausted,
+    BaselinePass,
+    TaskSelectionError,
+    TaskSelector,
+    baseline_plan,
+    trainable_scores,
+    valuable_tasks,
+)
+
+
+def task(task_id: str) -> Task:
+    return Task.from_dict({"id": task_id, "instruction": f"do {task_id}", "config": [],
+                           "evaluator": {"func": "exact_match", "result": {"type": "vm_file", "path": "/r"},
+                                         "expected": {"type": "rule", "rules": {"expected": "x"}}}})
+
+
+POOL = [task(name) for name in ("a", "b", "c", "d")]
+SOLVED = [1.0] * 4
+FAILED = [0.0] * 4
+
+
+def ids(picks: list[Task]) -> list[str]:
+    return [t.id for t in picks]
+
+
+# ---------------------------------------------------------------- baseline pass
+
+
+def test_baseline_plan_and_valuable_tasks():
+    assert [(t.id, k) for t, k in baseline_plan(POOL, 8)] == [("a", 8), ("b", 8), ("c", 8), ("d", 8)]
+    results = {"a": [0, 0, 1, 0], "b": [0, 0, 0, 0], "c": [1, 1, 1, 1], "d": [], "e": [0.4, 0.6, 0.5, 1.0]}
+    assert valuable_tasks(results) == ["a", "c", "e"]  # "d" has no result, "b" no success; 0.4 < 0.5
+    assert valuable_tasks(results, drop_solved=True) == ["a", "e"]  # "c" solved 4/4
+    assert valuable_tasks(results, min_success=2) == ["c", "e"]
+    with pytest.raises(TaskSelectionError):
+        baseline_plan(POOL, 0)
+    with pytest.raises(TaskSelectionError, match="duplicate"):
+        baseline_plan([task("a"), task("a")], 2)
+    with pytest.raises(TaskSelectionError):
+        valuable_tasks(results, min_success=0)
+
+
+def test_baseline_pass_as_a_scheduler_task_source():
+    baseline = BaselinePass(POOL[:3], k=6, group_size=4)  # ceil(6 / 4) = 2 groups per task
+    picks = [baseline.pick_task() for _ in range(6)]
+    assert ids(picks) == ["a", "b", "c", "a", "b", "c"]
+    assert baseline.exhausted and not baseline.done
+    with pytest.raises(BaselineExhausted):
+        baseline.pick_task()
+    for task_id, scores in [("a", FAILED), ("b", FAILED), ("c", SOLVED), ("a", [0, 1, 0, 0]), ("b", FAILED),
+                            ("c", SOLVED)]:
+        assert baseline.record_group(task_id, scores)
+    assert not baseline.record_group("zzz", FAILED)
+    assert baseline.done
+    assert baseline.valuable() == ["a", "c"]
+    assert baseline.valuable(drop_solved=True) == ["a"]
+
+
+# ---------------------------------------------------------------- online selection
+
+
+def test_round_robin_without_retirement_matches_the_scheduler_order():
+    """Same seed, same pool: the selector's rounds are the GroupScheduler's own shuffled round-robin."""
+    selector = TaskSelector(POOL, retire=False, seed=3)
+    scheduler = GroupScheduler(POOL, group_size=2, seed=3)
+    from_scheduler = [scheduler.next_rollout().task.id for _ in range(2 * 12)][::2]
+    assert ids([selector.pick_task() for _ in range(12)]) == from_scheduler
+    # and by hand: each round is Random(3).sample(pool, 4) taken from the end
+    rng = random.Random(3)
+    expected = [t for _ in range(3) for t in reversed(rng.sample(["a", "b", "c", "d"], 4))]
+    assert from_scheduler == expected
+
+
+def test_retire_after_a_full_window_of_successes_and_revisit_every_n():
+    selector = TaskSelector(POOL, window=8, revisit_every=3, seed=0)
+    selector.record_group("a", SOLVED)
+    assert selector.retired == []  # window not full yet (4 of 8)
+    selector.record_group("a", SOLVED)
+    assert selector.retired == ["a"] and selector.active == ["b", "c", "d"]
+    picks = ids([selector.pick_task() for _ in range(9)])
+    # picks 3, 6 and 9 are revisits of the only retired task; the others never return it
+    assert [picks[2], picks[5], picks[8]] == ["a", "a", "a"]
+    assert "a" not in picks[:2] + picks[3:5] + picks[6:8]
+    assert selector.stats()["revisits"] == 3 and selector.stats()["retirements"] == 1
+
+
+def test_a_failure_in_the_window_prevents_retirement():
+    selector = TaskSelector(POOL, window=8)
+    selector.record_group("a", [1.0, 1.0, 0.0, 1.0])
+    selector.record_group("a", SOLVED)
+    assert selector.retired == []  # the window holds one failure
+    selector.record_group("a", SOLVED)
+    assert selector.retired == ["a"]  # the failure has left the 8-rollout window
+
+
+def test_failed_revisit_reactivates_and_successful_revisit_keeps_retired():
+    selector = TaskSelector(POOL, window=4)
+    selector.record_group("a", SOLVED)
+    selector.record_group("b", SOLVED)
+    assert selector.retired == ["a", "b"]
+    selector.record_group("a", SOLVED)  # revisit solved again: stays retired
+    selector.record_group("b", [1.0, 0.0, 1.0, 1.0])  # revisit with a failure: active again
+    assert selector.retired == ["a"] and selector.stats()["reactivations"] == 1
+    selector.record_group("b", SOLVED)
+    assert selector.retired == ["a", "b"]  # 4 successes in a row again
+    assert selector.stats()["retirements"] == 3
+
+
+def test_all_retired_cycles_least_recently_picked_first():
+    selector = TaskSelector(POOL[:3], window=4, revisit_every=0)
+    for name in ("a", "b", "c"):
+        selector.record_group(name, SOLVED)
+    picks = ids([selector.pick_task() for _ in range(6)])
+    assert picks == ["a", "b", "c", "a", "b", "c"]  # never picked: pool order; then least recently picked
+
+
+def test_revisit_probability_is_seeded():
+    selector = TaskSelector(POOL, window=4, revisit_every=0, revisit_prob=0.25, seed=9)
+    selector.record_group("a", SOLVED)
+    picks = ids([selector.pick_task() for _ in range(400)])
+    assert 40 < picks.count("a") < 160  # expected 100, sd sqrt(400 * 0.25 * 0.75) = 8.7
+    again = TaskSelector(POOL, window=4, revisit_every=0, revisit_prob=0.25, seed=9)
+    again.record_group("a", SOLVED)
+    assert ids([again.pick_task() for _ in range(400)]) == picks
+
+
+def test_uncertainty_weights_by_hand():
+    selector = TaskSelector(POOL[:3], window=4, strategy="uncertainty", retire=False, seed=4)
+    selector.record_group("a", [1.0, 0.0, 0.0, 0.0])  # p = (1 + 1) / (4 + 2) = 1/3: w = 2/9
+    selector.record_group("b", FAILED)  # p = 1/6: w = 5/36
+    # "c" untried: p = 1/2, w = 1/4
+    assert selector.success_estimate("a") == pytest.approx(1 / 3)
+    assert selector.success_estimate("b") == pytest.approx(1 / 6)
+    assert selector.success_estimate("c") == pytest.approx(1 / 2)
+    weights = [2 / 9, 5 / 36, 1 / 4]
+    rng = random.Random(4)
+    expected = []
+    for _ in range(30):
+        u = rng.random() * sum(weights)
+        expected.append("a" if u < weights[0] else "b" if u < weights[0] + weights[1] else "c")
+    assert ids([selector.pick_task() for _ in range(30)]) == expected
+
+
+def test_state_round_trip_continues_the_same_picks():
+    selector = TaskSelector(POOL, window=4, revisit_every=5, revisit_prob=0.1, seed=2)
+    selector.record_group("c", SOLVED)
+    selector.record_group("a", [1.0, 0.0, 1.0, 1.0])
+    for _ in range(7):
+        selector.pick_task()
+    state = msgpack.unpackb(msgpack.packb(selector.state_dict(), use_bin_type=True), raw=False)
+    restored = TaskSelector(POOL, window=4, revisit_every=5, revisit_prob=0.1, seed=77)
+    restored.load_state_dict(state)
+    assert restored.retired == ["c"] and restored.stats() == selector.stats()
+    assert restored.success_estimate("a") == selector.success_estimate("a")
+    assert ids([restored.pick_task() for _ in range(20)]) == ids([selector.pick_task() for _ in range(20)])
+    # a smaller pool: unknown ids are ignored
+    smaller = TaskSelector(POOL[:2], window=4)
+    smaller.load_state_dict(state)
+    assert smaller.retired == [] and smaller.active == ["a", "b"]
+    with pytest.raises(TaskSelectionError, match="schema"):
+        smaller.load_state_dict({"schema": 0})
+
+
+def test_trainable_scores_of_a_scheduler_group():
+    from arpo_async.messages import Step, Trajectory
+
+    scheduler = GroupScheduler([POOL[0]], group_size=3, max_retries=0)
+    group = None
+    for (outcome, score), rollout in zip([("SUCCESS", 1.0), ("ENV_ERROR", 0.0), ("FAILURE", 0.0)],
+                                         [scheduler.next_rollout() for _ in range(3)]):
+        step = Step([1], [], [2], [-1.0], [0], "t", "wait()")
+        traj = Trajectory(f"t{rollout.rollout_index}", "x", "a", rollout.group_id, rollout.rollout_index, outcome,
+                          score, True, [step], [])
+        group = scheduler.on_trajectory(traj) or group
+    assert trainable_scores(group) == [1.0, 0.0]
+
+
+def test_scheduler_hook_shape():
+    """What the GroupScheduler needs: a zero-argument callable returning a pool task, and a results sink."""
+    selector = TaskSelector(POOL, window=4)
+    pick_task = selector.pick_task
+    assert pick_task().id in {"a", "b", "c", "d"}
+    assert selector.record_group("a", SOLVED) and not selector.record_group("nope", SOLVED)
+    assert selector.stats()["unknown_groups"] == 1
+
+
+@pytest.mark.parametrize("kwargs", [{"window": 0}, {"revisit_every": -1}, {"revisit_prob": 1.5},
+                                    {"strategy": "greedy"}])
+def test_bad_parameters_are_rejected(kwargs):
+    with pytest.raises(TaskSelectionError):
+        TaskSelector(POOL, **kwargs)
+    with pytest.raises(TaskSelectionError, match="empty"):
+        TaskSelector([])
