@@ -20,6 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--steps", type=int, help="optimizer steps before stopping (default 3)")
     run.add_argument("--actors", type=int, help="desktops / EnvActors (default 8)")
     run.add_argument("--model", type=Path, help="policy checkpoint (default: a tiny random model, created if missing)")
+    run.add_argument("--resume", action="store_true",
+                     help="continue the run in --out from its last checkpoint (its config.toml is the base config)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override any config key, e.g. --set learner.lr=1e-3 (repeatable)")
 
@@ -73,9 +75,12 @@ def _run(args: argparse.Namespace) -> int:
         overrides.append(f"actors.actors={args.actors}")
     if args.model is not None:
         overrides.append(f'model="{args.model}"')
+    config_file = args.config
+    if args.resume and config_file is None and args.out is not None and (args.out / "config.toml").exists():
+        config_file = args.out / "config.toml"
     try:
-        config = load_config(args.config, overrides)
-        return run_local(config)
+        config = load_config(config_file, overrides)
+        return run_local(config, resume=args.resume)
     except (ConfigError, RunError, DesktopBuildError) as e:
         print(f"arpo run: {e}", file=sys.stderr)
         return 1

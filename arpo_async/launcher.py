@@ -6,6 +6,8 @@ arpo-serve and wait for /health -> start arpo-learner and arpo-actors -> show a 
 ``status.json`` and ``metrics.jsonl`` -> when the learner exits, stop the actors (SIGTERM, they remove their
 desktops), then the server -> remove any container still labelled with this run. Exit code: the learner's.
 Invariant: whatever ends the run (success, a crashed child, Ctrl-C), no container of this run is left.
+A run folder that already holds a run is refused unless ``resume`` is set: then the learner continues from
+the newest checkpoint in ``<run>/checkpoints`` (see learner.checkpoint) and metrics.jsonl keeps growing.
 """
 
 from __future__ import annotations
@@ -140,17 +142,29 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def run_local(config: RunConfig, *, say: Callable[[str], None] = print) -> int:
+def run_local(config: RunConfig, *, say: Callable[[str], None] = print, resume: bool = False) -> int:
     """Run serve + learner + actors on this machine until the learner finishes. Returns the exit code.
 
-    SIGTERM is handled like Ctrl-C: the children are stopped and the run's containers removed.
+    ``resume``: continue the run in ``config.run_dir`` from its newest checkpoint (learner.steps counts all
+    steps of the run, so raise it to train further). SIGTERM is handled like Ctrl-C: the children are stopped
+    and the run's containers removed.
+
+    Raises:
+        RunError: the folder holds a run and ``resume`` is False, or ``resume`` is set and it has no
+            checkpoint; a child process died (the message names its log).
     """
     from actors.desktop.fleet import remove_run_containers
 
     signal.signal(signal.SIGTERM, _interrupt)
     run = config.run_path
-    if (run / "metrics.jsonl").exists():
-        raise RunError(f"{run} already holds a run (metrics.jsonl); pass another --out or remove it")
+    if resume:
+        from learner.checkpoint import checkpoint_folders
+        if not checkpoint_folders(run / "checkpoints"):
+            raise RunError(f"{run} has no checkpoint to resume from ({run / 'checkpoints'} is empty or missing)")
+        (run / "status.json").unlink(missing_ok=True)  # the dead learner's; the new one rewrites it
+    elif (run / "metrics.jsonl").exists():
+        raise RunError(f"{run} already holds a run (metrics.jsonl); pass another --out, remove it, "
+                       "or pass --resume to continue it from its last checkpoint")
     config = prepare(config, say)
     (run / "logs").mkdir(parents=True, exist_ok=True)
     config_path = run / "config.toml"

@@ -1,9 +1,18 @@
-"""arpo-learner: the learner process. `main` wires every component in one visible function.
+"""arpo-learner: the learner process. `run_learner` wires every component in one visible function.
 
 Dataflow: ROUTER pump -> LearnerService (admission, dedup, acks) -> GroupScheduler -> Batcher (replay,
 advantages) -> training loop (Trainer.train_step in a thread -> save weights -> WeightPublisher -> announce
-the version) -> metrics.jsonl. Stops after ``learner.steps`` optimizer steps (0 = until SIGINT/SIGTERM),
-then tells the actors to shut down.
+the version -> checkpoint) -> metrics.jsonl. Stops after ``learner.steps`` optimizer steps in all (0 = until
+SIGINT/SIGTERM), then tells the actors to shut down.
+
+Schedules (``learner.schedule``): "async" trains on each batch as soon as the batcher has one, while the
+staleness rule keeps handing out work; "lockstep" is ARPO's synchronous loop: hand out ``groups_per_step``
+groups, wait for all of them, train (``updates_per_batch`` optimizer steps; no step when no group had reward
+variance), publish, repeat. Both write the same metrics records.
+
+Resume: when ``<run>/checkpoints`` holds a checkpoint, the learner continues from it (model, optimizer,
+replay buffer, scheduler statistics, counters, policy version, step), republishes its weights to every
+inference server under its version, and repairs metrics.jsonl to match it (learner.checkpoint).
 """
 
 from __future__ import annotations
@@ -14,6 +23,8 @@ import json
 import logging
 import sys
 import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +37,10 @@ from arpo_async.metrics import MetricsWriter
 from arpo_async.tasks import Task, load_tasks
 from arpo_async.transport import SocketPump, router_socket
 from learner.batcher import Batcher, ScoredGroup, train_samples
+from learner.checkpoint import Checkpointer, capture, reconcile_metrics, restore
 from learner.publisher import WeightPublisher
-from learner.replay import SuccessReplay
-from learner.scheduler import GroupScheduler
+from learner.replay import ReplayBuffer, make_replay
+from learner.scheduler import GroupScheduler, LockstepAdmission
 from learner.service import LearnerService
 from learner.staleness import StalenessManager
 from learner.trainer import Trainer, TrainerConfig
@@ -52,46 +64,66 @@ def select_tasks(config: LearnerConfig) -> list[Task]:
 
 
 def trainer_config(config: LearnerConfig) -> TrainerConfig:
+    """The trainer's settings from the learner config (optimizer, clip ranges, off-policy correction)."""
     return TrainerConfig(lr=config.lr, weight_decay=config.weight_decay, grad_clip=config.grad_clip,
                          eps_low=config.eps_low, eps_high=config.eps_high, dual_clip=config.dual_clip,
-                         torch_threads=config.torch_threads)
+                         torch_threads=config.torch_threads, correction=config.correction,
+                         decoupled_cap=config.decoupled_cap, tis_cap=config.tis_cap)
+
+
+def replay_buffer(config: LearnerConfig) -> ReplayBuffer:
+    """The success replay buffer chosen by ``replay_mode`` ("off" whenever ``replay`` is false)."""
+    return make_replay(config.replay_mode if config.replay else "off", capacity_per_task=config.replay_capacity,
+                       max_total=config.replay_max_total, seed=config.seed, inject_below=config.replay_inject_below,
+                       alpha=config.replay_alpha, tau=config.replay_age_tau, beta=config.replay_length_beta)
 
 
 async def run_learner(config: RunConfig) -> None:
-    """Build and connect the learner's components, train ``learner.steps`` steps, then stop the actors."""
+    """Build and connect the learner's components, resume from a checkpoint if there is one, train until
+    ``learner.steps`` steps in all, then stop the actors."""
     lc = config.learner
     tasks = select_tasks(lc)
+    lockstep = lc.schedule == "lockstep"
+    learner_id = uuid.uuid4().hex[:12]
     trainer = await asyncio.to_thread(Trainer, config.model_path, trainer_config(lc))
-    replay = SuccessReplay(capacity_per_task=lc.replay_capacity, enabled=lc.replay, seed=lc.seed)
-    scheduler = GroupScheduler(tasks, lc.group_size, max_retries=lc.rollout_retries, seed=lc.seed)
-    staleness = StalenessManager(lc.batch_trajectories, lc.max_staleness)
+    replay = replay_buffer(lc)
+    scheduler = GroupScheduler(tasks, lc.group_size, max_retries=lc.rollout_retries, seed=lc.seed,
+                               group_budget=0 if lockstep else None, id_prefix=f"{learner_id[:6]}-")
+    admission = (LockstepAdmission(lc.batch_trajectories) if lockstep
+                 else StalenessManager(lc.batch_trajectories, lc.max_staleness))
     batcher = Batcher(replay, max_staleness=lc.max_staleness, groups_per_step=lc.groups_per_step,
                       format_reward_weight=lc.format_reward_weight)
     client = PolicyClient(list(config.actors.inference_urls))
     publisher = WeightPublisher(client, list(config.actors.inference_urls), config.run_path / "weights",
                                 keep=lc.keep_weights)
-    metrics = MetricsWriter(config.run_path / "metrics.jsonl")
+    checkpointer = Checkpointer(config.run_path / "checkpoints", keep=lc.keep_checkpoints)
     ctx = zmq.asyncio.Context()
     sock = router_socket(ctx, config.transport)
     service: LearnerService
     pump = SocketPump(sock, routed=True, max_bytes=config.transport.max_message_bytes,
                       on_message=lambda env: service.on_message(env), on_bad=lambda p, r: service.on_bad(p, r))
-    service = LearnerService(pump, scheduler, staleness, batcher)
-    log.info("learner %s on %s: %d tasks, G=%d, B=%d, eta=%d", service.learner_id, config.transport.endpoint,
-             len(tasks), lc.group_size, lc.batch_trajectories, lc.max_staleness)
+    service = LearnerService(pump, scheduler, admission, batcher, learner_id=learner_id)
+    metrics: MetricsWriter | None = None
     try:
+        loop = TrainingLoop(service, trainer, publisher, checkpointer, replay, lc)
+        await loop.resume(config.run_path / "metrics.jsonl")
+        metrics = loop.metrics = MetricsWriter(config.run_path / "metrics.jsonl")
+        log.info("learner %s on %s (%s): %d tasks, G=%d, B=%d, eta=%d, from step %d / version %d",
+                 learner_id, config.transport.endpoint, lc.schedule, len(tasks), lc.group_size,
+                 lc.batch_trajectories, lc.max_staleness, service.step, service.version)
         async with asyncio.TaskGroup() as tg:
             pump_task = tg.create_task(pump.run())
             expire_task = tg.create_task(service.expire_loop())
             status_task = tg.create_task(write_status(service, config.run_path / "status.json"))
-            await training_loop(service, trainer, publisher, metrics, lc)
+            await (loop.run_lockstep() if lockstep else loop.run_async())
             await service.shutdown_actors("training finished")
             await pump.flush()
             pump_task.cancel()
             expire_task.cancel()
             status_task.cancel()
     finally:
-        metrics.close()
+        if metrics is not None:
+            metrics.close()
         await client.aclose()
         ctx.destroy(linger=0)
 
@@ -105,37 +137,143 @@ async def write_status(service: LearnerService, path: Path, period_s: float = 1.
         await asyncio.sleep(period_s)
 
 
-async def training_loop(service: LearnerService, trainer: Trainer, publisher: WeightPublisher,
-                        metrics: MetricsWriter, lc: LearnerConfig) -> None:
-    """Train on each batch as it becomes ready; publish and announce every new version."""
-    started = time.monotonic()
-    step = 0
-    while lc.steps == 0 or step < lc.steps:
-        await service.batch_ready.wait()
-        batch = service.batcher.take_batch()
-        if not service.batcher.has_batch:
-            service.batch_ready.clear()
-        if batch is None:
-            continue
-        stats = await asyncio.to_thread(trainer.train_step, train_samples(batch))
+def take_round(batcher: Batcher) -> list[ScoredGroup]:
+    """Lockstep: every scored group waiting in the batcher (the rollout batch, however many had variance)."""
+    batch, batcher.ready = batcher.ready, []
+    return batch
+
+
+@dataclass
+class TrainingLoop:
+    """The learner's training loop for both schedules; counts steps in ``service.step`` (across restarts)."""
+
+    service: LearnerService
+    trainer: Trainer
+    publisher: WeightPublisher
+    checkpointer: Checkpointer
+    replay: ReplayBuffer
+    lc: LearnerConfig
+    metrics: MetricsWriter | None = None
+    rollout_batches: int = 0
+    """Lockstep: rollout batches handed out and collected; async: batches trained."""
+    skipped_batches: int = 0
+    """Lockstep rollout batches with no reward variance in any group (no optimizer step)."""
+    wall_offset_s: float = 0.0
+    """Training wall time before this process (from the checkpoint resumed)."""
+
+    def __post_init__(self) -> None:
+        self._started = time.monotonic()
+        self._resumed: dict[str, Any] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.lc.steps != 0 and self.service.step >= self.lc.steps
+
+    @property
+    def wall_s(self) -> float:
+        return self.wall_offset_s + time.monotonic() - self._started
+
+    async def resume(self, metrics_path: Path) -> None:
+        """Continue from the newest checkpoint, if any: restore every component, repair metrics.jsonl, and
+        republish the checkpoint's weights to every inference server under its version."""
+        found = await asyncio.to_thread(self.checkpointer.load_latest, self.trainer)
+        if found is None:
+            return
+        folder, state, meta = found
+        restore(state, self.service, self.replay)
+        self.rollout_batches = int(meta.get("rollout_batches", 0))
+        self.skipped_batches = int(meta.get("skipped_batches", 0))
+        self.wall_offset_s = float(meta.get("wall_s", 0.0))
+        moved = reconcile_metrics(metrics_path, self.service.step, meta.get("records", []))
+        version = self.service.version
+        self._resumed = {"checkpoint": folder.name, "step": self.service.step, "policy_version": version,
+                         "trainer_steps": self.trainer.steps, "replay": self.replay.stats(),
+                         "rolled_back_records": moved}
+        await asyncio.to_thread(self.trainer.save_weights, self.publisher.folder(version), overwrite=True)
+        await self.publisher.publish(version)
+        log.warning("resumed from %s: step %d, policy version %d, %d trainer steps, replay %s%s", folder,
+                    self.service.step, version, self.trainer.steps, self.replay.stats(),
+                    f"; {moved} metrics records after it moved to metrics.rolled_back.jsonl" if moved else "")
+
+    async def run_async(self) -> None:
+        """Train on each batch as soon as the batcher has one."""
+        service = self.service
+        while not self.done:
+            await service.batch_ready.wait()
+            batch = service.batcher.take_batch()
+            if not service.batcher.has_batch:
+                service.batch_ready.clear()
+            if batch is None:
+                continue
+            self.rollout_batches += 1
+            await self.train(batch)
+
+    async def run_lockstep(self) -> None:
+        """ARPO's loop: one rollout batch out, all of it back, train, publish; nothing handed out meanwhile."""
+        service = self.service
+        while not self.done:
+            await service.open_round(self.lc.groups_per_step)
+            await service.round_done.wait()
+            batch = take_round(service.batcher)
+            self.rollout_batches += 1
+            if not batch:
+                self.skipped_batches += 1
+                log.info("rollout batch %d: no group with reward variance; no optimizer step", self.rollout_batches)
+                continue
+            await self.train(batch)
+
+    async def train(self, batch: list[ScoredGroup]) -> None:
+        """``updates_per_batch`` optimizer steps on ``batch`` (never past ``learner.steps``), then publish the
+        new weights once as the next version, announce it, checkpoint, and write the batch's metrics record
+        (its ``step`` is the optimizer step count after the batch; ``updates`` the steps it took)."""
+        service, lc = self.service, self.lc
+        window = service.window.take()
+        samples = train_samples(batch)
+        updates = min(lc.updates_per_batch, max(1, len(samples)))
+        if lc.steps:
+            updates = min(updates, lc.steps - service.step)
+        stats = await asyncio.to_thread(self.trainer.train_batch, samples, minibatches=updates)
         version = service.version + 1
-        await asyncio.to_thread(trainer.save_weights, publisher.folder(version))
-        publish_s = await publisher.publish(version)
+        await asyncio.to_thread(self.trainer.save_weights, self.publisher.folder(version), overwrite=True)
+        publish_s = await self.publisher.publish(version)
         await service.set_version(version)
-        step += 1
-        record = step_record(step, version, batch, stats, service, publish_s, time.monotonic() - started)
-        metrics.write(record)
-        log.info("step %d: version %d, success %.2f, loss %.4f, lag %.2f", step, version,
+        service.step += updates
+        record = step_record(service.step, version, batch, stats, window, service, publish_s, self.wall_s,
+                             schedule=lc.schedule, updates=updates, optimizer_steps=self.trainer.steps,
+                             rollout_batches=self.rollout_batches, skipped_batches=self.skipped_batches)
+        if self._resumed is not None:  # the first record after a restart says what was resumed
+            record["resumed_from"], self._resumed = self._resumed, None
+        every = lc.checkpoint_every
+        if every and service.step // every > (service.step - updates) // every:
+            await self.checkpoint(record)
+        if self.metrics is None:
+            raise RuntimeError("TrainingLoop.metrics must be set before training")
+        self.metrics.write(record)
+        log.info("step %d: version %d, success %.2f, loss %.4f, lag %.2f", service.step, version,
                  record["success_rate"], record["loss"], record["staleness_mean"])
+
+    async def checkpoint(self, record: dict[str, Any]) -> None:
+        """Snapshot the learner now and write it in a thread (the service keeps serving actors meanwhile).
+        ``record`` is the metrics record of the batch just trained (kept in the checkpoint's meta.json)."""
+        state = capture(self.service, self.replay)
+        meta = {"policy_version": self.service.version, "wall_s": record["wall_s"],
+                "rollout_batches": self.rollout_batches, "skipped_batches": self.skipped_batches,
+                "replay": self.replay.stats(), "totals": dict(self.service.totals), "records": [record]}
+        started = time.perf_counter()
+        folder = await asyncio.to_thread(self.checkpointer.save, self.service.step, self.trainer, state, meta)
+        record["checkpoint_s"] = round(time.perf_counter() - started, 3)
+        log.info("checkpoint %s (%.1f s)", folder, record["checkpoint_s"])
 
 
 def step_record(step: int, version: int, batch: list[ScoredGroup], stats: dict[str, Any],
-                service: LearnerService, publish_s: float, wall_s: float) -> dict[str, Any]:
-    """One metrics.jsonl record. success_rate is over every trainable trajectory received since the last step."""
-    window = service.window.take()
+                window: dict[str, int], service: LearnerService, publish_s: float, wall_s: float,
+                **extra: Any) -> dict[str, Any]:
+    """One metrics.jsonl record. success_rate is over every trainable trajectory received since the last
+    training batch; staleness_* is the policy lag of the batch's fresh rollouts (replayed successes are old by
+    design and left out); ``extra`` adds schedule-level counters."""
     trainable = sum(n for outcome, n in window.items() if outcome not in ("ENV_ERROR", "ABORTED"))
     rewards = [r for g in batch for r in g.rewards]
-    lags = [lag for g in batch for lag in g.policy_lag]
+    lags = [lag for g in batch for lag in g.fresh_policy_lag] or [0]
     return {
         "step": step, "policy_version": version,
         "trajectories": sum(len(g.trajectories) for g in batch),
@@ -147,7 +285,7 @@ def step_record(step: int, version: int, batch: list[ScoredGroup], stats: dict[s
         "replay_injections": sum(g.injected for g in batch),
         "staleness_mean": sum(lags) / len(lags), "staleness_max": max(lags), "staleness_min": min(lags),
         "outcomes": dict(window), "drops": dict(service.batcher.drops), "totals": dict(service.totals),
-        "wall_s": round(wall_s, 3),
+        "wall_s": round(wall_s, 3), **extra,
     }
 
 

@@ -4,12 +4,16 @@ Owns: the known actors, the queue of waiting work requests, trajectory de-duplic
 policy version as announced to actors. It reacts to each message from the ROUTER pump:
 
 - hello / heartbeat -> reply with LearnerStatus (learner id + version), so actors notice a restarted learner;
-- work_request -> queued; handed an Assignment as soon as the staleness rule admits one more rollout;
+- work_request -> queued; handed an Assignment as soon as the scheduler has a slot and the admission rule
+  (StalenessManager for the async schedule, LockstepAdmission for lockstep) admits one more rollout;
 - trajectory -> acknowledged at once (the learner now holds it), de-duplicated by trajectory id, recorded in
-  the scheduler; complete groups go to the batcher, and a batch sets ``batch_ready``.
+  the scheduler; complete groups go to the batcher, and a batch sets ``batch_ready``; a lockstep rollout batch
+  that has fully come back sets ``round_done``.
 
 Invariant: a request waits (backpressure) rather than being refused; a trajectory is acked exactly when
-it is held by the learner, so an actor never forgets one the learner has not got.
+it is held by the learner, so an actor never forgets one the learner has not got. A trajectory for a slot
+this learner did not hand out (its predecessor's, before a restart, or one re-issued after a timeout) is
+acked and counted as "late", never trained on.
 """
 
 from __future__ import annotations
@@ -19,18 +23,25 @@ import collections
 import logging
 import time
 import uuid
+from typing import Any, Protocol
 
 from arpo_async.messages import (Ack, Assignment, Heartbeat, Hello, LearnerStatus, Outcome, Reject, Shutdown,
                                  Trajectory, WorkRequest)
 from arpo_async.transport import Envelope, SocketPump
 from learner.batcher import Batcher
 from learner.scheduler import GroupScheduler
-from learner.staleness import StalenessManager
 
 log = logging.getLogger(__name__)
 
 SEEN_IDS = 200_000
 """Trajectory ids remembered for de-duplication (oldest forgotten first)."""
+
+
+def _number(value: Any) -> int | float:
+    """A counter value from a checkpoint (counts are ints, summed seconds floats). Raises TypeError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number, got {type(value).__name__}")
+    return value
 
 
 class WindowStats:
@@ -44,22 +55,48 @@ class WindowStats:
         return out
 
 
-class LearnerService:
-    """Handles actor messages; see the module docstring. ``pump`` must be the ROUTER pump."""
+class Admission(Protocol):
+    """What the service needs from an admission rule (learner.staleness.StalenessManager,
+    learner.scheduler.LockstepAdmission)."""
 
-    def __init__(self, pump: SocketPump, scheduler: GroupScheduler, staleness: StalenessManager,
-                 batcher: Batcher, *, version: int = 0) -> None:
+    accepted: int
+    running: int
+
+    def can_admit(self, version: int) -> bool: ...
+    def on_start(self) -> None: ...
+    def on_finish(self, accepted: bool) -> None: ...
+    def on_discard(self, count: int) -> None: ...
+
+
+class LearnerService:
+    """Handles actor messages; see the module docstring. ``pump`` must be the ROUTER pump.
+
+    Args:
+        pump: the ROUTER pump (this service is its ``on_message`` callback).
+        scheduler: hands out rollout slots and assembles groups.
+        admission: the admission rule (StalenessManager or LockstepAdmission).
+        batcher: scores complete groups.
+        version: the current policy version (a resumed learner passes the checkpoint's).
+        learner_id: this learner's id, announced in LearnerStatus; a new random one when None.
+    """
+
+    def __init__(self, pump: SocketPump, scheduler: GroupScheduler, admission: Admission,
+                 batcher: Batcher, *, version: int = 0, learner_id: str | None = None) -> None:
         self.pump = pump
         self.scheduler = scheduler
-        self.staleness = staleness
+        self.admission = admission
         self.batcher = batcher
         self.version = version
-        self.learner_id = uuid.uuid4().hex[:12]
+        self.learner_id = learner_id or uuid.uuid4().hex[:12]
+        self.step = 0
+        """Optimizer steps taken in this run, across restarts (kept up to date by the training loop)."""
         self.actors: dict[str, float] = {}
         self.waiting: collections.deque[tuple[str, WorkRequest]] = collections.deque()
         self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._requests_seen: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.batch_ready = asyncio.Event()
+        self.started = time.monotonic()
+        self.round_done = asyncio.Event()
         self.window = WindowStats()
         self.totals: collections.Counter[str] = collections.Counter()
 
@@ -97,11 +134,11 @@ class LearnerService:
             seen.popitem(last=False)
 
     async def dispatch(self) -> None:
-        """Hand out rollouts to waiting requests while the staleness rule admits them."""
-        while self.waiting and self.staleness.can_admit(self.version):
+        """Hand out rollouts to waiting requests while the scheduler has slots and the admission rule admits them."""
+        while self.waiting and self.scheduler.has_work and self.admission.can_admit(self.version):
             peer, request = self.waiting.popleft()
             rollout = self.scheduler.next_rollout()
-            self.staleness.on_start()
+            self.admission.on_start()
             await self.pump.send(Assignment(request.request_id, rollout.task.to_dict(), rollout.group_id,
                                             rollout.rollout_index, self.version), peer)
 
@@ -121,17 +158,20 @@ class LearnerService:
             await self.pump.send(Reject(f"unknown outcome {traj.outcome!r}"), peer)
             return
         self.totals["from_desktop"] += bool(traj.desktop)
+        self.totals["desktop_busy_s"] += traj.timings.get("episode_s", 0.0)  # for desktop utilisation
         self.window.outcomes[traj.outcome] += 1
         self.totals[traj.outcome] += 1
         self.totals["trajectories"] += 1
         group = self.scheduler.on_trajectory(traj)
-        self.staleness.on_finish(accepted=Outcome(traj.outcome).trainable)
+        self.admission.on_finish(accepted=Outcome(traj.outcome).trainable)
         if group is not None:
             accepted = sum(Outcome(t.outcome).trainable for t in group.trajectories())
             scored = self.batcher.add_group(group, self.version)
-            self.staleness.on_discard(accepted - (len(scored.trajectories) if scored else 0))
+            self.admission.on_discard(accepted - (len(scored.trajectories) if scored else 0))
             if self.batcher.has_batch:
                 self.batch_ready.set()
+            if self.scheduler.idle:
+                self.round_done.set()
         await self.dispatch()
 
     async def expire_loop(self, period_s: float = 5.0) -> None:
@@ -139,8 +179,21 @@ class LearnerService:
         while True:
             await asyncio.sleep(period_s)
             for _ in range(self.scheduler.expire()):
-                self.staleness.on_finish(accepted=False)
+                self.admission.on_finish(accepted=False)
             await self.dispatch()
+
+    async def open_round(self, groups: int) -> None:
+        """Lockstep: hand out one rollout batch of ``groups`` groups; ``round_done`` is set once all came back.
+
+        Raises:
+            RuntimeError: the previous round has not come back yet.
+            ValueError: the scheduler opens groups without a budget (the async schedule).
+        """
+        if not self.scheduler.idle:
+            raise RuntimeError("open_round while the previous rollout batch is still out")
+        self.round_done.clear()
+        self.scheduler.add_group_budget(groups)
+        await self.dispatch()
 
     async def set_version(self, version: int) -> None:
         """Adopt a newly published policy version: announce it to every known actor, admit more work."""
@@ -153,10 +206,39 @@ class LearnerService:
         """A snapshot for progress displays (written to <run>/status.json by the learner)."""
         return {"learner_id": self.learner_id, "policy_version": self.version,
                 "trajectories": self.totals["trajectories"],
-                "from_desktop": self.totals["from_desktop"], "running": self.staleness.running,
+                "from_desktop": self.totals["from_desktop"], "running": self.admission.running,
+                "step": self.step,
                 "waiting_requests": len(self.waiting), "actors": len(self.actors),
                 "outcomes": {k: v for k, v in self.totals.items() if k.isupper()},
-                "drops": dict(self.batcher.drops), "ready_groups": len(self.batcher.ready)}
+                "drops": dict(self.batcher.drops), "ready_groups": len(self.batcher.ready),
+                "totals": dict(self.totals), "wall_s": round(time.monotonic() - self.started, 3)}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The service's resumable state: version, step, totals, drop counters, scheduler state, and the
+        admission's accepted count less what a restart loses (groups still open or scored but not trained)."""
+        lost = self.scheduler.pending_trainable() + sum(len(g.trajectories) for g in self.batcher.ready)
+        return {"schema": 1, "version": self.version, "step": self.step, "totals": dict(self.totals),
+                "drops": dict(self.batcher.drops), "accepted": max(0, self.admission.accepted - lost),
+                "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output (before any actor is served).
+
+        Raises:
+            ValueError: unknown schema or malformed state.
+        """
+        if state.get("schema") != 1:
+            raise ValueError(f"unsupported learner service state schema {state.get('schema')!r}")
+        try:
+            version, step, accepted = int(state["version"]), int(state["step"]), int(state["accepted"])
+            totals = collections.Counter({str(k): _number(v) for k, v in state["totals"].items()})
+            drops = collections.Counter({str(k): int(v) for k, v in state["drops"].items()})
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ValueError(f"malformed learner service state: {type(error).__name__}: {error}") from error
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.version, self.step, self.totals, self.admission.accepted = version, step, totals, accepted
+        self.batcher.drops.clear()
+        self.batcher.drops.update(drops)
 
     async def shutdown_actors(self, reason: str) -> None:
         """Tell every known actor the run is over."""

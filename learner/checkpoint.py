@@ -1,0 +1,249 @@
+"""Learner checkpoints: everything a killed learner needs to continue a run where it left off.
+
+Owns the layout of ``<run>/checkpoints/``. One checkpoint is one folder ``step-<NNNNNN>`` (the optimizer step
+it was taken after) holding:
+
+- ``trainer.pt``: model + AdamW state + the trainer's step count (:meth:`learner.trainer.Trainer.save_checkpoint`);
+- ``learner.pt``: ``torch.save`` of plain data (loaded with ``weights_only=True``, never unpickled code):
+  the learner service's state (policy version, step, totals, drop counters, scheduler order and task
+  statistics, admitted-trajectory count), the replay buffer (each stored trajectory as wire-codec frames), the
+  state of any extra component (e.g. task selection), and the Python, NumPy and torch RNG states;
+- ``meta.json``: a human-readable summary (step, policy version, trainer steps, replay stats, wall time) and
+  the metrics records of its last batch, so metrics.jsonl can be repaired after a crash (:func:`reconcile_metrics`).
+
+Invariants: a checkpoint folder is written under a temporary name and renamed into place, so a folder named
+``step-*`` is always complete; the newest ``keep`` are kept; loading tries the newest first and falls back to
+an older one when a checkpoint cannot be read (logged), and fails loudly when none can.
+What is not saved: rollouts in flight and groups not yet trained (they belong to the learner that handed them
+out; their trajectories arrive at the new learner as "late").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from arpo_async import codec
+from arpo_async.messages import Trajectory
+from arpo_async.metrics import MetricsWriter, read_metrics
+from learner.service import LearnerService
+from learner.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+SCHEMA = 1
+PREFIX = "step-"
+_MAX_TRAJECTORY_BYTES = 1 << 40  # trajectories were size-checked when they arrived; this only guards the decoder
+
+
+class CheckpointError(RuntimeError):
+    """No checkpoint in the folder could be loaded; the message lists each one's error."""
+
+
+class Stateful(Protocol):
+    """A component that is saved with the checkpoint (plain-data state)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class Replay(Protocol):
+    """The replay buffer's checkpoint interface (learner.replay: SuccessReplay, PrioritizedReplay)."""
+
+    def state_dict(self, encode: Callable[[Any], Any] | None = None) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any], decode: Callable[[Any], Any] | None = None) -> None: ...
+
+
+def checkpoint_folders(root: Path) -> list[Path]:
+    """Complete checkpoint folders under ``root``, oldest first (by step number); [] when there is none."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def encode_trajectory(trajectory: Trajectory) -> list[bytes]:
+    """A trajectory as wire-codec frames (header + raw screenshots); see arpo_async.codec."""
+    return codec.encode(trajectory)
+
+
+def decode_trajectory(frames: list[bytes]) -> Trajectory:
+    """Inverse of :func:`encode_trajectory`. Raises codec.WireError for frames that are not a trajectory."""
+    message = codec.decode(list(frames), max_bytes=_MAX_TRAJECTORY_BYTES)
+    if not isinstance(message, Trajectory):
+        raise codec.WireError(f"expected a trajectory, got {type(message).__name__}")
+    return message
+
+
+def rng_state() -> dict[str, Any]:
+    """The process-wide Python, NumPy and torch (CPU) RNG states as plain data and one uint8 tensor."""
+    py_version, py_internal, py_gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": [py_version, list(py_internal), py_gauss],
+            "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+            "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore :func:`rng_state`'s output."""
+    py_version, py_internal, py_gauss = state["python"]
+    random.setstate((int(py_version), tuple(int(x) for x in py_internal), py_gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
+    torch.set_rng_state(state["torch"])
+
+
+def capture(service: LearnerService, replay: Replay, extra: Mapping[str, Stateful] = {}) -> dict[str, Any]:
+    """Snapshot the learner's non-model state. Call on the event loop (no await in between), so the snapshot
+    is consistent; writing it (:meth:`Checkpointer.save`) can then happen in a thread."""
+    return {"schema": SCHEMA, "service": service.state_dict(),
+            "replay": replay.state_dict(encode=encode_trajectory),
+            "extra": {name: component.state_dict() for name, component in extra.items()},
+            "rng": rng_state()}
+
+
+def restore(state: Mapping[str, Any], service: LearnerService, replay: Replay,
+            extra: Mapping[str, Stateful] = {}) -> None:
+    """Put :func:`capture`'s snapshot back into fresh components (before the learner serves any actor).
+
+    Raises:
+        CheckpointError: unknown schema, or an extra component the checkpoint lacks.
+        ValueError (learner.replay.ReplayError included): malformed component state.
+    """
+    if state.get("schema") != SCHEMA:
+        raise CheckpointError(f"unsupported learner checkpoint schema {state.get('schema')!r}, expected {SCHEMA}")
+    missing = set(extra) - set(state["extra"])
+    if missing:
+        raise CheckpointError(f"the checkpoint has no state for {sorted(missing)}")
+    service.load_state_dict(state["service"])
+    replay.load_state_dict(state["replay"], decode=decode_trajectory)
+    for name, component in extra.items():
+        component.load_state_dict(state["extra"][name])
+    set_rng_state(state["rng"])
+
+
+class Checkpointer:
+    """Writes and finds checkpoints in ``root`` (``<run>/checkpoints``); see the module docstring.
+
+    Args:
+        root: the checkpoints folder (created on the first save).
+        keep: complete checkpoints kept (>= 1); older ones are deleted after each save.
+    """
+
+    def __init__(self, root: Path, keep: int = 2) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.root = Path(root)
+        self.keep = keep
+
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint folder, or None."""
+        folders = checkpoint_folders(self.root)
+        return folders[-1] if folders else None
+
+    def save(self, step: int, trainer: Trainer, state: dict[str, Any], meta: dict[str, Any]) -> Path:
+        """Write checkpoint ``step`` atomically (blocking: call in a thread) and prune old ones.
+
+        Args:
+            step: the optimizer step just taken (names the folder).
+            trainer: saved with :meth:`Trainer.save_checkpoint`; must not train meanwhile.
+            state: :func:`capture`'s snapshot.
+            meta: JSON-able summary; ``step`` and ``trainer_steps`` are added.
+
+        Returns:
+            The checkpoint folder.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.root / f"{PREFIX}{step:06d}"
+        tmp = self.root / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            trainer.save_checkpoint(tmp / "trainer.pt")
+            torch.save(state, tmp / "learner.pt")
+            summary = {**meta, "step": step, "trainer_steps": trainer.steps, "saved_at": time.time()}
+            (tmp / "meta.json").write_text(json.dumps(summary, indent=1, default=_json_default))
+            if final.exists():  # a step redone after an older checkpoint was resumed
+                shutil.rmtree(final)
+            tmp.rename(final)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        self._prune()
+        return final
+
+    def _prune(self) -> None:
+        for old in checkpoint_folders(self.root)[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        for stale in self.root.glob(f".{PREFIX}*.tmp-*"):  # left by a learner killed while saving
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def load_latest(self, trainer: Trainer) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
+        """Load the newest readable checkpoint into ``trainer`` (blocking: call in a thread).
+
+        Returns:
+            ``(folder, state for restore(), meta)``, or None when ``root`` holds no checkpoint.
+
+        Raises:
+            CheckpointError: checkpoints exist but none could be loaded (each one's error is listed).
+        """
+        errors: list[str] = []
+        for folder in reversed(checkpoint_folders(self.root)):
+            try:
+                meta = json.loads((folder / "meta.json").read_text())
+                state = torch.load(folder / "learner.pt", map_location="cpu", weights_only=True)
+                if state.get("schema") != SCHEMA:
+                    raise CheckpointError(f"schema {state.get('schema')!r}, expected {SCHEMA}")
+                trainer.load_checkpoint(folder / "trainer.pt")
+                return folder, state, meta
+            except Exception as error:  # noqa: BLE001 - torch/pickle/json raise many types; listed below
+                errors.append(f"{folder.name}: {type(error).__name__}: {error}")
+                log.warning("cannot load checkpoint %s (%s: %s); trying an older one", folder,
+                            type(error).__name__, error)
+        if errors:
+            raise CheckpointError(f"no checkpoint in {self.root} could be loaded: " + "; ".join(errors))
+        return None
+
+
+def reconcile_metrics(path: Path, step: int, saved: list[dict[str, Any]]) -> int:
+    """Make metrics.jsonl agree with a checkpoint taken after ``step``; returns how many records were moved.
+
+    Records of steps after ``step`` (taken after the checkpoint and undone by resuming it) are moved to
+    ``metrics.rolled_back.jsonl`` beside it; the checkpoint's own records (``saved``, the steps of its last
+    batch) are appended where missing, when the learner died between saving the checkpoint and writing them.
+    The file is rewritten atomically, only if needed.
+    """
+    records = read_metrics(path)
+    kept = [r for r in records if r.get("step", 0) <= step]
+    dropped = [r for r in records if r.get("step", 0) > step]
+    have = {r.get("step") for r in kept}
+    kept.extend(r for r in saved if r.get("step") not in have and r.get("step", 0) <= step)
+    if kept == records:
+        return 0
+    if dropped:
+        writer = MetricsWriter(path.with_name("metrics.rolled_back.jsonl"))
+        for r in dropped:
+            writer.write(r)
+        writer.close()
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    writer = MetricsWriter(tmp)
+    for r in kept:
+        writer.write(r)
+    writer.close()
+    tmp.replace(path)
+    return len(dropped)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
