@@ -43,6 +43,7 @@ from learner.replay import ReplayBuffer, make_replay
 from learner.scheduler import GroupScheduler, LockstepAdmission
 from learner.service import LearnerService
 from learner.staleness import StalenessManager
+from learner.task_selection import TaskSelector
 from learner.trainer import Trainer, TrainerConfig
 
 log = logging.getLogger("arpo.learner")
@@ -87,8 +88,11 @@ async def run_learner(config: RunConfig) -> None:
     learner_id = uuid.uuid4().hex[:12]
     trainer = await asyncio.to_thread(Trainer, config.model_path, trainer_config(lc))
     replay = replay_buffer(lc)
+    selector = TaskSelector(tasks, window=lc.task_window, retire=lc.task_retire, revisit_every=lc.task_revisit_every,
+                            revisit_prob=lc.task_revisit_prob, strategy=lc.task_strategy, seed=lc.seed)
     scheduler = GroupScheduler(tasks, lc.group_size, max_retries=lc.rollout_retries, seed=lc.seed,
-                               group_budget=0 if lockstep else None, id_prefix=f"{learner_id[:6]}-")
+                               group_budget=0 if lockstep else None, id_prefix=f"{learner_id[:6]}-",
+                               pick_task=selector.pick_task)
     admission = (LockstepAdmission(lc.batch_trajectories) if lockstep
                  else StalenessManager(lc.batch_trajectories, lc.max_staleness))
     batcher = Batcher(replay, max_staleness=lc.max_staleness, groups_per_step=lc.groups_per_step,
@@ -102,7 +106,7 @@ async def run_learner(config: RunConfig) -> None:
     service: LearnerService
     pump = SocketPump(sock, routed=True, max_bytes=config.transport.max_message_bytes,
                       on_message=lambda env: service.on_message(env), on_bad=lambda p, r: service.on_bad(p, r))
-    service = LearnerService(pump, scheduler, admission, batcher, learner_id=learner_id)
+    service = LearnerService(pump, scheduler, admission, batcher, learner_id=learner_id, selector=selector)
     metrics: MetricsWriter | None = None
     try:
         loop = TrainingLoop(service, trainer, publisher, checkpointer, replay, lc)
@@ -166,6 +170,11 @@ class TrainingLoop:
         self._resumed: dict[str, Any] | None = None
 
     @property
+    def extra_state(self) -> dict[str, Any]:
+        """Components saved in checkpoints besides the service and the replay buffer."""
+        return {"task_selection": self.service.selector} if self.service.selector is not None else {}
+
+    @property
     def done(self) -> bool:
         return self.lc.steps != 0 and self.service.step >= self.lc.steps
 
@@ -180,7 +189,7 @@ class TrainingLoop:
         if found is None:
             return
         folder, state, meta = found
-        restore(state, self.service, self.replay)
+        restore(state, self.service, self.replay, self.extra_state)
         self.rollout_batches = int(meta.get("rollout_batches", 0))
         self.skipped_batches = int(meta.get("skipped_batches", 0))
         self.wall_offset_s = float(meta.get("wall_s", 0.0))
@@ -255,7 +264,7 @@ class TrainingLoop:
     async def checkpoint(self, record: dict[str, Any]) -> None:
         """Snapshot the learner now and write it in a thread (the service keeps serving actors meanwhile).
         ``record`` is the metrics record of the batch just trained (kept in the checkpoint's meta.json)."""
-        state = capture(self.service, self.replay)
+        state = capture(self.service, self.replay, self.extra_state)
         meta = {"policy_version": self.service.version, "wall_s": record["wall_s"],
                 "rollout_batches": self.rollout_batches, "skipped_batches": self.skipped_batches,
                 "replay": self.replay.stats(), "totals": dict(self.service.totals), "records": [record]}
@@ -263,6 +272,11 @@ class TrainingLoop:
         folder = await asyncio.to_thread(self.checkpointer.save, self.service.step, self.trainer, state, meta)
         record["checkpoint_s"] = round(time.perf_counter() - started, 3)
         log.info("checkpoint %s (%.1f s)", folder, record["checkpoint_s"])
+
+
+CORRECTION_STATS = ("is_weight_mean", "is_weight_max", "is_capped_frac", "behaviour_kl", "replayed_tokens",
+                    "replayed_is_weight_mean", "ratio_mean", "approx_kl")
+"""Trainer statistics copied into each metrics record (see learner.grpo.corrected_token_loss)."""
 
 
 def step_record(step: int, version: int, batch: list[ScoredGroup], stats: dict[str, Any],
@@ -284,6 +298,9 @@ def step_record(step: int, version: int, batch: list[ScoredGroup], stats: dict[s
         "tokens": stats.get("tokens"), "train_s": stats.get("seconds"), "publish_s": publish_s,
         "replay_injections": sum(g.injected for g in batch),
         "staleness_mean": sum(lags) / len(lags), "staleness_max": max(lags), "staleness_min": min(lags),
+        "correction": {k: stats[k] for k in CORRECTION_STATS if k in stats},
+        "replay": service.batcher.replay.stats(),
+        "task_selection": service.selector.stats() if service.selector is not None else {},
         "outcomes": dict(window), "drops": dict(service.batcher.drops), "totals": dict(service.totals),
         "wall_s": round(wall_s, 3), **extra,
     }

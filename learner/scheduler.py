@@ -20,6 +20,7 @@ import collections
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from arpo_async.messages import Outcome, Trajectory
 from arpo_async.tasks import Task
@@ -64,11 +65,13 @@ class GroupScheduler:
         seed: task-order seed.
         group_budget: new groups that may open (None = unlimited; see the module docstring).
         id_prefix: prepended to every group id (e.g. the learner id).
+        pick_task: chooses the task of each new group (e.g. learner.task_selection.TaskSelector.pick_task);
+            None = shuffled round-robin over ``tasks`` with ``seed``.
     """
 
     def __init__(self, tasks: list[Task], group_size: int, *, max_retries: int = 2,
                  rollout_timeout_s: float = 900.0, seed: int = 0, group_budget: int | None = None,
-                 id_prefix: str = "") -> None:
+                 id_prefix: str = "", pick_task: Callable[[], Task] | None = None) -> None:
         if not tasks:
             raise ValueError("the task pool is empty")
         if group_budget is not None and group_budget < 0:
@@ -82,6 +85,7 @@ class GroupScheduler:
         self._next_group = 0
         self._budget = group_budget
         self._prefix = id_prefix
+        self._pick_task = pick_task
         self.task_stats: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         """Per task id: "groups" opened, "completed" groups, "trajectories" kept as results, "successes"."""
         self._groups: dict[str, Group] = {}
@@ -142,6 +146,8 @@ class GroupScheduler:
         return group is not None and index not in group.results
 
     def _next_task(self) -> Task:
+        if self._pick_task is not None:
+            return self._pick_task()
         if not self._order:
             self._order = self._rng.sample(self._tasks, len(self._tasks))
         return self._order.pop()

@@ -30,6 +30,7 @@ from arpo_async.messages import (Ack, Assignment, Heartbeat, Hello, LearnerStatu
 from arpo_async.transport import Envelope, SocketPump
 from learner.batcher import Batcher
 from learner.scheduler import GroupScheduler
+from learner.task_selection import TaskSelector, trainable_scores
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +82,10 @@ class LearnerService:
     """
 
     def __init__(self, pump: SocketPump, scheduler: GroupScheduler, admission: Admission,
-                 batcher: Batcher, *, version: int = 0, learner_id: str | None = None) -> None:
+                 batcher: Batcher, *, version: int = 0, learner_id: str | None = None,
+                 selector: TaskSelector | None = None) -> None:
         self.pump = pump
+        self.selector = selector
         self.scheduler = scheduler
         self.admission = admission
         self.batcher = batcher
@@ -165,6 +168,8 @@ class LearnerService:
         group = self.scheduler.on_trajectory(traj)
         self.admission.on_finish(accepted=Outcome(traj.outcome).trainable)
         if group is not None:
+            if self.selector is not None:
+                self.selector.record_group(group.task.id, trainable_scores(group))
             accepted = sum(Outcome(t.outcome).trainable for t in group.trajectories())
             scored = self.batcher.add_group(group, self.version)
             self.admission.on_discard(accepted - (len(scored.trajectories) if scored else 0))
