@@ -1,7 +1,10 @@
 """ZeroMQ transport: the learner's ROUTER and the actors' DEALER, each owned by exactly one task.
 
 A `SocketPump` owns one socket: it polls, then receives (a cancelled poll loses nothing), decodes with the
-codec and hands each message to a callback; it sends what other tasks put on its bounded outbox. Sockets are
+codec and hands each message to a callback; it sends what other tasks put on its bounded outbox. A callback
+that sends (a reply) runs inside the pump's own task: its message goes out at once, after whatever the outbox
+held, instead of waiting for room in the outbox that only this task can make (that wait deadlocked the pump as
+soon as one burst of incoming messages produced more replies than the outbox holds). Sockets are
 made with explicit high-water marks and linger 0. Messages that fail to decode are counted by reason and
 reported through ``on_bad``; they never stop the pump.
 
@@ -103,12 +106,22 @@ class SocketPump:
         self.received = 0
         self.sent = 0
         self.rejected: collections.Counter[str] = collections.Counter()
+        self._task: asyncio.Task | None = None
+        self._outgoing: asyncio.Task | None = None  # the pending outbox.get() of `run`
 
     async def send(self, message: Any, peer: str | None = None) -> None:
-        """Queue a message (waits while the outbox is full). ``peer`` is required on a ROUTER."""
+        """Queue a message (waits while the outbox is full). ``peer`` is required on a ROUTER.
+
+        Called from the pump's own task (an ``on_message`` callback), it sends the outbox and then the message
+        at once, in order, instead of queueing.
+        """
         if self._routed and peer is None:
             raise ValueError("a ROUTER message needs a peer routing id")
-        await self.outbox.put((peer, message))
+        if self._task is not None and asyncio.current_task() is self._task:
+            await self._send_queued()
+            await self._send_now(peer, message)
+        else:
+            await self.outbox.put((peer, message))
 
     async def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until everything queued so far has been handed to ZeroMQ; False if ``timeout_s`` passed first."""
@@ -121,30 +134,26 @@ class SocketPump:
 
     async def run(self) -> None:
         """Pump until cancelled; closes the socket on the way out."""
-        outgoing: asyncio.Task | None = None
         incoming: asyncio.Future | None = None
+        self._task = asyncio.current_task()
         try:
             while True:
-                if outgoing is None:
-                    outgoing = asyncio.ensure_future(self.outbox.get())
+                if self._outgoing is None:
+                    self._outgoing = asyncio.ensure_future(self.outbox.get())
                 if incoming is None:
                     incoming = asyncio.ensure_future(self._sock.poll(None, zmq.POLLIN))
-                done, _ = await asyncio.wait({outgoing, incoming}, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait({self._outgoing, incoming}, return_when=asyncio.FIRST_COMPLETED)
+                await self._send_queued()
                 if incoming in done:
                     incoming.result()
                     incoming = None
                     await self._drain_incoming()
-                if outgoing in done:
-                    peer, message = outgoing.result()
-                    outgoing = None
-                    try:
-                        await self._send_now(peer, message)
-                    finally:
-                        self.outbox.task_done()
         finally:
-            for fut in (outgoing, incoming):
+            self._task = None
+            for fut in (self._outgoing, incoming):
                 if fut is not None:
                     fut.cancel()
+            self._outgoing = None
             self._sock.close(linger=0)
 
     async def _drain_incoming(self) -> None:
@@ -163,6 +172,26 @@ class SocketPump:
                 continue
             self.received += 1
             await self._on_message(Envelope(message, peer))
+
+    async def _send_queued(self) -> None:
+        """Send everything already taken from or waiting in the outbox, in order (without waiting for more)."""
+        taken = self._outgoing
+        if taken is not None and taken.done():
+            self._outgoing = None
+            peer, message = taken.result()
+            try:
+                await self._send_now(peer, message)
+            finally:
+                self.outbox.task_done()
+        while True:
+            try:
+                peer, message = self.outbox.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            try:
+                await self._send_now(peer, message)
+            finally:
+                self.outbox.task_done()
 
     async def _send_now(self, peer: str | None, message: Any) -> None:
         frames = codec.encode(message)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,8 @@ IMAGE_PAD = "<|image_pad|>"
 VISION_START = "<|vision_start|>"
 VISION_END = "<|vision_end|>"
 END_TOKENS = ("<|im_end|>", "<|endoftext|>")
+SEGMENT_CACHE_SIZE = 16384
+"""Text segments (between added tokens) whose token ids `PromptEncoder.tokenize` remembers; emptied when full."""
 
 
 class ModelInputError(ValueError):
@@ -132,11 +135,25 @@ class PromptEncoder:
         env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
         self._template = env.from_string(_read_chat_template(self.model_dir, tk_cfg))
         self.image_pad_id: int = self._require_id(IMAGE_PAD)
+        self._added_ids, self._added_split = self._added_token_splitter()
+        self._segment_ids: dict[str, tuple[int, ...]] = {}
         self.eos_token_ids: list[int] = [
             i for i in (self._tokenizer.token_to_id(t) for t in END_TOKENS) if i is not None
         ]
         if not self.eos_token_ids:
             raise ModelInputError(f"tokenizer in {self.model_dir} has none of the end tokens {END_TOKENS}")
+
+    def _added_token_splitter(self) -> tuple[dict[str, int], re.Pattern | None]:
+        """(added token -> id, a regex whose ``split`` isolates added tokens), or (_, None) when splitting in
+        Python could differ from the tokenizer: added tokens that strip whitespace, match single words only or
+        match normalized text. Alternatives are sorted longest first, which makes the regex's leftmost match
+        the tokenizer's leftmost-longest one."""
+        added = list(self._tokenizer.get_added_tokens_decoder().values())
+        ids = {a.content: self._tokenizer.token_to_id(a.content) for a in added}
+        if not added or any(a.lstrip or a.rstrip or a.single_word or a.normalized for a in added):
+            return ids, None
+        alternatives = sorted(ids, key=len, reverse=True)
+        return ids, re.compile("(" + "|".join(map(re.escape, alternatives)) + ")")
 
     def _require_id(self, token: str) -> int:
         token_id = self._tokenizer.token_to_id(token)
@@ -166,8 +183,29 @@ class PromptEncoder:
         )
 
     def tokenize(self, text: str) -> list[int]:
-        """Plain tokenisation, special tokens in ``text`` recognised, no BOS added (Qwen has none)."""
-        return self._tokenizer.encode(text, add_special_tokens=False).ids
+        """Plain tokenisation, special tokens in ``text`` recognised, no BOS added (Qwen has none).
+
+        Same ids as ``tokenizers.Tokenizer.encode(text, add_special_tokens=False)``, faster for chat prompts:
+        the tokenizer cuts the text at added tokens (``<|im_start|>``, ``<|image_pad|>``, ...) and tokenizes the
+        segments between them independently, so this does the cut itself and remembers each segment's ids.
+        An episode's prompt repeats the instruction and the earlier replies every step: only the newest reply is
+        tokenized again (1.3 ms -> 0.05 ms per 15-step prompt with the tiny tokenizer; bench/README.md).
+        """
+        if self._added_split is None:
+            return self._tokenizer.encode(text, add_special_tokens=False).ids
+        out: list[int] = []
+        for i, part in enumerate(self._added_split.split(text)):
+            if i % 2:  # split() puts the captured added tokens at odd positions
+                out.append(self._added_ids[part])
+            elif part:
+                ids = self._segment_ids.get(part)
+                if ids is None:
+                    ids = tuple(self._tokenizer.encode(part, add_special_tokens=False).ids)
+                    if len(self._segment_ids) >= SEGMENT_CACHE_SIZE:
+                        self._segment_ids.clear()
+                    self._segment_ids[part] = ids
+                out.extend(ids)
+        return out
 
     def expand_image_pads(self, ids: list[int], image_sizes: list[tuple[int, int]]) -> list[int]:
         """Replace the i-th single ``<|image_pad|>`` by ``image_token_count(*image_sizes[i])`` copies.
@@ -175,16 +213,18 @@ class PromptEncoder:
         Raises:
             ModelInputError: the number of ``<|image_pad|>`` tokens differs from ``len(image_sizes)``.
         """
-        n_pads = sum(1 for t in ids if t == self.image_pad_id)
+        ids = list(ids)
+        n_pads = ids.count(self.image_pad_id)
         if n_pads != len(image_sizes):
             raise ModelInputError(f"prompt has {n_pads} image placeholders but {len(image_sizes)} images")
         out: list[int] = []
-        sizes = iter(image_sizes)
-        for t in ids:
-            if t == self.image_pad_id:
-                out.extend([t] * self.image_token_count(*next(sizes)))
-            else:
-                out.append(t)
+        start = 0
+        for size in image_sizes:  # list.index / slices: C loops over the ~1,000 text ids of a prompt
+            pad = ids.index(self.image_pad_id, start)
+            out += ids[start:pad]
+            out += [self.image_pad_id] * self.image_token_count(*size)
+            start = pad + 1
+        out += ids[start:]
         return out
 
     def encode(self, messages: list[dict], image_sizes: list[tuple[int, int]]) -> list[int]:

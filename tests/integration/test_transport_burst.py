@@ -1,0 +1,55 @@
+"""SocketPump under a burst, over real ZeroMQ TCP sockets on 127.0.0.1: when one receive burst brings more
+messages than the outbox holds and the callback replies to each, every reply still goes out, in order
+(a callback waiting for outbox room that only the pump itself could make used to deadlock the pump)."""
+
+import asyncio
+import socket
+
+import zmq
+import zmq.asyncio
+
+from arpo_async import codec
+from arpo_async.config import TransportConfig
+from arpo_async.messages import Heartbeat, LearnerStatus
+from arpo_async.transport import OUTBOX_SIZE, SocketPump, router_socket
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_replies_to_a_burst_larger_than_the_outbox_all_go_out_in_order():
+    burst = 3 * OUTBOX_SIZE
+    config = TransportConfig(endpoint=f"tcp://127.0.0.1:{free_port()}", high_water_mark=4 * burst)
+    ctx = zmq.asyncio.Context()
+    pump: SocketPump
+
+    async def reply(envelope) -> None:
+        await pump.send(LearnerStatus(envelope.message.actor_id, 0), envelope.peer)
+
+    pump = SocketPump(router_socket(ctx, config), routed=True, max_bytes=config.max_message_bytes,
+                      on_message=reply)
+    actor = ctx.socket(zmq.DEALER)
+    for option in (zmq.LINGER, 0), (zmq.SNDHWM, 4 * burst), (zmq.RCVHWM, 4 * burst):
+        actor.setsockopt(*option)
+    actor.connect(config.endpoint)
+    try:
+        for i in range(burst):  # all queued at the ROUTER before the pump starts: one burst
+            await actor.send_multipart(codec.encode(Heartbeat(f"a{i}", 0, 0, 0)))
+        async with asyncio.timeout(60):
+            while pump._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN == 0:
+                await asyncio.sleep(0.01)
+        task = asyncio.create_task(pump.run())
+        try:
+            async with asyncio.timeout(60):
+                replies = [codec.decode(await actor.recv_multipart(), max_bytes=1 << 20) for _ in range(burst)]
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert [r.learner_id for r in replies] == [f"a{i}" for i in range(burst)]
+        assert pump.received == burst and pump.sent == burst
+    finally:
+        actor.close(0)
+        ctx.destroy(linger=0)
