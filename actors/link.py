@@ -5,7 +5,9 @@ version last announced by the learner.
 Invariants:
 - a trajectory is kept until the learner acknowledges it; it is sent again after ``resend_after_s`` and
   whenever the learner restarts (a new learner id in LearnerStatus); the learner drops duplicates by id;
-- a work request is re-sent after a learner restart (the new learner never saw it);
+- a work request is re-sent after a learner restart (the new learner never saw it) and when unanswered for
+  ``resend_after_s`` (a full ROUTER queue drops replies silently); the learner answers a repeat with the same
+  assignment, or keeps it waiting;
 - nothing here blocks an EnvActor except the bounded outbox (backpressure) and waiting for work.
 """
 
@@ -48,6 +50,7 @@ class LearnerLink:
         self._config = config
         self._ids = itertools.count()
         self._requests: dict[str, asyncio.Future[Assignment]] = {}
+        self._requested_at: dict[str, float] = {}
         self._held: dict[str, _Held] = {}
         self.learner_id: str | None = None
         self.policy_version = 0
@@ -70,6 +73,7 @@ class LearnerLink:
         request_id = f"{self.actor_id}-r{next(self._ids)}"
         future: asyncio.Future[Assignment] = asyncio.get_running_loop().create_future()
         self._requests[request_id] = future
+        self._requested_at[request_id] = time.monotonic()
         await self.pump.send(WorkRequest(request_id, self.actor_id))
         stop = asyncio.ensure_future(self.shutdown.wait())
         try:
@@ -78,6 +82,7 @@ class LearnerLink:
         finally:
             stop.cancel()
             self._requests.pop(request_id, None)
+            self._requested_at.pop(request_id, None)
 
     async def submit(self, trajectory: Trajectory) -> None:
         """Send a trajectory and hold it until the learner acknowledges it."""
@@ -148,3 +153,7 @@ class LearnerLink:
                 if now - held.sent_at > self._config.resend_after_s:
                     held.sent_at = now
                     await self.pump.send(held.trajectory)
+            for request_id, sent_at in list(self._requested_at.items()):
+                if now - sent_at > self._config.resend_after_s:  # the answer may have been dropped on the way
+                    self._requested_at[request_id] = now
+                    await self.pump.send(WorkRequest(request_id, self.actor_id))

@@ -96,7 +96,9 @@ class LearnerService:
         self.actors: dict[str, float] = {}
         self.waiting: collections.deque[tuple[str, WorkRequest]] = collections.deque()
         self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self._requests_seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._requests_seen: collections.OrderedDict[str, Assignment | None] = collections.OrderedDict()
+        """Request ids seen (None while waiting), with the assignment each got, so a re-sent request whose answer
+        was lost (a full ROUTER queue drops silently) gets the same assignment again."""
         self.batch_ready = asyncio.Event()
         self.started = time.monotonic()
         self.round_done = asyncio.Event()
@@ -111,7 +113,8 @@ class LearnerService:
             await self.pump.send(LearnerStatus(self.learner_id, self.version), peer)
         elif isinstance(message, WorkRequest):
             if message.request_id in self._requests_seen:
-                return  # a re-send of a request this learner already holds or answered
+                await self._answer_again(peer, message.request_id)
+                return
             self._remember(self._requests_seen, message.request_id)
             self.waiting.append((peer, message))
             await self.dispatch()
@@ -131,7 +134,7 @@ class LearnerService:
                 pass
 
     @staticmethod
-    def _remember(seen: collections.OrderedDict[str, None], key: str) -> None:
+    def _remember(seen: collections.OrderedDict, key: str) -> None:
         seen[key] = None
         if len(seen) > SEEN_IDS:
             seen.popitem(last=False)
@@ -142,8 +145,19 @@ class LearnerService:
             peer, request = self.waiting.popleft()
             rollout = self.scheduler.next_rollout()
             self.admission.on_start()
-            await self.pump.send(Assignment(request.request_id, rollout.task.to_dict(), rollout.group_id,
-                                            rollout.rollout_index, self.version), peer)
+            assignment = Assignment(request.request_id, rollout.task.to_dict(), rollout.group_id,
+                                    rollout.rollout_index, self.version)
+            if request.request_id in self._requests_seen:
+                self._requests_seen[request.request_id] = assignment
+            await self.pump.send(assignment, peer)
+
+    async def _answer_again(self, peer: str, request_id: str) -> None:
+        """A request arrived again: re-send its assignment if it had one and the slot still runs; if it is still
+        waiting, do nothing (it is answered when admitted)."""
+        assignment = self._requests_seen[request_id]
+        if assignment is not None and self.scheduler.is_running(assignment.group_id, assignment.rollout_index):
+            self.totals["assignments_resent"] += 1
+            await self.pump.send(assignment, peer)
 
     async def _on_trajectory(self, peer: str, traj: Trajectory) -> None:
         await self.pump.send(Ack([traj.trajectory_id]), peer)

@@ -16,7 +16,7 @@ import zmq.asyncio
 
 from actors.link import LearnerLink
 from arpo_async.config import TransportConfig
-from arpo_async.messages import Reject, Step, Trajectory
+from arpo_async.messages import Reject, Step, Trajectory, WorkRequest
 from arpo_async import codec
 from arpo_async.tasks import Task
 from arpo_async.transport import SocketPump, dealer_socket, router_socket
@@ -151,6 +151,27 @@ async def test_hostile_frames_are_rejected_and_the_learner_keeps_serving(transpo
             reply = codec.decode(await asyncio.wait_for(raw.recv_multipart(), 5), max_bytes=1 << 20)
             assert isinstance(reply, Reject) and "msgpack" in reply.reason
             assert (await asyncio.wait_for(link.request_work(), 5)).task["id"] == "grid4-red"
+    finally:
+        raw.close(0)
+        ctx.destroy(linger=0)
+
+
+async def test_a_repeated_request_gets_the_same_assignment_again(transport):
+    """An assignment lost on the way (a full ROUTER queue drops silently) is recovered by re-sending the request."""
+    ctx = zmq.asyncio.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.setsockopt(zmq.ROUTING_ID, b"raw-actor")
+    raw.connect(transport.endpoint)
+    try:
+        async with learner(ctx, transport) as service:
+            request = codec.encode(WorkRequest("raw-r0", "raw-actor"))
+            await raw.send_multipart(request)
+            first = codec.decode(await asyncio.wait_for(raw.recv_multipart(), 5), max_bytes=1 << 20)
+            await raw.send_multipart(request)  # as if `first` had been lost
+            again = codec.decode(await asyncio.wait_for(raw.recv_multipart(), 5), max_bytes=1 << 20)
+            assert (again.group_id, again.rollout_index) == (first.group_id, first.rollout_index)
+            assert service.admission.running == 1 and service.totals["assignments_resent"] == 1
     finally:
         raw.close(0)
         ctx.destroy(linger=0)
