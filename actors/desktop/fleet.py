@@ -32,6 +32,7 @@ ROLE_LABEL = "arpo.role"
 RUN_LABEL = "arpo.run"
 ROLE = "desktop"
 MAX_SOCKET_PATH = 100
+REMOVAL_WAIT_S = 30.0  # how long to wait for a removal another request started
 
 
 @dataclass
@@ -134,8 +135,8 @@ class DesktopFleet:
                               controller=ControllerClient(str(socket_dir / SOCKET_NAME)))
             await self._wait_ready(desktop, container)
         except BaseException:
-            if container is not None:
-                await self._delete(container.id)
+            # by id when create answered; by name when it was cancelled after the engine made the container
+            await self._delete(container.id if container is not None else name)
             shutil.rmtree(socket_dir, ignore_errors=True)
             raise
         desktop.ready_s = time.monotonic() - t0
@@ -173,15 +174,8 @@ class DesktopFleet:
         return "".join(out).rstrip() or "(empty log)"
 
     async def _delete(self, container_id: str) -> bool:
-        """Force-remove a container; False if it was already gone."""
-        try:
-            await self.docker.containers.container(container_id).delete(force=True)
-            return True
-        except DockerError as exc:
-            if exc.status == 404 or (exc.status == 409 and "in progress" in str(exc.message)):
-                return False
-            raise DesktopError(f"cannot remove desktop container {container_id[:12]}: "
-                               f"{exc.status} {exc.message}") from exc
+        """Force-remove a container by id or name; see :func:`_delete_container`."""
+        return await _delete_container(self.docker, container_id)
 
     async def remove(self, desktop: Desktop) -> None:
         """Force-remove a desktop's container and its socket folder. Idempotent."""
@@ -211,17 +205,42 @@ class DesktopFleet:
             self._docker = None
 
 
+async def _delete_container(docker: aiodocker.Docker, container_id: str) -> bool:
+    """Force-remove a container (by id or name) and return once the engine no longer lists it.
+
+    Returns False if it was already gone or another removal of it was already under way (then this waits
+    for that one to finish, up to ``REMOVAL_WAIT_S``). Raises DesktopError on any other engine error.
+    """
+    container = docker.containers.container(container_id)
+    try:
+        await container.delete(force=True)
+        return True
+    except DockerError as exc:
+        if exc.status == 404:
+            return False
+        if not (exc.status == 409 and "in progress" in str(exc.message)):
+            raise DesktopError(f"cannot remove desktop container {container_id[:12]}: "
+                               f"{exc.status} {exc.message}") from exc
+    deadline = time.monotonic() + REMOVAL_WAIT_S  # a cancelled earlier delete left the engine removing it
+    while time.monotonic() < deadline:
+        try:
+            await container.show()
+        except DockerError as exc:
+            if exc.status == 404:
+                return False
+            raise DesktopError(f"cannot inspect desktop container {container_id[:12]}: "
+                               f"{exc.status} {exc.message}") from exc
+        await asyncio.sleep(0.1)
+    raise DesktopError(f"desktop container {container_id[:12]} was still being removed after "
+                       f"{REMOVAL_WAIT_S:g} s")
+
+
 async def _remove_labelled(docker: aiodocker.Docker, run_id: str | None) -> int:
     labels = [f"{ROLE_LABEL}={ROLE}"] + ([f"{RUN_LABEL}={run_id}"] if run_id is not None else [])
     containers = await docker.containers.list(all="true", filters=json.dumps({"label": labels}))
     removed = 0
     for c in containers:
-        try:
-            await c.delete(force=True)
-            removed += 1
-        except DockerError as exc:
-            if exc.status not in (404, 409):
-                raise DesktopError(f"cannot remove desktop container {c.id[:12]}: {exc.status} {exc.message}") from exc
+        removed += await _delete_container(docker, c.id)
     return removed
 
 

@@ -4,7 +4,8 @@ Covers: warm spares (acquire hands out an already-booted desktop and the pool re
 release removes the used container, a dead spare is found by the health check and replaced, a start that
 keeps failing surfaces as DesktopError after the configured tries, close() leaves no container behind;
 the controller's screenshot encodings (PNG default, JPEG with quality, bad values rejected) and the
-byte-identical screenshots of an unchanged screen that the trajectory de-duplication relies on.
+byte-identical screenshots of an unchanged screen that the trajectory de-duplication relies on; and the
+shutdown races: a removal or start cancelled part-way still leaves no container behind.
 """
 from __future__ import annotations
 
@@ -162,3 +163,28 @@ async def test_unchanged_screen_gives_identical_bytes_stored_once(fleet):
     r = await c.execute(["xdotool", "mousemove", "--sync", "300", "200"], timeout=20)
     assert r["returncode"] == 0, r
     assert add_screenshot(shots, await c.screenshot()) == 2  # the cursor moved: a new screenshot
+
+
+@pytest.mark.parametrize("cancel_after_s", [0.0, 0.02, 0.1])
+async def test_cancelled_removal_then_close_leaves_nothing(fleet, cancel_after_s):
+    """close() right after a release whose background removal it cancels (the pool's shutdown race) must still
+    leave no container: a second delete of a container the engine is already removing waits for it."""
+    desktop = await asyncio.wait_for(fleet.start(), BOOT_DEADLINE_S)
+    removal = asyncio.create_task(fleet.remove(desktop))
+    await asyncio.sleep(cancel_after_s)
+    removal.cancel()
+    await asyncio.wait([removal])
+    await fleet.remove(desktop)  # what close() does for a desktop whose removal did not finish
+    assert await labelled(fleet.run_id) == []
+
+
+@pytest.mark.parametrize("cancel_after_s", [0.0, 0.05, 0.3])
+async def test_cancelled_start_leaves_no_container(fleet, cancel_after_s):
+    """A start cancelled at any point (the pool closing while it refills) removes what it had created."""
+    start = asyncio.create_task(fleet.start())
+    await asyncio.sleep(cancel_after_s)
+    start.cancel()
+    await asyncio.wait([start])
+    if not start.cancelled():  # it finished before the cancel landed
+        await fleet.remove(start.result())
+    assert await labelled(fleet.run_id) == []
