@@ -113,7 +113,10 @@ def progress_line(config: RunConfig, started: float) -> str:
     steps = config.learner.steps or "inf"
     last = records[-1] if records else {}
     outcomes = " ".join(f"{k.lower()}={v}" for k, v in sorted(status.get("outcomes", {}).items()))
-    return (f"[{time.monotonic() - started:6.0f}s] step {len(records)}/{steps} "
+    baseline = status.get("baseline")
+    phase = (f"baseline pass {baseline['groups_recorded']}/{baseline['groups_planned']} groups | "
+             if baseline else "")
+    return (f"[{time.monotonic() - started:6.0f}s] {phase}step {len(records)}/{steps} "
             f"version {status.get('policy_version', 0)} | trajectories {status.get('trajectories', 0)} "
             f"running {status.get('running', 0)} | success {last.get('success_rate', float('nan')):.2f} "
             f"loss {last.get('loss') if last.get('loss') is not None else float('nan'):.4f} | {outcomes}")

@@ -10,6 +10,11 @@ staleness rule keeps handing out work; "lockstep" is ARPO's synchronous loop: ha
 groups, wait for all of them, train (``updates_per_batch`` optimizer steps; no step when no group had reward
 variance), publish, repeat. Both write the same metrics records.
 
+Baseline pass (``learner.baseline_k`` > 0, ARPO's "valuable tasks"): before training, k rollouts of every task
+with the initial policy (rounded up to whole groups), evaluated and never trained on; training then uses only
+the tasks with at least ``baseline_min_success`` successes. The result is written to ``<run>/baseline.json`` and
+a restarted learner reuses it; when no task qualifies the learner stops with an error that lists the results.
+
 Resume: when ``<run>/checkpoints`` holds a checkpoint, the learner continues from it (model, optimizer,
 replay buffer, scheduler statistics, counters, policy version, step), republishes its weights to every
 inference server under its version, and repairs metrics.jsonl to match it (learner.checkpoint).
@@ -37,13 +42,13 @@ from arpo_async.metrics import MetricsWriter
 from arpo_async.tasks import Task, load_tasks
 from arpo_async.transport import SocketPump, router_socket
 from learner.batcher import Batcher, ScoredGroup, train_samples
-from learner.checkpoint import Checkpointer, capture, reconcile_metrics, restore
+from learner.checkpoint import Checkpointer, capture, checkpoint_folders, reconcile_metrics, restore
 from learner.publisher import WeightPublisher
 from learner.replay import ReplayBuffer, make_replay
 from learner.scheduler import GroupScheduler, LockstepAdmission
 from learner.service import LearnerService
 from learner.staleness import StalenessManager
-from learner.task_selection import TaskSelector
+from learner.task_selection import BaselinePass, TaskSelector
 from learner.trainer import Trainer, TrainerConfig
 
 log = logging.getLogger("arpo.learner")
@@ -88,11 +93,17 @@ async def run_learner(config: RunConfig) -> None:
     learner_id = uuid.uuid4().hex[:12]
     trainer = await asyncio.to_thread(Trainer, config.model_path, trainer_config(lc))
     replay = replay_buffer(lc)
-    selector = TaskSelector(tasks, window=lc.task_window, retire=lc.task_retire, revisit_every=lc.task_revisit_every,
-                            revisit_prob=lc.task_revisit_prob, strategy=lc.task_strategy, seed=lc.seed)
+    baseline_path = config.run_path / BASELINE_FILE
+    baseline = plan_baseline(tasks, lc, baseline_path,
+                             resuming=bool(checkpoint_folders(config.run_path / "checkpoints")))
+    if baseline is None and lc.baseline_k:
+        tasks = valuable_pool(tasks, json.loads(baseline_path.read_text())["valuable"])
+    selector = task_selector(tasks, lc)
+    training_budget = 0 if lockstep else None
     scheduler = GroupScheduler(tasks, lc.group_size, max_retries=lc.rollout_retries, seed=lc.seed,
-                               group_budget=0 if lockstep else None, id_prefix=f"{learner_id[:6]}-",
-                               pick_task=selector.pick_task)
+                               group_budget=0 if baseline is not None else training_budget,
+                               id_prefix=f"{learner_id[:6]}-",
+                               pick_task=baseline.pick_task if baseline is not None else selector.pick_task)
     admission = (LockstepAdmission(lc.batch_trajectories) if lockstep
                  else StalenessManager(lc.batch_trajectories, lc.max_staleness))
     batcher = Batcher(replay, max_staleness=lc.max_staleness, groups_per_step=lc.groups_per_step,
@@ -119,6 +130,12 @@ async def run_learner(config: RunConfig) -> None:
             pump_task = tg.create_task(pump.run())
             expire_task = tg.create_task(service.expire_loop())
             status_task = tg.create_task(write_status(service, config.run_path / "status.json"))
+            if baseline is not None:
+                results = await service.run_baseline(baseline)
+                kept = save_baseline(baseline_path, results, baseline, lc)
+                service.selector = task_selector(valuable_pool(tasks, kept), lc)
+                scheduler.set_task_source(service.selector.pick_task, training_budget)
+                await service.dispatch()
             await (loop.run_lockstep() if lockstep else loop.run_async())
             await service.shutdown_actors("training finished")
             await pump.flush()
@@ -130,6 +147,60 @@ async def run_learner(config: RunConfig) -> None:
             metrics.close()
         await client.aclose()
         ctx.destroy(linger=0)
+
+
+BASELINE_FILE = "baseline.json"
+"""The baseline pass's results in the run folder: {"k", "results": {task id: scores}, "valuable": [ids]}."""
+
+
+def task_selector(tasks: list[Task], lc: LearnerConfig) -> TaskSelector:
+    """The online task selector over ``tasks`` with the configured window, retirement and revisits."""
+    return TaskSelector(tasks, window=lc.task_window, retire=lc.task_retire, revisit_every=lc.task_revisit_every,
+                        revisit_prob=lc.task_revisit_prob, strategy=lc.task_strategy, seed=lc.seed)
+
+
+def plan_baseline(tasks: list[Task], lc: LearnerConfig, path: Path, *, resuming: bool) -> BaselinePass | None:
+    """The baseline pass to run before training, or None: when ``baseline_k`` is 0, when ``path`` holds a
+    finished pass of this run (a restart reuses it), or when resuming a run that trained without one."""
+    if not lc.baseline_k or path.exists():
+        return None
+    if resuming:
+        log.warning("learner.baseline_k=%d but this run already trained without a baseline pass; not running one",
+                    lc.baseline_k)
+        return None
+    return BaselinePass(tasks, lc.baseline_k, lc.group_size)
+
+
+def save_baseline(path: Path, results: dict[str, list[float]], baseline: BaselinePass, lc: LearnerConfig) -> list[str]:
+    """Write the finished baseline pass to ``path`` (atomically) and return the valuable task ids.
+
+    Raises:
+        ValueError: no task met ``baseline_min_success`` (nothing to train on; the message lists the results).
+    """
+    kept = baseline.valuable(lc.baseline_min_success, drop_solved=lc.baseline_drop_solved)
+    summary = {task_id: f"{sum(s >= 0.5 for s in scores)}/{len(scores)}" for task_id, scores in results.items()}
+    if not kept:
+        raise ValueError(f"the baseline pass found no task with >= {lc.baseline_min_success} successes in "
+                         f"{lc.baseline_k} rollouts (successes per task: {summary}); lower "
+                         "learner.baseline_min_success or set learner.baseline_k=0")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"k": lc.baseline_k, "results": results, "valuable": kept}, indent=1))
+    tmp.replace(path)
+    log.info("baseline pass: kept %d of %d tasks (successes per task: %s)", len(kept), len(results), summary)
+    return kept
+
+
+def valuable_pool(tasks: list[Task], kept: list[str]) -> list[Task]:
+    """The tasks of ``tasks`` whose ids are in ``kept`` (pool order).
+
+    Raises:
+        ValueError: none of them is in the pool (a baseline.json from another task set).
+    """
+    pool = [t for t in tasks if t.id in set(kept)]
+    if not pool:
+        raise ValueError(f"none of the baseline pass's valuable tasks {kept} is in the task pool; remove "
+                         f"{BASELINE_FILE} from the run folder to run the pass again")
+    return pool
 
 
 async def write_status(service: LearnerService, path: Path, period_s: float = 1.0) -> None:

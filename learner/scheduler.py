@@ -115,6 +115,17 @@ class GroupScheduler:
             raise ValueError("this scheduler has no group budget (it opens groups without limit)")
         self._budget += groups
 
+    def set_task_source(self, pick_task: Callable[[], Task] | None, group_budget: int | None) -> None:
+        """Switch where new groups' tasks come from and the group budget (None = unlimited), e.g. from the baseline
+        pass to training; groups already open keep their task.
+
+        Raises:
+            ValueError: a negative budget.
+        """
+        if group_budget is not None and group_budget < 0:
+            raise ValueError(f"group_budget must be >= 0 or None, got {group_budget}")
+        self._pick_task, self._budget = pick_task, group_budget
+
     def next_rollout(self, now: float | None = None) -> Rollout:
         """The next slot to hand out: re-issues first, then the open group, then a new group.
 

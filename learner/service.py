@@ -30,7 +30,7 @@ from arpo_async.messages import (Ack, Assignment, Heartbeat, Hello, LearnerStatu
 from arpo_async.transport import Envelope, SocketPump
 from learner.batcher import Batcher
 from learner.scheduler import GroupScheduler
-from learner.task_selection import TaskSelector, trainable_scores
+from learner.task_selection import BaselinePass, TaskSelector, trainable_scores
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,9 @@ class LearnerService:
         self.round_done = asyncio.Event()
         self.window = WindowStats()
         self.totals: collections.Counter[str] = collections.Counter()
+        self.baseline: BaselinePass | None = None
+        """The baseline pass while it runs (its groups go to it, not to training)."""
+        self._baseline_done = asyncio.Event()
 
     async def on_message(self, envelope: Envelope) -> None:
         """Dispatch one decoded message from actor ``envelope.peer``."""
@@ -182,9 +185,16 @@ class LearnerService:
         group = self.scheduler.on_trajectory(traj)
         self.admission.on_finish(accepted=Outcome(traj.outcome).trainable)
         if group is not None:
+            accepted = sum(Outcome(t.outcome).trainable for t in group.trajectories())
+            if self.baseline is not None:
+                self.baseline.record_group(group.task.id, trainable_scores(group))
+                self.admission.on_discard(accepted)  # evaluated, never trained on
+                if self.baseline.done:
+                    self._baseline_done.set()
+                await self.dispatch()
+                return
             if self.selector is not None:
                 self.selector.record_group(group.task.id, trainable_scores(group))
-            accepted = sum(Outcome(t.outcome).trainable for t in group.trajectories())
             scored = self.batcher.add_group(group, self.version)
             self.admission.on_discard(accepted - (len(scored.trajectories) if scored else 0))
             if self.batcher.has_batch:
@@ -200,6 +210,28 @@ class LearnerService:
             for _ in range(self.scheduler.expire()):
                 self.admission.on_finish(accepted=False)
             await self.dispatch()
+
+    async def run_baseline(self, baseline: BaselinePass) -> dict[str, list[float]]:
+        """ARPO's baseline pass: hand out ``baseline``'s groups (k rollouts of every task with the current policy)
+        and wait until every one has come back. The groups are recorded in ``baseline`` and never trained on; the
+        outcome window is reset afterwards, so the first training step's success rate is training's own.
+
+        The scheduler must have been built (or switched with ``set_task_source``) with ``baseline.pick_task``
+        and a group budget of 0; this adds the pass's groups to the budget.
+
+        Returns:
+            Task id -> evaluator scores of its trainable baseline rollouts.
+        """
+        self.baseline = baseline
+        self._baseline_done.clear()
+        self.scheduler.add_group_budget(baseline.planned_groups)
+        await self.dispatch()
+        try:
+            await self._baseline_done.wait()
+        finally:
+            self.baseline = None
+        self.window.take()
+        return baseline.results
 
     async def open_round(self, groups: int) -> None:
         """Lockstep: hand out one rollout batch of ``groups`` groups; ``round_done`` is set once all came back.
@@ -230,7 +262,9 @@ class LearnerService:
                 "waiting_requests": len(self.waiting), "actors": len(self.actors),
                 "outcomes": {k: v for k, v in self.totals.items() if k.isupper()},
                 "drops": dict(self.batcher.drops), "ready_groups": len(self.batcher.ready),
-                "totals": dict(self.totals), "wall_s": round(time.monotonic() - self.started, 3)}
+                "totals": dict(self.totals), "wall_s": round(time.monotonic() - self.started, 3),
+                **({"baseline": {"groups_recorded": self.baseline.recorded_groups,
+                                 "groups_planned": self.baseline.planned_groups}} if self.baseline else {})}
 
     def state_dict(self) -> dict[str, Any]:
         """The service's resumable state: version, step, totals, drop counters, scheduler state, and the

@@ -164,6 +164,16 @@ class BaselinePass(Generic[T]):
         """Task id -> scores recorded so far."""
 
     @property
+    def planned_groups(self) -> int:
+        """Groups the pass hands out in all: ``ceil(k / group_size)`` per task."""
+        return self._expected
+
+    @property
+    def recorded_groups(self) -> int:
+        """Groups recorded so far."""
+        return self._recorded
+
+    @property
     def exhausted(self) -> bool:
         """Every planned group has been handed out."""
         return not self._plan

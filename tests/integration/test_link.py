@@ -1,8 +1,9 @@
 """Actor <-> learner protocol over real ZeroMQ TCP sockets on 127.0.0.1.
 
 Covers: assignments under the staleness rule (requests wait, never fail), acks, de-duplication, a learner
-restart (actors notice the new learner id and re-send what they hold), and hostile frames (rejected, counted,
-the learner keeps serving).
+restart (actors notice the new learner id and re-send what they hold), hostile frames (rejected, counted,
+the learner keeps serving), and the baseline pass (its groups are evaluated, never trained on; training then
+draws only the valuable tasks).
 """
 
 import asyncio
@@ -25,6 +26,7 @@ from learner.replay import SuccessReplay
 from learner.scheduler import GroupScheduler
 from learner.service import LearnerService
 from learner.staleness import StalenessManager
+from learner.task_selection import BaselinePass, TaskSelector
 
 TASK = Task.from_dict({"id": "grid4-red", "instruction": "click red", "config": [],
                        "evaluator": {"func": "exact_match", "result": {"type": "vm_file", "path": "/r"},
@@ -43,11 +45,11 @@ def transport() -> TransportConfig:
 
 
 @asynccontextmanager
-async def learner(ctx, transport, *, batch=2, eta=0):
+async def learner(ctx, transport, *, batch=2, eta=0, scheduler=None):
     service: LearnerService
     pump = SocketPump(router_socket(ctx, transport), routed=True, max_bytes=transport.max_message_bytes,
                       on_message=lambda env: service.on_message(env), on_bad=lambda p, r: service.on_bad(p, r))
-    service = LearnerService(pump, GroupScheduler([TASK], group_size=2), StalenessManager(batch, eta),
+    service = LearnerService(pump, scheduler or GroupScheduler([TASK], group_size=2), StalenessManager(batch, eta),
                              Batcher(SuccessReplay(), max_staleness=eta, groups_per_step=1))
     task = asyncio.create_task(pump.run())
     try:
@@ -174,4 +176,36 @@ async def test_a_repeated_request_gets_the_same_assignment_again(transport):
             assert service.admission.running == 1 and service.totals["assignments_resent"] == 1
     finally:
         raw.close(0)
+        ctx.destroy(linger=0)
+
+
+async def test_baseline_pass_keeps_valuable_tasks_and_trains_on_none_of_it(transport):
+    other = Task.from_dict({**TASK.to_dict(), "id": "grid4-blue", "instruction": "click blue"})
+    baseline = BaselinePass([TASK, other], k=2, group_size=2)  # one group of 2 per task
+    scheduler = GroupScheduler([TASK, other], group_size=2, group_budget=0, pick_task=baseline.pick_task)
+    scores = {"grid4-red": [("SUCCESS", 1.0), ("FAILURE", 0.0)], "grid4-blue": [("FAILURE", 0.0)] * 2}
+    ctx = zmq.asyncio.Context()
+    try:
+        async with learner(ctx, transport, batch=4, eta=1, scheduler=scheduler) as service, \
+                actor(ctx, transport) as link:
+            passing = asyncio.create_task(service.run_baseline(baseline))
+            for _ in range(4):
+                assignment = await asyncio.wait_for(link.request_work(), 5)
+                assert "baseline" in service.status()
+                outcome, score = scores[assignment.task["id"]][assignment.rollout_index]
+                await link.submit(trajectory(assignment, outcome, score))
+            results = await asyncio.wait_for(passing, 5)
+            assert results == {"grid4-red": [1.0, 0.0], "grid4-blue": [0.0, 0.0]}
+            assert baseline.valuable() == ["grid4-red"]
+            assert service.batcher.ready == [] and not service.batch_ready.is_set()  # nothing to train on
+            assert service.admission.accepted == 0 and service.window.take() == {}
+            assert "baseline" not in service.status()
+
+            waiting = asyncio.create_task(link.request_work())  # the pass's budget is spent: the request waits
+            await until(lambda: len(service.waiting) == 1)
+            selector = TaskSelector([TASK])
+            scheduler.set_task_source(selector.pick_task, None)
+            await service.dispatch()
+            assert (await asyncio.wait_for(waiting, 5)).task["id"] == "grid4-red"
+    finally:
         ctx.destroy(linger=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import msgpack
@@ -203,3 +204,38 @@ def test_bad_parameters_are_rejected(kwargs):
         TaskSelector(POOL, **kwargs)
     with pytest.raises(TaskSelectionError, match="empty"):
         TaskSelector([])
+
+
+def test_learner_baseline_file_is_written_reused_and_checked(tmp_path):
+    from arpo_async.config import LearnerConfig
+    from learner.main import plan_baseline, save_baseline, valuable_pool
+
+    lc = LearnerConfig(baseline_k=2, group_size=2)
+    path = tmp_path / "baseline.json"
+    baseline = plan_baseline(POOL, lc, path, resuming=False)
+    assert baseline is not None and baseline.planned_groups == 4
+    assert plan_baseline(POOL, LearnerConfig(), path, resuming=False) is None  # baseline_k = 0: no pass
+    assert plan_baseline(POOL, lc, path, resuming=True) is None  # a run that trained without one
+    for t in POOL:
+        baseline.pick_task()
+        baseline.record_group(t.id, [1.0, 0.0] if t.id in ("b", "d") else [0.0, 0.0])
+    assert save_baseline(path, baseline.results, baseline, lc) == ["b", "d"]
+    assert json.loads(path.read_text())["valuable"] == ["b", "d"]
+    assert plan_baseline(POOL, lc, path, resuming=False) is None  # a restart reuses the finished pass
+    assert [t.id for t in valuable_pool(POOL, ["d", "b"])] == ["b", "d"]
+    with pytest.raises(ValueError, match="none of the baseline pass's valuable tasks"):
+        valuable_pool(POOL, ["zz"])
+
+
+def test_learner_baseline_with_no_valuable_task_is_a_clear_error(tmp_path):
+    from arpo_async.config import LearnerConfig
+    from learner.main import save_baseline
+
+    lc = LearnerConfig(baseline_k=2, group_size=2)
+    baseline = BaselinePass(POOL[:2], k=2, group_size=2)
+    for t in POOL[:2]:
+        baseline.pick_task()
+        baseline.record_group(t.id, [0.0, 0.0])
+    with pytest.raises(ValueError, match=r"no task with >= 1 successes in 2 rollouts .*'a': '0/2'"):
+        save_baseline(tmp_path / "baseline.json", baseline.results, baseline, lc)
+    assert not (tmp_path / "baseline.json").exists()
