@@ -3,8 +3,10 @@
 Both arms are real `arpo run`s (arpo-serve + arpo-learner + arpo-actors, 8 docker desktops) over the whole
 built-in suite with a 5-step budget, so episode lengths are mixed (the agent may say `finished` at any step;
 tasks differ in setup cost). Each arm runs for the same wall-clock budget. Figures per arm:
-  trajectories/min    trajectories the learner received, per minute of learner wall time
-  desktop utilisation sum of episode seconds / (desktops x wall seconds)
+  trajectories/min    trajectories the learner received per minute, in the steady state (from the first
+                      trajectory on; start-up and the first desktop boots are left out)
+  desktop utilisation sum of episode seconds / (desktops x seconds) over the same span; an episode runs from
+                      the task's setup to its evaluation, so desktop resets are outside it
 and the ratio async / lockstep of both (target from issue 4: >= 3x trajectories/min).
 
 Usage: python bench/bench_e2e.py [--minutes 5] [--actors 8] [--quick]
@@ -29,18 +31,37 @@ SCHEDULES = {
 }
 
 
+def read_status(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((run_dir / "status.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
 def measure(schedule: str, args: argparse.Namespace) -> dict[str, float]:
+    """One arm: sample the learner's status.json every 2 s; the figures cover the steady state, from the first
+    sample with a trajectory to the last sample (start-up, model load and first desktop boots left out)."""
     run_dir = args.out / schedule
     shutil.rmtree(run_dir, ignore_errors=True)
     overrides = SCHEDULES[schedule] + [f"actors.actors={args.actors}", "actors.max_steps=5", "learner.steps=100000",
                                        "learner.group_size=4", "learner.groups_per_step=2"]
-    run_arpo(run_dir, args.model, overrides, args.minutes)
-    status = json.loads((run_dir / "status.json").read_text())
-    wall_s = status["wall_s"]
-    totals = status["totals"]
-    return {"traj_per_min": totals.get("trajectories", 0) / (wall_s / 60),
-            "utilisation": totals.get("desktop_busy_s", 0.0) / (args.actors * wall_s),
-            "steps": status.get("step", 0), "wall_s": wall_s}
+    samples: list[dict] = []
+
+    def sample(run_dir: Path) -> bool:
+        status = read_status(run_dir)
+        if status and status.get("totals", {}).get("trajectories", 0) > 0:
+            samples.append(status)
+        return False
+
+    run_arpo(run_dir, args.model, overrides, args.minutes, sample)
+    if len(samples) < 2:
+        raise SystemExit(f"{schedule}: fewer than 2 status samples with trajectories; see {run_dir}.out")
+    first, last = samples[0], samples[-1]
+    span_s = last["wall_s"] - first["wall_s"]
+    done = last["totals"]["trajectories"] - first["totals"]["trajectories"]
+    busy = last["totals"].get("desktop_busy_s", 0.0) - first["totals"].get("desktop_busy_s", 0.0)
+    return {"traj_per_min": done / (span_s / 60), "utilisation": busy / (args.actors * span_s),
+            "steps": last.get("step", 0), "wall_s": span_s}
 
 
 def main() -> int:
@@ -55,7 +76,7 @@ def main() -> int:
         args.minutes = min(args.minutes, 2.0)
     ensure_model(args.model)
     results = {s: measure(s, args) for s in SCHEDULES}
-    print(f"{'schedule':<10}{'traj/min':>10}{'utilisation':>13}{'steps':>7}{'wall s':>8}")
+    print(f"{'schedule':<10}{'traj/min':>10}{'utilisation':>13}{'steps':>7}{'span s':>8}")
     for s, r in results.items():
         print(f"{s:<10}{r['traj_per_min']:>10.1f}{r['utilisation']:>13.2f}{r['steps']:>7}{r['wall_s']:>8.0f}")
     a, l = results["async"], results["lockstep"]

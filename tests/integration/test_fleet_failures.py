@@ -13,9 +13,7 @@ import asyncio
 import json
 import os
 import secrets
-import selectors
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -43,59 +41,12 @@ from learner.replay import SuccessReplay
 from learner.scheduler import GroupScheduler
 from learner.service import LearnerService
 from learner.staleness import StalenessManager
+from tests.support import ServeProcess, free_port, labelled, until
 
 pytestmark = pytest.mark.docker
 
 TASKS = [t for t in load_tasks() if t.id == "grid4-red"]
-SERVER_START_TIMEOUT_S = 180.0
 EPISODE_DEADLINE_S = 300.0  # generous: CPU inference and container boots share 2 contended cores
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServeProcess:
-    """The real arpo-serve as a child process on a fixed port; ``start`` returns once it printed its ready line."""
-
-    def __init__(self, model: Path, port: int, log_dir: Path) -> None:
-        self.model, self.port, self.log_dir = model, port, log_dir
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        self.starts += 1
-        with open(self.log_dir / f"serve-{self.port}-{self.starts}.log", "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "arpo_async.serve.main", "--model", str(self.model), "--port", str(self.port)],
-                stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        buf = b""
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            while b"arpo-serve ready" not in buf:
-                left = deadline - time.monotonic()
-                if left <= 0 or self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError(f"arpo-serve did not become ready (logs in {self.log_dir}); stdout: {buf!r}")
-                if sel.select(timeout=left):
-                    buf += os.read(self.proc.stdout.fileno(), 4096)
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
-        self.proc.stdout.close()
-        self.proc = None
 
 
 @pytest.fixture(scope="module")
@@ -114,21 +65,6 @@ def encoder(tiny_model):
 def actor_config(**kw) -> ActorConfig:
     return ActorConfig(actors=1, max_steps=2, max_new_tokens=48, warm_spares=1, step_timeout_s=60.0,
                        setup_timeout_s=60.0, **kw)
-
-
-async def run_containers(run_id: str) -> list[str]:
-    async with aiodocker.Docker() as docker:
-        found = await docker.containers.list(all="true", filters=json.dumps({"label": [f"arpo.run={run_id}"]}))
-    return [c.id for c in found]
-
-
-async def until(predicate, timeout: float, what: str) -> None:
-    """Poll ``predicate`` every 50 ms until true; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @asynccontextmanager
@@ -191,7 +127,7 @@ async def pool(desktop_image):
         await p.close()
         await fleet.remove_all()
         await fleet.close()
-        assert await run_containers(fleet.run_id) == []
+        assert await labelled(fleet.run_id) == []
 
 
 def check_screenshot_indices(traj: Trajectory) -> None:
@@ -218,7 +154,7 @@ async def test_desktop_killed_mid_episode_gives_env_error_and_actor_goes_on(serv
             after = next(t for t in received if t.outcome_enum.trainable)
             assert after.desktop and after.desktop != victim.name and after.steps
             check_screenshot_indices(after)
-            assert victim.container_id not in await run_containers(pool.fleet.run_id)  # the dead one is gone
+            assert victim.container_id not in await labelled(pool.fleet.run_id)  # the dead one is gone
     finally:
         await policy.aclose()
         ctx.destroy(linger=0)
@@ -273,7 +209,7 @@ async def test_sigterm_removes_every_container_and_exits_0(server, tiny_model, d
             running: list[str] = []
 
             async def poll_running() -> None:
-                running[:] = await run_containers(run_id)
+                running[:] = await labelled(run_id)
 
             deadline = time.monotonic() + EPISODE_DEADLINE_S
             while not (service.status()["running"] >= 1 and len(running) >= 2):  # episodes on desktops
@@ -286,7 +222,7 @@ async def test_sigterm_removes_every_container_and_exits_0(server, tiny_model, d
                 rc = await proc.wait()
             assert rc == 0, log_path.read_text()[-3000:]
             assert "stopped by signal" in log_path.read_text()  # not a learner shutdown
-            assert await run_containers(run_id) == []
+            assert await labelled(run_id) == []
             assert not (Path("/tmp/arpo-desktops") / run_id).exists()
     finally:
         if proc is not None and proc.returncode is None:

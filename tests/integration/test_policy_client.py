@@ -6,12 +6,6 @@ from __future__ import annotations
 import asyncio
 import io
 import math
-import os
-import selectors
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,64 +20,11 @@ from actors.policy_client import (
     image_data_uri,
 )
 from actors.uitars import action_regex, build_messages, parse_reply
+from tests.support import ServeProcess, free_port
 
 SCREEN = (1280, 720)
-SERVER_START_TIMEOUT_S = 120.0
 SMALL_REGEX = action_regex(max_thought_chars=8, max_coord_digits=3, max_text_chars=6)
 SAMPLING = {"max_new_tokens": 160, "temperature": 1.0, "regex": SMALL_REGEX}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServeProcess:
-    """`python -m arpo_async.serve.main` as a child process; ``start`` returns once it printed its ready line."""
-
-    def __init__(self, model: Path, port: int, log_dir: Path) -> None:
-        self.model, self.port, self.log_dir = model, port, log_dir
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen | None = None
-        self._starts = 0
-
-    def start(self) -> None:
-        self._starts += 1
-        log = open(self.log_dir / f"serve-{self.port}-{self._starts}.log", "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "arpo_async.serve.main", "--model", str(self.model), "--port", str(self.port)],
-            stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        log.close()
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        buf = b""
-        try:
-            while b"arpo-serve ready" not in buf:
-                left = deadline - time.monotonic()
-                if left <= 0 or self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError(f"arpo-serve did not become ready (see {self.log_dir}); stdout: {buf!r}")
-                if sel.select(timeout=left):
-                    chunk = os.read(self.proc.stdout.fileno(), 4096)
-                    buf += chunk
-        finally:
-            sel.close()
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
-        self.proc.stdout.close()
-        self.proc = None
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +36,7 @@ def tiny_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
-    proc = ServeProcess(tiny_model, _free_port(), tmp_path_factory.mktemp("serve-logs"))
+    proc = ServeProcess(tiny_model, free_port(), tmp_path_factory.mktemp("serve-logs"))
     proc.start()
     yield proc
     proc.stop()
@@ -195,7 +136,7 @@ async def test_weight_publisher_calls(server, tiny_model, encoder):
 
 
 async def test_server_down_then_back_on_the_same_port(tiny_model, encoder, tmp_path):
-    proc = ServeProcess(tiny_model, _free_port(), tmp_path)
+    proc = ServeProcess(tiny_model, free_port(), tmp_path)
     proc.start()
     prompt = build_messages("task", [])
     ids = encoder.encode(prompt.messages, [SCREEN])

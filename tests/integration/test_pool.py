@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 import secrets
 import time
 
-import aiodocker
 import pytest
 from PIL import Image
 
@@ -23,31 +21,11 @@ from actors.desktop.controller_client import DesktopError
 from actors.desktop.fleet import DesktopFleet
 from actors.desktop.pool import DesktopPool
 from actors.episode import add_screenshot
+from tests.support import labelled, until
 
 pytestmark = pytest.mark.docker
 
 BOOT_DEADLINE_S = 180.0  # generous: the whole suite may be starting containers on 2 cores
-
-
-async def labelled(run_id: str) -> list[str]:
-    """Ids of every container (running or not) labelled with ``run_id``."""
-    async with aiodocker.Docker() as docker:
-        found = await docker.containers.list(all="true", filters=json.dumps({"label": [f"arpo.run={run_id}"]}))
-    return [c.id for c in found]
-
-
-async def until(predicate, timeout: float, what: str) -> None:
-    """Poll ``predicate`` (sync or async) every 50 ms until true; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        ok = predicate()
-        if asyncio.iscoroutine(ok):
-            ok = await ok
-        if ok:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture

@@ -1,0 +1,93 @@
+"""Helpers shared by the integration tests: free ports, the real arpo-serve as a child process, the containers
+a run left, and polling with a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiodocker
+import pytest
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServeProcess:
+    """The real arpo-serve (`python -m arpo_async.serve.main`) as a child process on a fixed port.
+
+    ``start`` returns once it printed its ready line and raises RuntimeError (naming the log folder) when it exits
+    or is not ready within ``start_timeout_s``; ``stop`` sends SIGTERM (SIGKILL after 30 s). ``starts`` counts
+    starts; each writes its stderr to ``<log_dir>/serve-<port>-<n>.log``.
+    """
+
+    def __init__(self, model: Path, port: int, log_dir: Path, *, start_timeout_s: float = 180.0) -> None:
+        self.model, self.port, self.log_dir = model, port, log_dir
+        self.start_timeout_s = start_timeout_s
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        with open(self.log_dir / f"serve-{self.port}-{self.starts}.log", "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "arpo_async.serve.main", "--model", str(self.model), "--port", str(self.port)],
+                stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + self.start_timeout_s
+        buf = b""
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            while b"arpo-serve ready" not in buf:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(f"arpo-serve did not become ready (logs in {self.log_dir}); stdout: {buf!r}")
+                if sel.select(timeout=left):
+                    buf += os.read(self.proc.stdout.fileno(), 4096)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self.proc.stdout.close()
+        self.proc = None
+
+
+async def labelled(run_id: str) -> list[str]:
+    """Ids of every container (running or not) labelled with ``run_id``."""
+    async with aiodocker.Docker() as docker:
+        found = await docker.containers.list(all="true", filters=json.dumps({"label": [f"arpo.run={run_id}"]}))
+    return [c.id for c in found]
+
+
+async def until(predicate, timeout: float, what: str) -> None:
+    """Poll ``predicate`` (sync or async) every 50 ms until true; fail naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ok = predicate()
+        if asyncio.iscoroutine(ok):
+            ok = await ok
+        if ok:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(0.05)
