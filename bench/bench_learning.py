@@ -47,8 +47,10 @@ TASK_SETUP = ['actors.grammar_actions=["click"]', "actors.max_steps=1", "actors.
               "learner.group_size=8", "learner.groups_per_step=2", "learner.lr=1e-3", "learner.steps=100000"]
 
 
-def run_arm(arm: str, family: str, seed: int, minutes: float, out: Path, model: Path, target: float) -> list[dict]:
-    """Run one arm for ``minutes`` (or until it holds ``target`` + 0.1 success for 3 steps); returns its metrics."""
+def run_arm(arm: str, family: str, seed: int, minutes: float, out: Path, model: Path, target: float,
+            extra: list[str] = []) -> list[dict]:
+    """Run one arm for ``minutes`` (or until it holds ``target`` + 0.1 success for 3 steps); returns its metrics.
+    ``extra``: more `--set` overrides for every arm (after the task setup, so they win)."""
     run_dir = out / f"{family}-{arm}-seed{seed}"
     if (run_dir / "metrics.jsonl").exists():
         print(f"reusing finished run {run_dir}", flush=True)
@@ -58,7 +60,7 @@ def run_arm(arm: str, family: str, seed: int, minutes: float, out: Path, model: 
         records = read_metrics(run_dir / "metrics.jsonl")
         return len(records) >= 3 and all(r["success_rate"] >= min(target + 0.1, 0.98) for r in records[-3:])
 
-    overrides = TASK_SETUP + ARMS[arm][1] + [f'learner.task_ids=["{family}-"]', f"learner.seed={seed}"]
+    overrides = TASK_SETUP + ARMS[arm][1] + [f'learner.task_ids=["{family}-"]', f"learner.seed={seed}"] + extra
     run_arpo(run_dir, model, overrides, minutes, solved)
     return read_metrics(run_dir / "metrics.jsonl")
 
@@ -112,6 +114,9 @@ def main() -> int:
     parser.add_argument("--target", type=float, help="success to time (default 0.8 for grid4, 0.5 for grid8)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-learning")
     parser.add_argument("--model", type=Path, default=ROOT / "runs" / "tiny-model")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra config override for every arm, e.g. --set learner.lr=3e-3 (repeatable; use a "
+                             "fresh --out, finished runs in --out are reused)")
     args = parser.parse_args()
     seeds = 1 if args.quick else args.seeds
     minutes = min(args.minutes, 6.0) if args.quick else args.minutes
@@ -124,7 +129,8 @@ def main() -> int:
     for arm in arms:
         for seed in range(seeds):
             print(f"arm {arm} ({ARMS[arm][0]}), {args.family}, seed {seed}: up to {minutes:g} min", flush=True)
-            results.setdefault(arm, []).append(run_arm(arm, args.family, seed, minutes, args.out, args.model, target))
+            results.setdefault(arm, []).append(run_arm(arm, args.family, seed, minutes, args.out, args.model, target,
+                                                      args.overrides))
 
     figures: dict[str, str] = {}
     tag = f"t{int(target * 100)}"
