@@ -118,6 +118,10 @@ def main() -> int:
                         help="extra config override for every arm, e.g. --set learner.lr=3e-3 (repeatable; use a "
                              "fresh --out, finished runs in --out are reused)")
     args = parser.parse_args()
+    try:
+        import matplotlib  # noqa: F401  (checked now, not after an hour of runs)
+    except ImportError:
+        parser.error("the plot needs matplotlib: pip install -e '.[bench]'")
     seeds = 1 if args.quick else args.seeds
     minutes = min(args.minutes, 6.0) if args.quick else args.minutes
     target = args.target if args.target is not None else (0.8 if args.family == "grid4" else 0.5)
