@@ -61,7 +61,7 @@ def measure(schedule: str, args: argparse.Namespace) -> dict[str, float]:
     done = last["totals"]["trajectories"] - first["totals"]["trajectories"]
     busy = last["totals"].get("desktop_busy_s", 0.0) - first["totals"].get("desktop_busy_s", 0.0)
     return {"traj_per_min": done / (span_s / 60), "utilisation": busy / (args.actors * span_s),
-            "steps": last.get("step", 0), "wall_s": span_s}
+            "steps": last.get("step", 0), "span_s": span_s}
 
 
 def main() -> int:
@@ -78,7 +78,7 @@ def main() -> int:
     results = {s: measure(s, args) for s in SCHEDULES}
     print(f"{'schedule':<10}{'traj/min':>10}{'utilisation':>13}{'steps':>7}{'span s':>8}")
     for s, r in results.items():
-        print(f"{s:<10}{r['traj_per_min']:>10.1f}{r['utilisation']:>13.2f}{r['steps']:>7}{r['wall_s']:>8.0f}")
+        print(f"{s:<10}{r['traj_per_min']:>10.1f}{r['utilisation']:>13.2f}{r['steps']:>7}{r['span_s']:>8.0f}")
     a, l = results["async"], results["lockstep"]
     ratio = a["traj_per_min"] / l["traj_per_min"] if l["traj_per_min"] else float("nan")
     util_ratio = a["utilisation"] / l["utilisation"] if l["utilisation"] else float("nan")

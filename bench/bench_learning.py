@@ -48,7 +48,7 @@ TASK_SETUP = ['actors.grammar_actions=["click"]', "actors.max_steps=1", "actors.
 
 
 def run_arm(arm: str, family: str, seed: int, minutes: float, out: Path, model: Path, target: float,
-            extra: list[str] = []) -> list[dict]:
+            extra: tuple[str, ...] = ()) -> list[dict]:
     """Run one arm for ``minutes`` (or until it holds ``target`` + 0.1 success for 3 steps); returns its metrics.
     ``extra``: more `--set` overrides for every arm (after the task setup, so they win)."""
     run_dir = out / f"{family}-{arm}-seed{seed}"
@@ -60,7 +60,7 @@ def run_arm(arm: str, family: str, seed: int, minutes: float, out: Path, model: 
         records = read_metrics(run_dir / "metrics.jsonl")
         return len(records) >= 3 and all(r["success_rate"] >= min(target + 0.1, 0.98) for r in records[-3:])
 
-    overrides = TASK_SETUP + ARMS[arm][1] + [f'learner.task_ids=["{family}-"]', f"learner.seed={seed}"] + extra
+    overrides = TASK_SETUP + ARMS[arm][1] + [f'learner.task_ids=["{family}-"]', f"learner.seed={seed}", *extra]
     run_arpo(run_dir, model, overrides, minutes, solved)
     return read_metrics(run_dir / "metrics.jsonl")
 
@@ -134,7 +134,7 @@ def main() -> int:
         for seed in range(seeds):
             print(f"arm {arm} ({ARMS[arm][0]}), {args.family}, seed {seed}: up to {minutes:g} min", flush=True)
             results.setdefault(arm, []).append(run_arm(arm, args.family, seed, minutes, args.out, args.model, target,
-                                                      args.overrides))
+                                                      tuple(args.overrides)))
 
     figures: dict[str, str] = {}
     tag = f"t{int(target * 100)}"

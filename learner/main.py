@@ -96,9 +96,9 @@ async def run_learner(config: RunConfig) -> None:
     baseline_path = config.run_path / BASELINE_FILE
     baseline = plan_baseline(tasks, lc, baseline_path,
                              resuming=bool(checkpoint_folders(config.run_path / "checkpoints")))
-    if baseline is None and lc.baseline_k:
-        tasks = valuable_pool(tasks, json.loads(baseline_path.read_text())["valuable"])
-    selector = task_selector(tasks, lc)
+    if baseline is None and lc.baseline_k and baseline_path.exists():
+        tasks = valuable_pool(tasks, load_baseline(baseline_path))
+    selector = task_selector(tasks, lc) if baseline is None else None  # built from the pass's result
     training_budget = 0 if lockstep else None
     scheduler = GroupScheduler(tasks, lc.group_size, max_retries=lc.rollout_retries, seed=lc.seed,
                                group_budget=0 if baseline is not None else training_budget,
@@ -131,8 +131,8 @@ async def run_learner(config: RunConfig) -> None:
             expire_task = tg.create_task(service.expire_loop())
             status_task = tg.create_task(write_status(service, config.run_path / "status.json"))
             if baseline is not None:
-                results = await service.run_baseline(baseline)
-                kept = save_baseline(baseline_path, results, baseline, lc)
+                await service.run_baseline(baseline)
+                kept = save_baseline(baseline_path, baseline, lc)
                 service.selector = task_selector(valuable_pool(tasks, kept), lc)
                 scheduler.set_task_source(service.selector.pick_task, training_budget)
                 await service.dispatch()
@@ -171,12 +171,13 @@ def plan_baseline(tasks: list[Task], lc: LearnerConfig, path: Path, *, resuming:
     return BaselinePass(tasks, lc.baseline_k, lc.group_size)
 
 
-def save_baseline(path: Path, results: dict[str, list[float]], baseline: BaselinePass, lc: LearnerConfig) -> list[str]:
+def save_baseline(path: Path, baseline: BaselinePass, lc: LearnerConfig) -> list[str]:
     """Write the finished baseline pass to ``path`` (atomically) and return the valuable task ids.
 
     Raises:
         ValueError: no task met ``baseline_min_success`` (nothing to train on; the message lists the results).
     """
+    results = baseline.results
     kept = baseline.valuable(lc.baseline_min_success, drop_solved=lc.baseline_drop_solved)
     summary = {task_id: f"{sum(s >= 0.5 for s in scores)}/{len(scores)}" for task_id, scores in results.items()}
     if not kept:
@@ -187,6 +188,23 @@ def save_baseline(path: Path, results: dict[str, list[float]], baseline: Baselin
     tmp.write_text(json.dumps({"k": lc.baseline_k, "results": results, "valuable": kept}, indent=1))
     tmp.replace(path)
     log.info("baseline pass: kept %d of %d tasks (successes per task: %s)", len(kept), len(results), summary)
+    return kept
+
+
+def load_baseline(path: Path) -> list[str]:
+    """The valuable task ids of a finished baseline pass saved by :func:`save_baseline`.
+
+    Raises:
+        ValueError: the file is not JSON or has no non-empty list of ids under "valuable" (names the file).
+    """
+    try:
+        kept = json.loads(path.read_text())["valuable"]
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a baseline pass result ({type(exc).__name__}: {exc}); remove it to run "
+                         "the pass again") from exc
+    if not isinstance(kept, list) or not kept or not all(isinstance(i, str) for i in kept):
+        raise ValueError(f"{path}: \"valuable\" must be a non-empty list of task ids, got {kept!r}; remove it "
+                         "to run the pass again")
     return kept
 
 

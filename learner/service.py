@@ -211,16 +211,14 @@ class LearnerService:
                 self.admission.on_finish(accepted=False)
             await self.dispatch()
 
-    async def run_baseline(self, baseline: BaselinePass) -> dict[str, list[float]]:
+    async def run_baseline(self, baseline: BaselinePass) -> None:
         """ARPO's baseline pass: hand out ``baseline``'s groups (k rollouts of every task with the current policy)
         and wait until every one has come back. The groups are recorded in ``baseline`` and never trained on; the
         outcome window is reset afterwards, so the first training step's success rate is training's own.
+        The scores are in ``baseline.results`` when this returns.
 
         The scheduler must have been built (or switched with ``set_task_source``) with ``baseline.pick_task``
         and a group budget of 0; this adds the pass's groups to the budget.
-
-        Returns:
-            Task id -> evaluator scores of its trainable baseline rollouts.
         """
         self.baseline = baseline
         self._baseline_done.clear()
@@ -231,7 +229,6 @@ class LearnerService:
         finally:
             self.baseline = None
         self.window.take()
-        return baseline.results
 
     async def open_round(self, groups: int) -> None:
         """Lockstep: hand out one rollout batch of ``groups`` groups; ``round_done`` is set once all came back.

@@ -126,7 +126,7 @@ class DesktopFleet:
         container = None
         try:
             try:
-                container = await self.docker.containers.create(self._config(socket_dir), name=name)
+                container = await self._create(socket_dir, name)
                 await container.start()
             except DockerError as exc:
                 raise DesktopError(f"cannot start desktop {name} from image {self.image}: "
@@ -135,13 +135,27 @@ class DesktopFleet:
                               controller=ControllerClient(str(socket_dir / SOCKET_NAME)))
             await self._wait_ready(desktop, container)
         except BaseException:
-            # by id when create answered; by name when it was cancelled after the engine made the container
-            await self._delete(container.id if container is not None else name)
+            if container is not None:
+                await self._delete(container.id)
             shutil.rmtree(socket_dir, ignore_errors=True)
             raise
         desktop.ready_s = time.monotonic() - t0
         self._desktops[desktop.container_id] = desktop
         return desktop
+
+    async def _create(self, socket_dir: Path, name: str):
+        """POST /containers/create, shielded: cancelled mid-request, it lets the request finish (the engine
+        creates the container whether or not we still listen), removes what it made, and re-raises."""
+        request = asyncio.ensure_future(self.docker.containers.create(self._config(socket_dir), name=name))
+        try:
+            return await asyncio.shield(request)
+        except asyncio.CancelledError:
+            try:
+                made = await request
+            except DockerError:
+                raise asyncio.CancelledError from None  # nothing was made
+            await self._delete(made.id)
+            raise
 
     async def _wait_ready(self, desktop: Desktop, container) -> None:
         """Poll /health (every 50 ms) until it answers, the container exits, or the deadline passes."""
@@ -221,7 +235,9 @@ async def _delete_container(docker: aiodocker.Docker, container_id: str) -> bool
         if not (exc.status == 409 and "in progress" in str(exc.message)):
             raise DesktopError(f"cannot remove desktop container {container_id[:12]}: "
                                f"{exc.status} {exc.message}") from exc
-    deadline = time.monotonic() + REMOVAL_WAIT_S  # a cancelled earlier delete left the engine removing it
+    # A cancelled earlier delete left the engine removing it. Poll rather than POST /wait?condition=removed:
+    # that answers 404 while the container is still listed (measured: it brought the leak back).
+    deadline = time.monotonic() + REMOVAL_WAIT_S
     while time.monotonic() < deadline:
         try:
             await container.show()

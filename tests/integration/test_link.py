@@ -194,8 +194,8 @@ async def test_baseline_pass_keeps_valuable_tasks_and_trains_on_none_of_it(trans
                 assert "baseline" in service.status()
                 outcome, score = scores[assignment.task["id"]][assignment.rollout_index]
                 await link.submit(trajectory(assignment, outcome, score))
-            results = await asyncio.wait_for(passing, 5)
-            assert results == {"grid4-red": [1.0, 0.0], "grid4-blue": [0.0, 0.0]}
+            await asyncio.wait_for(passing, 5)
+            assert baseline.results == {"grid4-red": [1.0, 0.0], "grid4-blue": [0.0, 0.0]}
             assert baseline.valuable() == ["grid4-red"]
             assert service.batcher.ready == [] and not service.batch_ready.is_set()  # nothing to train on
             assert service.admission.accepted == 0 and service.window.take() == {}

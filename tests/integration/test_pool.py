@@ -156,13 +156,23 @@ async def test_cancelled_removal_then_close_leaves_nothing(fleet, cancel_after_s
     assert await labelled(fleet.run_id) == []
 
 
-@pytest.mark.parametrize("cancel_after_s", [0.0, 0.05, 0.3])
-async def test_cancelled_start_leaves_no_container(fleet, cancel_after_s):
-    """A start cancelled at any point (the pool closing while it refills) removes what it had created."""
+async def test_start_cancelled_after_the_engine_created_the_container_removes_it(fleet):
+    """The pool closing while a refill's create request is in flight: the engine has made the container but its
+    reply has not reached us yet; the cancelled start must still remove it."""
+    created = asyncio.Event()
+    real_create = fleet.docker.containers.create
+
+    async def create_with_slow_reply(*args, **kwargs):  # the real create; its reply arrives 0.5 s later
+        container = await real_create(*args, **kwargs)
+        created.set()
+        await asyncio.sleep(0.5)
+        return container
+
+    fleet.docker.containers.create = create_with_slow_reply
     start = asyncio.create_task(fleet.start())
-    await asyncio.sleep(cancel_after_s)
+    await asyncio.wait_for(created.wait(), 60)
+    assert len(await labelled(fleet.run_id)) == 1
     start.cancel()
     await asyncio.wait([start])
-    if not start.cancelled():  # it finished before the cancel landed
-        await fleet.remove(start.result())
+    assert start.cancelled()
     assert await labelled(fleet.run_id) == []

@@ -208,7 +208,7 @@ def test_bad_parameters_are_rejected(kwargs):
 
 def test_learner_baseline_file_is_written_reused_and_checked(tmp_path):
     from arpo_async.config import LearnerConfig
-    from learner.main import plan_baseline, save_baseline, valuable_pool
+    from learner.main import load_baseline, plan_baseline, save_baseline, valuable_pool
 
     lc = LearnerConfig(baseline_k=2, group_size=2)
     path = tmp_path / "baseline.json"
@@ -219,8 +219,8 @@ def test_learner_baseline_file_is_written_reused_and_checked(tmp_path):
     for t in POOL:
         baseline.pick_task()
         baseline.record_group(t.id, [1.0, 0.0] if t.id in ("b", "d") else [0.0, 0.0])
-    assert save_baseline(path, baseline.results, baseline, lc) == ["b", "d"]
-    assert json.loads(path.read_text())["valuable"] == ["b", "d"]
+    assert save_baseline(path, baseline, lc) == ["b", "d"]
+    assert load_baseline(path) == ["b", "d"]
     assert plan_baseline(POOL, lc, path, resuming=False) is None  # a restart reuses the finished pass
     assert [t.id for t in valuable_pool(POOL, ["d", "b"])] == ["b", "d"]
     with pytest.raises(ValueError, match="none of the baseline pass's valuable tasks"):
@@ -237,5 +237,16 @@ def test_learner_baseline_with_no_valuable_task_is_a_clear_error(tmp_path):
         baseline.pick_task()
         baseline.record_group(t.id, [0.0, 0.0])
     with pytest.raises(ValueError, match=r"no task with >= 1 successes in 2 rollouts .*'a': '0/2'"):
-        save_baseline(tmp_path / "baseline.json", baseline.results, baseline, lc)
+        save_baseline(tmp_path / "baseline.json", baseline, lc)
     assert not (tmp_path / "baseline.json").exists()
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"k": 2}', '{"valuable": []}', '{"valuable": "b"}', "[1]",
+                                  '{"valuable": [1, 2]}'])
+def test_a_damaged_baseline_file_is_a_clear_error(tmp_path, text):
+    from learner.main import load_baseline
+
+    path = tmp_path / "baseline.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="baseline.json.*remove it to run the pass again"):
+        load_baseline(path)
