@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--out", type=Path, required=True, help="output folder")
     init.add_argument("--seed", type=int, default=0)
     init.add_argument("--force", action="store_true", help="overwrite an existing folder")
+    init.add_argument("--init-std", type=float, default=0.02,
+                      help="standard deviation of the random weights (initializer_range; default 0.02)")
     return parser
 
 
@@ -57,7 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "init-model":
         from arpo_async.model.init_model import create_tiny_model
-        print(create_tiny_model(args.out, seed=args.seed, overwrite=args.force))
+        try:
+            print(create_tiny_model(args.out, seed=args.seed, overwrite=args.force, init_std=args.init_std))
+        except (FileExistsError, ValueError) as e:
+            print(f"arpo init-model: {e}", file=sys.stderr)
+            return 2
         return 0
     return 2
 
