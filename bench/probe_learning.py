@@ -1,0 +1,215 @@
+"""Learning probe: how many optimizer steps the learner's recipe needs on a button-grid family (sample efficiency).
+
+bench_learning.py measures success against wall-clock time with the whole system (8 desktops, arpo-serve, the
+learner, all on the same 2 cores), so its figures mix two things: how fast the machine makes trajectories and
+how much the recipe learns from each. This probe isolates the second. It runs, in one process, the real
+arpo-serve `Engine` (grammar-constrained sampling with behaviour log-probs), the learner's real `Batcher`
+(replay injection, zero-variance filter, GRPO advantages), `train_samples` and `Trainer`, for every arm of
+bench_learning.py. The desktop is consulted once per task instead of once per episode: a real desktop runs the
+task's setup, the probe keeps its screenshot and the button boxes the app reports (`/tmp/arpo/layout.json`),
+and a rollout succeeds when its click lands inside the target button's box (what the app's click handler and
+the task's evaluator would report). Asynchrony is emulated by sampling with the weights of ``--lag`` optimizer
+steps earlier (AReaL's bounded staleness; arm c, lockstep, always samples with the current weights).
+
+Usage:
+  python bench/probe_learning.py                               # arms a,b,c on grid4, 100 steps each
+  python bench/probe_learning.py --arms a,b --steps 200 --lag 2 --set learner.lr=3e-3
+  python bench/probe_learning.py --model runs/my-model         # another policy checkpoint
+
+Prints one line per step and arm, and as its last line key=value figures: per arm the optimizer steps to the
+target success (trailing mean of 5 steps; ``inf`` if never), the final success (mean of the last 10 steps) and
+the share of groups that were dropped for zero variance (no gradient).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import copy
+import json
+import math
+import random
+import secrets
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from actors.desktop.build import build_image  # noqa: E402
+from actors.desktop.fleet import DesktopFleet  # noqa: E402
+from actors.episode import EpisodeRunner  # noqa: E402
+from actors.evaluation import run_setup  # noqa: E402
+from actors.uitars.actions import ActionParseError, parse_reply  # noqa: E402
+from actors.uitars.prompt import build_messages  # noqa: E402
+from arpo_async.config import RunConfig, load_config  # noqa: E402
+from arpo_async.messages import Outcome, Step, Trajectory  # noqa: E402
+from arpo_async.model.inputs import PromptEncoder  # noqa: E402
+from arpo_async.serve.engine import Engine, SamplingParams  # noqa: E402
+from bench._arpo_run import ROOT, ensure_model  # noqa: E402
+from bench._common import fmt, result_line  # noqa: E402
+from bench.bench_learning import ARMS, TASK_SETUP  # noqa: E402
+from learner.batcher import Batcher, train_samples  # noqa: E402
+from learner.main import replay_buffer, select_tasks, trainer_config  # noqa: E402
+from learner.scheduler import Group  # noqa: E402
+from learner.trainer import Trainer  # noqa: E402
+
+LAYOUT_FILE = "/tmp/arpo/layout.json"
+
+
+@dataclass(frozen=True)
+class Scene:
+    """One task as the policy sees it at its first step: the screenshot after setup and the target's box."""
+
+    task: object  # arpo_async.tasks.Task
+    screenshot: bytes
+    box: dict  # {"x", "y", "w", "h"} in screen pixels (the app's widget_box)
+
+    def hit(self, x: float, y: float) -> bool:
+        b = self.box
+        return b["x"] <= x < b["x"] + b["w"] and b["y"] <= y < b["y"] + b["h"]
+
+
+async def capture_scenes(config: RunConfig) -> list[Scene]:
+    """Run each task's setup on a fresh real desktop; keep its screenshot and the expected button's box.
+
+    Raises:
+        KeyError: a task's evaluator names no expected label, or the app's layout lacks it.
+    """
+    ac = config.actors
+    image = ac.image or build_image(log=lambda line: print(f"[build] {line}", flush=True))
+    fleet = DesktopFleet(image, f"probe-learning-{secrets.token_hex(3)}", screen=ac.screen_size)
+    scenes = []
+    try:
+        for task in select_tasks(config.learner):
+            desktop = await fleet.start()
+            try:
+                await run_setup(desktop.controller, task.config)
+                shot = await desktop.controller.screenshot(ac.screenshot_format, ac.screenshot_quality)
+                layout = json.loads((await desktop.controller.execute(["cat", LAYOUT_FILE]))["output"])
+            finally:
+                await fleet.remove(desktop)
+            label = task.evaluator["expected"]["rules"]["expected"]
+            scenes.append(Scene(task, shot, layout[label]))
+            print(f"scene {task.id}: target {label!r} at {layout[label]}", flush=True)
+    finally:
+        await fleet.remove_all()
+        await fleet.close()
+    return scenes
+
+
+def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps: int, lag: int,
+            target: float) -> list[dict]:
+    """Train a fresh copy of ``model`` for ``steps`` optimizer steps under ``arm``'s settings; one record per step."""
+    lc, ac = config.learner, config.actors
+    rng = random.Random(lc.seed)
+    encoder = PromptEncoder(model)
+    runner = EpisodeRunner(encoder, None, ac)  # only its sampling parameters (regex included) are used
+    engine = Engine(model, seed=lc.seed)
+    trainer = Trainer(model, trainer_config(lc))
+    batcher = Batcher(replay_buffer(lc), max_staleness=max(lag, lc.max_staleness),
+                      groups_per_step=lc.groups_per_step, format_reward_weight=lc.format_reward_weight)
+    weights = collections.deque([copy.deepcopy(trainer.model.state_dict())], maxlen=lag + 1)
+    records, serial = [], 0
+    while len(records) < steps:
+        version = trainer.steps
+        engine.model.load_state_dict(weights[0])  # the oldest kept: `lag` versions behind once warmed up
+        sampled_version = version - (len(weights) - 1)
+        groups = [Group(f"g{serial + i}", rng.choice(scenes).task, lc.group_size) for i in range(lc.groups_per_step)]
+        serial += len(groups)
+        by_id = {s.task.id: s for s in scenes}
+        requests = []
+        for g in groups:
+            scene = by_id[g.task.id]
+            prompt = build_messages(g.task.instruction, [], history_images=ac.history_images)
+            ids = encoder.encode(prompt.messages, [ac.screen_size])
+            params = SamplingParams.from_json(dict(runner.sampling_params))
+            for k in range(g.size):
+                requests.append((g, k, ids, engine.prepare(f"{g.group_id}-{k}", ids, [scene.screenshot], params,
+                                                           return_logprob=True)))
+        results = engine.generate_batch([r for *_, r in requests])
+        successes = []
+        for (g, k, ids, _), res in zip(requests, results):
+            scene = by_id[g.task.id]
+            traj = Trajectory(trajectory_id=f"{g.group_id}-{k}", actor_id="probe", task_id=g.task.id,
+                              group_id=g.group_id, rollout_index=k, outcome=Outcome.FAILURE.value, score=0.0,
+                              format_ok=True, steps=[], screenshots=[scene.screenshot],
+                              assigned_version=sampled_version)
+            traj.steps.append(Step(prompt_ids=ids, image_indices=[0], output_ids=res.output_ids,
+                                   logprobs=res.output_logprobs, versions=[sampled_version] * len(res.output_ids),
+                                   text=res.text, action=""))
+            try:
+                point = parse_reply(res.text, resized_size=runner.resized_size, screen_size=ac.screen_size,
+                                    coordinate_mode=ac.coordinate_mode).action.point
+                if point is not None and scene.hit(*point):
+                    traj.score, traj.outcome = 1.0, Outcome.SUCCESS.value
+            except ActionParseError:
+                traj.format_ok, traj.outcome = False, Outcome.POLICY_ERROR.value
+            successes.append(traj.score)
+            g.results[k] = traj
+        dropped = sum(batcher.add_group(g, version) is None for g in groups)
+        batch = batcher.ready
+        batcher.ready = []
+        stats = trainer.train_batch(train_samples(batch), minibatches=1) if batch else {}
+        weights.append(copy.deepcopy(trainer.model.state_dict()))
+        success = sum(successes) / len(successes)
+        records.append({"step": len(records), "success": success, "dropped_groups": dropped, "groups": len(groups),
+                        "injected": sum(g.injected for g in batch), "trained": bool(batch)})
+        recent = [r["success"] for r in records[-5:]]
+        print(f"[{arm}] step {len(records) - 1:4d} success {success:.2f} trailing5 {sum(recent) / len(recent):.2f} "
+              f"groups dropped {dropped}/{len(groups)} injected {records[-1]['injected']} "
+              f"loss {stats.get('loss', float('nan')):.3f}", flush=True)
+    return records
+
+
+def steps_to(records: list[dict], target: float, window: int = 5) -> float:
+    """First step at which the trailing mean success over ``window`` steps reaches ``target``; inf if never."""
+    for i in range(len(records)):
+        recent = [r["success"] for r in records[max(0, i - window + 1): i + 1]]
+        if len(recent) == window and sum(recent) / window >= target:
+            return float(i)
+    return math.inf
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--family", default="grid4", help="task id prefix (grid4: 4 buttons, grid8: 8 buttons)")
+    p.add_argument("--arms", default="a,b,c", help="comma-separated arms of bench_learning.py")
+    p.add_argument("--steps", type=int, default=100, help="optimizer steps per arm")
+    p.add_argument("--lag", type=int, default=1, help="policy versions behind for the async arms a and b")
+    p.add_argument("--target", type=float, default=0.8, help="success rate for the steps-to-target figure")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", type=Path, default=ROOT / "runs" / "tiny-model", help="policy checkpoint folder")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every arm, after the task setup (repeatable)")
+    args = p.parse_args(argv)
+    unknown = [a for a in args.arms.split(",") if a not in ARMS]
+    if unknown:
+        p.error(f"unknown arms {unknown}; choose from {sorted(ARMS)}")
+    if args.steps < 1 or args.lag < 0:
+        p.error("--steps must be >= 1 and --lag >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    model = ensure_model(args.model)
+    base = TASK_SETUP + [f'learner.task_ids=["{args.family}-"]', f"learner.seed={args.seed}", *args.overrides]
+    scenes = asyncio.run(capture_scenes(load_config(None, base)))
+    figures = {}
+    for arm in args.arms.split(","):
+        config = load_config(None, TASK_SETUP + ARMS[arm][1] + base[len(TASK_SETUP):])
+        lag = 0 if config.learner.schedule == "lockstep" else args.lag
+        records = run_arm(arm, scenes, config, model, args.steps, lag, args.target)
+        last = records[-10:]
+        figures[f"{arm}_steps_to_{int(args.target * 100)}"] = steps_to(records, args.target)
+        figures[f"{arm}_final"] = sum(r["success"] for r in last) / len(last)
+        figures[f"{arm}_zero_variance_share"] = (sum(r["dropped_groups"] for r in records)
+                                                 / sum(r["groups"] for r in records))
+    print(result_line({k: fmt(v) if math.isfinite(v) else "inf" for k, v in figures.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
