@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from arpo_async.config import ConfigError, load_config
+from arpo_async.model.init_model import DEFAULT_INIT_STD
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,8 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--out", type=Path, required=True, help="output folder")
     init.add_argument("--seed", type=int, default=0)
     init.add_argument("--force", action="store_true", help="overwrite an existing folder")
-    init.add_argument("--init-std", type=float, default=0.02,
-                      help="standard deviation of the random weights (initializer_range; default 0.02)")
+    init.add_argument("--init-std", type=float, default=DEFAULT_INIT_STD,
+                      help=f"standard deviation of the random weights (initializer_range; default {DEFAULT_INIT_STD})")
     return parser
 
 

@@ -75,7 +75,8 @@ async def capture_scenes(config: RunConfig) -> list[Scene]:
     """Run each task's setup on a fresh real desktop; keep its screenshot and the expected button's box.
 
     Raises:
-        KeyError: a task's evaluator names no expected label, or the app's layout lacks it.
+        SystemExit: a task is not a button-grid task (its evaluator names no expected label, or the app's
+            layout has no button of that label).
     """
     ac = config.actors
     image = ac.image or build_image(log=lambda line: print(f"[build] {line}", flush=True))
@@ -87,10 +88,16 @@ async def capture_scenes(config: RunConfig) -> list[Scene]:
             try:
                 await run_setup(desktop.controller, task.config)
                 shot = await desktop.controller.screenshot(ac.screenshot_format, ac.screenshot_quality)
-                layout = json.loads((await desktop.controller.execute(["cat", LAYOUT_FILE]))["output"])
+                answer = await desktop.controller.execute(["cat", LAYOUT_FILE])
+                layout = json.loads(answer["output"]) if answer.get("returncode") == 0 else {}
             finally:
                 await fleet.remove(desktop)
-            label = task.evaluator["expected"]["rules"]["expected"]
+            expected = task.evaluator.get("expected")
+            rules = expected.get("rules") if isinstance(expected, dict) else None
+            label = rules.get("expected") if isinstance(rules, dict) else None
+            if label not in layout:
+                raise SystemExit(f"task {task.id} is not a button-grid task: its expected label {label!r} is "
+                                 f"not a button of {LAYOUT_FILE} ({sorted(layout)})")
             scenes.append(Scene(task, shot, layout[label]))
             print(f"scene {task.id}: target {label!r} at {layout[label]}", flush=True)
     finally:
@@ -99,8 +106,7 @@ async def capture_scenes(config: RunConfig) -> list[Scene]:
     return scenes
 
 
-def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps: int, lag: int,
-            target: float) -> list[dict]:
+def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps: int, lag: int) -> list[dict]:
     """Train a fresh copy of ``model`` for ``steps`` optimizer steps under ``arm``'s settings; one record per step."""
     lc, ac = config.learner, config.actors
     rng = random.Random(lc.seed)
@@ -112,13 +118,13 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
                       groups_per_step=lc.groups_per_step, format_reward_weight=lc.format_reward_weight)
     weights = collections.deque([copy.deepcopy(trainer.model.state_dict())], maxlen=lag + 1)
     records, serial = [], 0
+    by_id = {s.task.id: s for s in scenes}
     while len(records) < steps:
         version = trainer.steps
         engine.model.load_state_dict(weights[0])  # the oldest kept: `lag` versions behind once warmed up
         sampled_version = version - (len(weights) - 1)
         groups = [Group(f"g{serial + i}", rng.choice(scenes).task, lc.group_size) for i in range(lc.groups_per_step)]
         serial += len(groups)
-        by_id = {s.task.id: s for s in scenes}
         requests = []
         for g in groups:
             scene = by_id[g.task.id]
@@ -196,12 +202,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     model = ensure_model(args.model)
     base = TASK_SETUP + [f'learner.task_ids=["{args.family}-"]', f"learner.seed={args.seed}", *args.overrides]
-    scenes = asyncio.run(capture_scenes(load_config(None, base)))
+    try:
+        scenes = asyncio.run(capture_scenes(load_config(None, base)))
+    except ValueError as e:  # no task of the family, or a bad --set
+        raise SystemExit(f"probe_learning: {e}") from None
     figures = {}
     for arm in args.arms.split(","):
         config = load_config(None, TASK_SETUP + ARMS[arm][1] + base[len(TASK_SETUP):])
         lag = 0 if config.learner.schedule == "lockstep" else args.lag
-        records = run_arm(arm, scenes, config, model, args.steps, lag, args.target)
+        records = run_arm(arm, scenes, config, model, args.steps, lag)
         last = records[-10:]
         figures[f"{arm}_steps_to_{int(args.target * 100)}"] = steps_to(records, args.target)
         figures[f"{arm}_final"] = sum(r["success"] for r in last) / len(last)

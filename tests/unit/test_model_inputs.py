@@ -110,9 +110,7 @@ def test_init_std_sets_the_spread_of_the_random_weights(tmp_path, model_dir):
 
     wide = load_file(str(create_tiny_model(tmp_path / "wide", init_std=0.1) / "model.safetensors"))
     default = load_file(str(model_dir / "model.safetensors"))
-    key = "model.language_model.layers.0.self_attn.q_proj.weight"
-    key = key if key in wide else next(k for k in wide if k.endswith("layers.0.self_attn.q_proj.weight")
-                                       and "visual" not in k)
+    key = next(k for k in wide if k.endswith("layers.0.self_attn.q_proj.weight") and "visual" not in k)
     assert abs(float(wide[key].std()) - 0.1) < 0.01
     assert abs(float(default[key].std()) - 0.02) < 0.002
     with pytest.raises(ValueError, match="init_std"):
