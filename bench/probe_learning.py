@@ -15,6 +15,7 @@ Usage:
   python bench/probe_learning.py                               # arms a,b,c on grid4, 100 steps each
   python bench/probe_learning.py --arms a,b --steps 200 --lag 2 --set learner.lr=3e-3
   python bench/probe_learning.py --model runs/my-model         # another policy checkpoint
+  python bench/probe_learning.py --family grid4-green --arms a  # one task alone (no instruction to read)
 
 Prints one line per step and arm, and as its last line key=value figures: per arm the optimizer steps to the
 target success (trailing mean of 5 steps; ``inf`` if never), the final success (mean of the last 10 steps) and
@@ -180,7 +181,8 @@ def steps_to(records: list[dict], target: float, window: int = 5) -> float:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--family", default="grid4", help="task id prefix (grid4: 4 buttons, grid8: 8 buttons)")
+    p.add_argument("--family", default="grid4",
+                   help="grid4 (4 buttons) or grid8 (8 buttons), or one task id such as grid4-green")
     p.add_argument("--arms", default="a,b,c", help="comma-separated arms of bench_learning.py")
     p.add_argument("--steps", type=int, default=100, help="optimizer steps per arm")
     p.add_argument("--lag", type=int, default=1, help="policy versions behind for the async arms a and b")
@@ -201,7 +203,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     model = ensure_model(args.model)
-    base = TASK_SETUP + [f'learner.task_ids=["{args.family}-"]', f"learner.seed={args.seed}", *args.overrides]
+    prefix = args.family if "-" in args.family else f"{args.family}-"  # a family, or one task of it
+    base = TASK_SETUP + [f'learner.task_ids=["{prefix}"]', f"learner.seed={args.seed}", *args.overrides]
     try:
         scenes = asyncio.run(capture_scenes(load_config(None, base)))
     except ValueError as e:  # no task of the family, or a bad --set
