@@ -120,6 +120,7 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
     weights = collections.deque([copy.deepcopy(trainer.model.state_dict())], maxlen=lag + 1)
     records, serial = [], 0
     by_id = {s.task.id: s for s in scenes}
+    params = SamplingParams.from_json(dict(runner.sampling_params))
     while len(records) < steps:
         version = trainer.steps
         engine.model.load_state_dict(weights[0])  # the oldest kept: `lag` versions behind once warmed up
@@ -131,7 +132,6 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
             scene = by_id[g.task.id]
             prompt = build_messages(g.task.instruction, [], history_images=ac.history_images)
             ids = encoder.encode(prompt.messages, [ac.screen_size])
-            params = SamplingParams.from_json(dict(runner.sampling_params))
             for k in range(g.size):
                 requests.append((g, k, ids, engine.prepare(f"{g.group_id}-{k}", ids, [scene.screenshot], params,
                                                            return_logprob=True)))
@@ -195,8 +195,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [a for a in args.arms.split(",") if a not in ARMS]
     if unknown:
         p.error(f"unknown arms {unknown}; choose from {sorted(ARMS)}")
-    if args.steps < 1 or args.lag < 0:
-        p.error("--steps must be >= 1 and --lag >= 0")
+    if args.steps < 1 or args.lag < 0 or not 0 < args.target <= 1:
+        p.error("--steps must be >= 1, --lag >= 0 and --target in (0, 1]")
     return args
 
 
