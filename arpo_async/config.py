@@ -208,7 +208,7 @@ class ActorConfig:
     grammar_actions: tuple[str, ...] = ()
     """Actions the grammar allows (UI-TARS names, e.g. ["click", "finished"]); empty = the whole action space."""
     max_thought_chars: int = 20
-    """Longest `Thought:` the grammar allows (characters of [a-z ])."""
+    """Longest `Thought:` the grammar allows (characters of [A-Za-z ])."""
     coordinate_mode: str = "absolute"
     """How the model writes coordinates: "absolute" (UI-TARS-1.5, smart-resized pixels) or "relative1000"."""
     screen_width: int = 1280

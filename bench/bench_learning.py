@@ -113,7 +113,12 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=15.0, help="wall-clock budget per run")
     parser.add_argument("--target", type=float, help="success to time (default 0.8 for grid4, 0.5 for grid8)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-learning")
-    parser.add_argument("--model", type=Path, default=ROOT / "runs" / "tiny-model")
+    parser.add_argument("--model", type=Path, default=ROOT / "runs" / "tiny-model",
+                        help="policy folder; created when missing (tiny random policy)")
+    parser.add_argument("--warmup-steps", type=int, default=0,
+                        help="when --model is created: give it this many steps of the supervised warm-up "
+                             "(learner/warmup.py, ~0.7 s each) and let its thought name the target (20 characters)")
+    parser.add_argument("--init-std", type=float, help="when --model is created: spread of its random weights")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="extra config override for every arm, e.g. --set learner.lr=3e-3 (repeatable; use a "
                              "fresh --out, finished runs in --out are reused)")
@@ -127,7 +132,11 @@ def main() -> int:
     target = args.target if args.target is not None else (0.8 if args.family == "grid4" else 0.5)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     args.out.mkdir(parents=True, exist_ok=True)
-    ensure_model(args.model)
+    if args.warmup_steps < 0:
+        parser.error("--warmup-steps must be >= 0")
+    ensure_model(args.model, warmup_steps=args.warmup_steps, init_std=args.init_std)
+    if args.warmup_steps:  # the warmed policy writes "click <Label>": the 1-character thought would cut it off
+        args.overrides = ["actors.max_thought_chars=20", *args.overrides]
 
     results: dict[str, list[list[dict]]] = {}
     for arm in arms:

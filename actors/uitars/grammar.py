@@ -55,7 +55,7 @@ def action_regex(*, max_thought_chars: int = 20, max_coord_digits: int = 4, max_
     """Regex for ``Thought: <lowercase words>\\nAction: <one action call>``.
 
     Args:
-        max_thought_chars: the thought is 1..max_thought_chars of ``[a-z ]``.
+        max_thought_chars: the thought is 1..max_thought_chars of ``[A-Za-z ]`` (letters as a label is shown).
         max_coord_digits: each coordinate is 1..max_coord_digits decimal digits (the parser clamps to the screen).
         max_x, max_y: when given, x is limited to 0..max_x and y to 0..max_y instead (pass the resized image's
             width - 1 and height - 1 so every point lies on the image the model sees).
@@ -94,4 +94,4 @@ def action_regex(*, max_thought_chars: int = 20, max_coord_digits: int = 4, max_
     if unknown:
         raise ValueError(f"unknown actions {unknown}; choose from {sorted(alternatives)}")
     body = "|".join(alternatives[a] for a in actions)
-    return rf"Thought: [a-z ]{{1,{max_thought_chars}}}\nAction: ({body})"
+    return rf"Thought: [A-Za-z ]{{1,{max_thought_chars}}}\nAction: ({body})"

@@ -24,6 +24,8 @@ import random
 import shutil
 from pathlib import Path
 
+from arpo_async.model.instructions import corpus_lines
+
 # Qwen2 / Qwen2-VL special tokens, in Qwen's order (tokenizer_config.json of Qwen2-VL-7B-Instruct).
 QWEN_SPECIAL_TOKENS: tuple[str, ...] = (
     "<|endoftext|>",
@@ -70,8 +72,8 @@ QWEN2_SPLIT_PATTERN = (
 TINY_MAX_PIXELS = 28 * 28 * 80
 """max_pixels of the tiny model's image processor: a 1280x720 screenshot -> 308x168 -> 66 image tokens."""
 TINY_MIN_PIXELS = 56 * 56
-TINY_VOCAB_SIZE = 1024
-"""Upper bound of the BPE vocabulary (the generated corpus yields about 690 tokens)."""
+TINY_VOCAB_SIZE = 1280
+"""Upper bound of the BPE vocabulary (the generated corpus yields about 1,000 tokens)."""
 # OpenAI CLIP normalisation, as in Qwen2-VL's preprocessor_config.json.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -101,7 +103,7 @@ _ACTIONS = (
 
 
 def _corpus(rng: random.Random, n_lines: int = 3000) -> list[str]:
-    """Generated training text for the tiny tokenizer: UI-TARS replies, instructions, digits."""
+    """Generated training text for the tiny tokenizer: UI-TARS replies, instructions, digits, target names."""
     lines = []
     for _ in range(n_lines):
         words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 9)))
@@ -112,6 +114,10 @@ def _corpus(rng: random.Random, n_lines: int = 3000) -> list[str]:
         lines.append(f"Thought: {words}\nAction: {action}")
         lines.append(f"Please {words}. " + " ".join(str(rng.randint(0, 9999)) for _ in range(3)))
     lines.append("You are a helpful assistant. You are a GUI agent. ## Output Format ## Action Space ## User Instruction")
+    # Instructions naming one target, and their thoughts (x4: lowercase names must pass min_frequency), so that
+    # task labels such as "Green" / "green" are whole tokens, as in a real tokenizer.
+    extra = corpus_lines()
+    lines += extra + [line for line in extra if line.startswith("Thought:")] * 3
     return lines
 
 
