@@ -9,7 +9,12 @@ gives the tiny policy the reading skill and nothing more: it trains the reply pr
 real UI-TARS prompt (`actors.uitars.prompt.build_messages`) with a synthetic screenshot. The loss never sees a
 coordinate or an action: *where* to click stays for RL to learn.
 
-Loss: mean negative log-likelihood of the supervised tokens (teacher forcing), AdamW.
+Loss: mean negative log-likelihood of the supervised tokens (teacher forcing), AdamW, gradient norm clipped at 1.
+Curriculum: at step s of S an example shows the real prompt with probability s/S, otherwise only the instruction
+and the screenshot (a ~120-token prompt instead of ~650), where the lookup is easier to find.
+Cost and effect on the tiny policy (bench/README.md, probe_learning.py): about 0.7 s per step of 8 on 2 CPU cores;
+the loss sits at chance for ~250 steps, then falls; after 2,100 steps the greedy thought names the target of 5 of
+the 7 built-in grid instructions. The std 0.02 policy did not leave chance in 400 steps; use ``--init-std 0.1``.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ class WarmupConfig:
 
     steps: int = 300
     batch: int = 8
-    lr: float = 3e-3
+    lr: float = 5e-3
     seed: int = 0
     screen: tuple[int, int] = (1280, 720)
     history_images: int = ARPO_HISTORY_IMAGES
