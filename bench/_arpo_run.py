@@ -48,7 +48,7 @@ def ensure_model(model: Path, *, warmup_steps: int = 0, init_std: float | None =
     if not (model / "config.json").exists():
         from arpo_async.model.init_model import DEFAULT_INIT_STD, create_tiny_model
         partial = model.with_name(model.name + ".partial")
-        create_tiny_model(partial, overwrite=True, init_std=init_std or DEFAULT_INIT_STD)
+        create_tiny_model(partial, overwrite=True, init_std=DEFAULT_INIT_STD if init_std is None else init_std)
         if warmup_steps:
             from learner.warmup import WarmupConfig, warm_up
             warm_up(partial, WarmupConfig(steps=warmup_steps))

@@ -14,6 +14,7 @@ Usage:
   python bench/bench_learning.py --quick                    # one short seed per arm (about 15 minutes)
   python bench/bench_learning.py --seeds 3 --minutes 15     # the full run (about 2.5 hours)
   python bench/bench_learning.py --family grid8 --arms a,b  # does replay help the 8-button family?
+  python bench/bench_learning.py --quick --model runs/tiny-model-warm --init-std 0.1 --warmup-steps 2000
 
 Prints a table, saves a PNG plot, and as its last line key=value figures: per arm the median time to the
 target success (s; `inf` if never reached) and the median final success (mean of the last 3 steps), and the
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from arpo_async.metrics import read_metrics  # noqa: E402
 from bench._arpo_run import ROOT, ensure_model, run_arpo  # noqa: E402
+from learner.warmup import WARMUP_RECORD  # noqa: E402
 
 ARMS: dict[str, tuple[str, list[str]]] = {
     "a": ("async + correction + prioritized replay",
@@ -117,7 +119,8 @@ def main() -> int:
                         help="policy folder; created when missing (tiny random policy)")
     parser.add_argument("--warmup-steps", type=int, default=0,
                         help="when --model is created: give it this many steps of the supervised warm-up "
-                             "(learner/warmup.py, ~0.7 s each) and let its thought name the target (20 characters)")
+                             "(learner/warmup.py, ~0.7 s each). A warmed policy (warmup.json in its folder) gets "
+                             "20-character thoughts, to name its target")
     parser.add_argument("--init-std", type=float, help="when --model is created: spread of its random weights")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="extra config override for every arm, e.g. --set learner.lr=3e-3 (repeatable; use a "
@@ -131,11 +134,13 @@ def main() -> int:
     minutes = min(args.minutes, 6.0) if args.quick else args.minutes
     target = args.target if args.target is not None else (0.8 if args.family == "grid4" else 0.5)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if args.warmup_steps < 0 or (args.init_std is not None and not args.init_std > 0):
+        parser.error("--warmup-steps must be >= 0 and --init-std > 0")
+    if args.warmup_steps and (args.model / "config.json").exists() and not (args.model / WARMUP_RECORD).exists():
+        parser.error(f"--warmup-steps: {args.model} exists and was not warmed up; name a new --model folder")
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.warmup_steps < 0:
-        parser.error("--warmup-steps must be >= 0")
     ensure_model(args.model, warmup_steps=args.warmup_steps, init_std=args.init_std)
-    if args.warmup_steps:  # the warmed policy writes "click <Label>": the 1-character thought would cut it off
+    if (args.model / WARMUP_RECORD).exists():  # it writes "click <Label>": the 1-character thought would cut it off
         args.overrides = ["actors.max_thought_chars=20", *args.overrides]
 
     results: dict[str, list[list[dict]]] = {}

@@ -27,14 +27,25 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from actors.uitars.prompt import ARPO_HISTORY_IMAGES, build_messages
-from arpo_async.model.inputs import PromptEncoder, load_policy, token_logprobs
-from arpo_async.model.instructions import TEMPLATES, Instruction, sample_instruction, target_thought
+from actors.uitars.prompt import build_messages
+from arpo_async.model.inputs import PromptEncoder, completion_logits, load_policy, token_logprobs
+from arpo_async.model.instructions import Instruction, sample_instruction, target_thought
+from arpo_async.tasks import Task, load_tasks
 
-TASK_INSTRUCTIONS: list[Instruction] = [
-    Instruction(TEMPLATES[0].format(name=n.capitalize()), target_thought(n)) for n in ("red", "green", "blue", "yellow")
-] + [Instruction(TEMPLATES[1].format(name=n.capitalize()), target_thought(n)) for n in ("cherry", "mango", "plum")]
-"""The built-in button-grid tasks' instructions (tasks_builtin/grid4-*, grid8-*), for the accuracy figure."""
+
+
+def task_instructions(tasks: list[Task] | None = None) -> list[Instruction]:
+    """The button-grid tasks' instructions (``related_apps`` has ``button_grid``; the built-in suite when ``tasks``
+    is None), each with the thought naming the label its evaluator expects: the warm-up's accuracy probe."""
+    out = []
+    for task in load_tasks() if tasks is None else tasks:
+        expected = task.evaluator.get("expected")
+        rules = expected.get("rules") if isinstance(expected, dict) else None
+        label = rules.get("expected") if isinstance(rules, dict) else None
+        if "button_grid" in task.related_apps and isinstance(label, str):
+            out.append(Instruction(task.instruction, target_thought(label)))
+    return out
+
 
 WARMUP_RECORD = "warmup.json"
 """File the warm-up writes into the checkpoint folder: its settings and final figures (provenance)."""
@@ -50,7 +61,6 @@ class WarmupConfig:
         lr: AdamW learning rate.
         seed: seeds the instructions, the screenshots and torch.
         screen: (width, height) of the synthetic screenshots, in pixels (the run's ``actors.screen_size``).
-        history_images: as ``actors.history_images`` (only the first step's layout is trained: one screenshot).
     """
 
     steps: int = 300
@@ -58,7 +68,6 @@ class WarmupConfig:
     lr: float = 5e-3
     seed: int = 0
     screen: tuple[int, int] = (1280, 720)
-    history_images: int = ARPO_HISTORY_IMAGES
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch < 1 or not self.lr > 0:
@@ -88,7 +97,7 @@ def reply_prefix(instruction: Instruction) -> str:
 
 
 class _Example:
-    """One tokenized warm-up example: prompt ids, screenshot, supervised ids and where the thought's name is."""
+    """One tokenized warm-up example: prompt ids (the first step of an episode), screenshot, supervised ids."""
 
     def __init__(self, encoder: PromptEncoder, instruction: Instruction, screenshot: bytes, cfg: WarmupConfig,
                  short: bool = False):
@@ -96,7 +105,7 @@ class _Example:
             messages = [{"role": "user", "content": [{"type": "text", "text": instruction.text}]},
                         {"role": "user", "content": [{"type": "image"}]}]
         else:
-            messages = build_messages(instruction.text, [], history_images=cfg.history_images).messages
+            messages = build_messages(instruction.text, []).messages
         self.prompt_ids = encoder.encode(messages, [cfg.screen])
         self.target_ids = encoder.tokenize(reply_prefix(instruction))
         self.screenshot = screenshot
@@ -115,18 +124,8 @@ def thought_accuracy(model, image_processor, encoder: PromptEncoder, instruction
 
 
 def _greedy_matches(model, image_processor, ex: _Example) -> bool:
-    import torch
-
-    from arpo_async.model.inputs import forward_kwargs, pixel_inputs
-
-    pixels = pixel_inputs(image_processor, [ex.screenshot])
-    ids = torch.tensor([ex.prompt_ids + ex.target_ids], dtype=torch.long)
-    kw = forward_kwargs(model, ids, None, pixels)
-    kw.pop("_next_position")
-    logits = model(**kw, use_cache=False).logits[0]
-    p = len(ex.prompt_ids)
-    predicted = logits[p - 1: p - 1 + len(ex.target_ids)].argmax(-1).tolist()
-    return predicted == ex.target_ids
+    logits = completion_logits(model, image_processor, ex.prompt_ids, [ex.screenshot], ex.target_ids)
+    return logits.argmax(-1).tolist() == ex.target_ids
 
 
 def warm_up(model_dir: Path, cfg: WarmupConfig = WarmupConfig(), *,
@@ -140,8 +139,8 @@ def warm_up(model_dir: Path, cfg: WarmupConfig = WarmupConfig(), *,
         log: receives a progress line every 25 steps and at the end.
     Returns:
         The record also written to ``model_dir/warmup.json``: the config, the final mean loss (nats per token over
-        the last 25 steps), the greedy accuracy on the built-in tasks' instructions (`thought_accuracy`) and the
-        wall seconds.
+        the last 25 steps), the greedy accuracy on the built-in button tasks' instructions
+        (`thought_accuracy` over `task_instructions`) and the wall seconds.
     Raises:
         arpo_async.model.inputs.ModelInputError: the folder cannot be loaded.
     """
@@ -174,7 +173,7 @@ def warm_up(model_dir: Path, cfg: WarmupConfig = WarmupConfig(), *,
                 f"({time.monotonic() - started:.0f} s)")
     model.eval()
     record = {"config": asdict(cfg), "final_loss": round(sum(losses[-25:]) / len(losses[-25:]), 4),
-              "task_thought_accuracy": thought_accuracy(model, image_processor, encoder, TASK_INSTRUCTIONS,
+              "task_thought_accuracy": thought_accuracy(model, image_processor, encoder, task_instructions(),
                                                         screenshots[0], cfg),
               "seconds": round(time.monotonic() - started, 1)}
     log(f"[warm-up] done: greedy thought right for {record['task_thought_accuracy']:.0%} of the built-in "

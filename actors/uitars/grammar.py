@@ -52,7 +52,7 @@ def int_range_regex(n: int) -> str:
 def action_regex(*, max_thought_chars: int = 20, max_coord_digits: int = 4, max_text_chars: int = 16,
                  actions: tuple[str, ...] = DEFAULT_ACTIONS, max_x: int | None = None,
                  max_y: int | None = None) -> str:
-    """Regex for ``Thought: <lowercase words>\\nAction: <one action call>``.
+    """Regex for ``Thought: <words of letters>\\nAction: <one action call>``.
 
     Args:
         max_thought_chars: the thought is 1..max_thought_chars of ``[A-Za-z ]`` (letters as a label is shown).

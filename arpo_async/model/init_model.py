@@ -114,11 +114,9 @@ def _corpus(rng: random.Random, n_lines: int = 3000) -> list[str]:
         lines.append(f"Thought: {words}\nAction: {action}")
         lines.append(f"Please {words}. " + " ".join(str(rng.randint(0, 9999)) for _ in range(3)))
     lines.append("You are a helpful assistant. You are a GUI agent. ## Output Format ## Action Space ## User Instruction")
-    # Instructions naming one target, and their thoughts (x4: lowercase names must pass min_frequency), so that
-    # task labels such as "Green" / "green" are whole tokens, as in a real tokenizer.
-    extra = corpus_lines()
-    lines += extra + [line for line in extra if line.startswith("Thought:")] * 3
-    return lines
+    # Instructions naming one target, and their thoughts, so that task labels such as "Green" are whole tokens,
+    # as in a real tokenizer.
+    return lines + corpus_lines()
 
 
 def _train_tokenizer(seed: int):

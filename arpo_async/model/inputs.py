@@ -356,6 +356,29 @@ def forward_kwargs(model, input_ids, attention_mask=None, pixels: dict | None = 
     return kw
 
 
+def completion_logits(model, image_processor, input_ids: list[int], images: list, completion_ids: list[int]):
+    """Logits that predict each completion token from the prompt and the completion tokens before it.
+
+    Args: as `token_logprobs`.
+    Returns:
+        tensor [len(completion_ids), vocab_size] (the model's dtype), differentiable; row i scores token i.
+    Raises:
+        ModelInputError: empty completion, or image pads that do not match the images.
+    """
+    import torch
+
+    if not completion_ids:
+        raise ModelInputError("completion_ids is empty")
+    pixels = pixel_inputs(image_processor, images)
+    ids = torch.tensor([list(input_ids) + list(completion_ids)], dtype=torch.long)
+    _check_image_pads(model, ids, pixels)
+    kw = forward_kwargs(model, ids, None, pixels)
+    kw.pop("_next_position")
+    logits = model(**kw, use_cache=False).logits[0]
+    p = len(input_ids)
+    return logits[p - 1 : p - 1 + len(completion_ids)]
+
+
 def token_logprobs(model, image_processor, input_ids: list[int], images: list, completion_ids: list[int]):
     """log pi(completion token | prompt + previous completion tokens) for each completion token.
 
@@ -372,16 +395,8 @@ def token_logprobs(model, image_processor, input_ids: list[int], images: list, c
     """
     import torch
 
-    if not completion_ids:
-        raise ModelInputError("completion_ids is empty")
-    pixels = pixel_inputs(image_processor, images)
-    ids = torch.tensor([list(input_ids) + list(completion_ids)], dtype=torch.long)
-    _check_image_pads(model, ids, pixels)
-    kw = forward_kwargs(model, ids, None, pixels)
-    kw.pop("_next_position")
-    logits = model(**kw, use_cache=False).logits[0]
-    p = len(input_ids)
-    logp = torch.log_softmax(logits[p - 1 : p - 1 + len(completion_ids)].float(), dim=-1)
+    logits = completion_logits(model, image_processor, input_ids, images, completion_ids)
+    logp = torch.log_softmax(logits.float(), dim=-1)
     target = torch.tensor(completion_ids, dtype=torch.long).unsqueeze(-1)
     return logp.gather(-1, target).squeeze(-1)
 

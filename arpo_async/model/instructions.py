@@ -32,7 +32,7 @@ NAMES: tuple[str, ...] = tuple((
     "cherry mango plum apple banana lemon "
     "save open close cancel help export"
 ).split())
-"""Target labels (lowercase); instructions show them capitalised, thoughts lowercase."""
+"""Target labels (lowercase here); instructions and thoughts show them capitalised, as a label is shown."""
 
 MAX_THOUGHT_CHARS = 20
 
@@ -45,7 +45,7 @@ class Instruction(NamedTuple):
 
 
 def target_thought(name: str) -> str:
-    """The warm-up thought for a target: ``"click <name>"``, lowercase. Raises ValueError if it is not
+    """The warm-up thought for a target: ``"click <Name>"`` (capitalised). Raises ValueError if it is not
     ``[A-Za-z ]`` or longer than `MAX_THOUGHT_CHARS`."""
     thought = f"click {name.capitalize()}"
     if len(thought) > MAX_THOUGHT_CHARS or not all(c == " " or c.isascii() and c.isalpha() for c in thought):

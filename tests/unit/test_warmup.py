@@ -19,12 +19,12 @@ from arpo_async.model.inputs import PromptEncoder, load_policy, token_logprobs
 from arpo_async.model.instructions import NAMES, TEMPLATES, Instruction, sample_instruction, target_thought
 from arpo_async.tasks import load_tasks
 from learner.warmup import (
-    TASK_INSTRUCTIONS,
     WARMUP_RECORD,
     WarmupConfig,
     _Example,
     reply_prefix,
     synthetic_screenshot,
+    task_instructions,
     warm_up,
 )
 
@@ -50,7 +50,10 @@ def test_target_thought_rejects_what_the_grammar_cannot_emit():
 def test_generated_instructions_cover_the_builtin_button_tasks():
     # The warm-up must teach the phrasing and the labels of the tasks RL is benchmarked on.
     grid = [t.instruction for t in load_tasks() if t.id.startswith("grid")]
-    assert sorted(grid) == sorted(i.text for i in TASK_INSTRUCTIONS)
+    probes = task_instructions()
+    assert sorted(grid) == sorted(i.text for i in probes)
+    assert {i.thought for i in probes} == {f"click {n}" for n in
+                                           ("Red", "Green", "Blue", "Yellow", "Cherry", "Mango", "Plum")}
     phrasings = {t.format(name=n.capitalize()) for t in TEMPLATES for n in NAMES}
     assert set(grid) <= phrasings
     rng = random.Random(0)
@@ -77,7 +80,7 @@ def test_warm_up_raises_the_likelihood_of_the_reply_prefix_and_records_itself(ti
     cfg = WarmupConfig(steps=6, batch=2, lr=5e-3, seed=3)
     encoder = PromptEncoder(model_dir)
     shot = synthetic_screenshot(random.Random(0), cfg.screen)
-    example = _Example(encoder, TASK_INSTRUCTIONS[1], shot, cfg)
+    example = _Example(encoder, task_instructions()[1], shot, cfg)
 
     def prefix_logprob() -> float:
         model, processor = load_policy(model_dir)
@@ -96,6 +99,15 @@ def test_warm_up_raises_the_likelihood_of_the_reply_prefix_and_records_itself(ti
     assert any("step 6/6" in line for line in lines) and "done" in lines[-1]
     old, new = load_file(str(tiny_model / "model.safetensors")), load_file(str(model_dir / "model.safetensors"))
     assert old.keys() == new.keys() and any(not torch.equal(old[k], new[k]) for k in old)
+
+
+def test_init_model_cli_warms_up_the_policy_it_creates(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "arpo_async.cli", "init-model", "--out", str(tmp_path / "m"),
+                           "--init-std", "0.1", "--warmup-steps", "1", "--seed", "4"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((tmp_path / "m" / WARMUP_RECORD).read_text())
+    assert record["config"]["steps"] == 1 and record["config"]["seed"] == 4
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["text_config"]["initializer_range"] == 0.1
 
 
 def test_init_model_cli_rejects_negative_warmup_steps(tmp_path):
