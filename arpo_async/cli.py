@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from arpo_async.config import ConfigError, load_config
-from arpo_async.model.init_model import DEFAULT_INIT_STD
+from arpo_async.model.init_model import DEFAULT_HIDDEN_SIZE, DEFAULT_INIT_STD
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--force", action="store_true", help="overwrite an existing folder")
     init.add_argument("--init-std", type=float, default=DEFAULT_INIT_STD,
                       help=f"standard deviation of the random weights (initializer_range; default {DEFAULT_INIT_STD})")
+    init.add_argument("--hidden-size", type=int, default=DEFAULT_HIDDEN_SIZE,
+                      help=f"width of the text model, a multiple of 64 (default {DEFAULT_HIDDEN_SIZE})")
     init.add_argument("--warmup-steps", type=int, default=0,
                       help="then train it this many steps to name the instruction's target in its thought "
                            "(learner/warmup.py; about 0.7 s per step on 2 cores; default 0: random policy)")
@@ -66,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.warmup_steps < 0:
                 raise ValueError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
-            path = create_tiny_model(args.out, seed=args.seed, overwrite=args.force, init_std=args.init_std)
+            path = create_tiny_model(args.out, seed=args.seed, overwrite=args.force, init_std=args.init_std,
+                                     hidden_size=args.hidden_size)
             if args.warmup_steps:
                 from learner.warmup import WarmupConfig, warm_up
                 warm_up(path, WarmupConfig(steps=args.warmup_steps, seed=args.seed))

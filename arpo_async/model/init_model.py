@@ -5,7 +5,8 @@ Hugging Face checkpoint folder that transformers' Auto classes load and that `ar
 exactly like a real UI-TARS-1.5 / Qwen2.5-VL checkpoint:
 
 - ``config.json`` + ``model.safetensors``: ``Qwen2_5_VLForConditionalGeneration`` with random weights
-  (3 text layers, hidden 64; 2 vision blocks, hidden 64; about 0.5 M parameters);
+  (3 text layers, hidden 64 by default, ``hidden_size`` to change it; 2 vision blocks, hidden 64; about 0.5 M
+  parameters at width 64);
 - ``tokenizer.json`` / ``tokenizer_config.json``: a byte-level BPE tokenizer trained with ``tokenizers`` on a
   generated corpus of UI-TARS replies, instruction words and digits, with Qwen's special tokens and
   Qwen2-VL's chat template;
@@ -154,13 +155,33 @@ def _train_tokenizer(seed: int):
 
 DEFAULT_INIT_STD = 0.02
 """Standard deviation of the random weights (transformers' ``initializer_range`` default for Qwen2.5-VL)."""
+DEFAULT_HIDDEN_SIZE = 64
+"""Width of the tiny policy's text model (and of the vision merger's output)."""
 
 
-def _model_config(tokenizer, init_std: float = DEFAULT_INIT_STD):
+def text_shape(hidden_size: int) -> dict:
+    """Attention heads, MLP width and M-RoPE sections for a text model ``hidden_size`` wide.
+
+    Heads are 16 wide at 64 (the original tiny shape) and 32 wide from 128 up; key/value heads are half the heads
+    (grouped-query attention, as in Qwen2.5-VL); the MLP is 4x wide; ``mrope_section`` splits the rotary half of a
+    head in Qwen2.5-VL's 1:1.5:1.5 ratio (temporal, height, width; [16, 24, 24] for its 128-wide heads).
+    Raises:
+        ValueError: ``hidden_size`` is not a positive multiple of 64.
+    """
+    if hidden_size < 64 or hidden_size % 64:
+        raise ValueError(f"hidden_size must be a positive multiple of 64, got {hidden_size}")
+    heads = max(4, hidden_size // 32)
+    half = hidden_size // heads // 2
+    return {"num_attention_heads": heads, "num_key_value_heads": heads // 2, "intermediate_size": 4 * hidden_size,
+            "mrope_section": [half // 4, 3 * half // 8, 3 * half // 8]}
+
+
+def _model_config(tokenizer, init_std: float = DEFAULT_INIT_STD, hidden_size: int = DEFAULT_HIDDEN_SIZE):
     from transformers import Qwen2_5_VLConfig
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
     vocab_size = len(tokenizer)
+    shape = text_shape(hidden_size)
     special = dict(
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
@@ -169,14 +190,14 @@ def _model_config(tokenizer, init_std: float = DEFAULT_INIT_STD):
     )
     text_config = dict(
         vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=256,
+        hidden_size=hidden_size,
+        intermediate_size=shape["intermediate_size"],
         num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=shape["num_attention_heads"],
+        num_key_value_heads=shape["num_key_value_heads"],
         max_position_embeddings=32768,
         rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 3, 3]},
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": shape["mrope_section"]},
         bos_token_id=ids["<|endoftext|>"],
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
@@ -189,7 +210,7 @@ def _model_config(tokenizer, init_std: float = DEFAULT_INIT_STD):
         hidden_size=64,
         intermediate_size=128,
         num_heads=4,
-        out_hidden_size=64,
+        out_hidden_size=hidden_size,
         patch_size=14,
         spatial_merge_size=2,
         temporal_patch_size=2,
@@ -224,7 +245,7 @@ def _preprocessor_config() -> dict:
 
 
 def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False,
-                      init_std: float = DEFAULT_INIT_STD) -> Path:
+                      init_std: float = DEFAULT_INIT_STD, hidden_size: int = DEFAULT_HIDDEN_SIZE) -> Path:
     """Write a tiny random Qwen2.5-VL checkpoint (weights, tokenizer, chat template, image processor).
 
     Args:
@@ -235,14 +256,19 @@ def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False,
             0.02 the tiny model's attention starts almost uniform over a ~650-token prompt, and it did not learn
             to tell the grid tasks' instructions apart even by supervised training (40 full-batch steps); with
             0.1 it did in about 25 (bench/README.md, probe_learning.py).
+        hidden_size: width of the text model, a multiple of 64 (`text_shape` gives the heads and MLP). 64 is the
+            default; 256 (about 3 M parameters) runs ~2x slower per token and, by bench/probe_capacity.py, fits
+            the four grid4 replies in about as many supervised steps (140 vs 120): width is not what limits the
+            tiny policy's learning there.
     Returns:
         ``out_dir`` as a Path.
     Raises:
         FileExistsError: ``out_dir`` exists, is not empty and ``overwrite`` is false.
-        ValueError: ``init_std`` <= 0.
+        ValueError: ``init_std`` <= 0, or ``hidden_size`` not a positive multiple of 64.
     """
     if not init_std > 0:
         raise ValueError(f"init_std must be > 0, got {init_std}")
+    text_shape(hidden_size)  # raises before anything is written
     import torch
     from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
 
@@ -254,7 +280,7 @@ def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False,
     out_dir.mkdir(parents=True, exist_ok=True)
 
     tokenizer = _train_tokenizer(seed)
-    config = _model_config(tokenizer, init_std)
+    config = _model_config(tokenizer, init_std, hidden_size)
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
     model.generation_config = GenerationConfig(
@@ -275,16 +301,20 @@ def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`arpo init-model --out DIR [--seed N] [--force] [--init-std S]`: write the tiny random policy checkpoint."""
+    """`arpo init-model --out DIR [--seed N] [--force] [--init-std S] [--hidden-size H]`: write the tiny random
+    policy checkpoint."""
     parser = argparse.ArgumentParser(prog="arpo init-model", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="checkpoint folder to create")
     parser.add_argument("--seed", type=int, default=0, help="seed for tokenizer corpus and weights")
     parser.add_argument("--force", action="store_true", help="replace an existing folder")
     parser.add_argument("--init-std", type=float, default=DEFAULT_INIT_STD,
                         help="standard deviation of the random weights (initializer_range)")
+    parser.add_argument("--hidden-size", type=int, default=DEFAULT_HIDDEN_SIZE,
+                        help="width of the text model, a multiple of 64")
     args = parser.parse_args(argv)
     try:
-        path = create_tiny_model(args.out, seed=args.seed, overwrite=args.force, init_std=args.init_std)
+        path = create_tiny_model(args.out, seed=args.seed, overwrite=args.force, init_std=args.init_std,
+                                 hidden_size=args.hidden_size)
     except (FileExistsError, ValueError) as e:
         parser.exit(2, f"error: {e}\n")
     print(f"tiny Qwen2.5-VL policy written to {path}")

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from arpo_async.model.init_model import QWEN_SPECIAL_TOKENS, TINY_MAX_PIXELS, create_tiny_model
+from arpo_async.model.init_model import QWEN_SPECIAL_TOKENS, TINY_MAX_PIXELS, create_tiny_model, text_shape
 from arpo_async.model.inputs import (
     ModelInputError,
     PromptEncoder,
@@ -115,6 +115,31 @@ def test_init_std_sets_the_spread_of_the_random_weights(tmp_path, model_dir):
     assert abs(float(default[key].std()) - 0.02) < 0.002
     with pytest.raises(ValueError, match="init_std"):
         create_tiny_model(tmp_path / "bad", init_std=0.0)
+
+
+def test_text_shape_keeps_the_original_tiny_shape_and_scales_heads():
+    assert text_shape(64) == {"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 256,
+                              "mrope_section": [2, 3, 3]}  # the shape every earlier tiny checkpoint has
+    assert text_shape(256) == {"num_attention_heads": 8, "num_key_value_heads": 4, "intermediate_size": 1024,
+                               "mrope_section": [4, 6, 6]}  # 32-wide heads: 16 rotary pairs, 4 + 6 + 6
+    for bad in (0, 32, 100):
+        with pytest.raises(ValueError, match="multiple of 64"):
+            text_shape(bad)
+
+
+def test_hidden_size_gives_a_wider_policy_that_scores_tokens(tmp_path):
+    wide = create_tiny_model(tmp_path / "w128", hidden_size=128)
+    model, processor = load_policy(wide)
+    text = model.config.text_config
+    assert (text.hidden_size, text.num_attention_heads, text.num_key_value_heads) == (128, 4, 2)
+    enc = PromptEncoder(wide)
+    ids = enc.encode([{"role": "user", "content": [{"type": "text", "text": "click"}, {"type": "image"}]}],
+                     [(280, 280)])
+    logprobs = token_logprobs(model, processor, ids, [_png((280, 280))], enc.tokenize("Thought: ok"))
+    assert logprobs.shape == (len(enc.tokenize("Thought: ok")),) and bool((logprobs < 0).all())
+    with pytest.raises(ValueError, match="multiple of 64"):
+        create_tiny_model(tmp_path / "bad", hidden_size=96)
+    assert not (tmp_path / "bad").exists()  # refused before anything was written
 
 
 # ------------------------------------------------------------------ PromptEncoder
