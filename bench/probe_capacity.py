@@ -61,16 +61,19 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     model_dir = ensure_model(args.model)
-    config = load_config(None, TASK_SETUP + [f'learner.task_ids=["{args.family}-"]'])
-    scenes = asyncio.run(capture_scenes(config))
+    try:
+        model, processor = load_policy(model_dir)
+        config = load_config(None, TASK_SETUP + [f'learner.task_ids=["{args.family}-"]'])
+        scenes = asyncio.run(capture_scenes(config))
+    except ValueError as e:  # a folder that is not a checkpoint (ModelInputError), or no task of the family
+        raise SystemExit(f"probe_capacity: {e}") from None
     screen = config.actors.screen_size
     torch.manual_seed(0)
-    model, processor = load_policy(model_dir)
     encoder = PromptEncoder(model_dir)
     resized = encoder.resized_size(*screen)
     examples = []
     for scene in scenes:
-        label = scene.task.evaluator["expected"]["rules"]["expected"]  # capture_scenes checked it exists
+        label = scene.task.expected_string  # capture_scenes checked that it names a button
         prompt = encoder.encode(build_messages(scene.task.instruction, []).messages, [screen])
         examples.append((prompt, scene.screenshot, encoder.tokenize(correct_reply(scene, label, resized, screen))))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)

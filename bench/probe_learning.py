@@ -93,9 +93,7 @@ async def capture_scenes(config: RunConfig) -> list[Scene]:
                 layout = json.loads(answer["output"]) if answer.get("returncode") == 0 else {}
             finally:
                 await fleet.remove(desktop)
-            expected = task.evaluator.get("expected")
-            rules = expected.get("rules") if isinstance(expected, dict) else None
-            label = rules.get("expected") if isinstance(rules, dict) else None
+            label = task.expected_string
             if label not in layout:
                 raise SystemExit(f"task {task.id} is not a button-grid task: its expected label {label!r} is "
                                  f"not a button of {LAYOUT_FILE} ({sorted(layout)})")

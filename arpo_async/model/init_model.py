@@ -19,7 +19,6 @@ Invariant: the same seed gives the same tokenizer and the same weights.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import shutil
@@ -301,24 +300,12 @@ def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`arpo init-model --out DIR [--seed N] [--force] [--init-std S] [--hidden-size H]`: write the tiny random
-    policy checkpoint."""
-    parser = argparse.ArgumentParser(prog="arpo init-model", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="checkpoint folder to create")
-    parser.add_argument("--seed", type=int, default=0, help="seed for tokenizer corpus and weights")
-    parser.add_argument("--force", action="store_true", help="replace an existing folder")
-    parser.add_argument("--init-std", type=float, default=DEFAULT_INIT_STD,
-                        help="standard deviation of the random weights (initializer_range)")
-    parser.add_argument("--hidden-size", type=int, default=DEFAULT_HIDDEN_SIZE,
-                        help="width of the text model, a multiple of 64")
-    args = parser.parse_args(argv)
-    try:
-        path = create_tiny_model(args.out, seed=args.seed, overwrite=args.force, init_std=args.init_std,
-                                 hidden_size=args.hidden_size)
-    except (FileExistsError, ValueError) as e:
-        parser.exit(2, f"error: {e}\n")
-    print(f"tiny Qwen2.5-VL policy written to {path}")
-    return 0
+    """``python -m arpo_async.model.init_model ARGS`` is ``arpo init-model ARGS`` (`arpo_async.cli`, one parser)."""
+    import sys
+
+    from arpo_async.cli import main as arpo_main
+
+    return arpo_main(["init-model", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
