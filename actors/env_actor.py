@@ -1,10 +1,10 @@
-"""EnvActor: one coroutine running rollouts, one fresh desktop per episode, until the learner says stop.
+"""EnvActor: one coroutine running rollouts, each on a desktop from the pool, until the learner says stop.
 
 Owns: the desktop of its current episode (from the process's DesktopPool). Loop: ask for work -> acquire a
-desktop (a warm spare when the pool has one) -> run the episode -> release the desktop (the pool removes it
-and boots a replacement) -> submit the trajectory (held until acked). Every episode starts from a new
-container, so no state leaks between rollouts; a desktop that died mid-episode gives an ENV_ERROR trajectory
-(never trained on) and is replaced like any other.
+desktop (a warm spare when the pool has one) -> run the episode -> release the desktop (the pool resets it in
+place for another episode, or removes it and boots a replacement; see DesktopPool) -> submit the trajectory
+(held until acked). A desktop whose episode ended in ENV_ERROR (it died, timed out, or a setup or evaluator
+failed) is never reused: it is released with ``reusable=False`` and replaced by a fresh container.
 Invariant: the desktop is released in ``finally``, whatever ends the episode or the actor.
 """
 
@@ -70,6 +70,7 @@ class EnvActor:
         """One rollout on a desktop from the pool; the desktop is released whatever happens."""
         self.link.running += 1
         desktop: Desktop | None = None
+        reusable = False
         try:
             t0 = time.perf_counter()
             try:
@@ -81,11 +82,12 @@ class EnvActor:
             reset_s = time.perf_counter() - t0
             traj = await self.runner.run(desktop.controller, assignment, self.actor_id, desktop.name)
             traj.timings["reset_s"] = reset_s
+            reusable = traj.outcome != Outcome.ENV_ERROR.value
             return traj
         finally:
             self.link.running -= 1
             if desktop is not None:
-                await self.pool.release(desktop)
+                await self.pool.release(desktop, reusable=reusable)
 
     def _no_desktop(self, assignment: Assignment, error: DesktopError) -> Trajectory:
         return Trajectory(

@@ -43,7 +43,8 @@ async def run_actors(config: RunConfig, actor_id: str) -> None:
     fleet = DesktopFleet(ac.image or image_tag(), config.resolved_run_id, screen=ac.screen_size,
                          memory_mb=ac.desktop_memory_mb, pids_limit=ac.desktop_pids)
     pool = DesktopPool(fleet, warm_spares=ac.warm_spares, max_concurrent_starts=ac.max_concurrent_starts,
-                       start_attempts=ac.desktop_start_attempts, health_interval_s=ac.desktop_health_interval_s)
+                       start_attempts=ac.desktop_start_attempts, health_interval_s=ac.desktop_health_interval_s,
+                       max_episodes=ac.desktop_max_episodes)
     ctx = zmq.asyncio.Context()
     link: LearnerLink
     pump = SocketPump(dealer_socket(ctx, config.transport, actor_id), routed=False,

@@ -190,6 +190,20 @@ class ControllerClient:
             return False
         return status == 200
 
+    async def reset(self, *, timeout: float = 30.0) -> dict:
+        """Put the desktop back to its state at boot (ours, POST /reset: kill every app, delete what episodes
+        wrote under /root and /tmp, restore /root's files, release keys and buttons, park the pointer).
+
+        Returns the controller's counts ``{"status": "ok", "killed", "removed", "restored", "seconds"}``.
+        Raises DesktopError when the controller cannot be reached, has no /reset (an OSWorld controller), or
+        the reset failed (a process survived SIGKILL); such a desktop should be replaced, not reused.
+        """
+        _, body, _ = await self._request("POST", "/reset", timeout=timeout)
+        data = self._json("/reset", body)
+        if not isinstance(data, dict) or data.get("status") != "ok":
+            raise DesktopError(f"/reset on {self._where()}: unexpected answer {data!r}")
+        return data
+
     async def close(self) -> None:
         """Close the HTTP session (idempotent)."""
         if self._session is not None:

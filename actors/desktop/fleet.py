@@ -45,6 +45,7 @@ class Desktop:
     controller: ControllerClient
     started_at: float = field(default_factory=time.monotonic)
     ready_s: float = 0.0  # seconds from create to the first healthy answer
+    episodes: int = 0  # episodes handed out on this desktop (DesktopPool resets it in place between them)
 
 
 def _safe(text: str, limit: int) -> str:

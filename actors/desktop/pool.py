@@ -8,20 +8,25 @@ periodic health check of the spares.
 Invariants:
 
 - the pool keeps ``warm_spares`` booted desktops beyond those in use, plus one being started for each waiting
-  actor: ``len(spares) + starting >= warm_spares + waiting`` after every change (the refill rule);
+  actor: ``len(spares) + starting + resetting >= warm_spares + waiting`` after every change (the refill rule);
 - at most ``max_concurrent_starts`` containers boot at once (a semaphore), so starts are staggered;
 - :meth:`acquire` returns a spare at once when there is one (after a /health check), else the next desktop that
   finishes booting (first come, first served);
-- a desktop is used for one episode only: :meth:`release` removes it (in the background) and the refill rule
-  starts its replacement, so no state leaks between episodes;
+- a desktop serves at most ``max_episodes`` episodes: :meth:`release` resets a reusable one in place (the
+  controller's POST /reset, ~0.13 s: apps killed, files under /root and /tmp put back, pointer parked; see
+  actors/desktop/image/controller.py) and hands it out again; a desktop that reached ``max_episodes``, whose
+  episode hit an environment error, or whose reset failed is removed (in the background) and the refill rule
+  starts a replacement. ``max_episodes=1`` gives every episode a fresh container (nothing can leak);
 - a start that fails is retried ``start_attempts`` times with exponential backoff (``retry_base_s * 2**i``,
   capped at ``retry_max_s``); then the oldest waiting :meth:`acquire` raises DesktopError (with no one
   waiting, the pool waits ``retry_max_s`` before trying again);
 - spares are health-checked every ``health_interval_s`` and when handed out; a dead one is removed and replaced;
 - :meth:`close` cancels the background tasks and removes every desktop the pool started, wherever it is.
 
-The trade-off: each warm spare costs one desktop's RAM (~100-200 MB, see bench/README.md) and buys a reset
-that takes a /health round trip instead of a container boot.
+The trade-offs: each warm spare costs one desktop's RAM (~100-200 MB, see bench/README.md) and buys a reset
+that takes a /health round trip instead of a container boot; reuse (``max_episodes`` > 1) saves a container
+boot per episode (the machine's CPU, see bench_e2e.py) at the price of state outside /root and /tmp surviving
+up to ``max_episodes`` episodes.
 """
 from __future__ import annotations
 
@@ -52,13 +57,18 @@ class DesktopPool:
         retry_max_s: cap on one wait between tries, and the pause after a start gave up with no one waiting.
         health_interval_s: seconds between health checks of the spares.
         health_timeout_s: deadline of one /health call (seconds); no answer in time = dead.
+        max_episodes: episodes one desktop serves, with an in-place reset between them (>= 1; 1 = a fresh
+            container per episode).
+        reset_timeout_s: deadline of one /reset call (seconds); no answer in time = the desktop is replaced.
     """
 
     def __init__(self, fleet: DesktopFleet, *, warm_spares: int = 2, max_concurrent_starts: int = 2,
                  start_attempts: int = 3, retry_base_s: float = 1.0, retry_max_s: float = 10.0,
-                 health_interval_s: float = 10.0, health_timeout_s: float = 5.0) -> None:
-        if warm_spares < 0 or max_concurrent_starts < 1 or start_attempts < 1:
-            raise ValueError("need warm_spares >= 0, max_concurrent_starts >= 1 and start_attempts >= 1")
+                 health_interval_s: float = 10.0, health_timeout_s: float = 5.0, max_episodes: int = 1,
+                 reset_timeout_s: float = 30.0) -> None:
+        if warm_spares < 0 or max_concurrent_starts < 1 or start_attempts < 1 or max_episodes < 1:
+            raise ValueError("need warm_spares >= 0, max_concurrent_starts >= 1, start_attempts >= 1 and "
+                             "max_episodes >= 1")
         if min(retry_base_s, retry_max_s) < 0 or min(health_interval_s, health_timeout_s) <= 0:
             raise ValueError("retry delays must be >= 0 and health periods > 0")
         self.fleet = fleet
@@ -68,12 +78,15 @@ class DesktopPool:
         self.retry_max_s = retry_max_s
         self.health_interval_s = health_interval_s
         self.health_timeout_s = health_timeout_s
+        self.max_episodes = max_episodes
+        self.reset_timeout_s = reset_timeout_s
         self._start_slots = asyncio.Semaphore(max_concurrent_starts)
         self._spares: collections.deque[Desktop] = collections.deque()
         self._in_use: dict[str, Desktop] = {}
         self._all: dict[str, Desktop] = {}  # every desktop started and not yet removed
         self._waiters: collections.deque[asyncio.Future[Desktop]] = collections.deque()
         self._starting = 0
+        self._resetting = 0
         self._wake = asyncio.Event()
         self._spare_added = asyncio.Event()
         self._tg: asyncio.TaskGroup | None = None
@@ -81,7 +94,7 @@ class DesktopPool:
         self._closed = False
         self.stats: collections.Counter[str] = collections.Counter()
         """Counts: started, start_failures (single tries), start_gave_up, warm_acquires, cold_acquires,
-        dead_spares, removed, remove_failures."""
+        dead_spares, resets, reset_failures, retired (removed after max_episodes), removed, remove_failures."""
 
     # ---- views -----------------------------------------------------------------------------------------
     @property
@@ -98,6 +111,11 @@ class DesktopPool:
     def starting(self) -> int:
         """Desktops being started right now (booting or waiting for a start slot)."""
         return self._starting
+
+    @property
+    def resetting(self) -> int:
+        """Released desktops being reset in place for their next episode."""
+        return self._resetting
 
     @property
     def waiting(self) -> int:
@@ -168,18 +186,30 @@ class DesktopPool:
                 raise
             if healthy:
                 self.stats["warm_acquires"] += 1
+                desktop.episodes += 1
                 return desktop
             log.warning("spare desktop %s is dead; removing it", desktop.name)
             self.stats["dead_spares"] += 1
             self._in_use.pop(desktop.container_id, None)
             self._discard(desktop)
 
-    async def release(self, desktop: Desktop) -> None:
-        """Give back a desktop after its episode (dead or alive): it is removed in the background and the
-        pool starts a replacement. Removes it inline when the pool is not running."""
+    async def release(self, desktop: Desktop, *, reusable: bool = True) -> None:
+        """Give back a desktop after its episode (dead or alive).
+
+        A reusable desktop below ``max_episodes`` is reset in place in the background and handed out again;
+        any other (``reusable=False``: its episode hit an environment error; or it served ``max_episodes``) is
+        removed in the background and the pool starts a replacement. Removes it inline when the pool is not
+        running. Never raises for a failed reset: that desktop is removed instead.
+        """
         self._in_use.pop(desktop.container_id, None)
-        if not self._discard(desktop):
-            await self._remove(desktop)
+        if reusable and desktop.episodes < self.max_episodes and self._tg is not None:
+            self._resetting += 1
+            self._tg.create_task(self._reset(desktop))
+        else:
+            if reusable and self.max_episodes > 1:
+                self.stats["retired"] += 1
+            if not self._discard(desktop):
+                await self._remove(desktop)
         self._wake.set()
 
     # ---- internals -------------------------------------------------------------------------------------
@@ -205,6 +235,7 @@ class DesktopPool:
             if future in self._waiters:
                 self._waiters.remove(future)
         self.stats["cold_acquires"] += 1
+        desktop.episodes += 1
         return desktop
 
     async def _run(self) -> None:
@@ -226,7 +257,7 @@ class DesktopPool:
 
     def _refill(self, tg: asyncio.TaskGroup) -> None:
         """Start desktops until spares + starting covers warm_spares + waiting (the refill rule)."""
-        deficit = self.warm_spares + self.waiting - len(self._spares) - self._starting
+        deficit = self.warm_spares + self.waiting - len(self._spares) - self._starting - self._resetting
         for _ in range(max(0, deficit)):
             self._starting += 1
             tg.create_task(self._start_one())
@@ -246,6 +277,25 @@ class DesktopPool:
             self._deliver(desktop)
         finally:
             self._starting -= 1
+            self._wake.set()
+
+    async def _reset(self, desktop: Desktop) -> None:
+        """Reset a released desktop in place and deliver it; remove it when the reset or /health fails."""
+        try:
+            try:
+                counts = await desktop.controller.reset(timeout=self.reset_timeout_s)
+                healthy = await desktop.controller.health(timeout=self.health_timeout_s)
+            except DesktopError as exc:
+                counts, healthy = {"error": str(exc)}, False
+            if healthy:
+                self.stats["resets"] += 1
+                self._deliver(desktop)
+                return
+            log.warning("desktop %s could not be reset (%s); replacing it", desktop.name, counts.get("error"))
+            self.stats["reset_failures"] += 1
+            self._discard(desktop)
+        finally:
+            self._resetting -= 1
             self._wake.set()
 
     async def _start_with_retry(self) -> Desktop:

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import aiodocker
 import pytest
-from PIL import Image
+from PIL import Image, ImageChops
 
 from actors.desktop.controller_client import ControllerClient, DesktopError
 from actors.desktop.fleet import DesktopFleet, remove_run_containers
@@ -140,6 +140,59 @@ async def test_builtin_task_scores_zero_untouched_and_one_when_solved(fleet, tas
     assert await evaluate(c, task, last_action="DONE") == 1.0
     # OSWorld: giving up scores 0 even when the desktop state is right
     assert await evaluate(c, task, last_action="FAIL") == 0.0
+
+
+async def _screen(c: ControllerClient) -> Image.Image:
+    return Image.open(io.BytesIO(await c.screenshot())).convert("RGB")
+
+
+async def _processes(c: ControllerClient) -> list[str]:
+    r = await c.execute(["ps", "-eo", "comm="])
+    return sorted(name for name in r["output"].split() if name != "ps")
+
+
+async def test_reset_returns_one_desktop_to_its_boot_state_after_every_builtin_task(fleet):
+    """One container serves every built-in task in turn (solved each time), reset in place between them: after
+    each reset the screen is pixel-identical to the freshly booted one, only the base processes run, and the
+    next task starts unsolved (it scores 0 untouched and 1 when solved on the reused desktop)."""
+    desktop = await fleet.start()
+    c = desktop.controller
+    boot_screen, boot_processes = await _screen(c), await _processes(c)
+    assert boot_processes == ["Xvfb", "docker-init", "openbox", "python3"]
+    for task_id in sorted(BUILTIN):
+        task = BUILTIN[task_id]
+        await run_setup(c, task.config)
+        assert await evaluate(c, task, last_action=None) == 0.0, task_id
+        await SOLUTIONS[task_id](c)
+        assert await evaluate(c, task, last_action="DONE") == 1.0, task_id
+        counts = await c.reset()
+        assert counts["killed"] >= 1, (task_id, counts)  # at least the app
+        assert await _processes(c) == boot_processes, task_id
+        assert ImageChops.difference(await _screen(c), boot_screen).getbbox() is None, task_id
+    assert await evaluate(c, BUILTIN["terminal-mkdir"], last_action="DONE") == 0.0  # its folder is gone
+
+
+async def test_reset_kills_stubborn_processes_restores_home_and_releases_keys(fleet):
+    desktop = await fleet.start()
+    c = desktop.controller
+    bashrc = await c.get_file("/root/.bashrc")
+    assert bashrc
+    # a process tree that ignores SIGTERM and keeps forking, files written and deleted, Shift held down
+    await c.launch("trap '' TERM HUP; while :; do sleep 30 & wait; done", shell=True)
+    await c.execute("echo hostile > /root/.bashrc; rm /root/.profile; mkdir -p /root/a/b; touch /tmp/x /root/a/b/c",
+                    shell=True)
+    await xdo(c, "keydown", "Shift_L")
+    counts = await c.reset()
+    assert counts["killed"] >= 2 and counts["restored"] == 2 and counts["removed"] >= 2, counts
+    assert await _processes(c) == ["Xvfb", "docker-init", "openbox", "python3"]
+    assert await c.get_file("/root/.bashrc") == bashrc and await c.get_file("/root/.profile") is not None
+    assert await c.get_file("/root/a/b/c") is None and await c.get_file("/tmp/x") is None
+    assert await c.cursor_position() == (640, 360)  # where Xvfb put the pointer at boot
+    # with Shift still held, xdotool would type "ALICE" and the form task would score 0
+    task = BUILTIN["form-name"]
+    await run_setup(c, task.config)
+    await SOLUTIONS["form-name"](c)
+    assert await evaluate(c, task, last_action="DONE") == 1.0
 
 
 async def test_wrong_button_scores_zero(fleet):

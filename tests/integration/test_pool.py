@@ -1,7 +1,8 @@
 """DesktopPool and the fast observation path, on real desktop containers.
 
 Covers: warm spares (acquire hands out an already-booted desktop and the pool refills in the background),
-release removes the used container, a dead spare is found by the health check and replaced, a start that
+release removes the used container, or (max_episodes > 1) resets it in place and hands it out again until it has
+served max_episodes; a desktop released as not reusable, or whose reset fails, is replaced; a dead spare is found by the health check and replaced, a start that
 keeps failing surfaces as DesktopError after the configured tries, close() leaves no container behind;
 the controller's screenshot encodings (PNG default, JPEG with quality, bad values rejected) and the
 byte-identical screenshots of an unchanged screen that the trajectory de-duplication relies on; and the
@@ -89,6 +90,46 @@ async def test_dead_spare_is_replaced(fleet):
         replacement = await pool.acquire()
         assert replacement is not victim and await replacement.controller.health()
         await pool.release(replacement)
+    assert await labelled(fleet.run_id) == []
+
+
+async def test_released_desktop_is_reset_and_reused_until_max_episodes(fleet):
+    async with DesktopPool(fleet, warm_spares=0, max_episodes=3) as pool:
+        async with asyncio.timeout(BOOT_DEADLINE_S):
+            first = await pool.acquire()
+        for episode in (2, 3):
+            await first.controller.execute(["sh", "-c", "echo leak > /tmp/arpo/leak"])
+            await pool.release(first)
+            async with asyncio.timeout(BOOT_DEADLINE_S):
+                again = await pool.acquire()
+            assert again.container_id == first.container_id and again.episodes == episode
+            assert await again.controller.get_file("/tmp/arpo/leak") is None  # the reset removed it
+        await pool.release(first)  # third episode done: retired, not reset
+        async with asyncio.timeout(BOOT_DEADLINE_S):
+            fresh = await pool.acquire()
+        assert fresh.container_id != first.container_id and fresh.episodes == 1
+        await until(_gone(fleet.run_id, first.container_id), 60, "the retired container to be removed")
+        assert pool.stats["resets"] == 2 and pool.stats["retired"] == 1 and pool.stats["started"] == 2
+        await pool.release(fresh)
+    assert await labelled(fleet.run_id) == []
+
+
+async def test_desktop_released_as_not_reusable_or_failing_its_reset_is_replaced(fleet):
+    async with DesktopPool(fleet, warm_spares=0, max_episodes=10) as pool:
+        async with asyncio.timeout(BOOT_DEADLINE_S):
+            errored = await pool.acquire()
+        await pool.release(errored, reusable=False)  # e.g. its episode ended in ENV_ERROR
+        async with asyncio.timeout(BOOT_DEADLINE_S):
+            dying = await pool.acquire()
+        assert dying.container_id != errored.container_id
+        await fleet.docker.containers.container(dying.container_id).kill()  # dies after its episode
+        await pool.release(dying)
+        async with asyncio.timeout(BOOT_DEADLINE_S):
+            third = await pool.acquire()
+        assert third.container_id not in (errored.container_id, dying.container_id)
+        assert await third.controller.health()
+        assert pool.stats["reset_failures"] == 1 and pool.stats["resets"] == 0 and pool.stats["started"] == 3
+        await pool.release(third)
     assert await labelled(fleet.run_id) == []
 
 

@@ -22,6 +22,16 @@ OSWorld's request and response shapes:
     POST /setup/activate_window {"window_name", "strict"?} -> text (xdotool; 404 if no such window)
     POST /setup/close_window    {"window_name", "strict"?} -> text
     GET  /health                -> {"status": "ok", "display"} once X answers, else 503 (ours)
+    POST /reset                 -> {"status": "ok", "killed", "removed", "restored", "seconds"} (ours): puts the
+                                   desktop back to its state when the controller started (see BootState),
+                                   so one container can serve many episodes; 500 when it cannot
+
+In-place reset (ours; OSWorld reverts a VM snapshot instead): at start the controller records the
+desktop's base processes (PID 1, itself, Xvfb, openbox) and every path under /root and /tmp, with the bytes of
+/root's files. POST /reset kills every other process (apps, terminals and their children), deletes the paths
+that did not exist at start, rewrites /root's files that changed, releases modifier keys and mouse buttons and
+puts the pointer back where it was. State outside /root and /tmp (a file an agent wrote to /etc, say) is not
+restored: the pool bounds how many episodes a container serves (actors.desktop_max_episodes).
 
 Invariants: every request is handled on its own thread; commands run with DISPLAY set and in their own
 session so a timeout kills the whole process group; PID 1 is docker's init (tini), which reaps orphans.
@@ -37,6 +47,7 @@ import io
 import json
 import os
 import shlex
+import shutil
 import signal
 import socketserver
 import subprocess
@@ -116,6 +127,135 @@ def grab_screen(fmt: str = "png", quality: int = DEFAULT_JPEG_QUALITY) -> bytes:
     else:
         image.save(out, format="PNG", compress_level=1)
     return out.getvalue()
+
+
+RESET_ROOTS = ("/root", "/tmp")
+"""Folders put back to their state at controller start by /reset."""
+RESTORED_FILE_MAX_BYTES = 1024 * 1024
+"""Files under /root up to this size have their bytes recorded at start and rewritten by /reset."""
+RESET_KILL_DEADLINE_S = 5.0
+_MODIFIERS = ["Shift_L", "Shift_R", "Control_L", "Control_R", "Alt_L", "Alt_R", "Super_L", "Super_R"]
+
+
+def _pids() -> set[int]:
+    return {int(name) for name in os.listdir("/proc") if name.isdigit()}
+
+
+def _parent_and_state(pid: int) -> tuple[int, str] | None:
+    """(parent pid, state letter) of a process from /proc/<pid>/stat; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+    return int(fields[1]), fields[0]
+
+
+class BootState:
+    """The desktop as the controller found it at start: base processes, paths, and /root's file bytes.
+
+    Must be created before the first request is served (then the only processes are PID 1, the controller,
+    Xvfb and openbox, and no task has touched /root or /tmp).
+    """
+
+    def __init__(self) -> None:
+        me = os.getpid()
+        self.pids = {1, me} | {p for p in _pids() if (_parent_and_state(p) or (0, ""))[0] == me}
+        self.paths: set[str] = set()
+        self.files: dict[str, bytes] = {}
+        for root in RESET_ROOTS:
+            for folder, dirs, files in os.walk(root):
+                self.paths.add(folder)
+                for name in dirs + files:
+                    self.paths.add(os.path.join(folder, name))
+                for name in files:
+                    path = os.path.join(folder, name)
+                    if folder.startswith("/root") and os.path.isfile(path) and not os.path.islink(path) \
+                            and os.path.getsize(path) <= RESTORED_FILE_MAX_BYTES:
+                        with open(path, "rb") as f:
+                            self.files[path] = f.read()
+        self.pointer = pointer().position()
+
+    def reset(self) -> dict:
+        """Put the desktop back to this state; returns counts and seconds. RuntimeError when a process survives."""
+        t0 = time.monotonic()
+        killed = self._kill_others()
+        removed, restored = self._restore_files()
+        x, y = self.pointer
+        subprocess.run(["xdotool", "keyup", *_MODIFIERS, "mouseup", "1", "mouseup", "2", "mouseup", "3",
+                        "mousemove", str(x), str(y)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=10, check=False)
+        return {"status": "ok", "killed": killed, "removed": removed, "restored": restored,
+                "seconds": round(time.monotonic() - t0, 4)}
+
+    def _kill_others(self) -> int:
+        """SIGKILL every process outside the base set, in rounds (a dying shell may have forked), and reap
+        our own children; RuntimeError when some are still alive after RESET_KILL_DEADLINE_S."""
+        killed: set[int] = set()
+        deadline = time.monotonic() + RESET_KILL_DEADLINE_S
+        while True:
+            alive = []
+            for pid in _pids() - self.pids:
+                info = _parent_and_state(pid)
+                if info is None:
+                    continue
+                if info[1] == "Z":  # a zombie: reap it if it is ours (PID 1 reaps the rest)
+                    if info[0] == os.getpid():
+                        try:
+                            os.waitpid(pid, os.WNOHANG)
+                        except ChildProcessError:
+                            pass
+                    continue
+                alive.append(pid)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+                except ProcessLookupError:
+                    pass
+            if not alive:
+                return len(killed)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"processes {sorted(alive)} survived SIGKILL for {RESET_KILL_DEADLINE_S:g} s")
+            time.sleep(0.01)
+
+    def _restore_files(self) -> tuple[int, int]:
+        """Delete paths under RESET_ROOTS that did not exist at start; rewrite /root files that changed."""
+        removed = restored = 0
+        for root in RESET_ROOTS:
+            for folder, dirs, files in os.walk(root, topdown=True):
+                for name in list(dirs):
+                    path = os.path.join(folder, name)
+                    if path not in self.paths:
+                        dirs.remove(name)
+                        if os.path.islink(path):
+                            os.unlink(path)
+                        else:
+                            shutil.rmtree(path, ignore_errors=True)
+                        removed += 1
+                for name in files:
+                    path = os.path.join(folder, name)
+                    if path not in self.paths:
+                        os.unlink(path)
+                        removed += 1
+        for path in sorted(self.paths):
+            if path.startswith("/root") and not os.path.lexists(path) and path not in self.files:
+                os.makedirs(path, exist_ok=True)  # a folder of the boot state that an episode deleted
+        for path, data in self.files.items():
+            try:
+                with open(path, "rb") as f:
+                    same = f.read() == data
+            except OSError:
+                same = False
+            if not same:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.write(data)
+                restored += 1
+        return removed, restored
+
+
+_boot: BootState | None = None
 
 
 def screenshot_params(query: str) -> tuple[str, int]:
@@ -348,6 +488,16 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._json(503, {"status": "error", "message": f"X display {DISPLAY} does not answer"})
 
+    def reset(self) -> None:
+        self._body()
+        if _boot is None:
+            self._json(500, {"status": "error", "message": "the controller recorded no boot state"})
+            return
+        try:
+            self._json(200, _boot.reset())
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            self._json(500, {"status": "error", "message": f"reset failed: {type(exc).__name__}: {exc}"})
+
     def activate_window(self) -> None:
         data = self._json_body()
         name = data.get("window_name")
@@ -393,6 +543,7 @@ POST_ROUTES = {
     "/screen_size": Handler.screen_size,
     "/setup/activate_window": Handler.activate_window,
     "/setup/close_window": Handler.close_window,
+    "/reset": Handler.reset,
 }
 
 
@@ -406,6 +557,8 @@ class TCPHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
 
 
 def serve() -> None:
+    global _boot
+    _boot = BootState()  # before the first request: only the base processes and the boot files exist
     tcp = os.environ.get("ARPO_CONTROLLER_TCP")
     if tcp:
         host, _, port = tcp.rpartition(":")
