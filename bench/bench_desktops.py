@@ -6,7 +6,9 @@ Measures, each with the real arpo-desktop image through DesktopFleet / DesktopPo
   one at a time);
 - reset cold: remove the used desktop, start a new one and wait for /health (what an episode waits for with
   no spares); reset warm: ``DesktopPool.acquire()`` with warm spares (release of the previous one runs in the
-  background, and the pool is given time to refill between episodes, as real episodes last seconds);
+  background, and the pool is given time to refill between episodes, as real episodes last seconds); reset in
+  place: POST /reset + /health on a desktop after a grid task's setup and a click (what DesktopPool does
+  between the episodes of one container, ``actors.desktop_max_episodes``);
 - screenshot: GET /screenshot p50 at 1280x720 and 1920x1080, PNG and JPEG (quality 85);
 - action: one xdotool click through POST /execute (p50);
 - capacity: start desktops (``--max-desktops``, ``--concurrency`` at a time) until the cap, a failed start or
@@ -33,6 +35,8 @@ from _common import median, p95, result_line
 from actors.desktop.build import build_image
 from actors.desktop.fleet import Desktop, DesktopFleet
 from actors.desktop.pool import DesktopPool
+from actors.evaluation import run_setup
+from arpo_async.tasks import load_tasks
 
 
 def mem_available_gb() -> float:
@@ -92,6 +96,26 @@ async def bench_reset_pool(fleet: DesktopFleet, n: int, spares: int) -> list[flo
             d = await pool.acquire()
             out.append(time.perf_counter() - t0)
         await pool.release(d)
+    return out
+
+
+async def bench_reset_inplace(fleet: DesktopFleet, n: int) -> list[float]:
+    """Seconds for POST /reset + /health after each of ``n`` episodes (grid4-red's setup and one click, not
+    timed) on one desktop."""
+    task = next(t for t in load_tasks() if t.id == "grid4-red")
+    out = []
+    d = await fleet.start()
+    try:
+        for _ in range(n):
+            await run_setup(d.controller, task.config)
+            await d.controller.execute(["xdotool", "mousemove", "300", "200", "click", "1"], timeout=20)
+            t0 = time.perf_counter()
+            await d.controller.reset()
+            if not await d.controller.health():
+                raise RuntimeError(f"desktop {d.name} is not healthy after /reset")
+            out.append(time.perf_counter() - t0)
+    finally:
+        await fleet.remove(d)
     return out
 
 
@@ -170,9 +194,11 @@ async def main_async(args: argparse.Namespace) -> dict:
         cold = await bench_reset_cold(fleet, args.resets)
         cold_pool = await bench_reset_pool(fleet, args.resets, 0)
         warm = await bench_reset_pool(fleet, args.resets, args.spares)
+        inplace = await bench_reset_inplace(fleet, args.resets)
         print(f"reset: cold (remove + start) p50 {median(cold):.3f} s, pool with 0 spares (removal in the "
               f"background) p50 {median(cold_pool):.3f} s, warm ({args.spares} spares) p50 "
-              f"{median(warm) * 1e3:.1f} ms (n={args.resets})", flush=True)
+              f"{median(warm) * 1e3:.1f} ms, in place (/reset + /health) p50 {median(inplace) * 1e3:.1f} ms "
+              f"(n={args.resets})", flush=True)
         shots = {}
         for name, f in (("720p", fleet), ("1080p", big)):
             d = await f.start()
@@ -190,7 +216,8 @@ async def main_async(args: argparse.Namespace) -> dict:
         live, ram, reason = await bench_capacity(fleet, args.max_desktops, args.concurrency, args.min_free_gb)
         print(f"live desktops: {live} healthy (stopped at: {reason}), RAM {ram:.0f} MiB per desktop", flush=True)
         fig = {"start_p50_s": median(start), "start_p95_s": p95(start), "reset_cold_p50_s": median(cold),
-               "reset_cold_pool_p50_s": median(cold_pool), "reset_warm_p50_s": median(warm), "ratio_cold_over_warm": median(cold) / median(warm)}
+               "reset_cold_pool_p50_s": median(cold_pool), "reset_warm_p50_s": median(warm), "ratio_cold_over_warm": median(cold) / median(warm),
+               "reset_inplace_p50_s": median(inplace), "ratio_cold_over_inplace": median(cold) / median(inplace)}
         fig.update({f"shot_{k}_p50_ms": v * 1e3 for k, v in shots.items()})
         fig.update({"action_p50_ms": median(action) * 1e3, "exec_noop_p50_ms": median(noop) * 1e3, "live_desktops": live, "live_cap": args.max_desktops,
                     "ram_per_desktop_mb": ram})

@@ -1,4 +1,4 @@
-"""End-to-end throughput: async vs lockstep schedule on the same desktops and the same arpo-serve.
+"""End-to-end throughput: async vs lockstep schedule, and desktop reuse vs a fresh container per episode.
 
 Both arms are real `arpo run`s (arpo-serve + arpo-learner + arpo-actors, 8 docker desktops) over the whole
 built-in suite with a 5-step budget, so episode lengths are mixed (the agent may say `finished` at any step;
@@ -7,9 +7,12 @@ tasks differ in setup cost). Each arm runs for the same wall-clock budget. Figur
                       trajectory on; start-up and the first desktop boots are left out)
   desktop utilisation sum of episode seconds / (desktops x seconds) over the same span; an episode runs from
                       the task's setup to its evaluation, so desktop resets are outside it
-and the ratio async / lockstep of both (target from issue 4: >= 3x trajectories/min).
+Arms: async and lockstep with the default desktop reuse (actors.desktop_max_episodes = 16: a desktop is reset in
+place between episodes), and async-fresh: async with a fresh container per episode (desktop_max_episodes = 1,
+the behaviour before reuse). Ratios: async / lockstep of both figures (target from issue 4: >= 3x
+trajectories/min) and async / async-fresh trajectories/min (what reuse buys).
 
-Usage: python bench/bench_e2e.py [--minutes 5] [--actors 8] [--quick]
+Usage: python bench/bench_e2e.py [--minutes 5] [--actors 8] [--quick] [--arms async,lockstep,async-fresh]
 Last line: key=value figures.
 """
 
@@ -25,9 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._arpo_run import ROOT, ensure_model, run_arpo  # noqa: E402
 
-SCHEDULES = {
-    "async": ['learner.schedule="async"', "learner.max_staleness=2"],
+ASYNC = ['learner.schedule="async"', "learner.max_staleness=2"]
+ARMS = {
+    "async": ASYNC,
     "lockstep": ['learner.schedule="lockstep"'],
+    "async-fresh": ASYNC + ["actors.desktop_max_episodes=1"],
 }
 
 
@@ -38,12 +43,12 @@ def read_status(run_dir: Path) -> dict | None:
         return None
 
 
-def measure(schedule: str, args: argparse.Namespace) -> dict[str, float]:
+def measure(arm: str, args: argparse.Namespace) -> dict[str, float]:
     """One arm: sample the learner's status.json every 2 s; the figures cover the steady state, from the first
     sample with a trajectory to the last sample (start-up, model load and first desktop boots left out)."""
-    run_dir = args.out / schedule
+    run_dir = args.out / arm
     shutil.rmtree(run_dir, ignore_errors=True)
-    overrides = SCHEDULES[schedule] + [f"actors.actors={args.actors}", "actors.max_steps=5", "learner.steps=100000",
+    overrides = ARMS[arm] + [f"actors.actors={args.actors}", "actors.max_steps=5", "learner.steps=100000",
                                        "learner.group_size=4", "learner.groups_per_step=2"]
     samples: list[dict] = []
 
@@ -55,7 +60,7 @@ def measure(schedule: str, args: argparse.Namespace) -> dict[str, float]:
 
     run_arpo(run_dir, args.model, overrides, args.minutes, sample)
     if len(samples) < 2:
-        raise SystemExit(f"{schedule}: fewer than 2 status samples with trajectories; see {run_dir}.out")
+        raise SystemExit(f"{arm}: fewer than 2 status samples with trajectories; see {run_dir}.out")
     first, last = samples[0], samples[-1]
     span_s = last["wall_s"] - first["wall_s"]
     done = last["totals"]["trajectories"] - first["totals"]["trajectories"]
@@ -71,20 +76,28 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="2 minutes per arm")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-e2e")
     parser.add_argument("--model", type=Path, default=ROOT / "runs" / "tiny-model")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {', '.join(ARMS)}")
     args = parser.parse_args()
     if args.quick:
         args.minutes = min(args.minutes, 2.0)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown or not arms:
+        parser.error(f"--arms: unknown arm(s) {unknown or arms}; choose from {', '.join(ARMS)}")
     ensure_model(args.model)
-    results = {s: measure(s, args) for s in SCHEDULES}
-    print(f"{'schedule':<10}{'traj/min':>10}{'utilisation':>13}{'steps':>7}{'span s':>8}")
-    for s, r in results.items():
-        print(f"{s:<10}{r['traj_per_min']:>10.1f}{r['utilisation']:>13.2f}{r['steps']:>7}{r['span_s']:>8.0f}")
-    a, l = results["async"], results["lockstep"]
-    ratio = a["traj_per_min"] / l["traj_per_min"] if l["traj_per_min"] else float("nan")
-    util_ratio = a["utilisation"] / l["utilisation"] if l["utilisation"] else float("nan")
-    print(f"async_traj_per_min={a['traj_per_min']:.1f} lockstep_traj_per_min={l['traj_per_min']:.1f} "
-          f"async_utilisation={a['utilisation']:.2f} lockstep_utilisation={l['utilisation']:.2f} "
-          f"ratio_traj={ratio:.2f} ratio_utilisation={util_ratio:.2f}")
+    results = {arm: measure(arm, args) for arm in arms}
+    print(f"{'arm':<12}{'traj/min':>10}{'utilisation':>13}{'steps':>7}{'span s':>8}")
+    for arm, r in results.items():
+        print(f"{arm:<12}{r['traj_per_min']:>10.1f}{r['utilisation']:>13.2f}{r['steps']:>7}{r['span_s']:>8.0f}")
+    figures = [f"{arm.replace('-', '_')}_traj_per_min={r['traj_per_min']:.1f} "
+               f"{arm.replace('-', '_')}_utilisation={r['utilisation']:.2f}" for arm, r in results.items()]
+    for name, (num, den), key in (("ratio_traj", ("async", "lockstep"), "traj_per_min"),
+                                  ("ratio_utilisation", ("async", "lockstep"), "utilisation"),
+                                  ("ratio_reuse_traj", ("async", "async-fresh"), "traj_per_min")):
+        if num in results and den in results:
+            d = results[den][key]
+            figures.append(f"{name}={results[num][key] / d if d else float('nan'):.2f}")
+    print(" ".join(figures))
     return 0
 
 
