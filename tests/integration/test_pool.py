@@ -93,20 +93,22 @@ async def test_dead_spare_is_replaced(fleet):
     assert await labelled(fleet.run_id) == []
 
 
+async def _acquire(pool: DesktopPool):
+    async with asyncio.timeout(BOOT_DEADLINE_S):
+        return await pool.acquire()
+
+
 async def test_released_desktop_is_reset_and_reused_until_max_episodes(fleet):
     async with DesktopPool(fleet, warm_spares=0, max_episodes=3) as pool:
-        async with asyncio.timeout(BOOT_DEADLINE_S):
-            first = await pool.acquire()
+        first = await _acquire(pool)
         for episode in (2, 3):
             await first.controller.execute(["sh", "-c", "echo leak > /tmp/arpo/leak"])
             await pool.release(first)
-            async with asyncio.timeout(BOOT_DEADLINE_S):
-                again = await pool.acquire()
+            again = await _acquire(pool)
             assert again.container_id == first.container_id and again.episodes == episode
             assert await again.controller.get_file("/tmp/arpo/leak") is None  # the reset removed it
         await pool.release(first)  # third episode done: retired, not reset
-        async with asyncio.timeout(BOOT_DEADLINE_S):
-            fresh = await pool.acquire()
+        fresh = await _acquire(pool)
         assert fresh.container_id != first.container_id and fresh.episodes == 1
         await until(_gone(fleet.run_id, first.container_id), 60, "the retired container to be removed")
         assert pool.stats["resets"] == 2 and pool.stats["retired"] == 1 and pool.stats["started"] == 2
@@ -116,16 +118,13 @@ async def test_released_desktop_is_reset_and_reused_until_max_episodes(fleet):
 
 async def test_desktop_released_as_not_reusable_or_failing_its_reset_is_replaced(fleet):
     async with DesktopPool(fleet, warm_spares=0, max_episodes=10) as pool:
-        async with asyncio.timeout(BOOT_DEADLINE_S):
-            errored = await pool.acquire()
+        errored = await _acquire(pool)
         await pool.release(errored, reusable=False)  # e.g. its episode ended in ENV_ERROR
-        async with asyncio.timeout(BOOT_DEADLINE_S):
-            dying = await pool.acquire()
+        dying = await _acquire(pool)
         assert dying.container_id != errored.container_id
         await fleet.docker.containers.container(dying.container_id).kill()  # dies after its episode
         await pool.release(dying)
-        async with asyncio.timeout(BOOT_DEADLINE_S):
-            third = await pool.acquire()
+        third = await _acquire(pool)
         assert third.container_id not in (errored.container_id, dying.container_id)
         assert await third.controller.health()
         assert pool.stats["reset_failures"] == 1 and pool.stats["resets"] == 0 and pool.stats["started"] == 3
