@@ -202,11 +202,11 @@ class DesktopPool:
         running. Never raises for a failed reset: that desktop is removed instead.
         """
         self._in_use.pop(desktop.container_id, None)
-        if reusable and desktop.episodes < self.max_episodes and self._tg is not None:
+        if reusable and desktop.episodes < self.max_episodes and self._tg is not None and not self._closed:
             self._resetting += 1
             self._tg.create_task(self._reset(desktop))
         else:
-            if reusable and self.max_episodes > 1:
+            if reusable and 1 < self.max_episodes <= desktop.episodes:
                 self.stats["retired"] += 1
             if not self._discard(desktop):
                 await self._remove(desktop)
@@ -256,7 +256,7 @@ class DesktopPool:
             self._tg = None
 
     def _refill(self, tg: asyncio.TaskGroup) -> None:
-        """Start desktops until spares + starting covers warm_spares + waiting (the refill rule)."""
+        """Start desktops until spares + starting + resetting covers warm_spares + waiting (the refill rule)."""
         deficit = self.warm_spares + self.waiting - len(self._spares) - self._starting - self._resetting
         for _ in range(max(0, deficit)):
             self._starting += 1
