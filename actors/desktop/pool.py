@@ -282,16 +282,17 @@ class DesktopPool:
     async def _reset(self, desktop: Desktop) -> None:
         """Reset a released desktop in place and deliver it; remove it when the reset or /health fails."""
         try:
+            why = "not healthy after /reset"
             try:
-                counts = await desktop.controller.reset(timeout=self.reset_timeout_s)
+                await desktop.controller.reset(timeout=self.reset_timeout_s)
                 healthy = await desktop.controller.health(timeout=self.health_timeout_s)
             except DesktopError as exc:
-                counts, healthy = {"error": str(exc)}, False
+                why, healthy = str(exc), False
             if healthy:
                 self.stats["resets"] += 1
                 self._deliver(desktop)
                 return
-            log.warning("desktop %s could not be reset (%s); replacing it", desktop.name, counts.get("error"))
+            log.warning("desktop %s could not be reset (%s); replacing it", desktop.name, why)
             self.stats["reset_failures"] += 1
             self._discard(desktop)
         finally:

@@ -5,7 +5,9 @@ with the tiny model), a LearnerService on real ZeroMQ TCP sockets, EnvActors wit
     with a new desktop;
 (b) arpo-serve stopped for a while: the episode in flight ends ABORTED after its retries; once the server is
     back on the same port the actor produces trainable trajectories again;
-(c) SIGTERM to a real `arpo-actors` process mid-episode: it exits 0 and no container with its run label is left.
+(c) SIGTERM to a real `arpo-actors` process mid-episode: it exits 0 and no container with its run label is left;
+(d) with desktop reuse, a desktop whose episode ended in ENV_ERROR (here a setup step that fails on a live
+    desktop) is never handed out again, while desktops of trainable episodes are reset and reused.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from actors.policy_client import PolicyClient, RetryPolicy
 from arpo_async.config import ActorConfig, TransportConfig
 from arpo_async.messages import Outcome, Trajectory
 from arpo_async.model.inputs import PromptEncoder
-from arpo_async.tasks import load_tasks
+from arpo_async.tasks import Task, load_tasks
 from arpo_async.transport import SocketPump, dealer_socket, router_socket
 from learner.batcher import Batcher
 from learner.replay import SuccessReplay
@@ -68,7 +70,7 @@ def actor_config(**kw) -> ActorConfig:
 
 
 @asynccontextmanager
-async def learner(ctx: zmq.asyncio.Context, transport: TransportConfig):
+async def learner(ctx: zmq.asyncio.Context, transport: TransportConfig, tasks: list[Task] = TASKS):
     """A LearnerService on a real ROUTER socket; yields (service, list of trajectories received, in order)."""
     received: list[Trajectory] = []
     service: LearnerService
@@ -80,7 +82,7 @@ async def learner(ctx: zmq.asyncio.Context, transport: TransportConfig):
 
     pump = SocketPump(router_socket(ctx, transport), routed=True, max_bytes=transport.max_message_bytes,
                       on_message=on_message, on_bad=lambda p, r: service.on_bad(p, r))
-    service = LearnerService(pump, GroupScheduler(TASKS, group_size=2), StalenessManager(1000, 0),
+    service = LearnerService(pump, GroupScheduler(tasks, group_size=2), StalenessManager(1000, 0),
                              Batcher(SuccessReplay(), max_staleness=1000, groups_per_step=1))
     task = asyncio.create_task(pump.run())
     try:
@@ -186,6 +188,36 @@ async def test_inference_outage_aborts_then_actor_recovers(tiny_model, encoder, 
         await policy.aclose()
         await asyncio.to_thread(serve.stop)
         ctx.destroy(linger=0)
+
+
+async def test_env_error_desktop_is_never_reused_and_good_ones_are(server, encoder, desktop_image, transport):
+    good = TASKS[0]
+    broken = Task.from_dict({**good.to_dict(), "id": "grid4-red-broken", "config": list(good.config) + [
+        {"type": "activate_window", "parameters": {"window_name": "No Such Window", "strict": True}}]})
+    fleet = DesktopFleet(desktop_image, run_id=f"test-ff-{secrets.token_hex(3)}")
+    policy = PolicyClient([server.url], retry=RetryPolicy(attempts=3, base_delay_s=0.2, max_delay_s=1.0))
+    runner = EpisodeRunner(encoder, policy, actor_config())
+    ctx = zmq.asyncio.Context()
+    try:
+        async with DesktopPool(fleet, warm_spares=0, max_episodes=8) as pool, \
+                learner(ctx, transport, [good, broken]) as (_, received), actors(ctx, transport, pool, runner):
+            def enough() -> bool:
+                errors = [t for t in received if t.outcome == Outcome.ENV_ERROR.value]
+                return len(errors) >= 2 and sum(t.outcome_enum.trainable for t in received) >= 3
+            await until(enough, EPISODE_DEADLINE_S, "2 ENV_ERROR and 3 trainable trajectories")
+        for i, traj in enumerate(received):
+            if traj.outcome == Outcome.ENV_ERROR.value:
+                assert "TaskSetupError" in traj.error and traj.task_id == broken.id, traj.error
+                assert traj.desktop not in {t.desktop for t in received[i + 1:]}, "an ENV_ERROR desktop was reused"
+        desktops = [t.desktop for t in received]
+        assert len(set(desktops)) < len(desktops)  # some desktop served more than one episode
+        assert pool.stats["resets"] >= 1 and pool.stats["reset_failures"] == 0
+    finally:
+        await fleet.remove_all()
+        await fleet.close()
+        await policy.aclose()
+        ctx.destroy(linger=0)
+    assert await labelled(fleet.run_id) == []
 
 
 async def test_sigterm_removes_every_container_and_exits_0(server, tiny_model, desktop_image, transport, tmp_path):

@@ -30,7 +30,9 @@ In-place reset (ours; OSWorld reverts a VM snapshot instead): at start the contr
 desktop's base processes (PID 1, itself, Xvfb, openbox) and every path under /root and /tmp, with the bytes of
 /root's files. POST /reset kills every other process (apps, terminals and their children), deletes the paths
 that did not exist at start, rewrites /root's files that changed, releases modifier keys and mouse buttons and
-puts the pointer back where it was. State outside /root and /tmp (a file an agent wrote to /etc, say) is not
+puts the pointer back where it was. It kills every process outside the base set, commands of other requests
+still running included, so call it only on a desktop no episode is using (DesktopPool resets released desktops).
+State outside /root and /tmp (a file an agent wrote to /etc, say) is not
 restored: the pool bounds how many episodes a container serves (actors.desktop_max_episodes).
 
 Invariants: every request is handled on its own thread; commands run with DISPLAY set and in their own
@@ -163,10 +165,13 @@ class BootState:
         me = os.getpid()
         self.pids = {1, me} | {p for p in _pids() if (_parent_and_state(p) or (0, ""))[0] == me}
         self.paths: set[str] = set()
+        self.home_dirs: list[str] = []  # folders under /root, parents first: recreated when an episode deleted them
         self.files: dict[str, bytes] = {}
         for root in RESET_ROOTS:
             for folder, dirs, files in os.walk(root):
                 self.paths.add(folder)
+                if folder.startswith("/root"):
+                    self.home_dirs.append(folder)
                 for name in dirs + files:
                     self.paths.add(os.path.join(folder, name))
                 for name in files:
@@ -238,9 +243,8 @@ class BootState:
                     if path not in self.paths:
                         os.unlink(path)
                         removed += 1
-        for path in sorted(self.paths):
-            if path.startswith("/root") and not os.path.lexists(path) and path not in self.files:
-                os.makedirs(path, exist_ok=True)  # a folder of the boot state that an episode deleted
+        for folder in self.home_dirs:
+            os.makedirs(folder, exist_ok=True)
         for path, data in self.files.items():
             try:
                 with open(path, "rb") as f:
@@ -255,7 +259,7 @@ class BootState:
         return removed, restored
 
 
-_boot: BootState | None = None
+_boot: BootState | None = None  # set by serve() before the first request
 
 
 def screenshot_params(query: str) -> tuple[str, int]:
@@ -490,13 +494,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def reset(self) -> None:
         self._body()
-        if _boot is None:
-            self._json(500, {"status": "error", "message": "the controller recorded no boot state"})
-            return
-        try:
-            self._json(200, _boot.reset())
-        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-            self._json(500, {"status": "error", "message": f"reset failed: {type(exc).__name__}: {exc}"})
+        self._json(200, _boot.reset())  # a failure (a process survived, a file cannot be restored) -> 500
 
     def activate_window(self) -> None:
         data = self._json_body()
