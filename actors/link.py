@@ -4,7 +4,10 @@ Owns: the DEALER pump, the outstanding work requests, the unacknowledged traject
 version last announced by the learner.
 Invariants:
 - a trajectory is kept until the learner acknowledges it; it is sent again after ``resend_after_s`` and
-  whenever the learner restarts (a new learner id in LearnerStatus); the learner drops duplicates by id;
+  whenever the learner restarts (a new learner id in LearnerStatus); the learner drops duplicates by id.
+  What ZeroMQ queued while no learner ran reaches a restarted learner first, possibly before any heartbeat
+  (one written to the dead connection is lost), so some held trajectories may be acked before the restart is
+  noticed; a trajectory lost on the dead connection stays held and is sent again;
 - a work request is re-sent after a learner restart (the new learner never saw it) and when unanswered for
   ``resend_after_s`` (a full ROUTER queue drops replies silently); the learner answers a repeat with the same
   assignment, or keeps it waiting;

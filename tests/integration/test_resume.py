@@ -236,13 +236,15 @@ def test_killed_learner_resumes_and_actors_reconnect(tmp_path, desktop_image, ti
     adam_steps = {float(s["step"]) for s in trainer_state["optimizer"]["state"].values()}
     assert adam_steps == {3.0}  # AdamW moments continued from the checkpoint, not restarted
 
-    # the same actors process noticed the new learner, re-sent what it held, and got new work from it
-    resent = [int(n) for n in re.findall(r"learner restarted \(\w+\); re-sending (\d+) trajectories",
-                                         actors_log.read_text(errors="replace"))]
-    assert len(resent) == 1 and resent[0] >= len(held) >= 1
+    # the same actors process noticed the new learner once and got new work from it. How many trajectories it
+    # re-sent on noticing is not fixed: ZeroMQ delivers what was queued while no learner ran before the new
+    # learner's first LearnerStatus can come back (a heartbeat written to the dead connection is lost, so a
+    # trajectory can be the first message the new learner reads), and those are acked already.
+    actors_text = actors_log.read_text(errors="replace")
+    assert len(re.findall(r"learner restarted \(\w+\); re-sending \d+ trajectories", actors_text)) == 1
     assert any(not e[1].startswith(old_prefix) for e in episodes(actors_log, offset))
     # every held trajectory reached the new learner: acked and counted as late (its group was the old learner's)
-    assert records[-1]["totals"].get("late", 0) - saved["totals"].get("late", 0) >= resent[0]
+    assert records[-1]["totals"].get("late", 0) - saved["totals"].get("late", 0) >= len(held) >= 1
     assert remove_containers(run_id) == []
 
 
