@@ -4,7 +4,8 @@ Owns: the three child processes of a local run and their logs (``<run>/logs/{ser
 Order: build the desktop image and the tiny model if missing -> write ``<run>/config.toml`` -> start
 arpo-serve and wait for /health -> start arpo-learner and arpo-actors -> show a live progress line from
 ``status.json`` and ``metrics.jsonl`` -> when the learner exits, stop the actors (SIGTERM, they remove their
-desktops), then the server -> remove any container still labelled with this run. Exit code: the learner's.
+desktops; they may have exited already, once the learner said shutdown), then the server -> remove any container
+still labelled with this run. Exit code: the learner's.
 Invariant: whatever ends the run (success, a crashed child, Ctrl-C), no container of this run is left.
 A run folder that already holds a run is refused unless ``resume`` is set: then the learner continues from
 the newest checkpoint in ``<run>/checkpoints`` (see learner.checkpoint) and metrics.jsonl keeps growing.
@@ -32,6 +33,8 @@ PROGRESS_EVERY_S = 30.0
 """The progress line is printed when it changes, and at least this often."""
 STOP_GRACE_S = 60.0
 """Seconds a child gets to exit after SIGTERM before it is killed."""
+LEARNER_EXIT_GRACE_S = 60.0
+"""Seconds the learner gets to exit after arpo-actors exited 0 (which it does once the learner said shutdown)."""
 
 
 class RunError(RuntimeError):
@@ -101,6 +104,28 @@ def stop(proc: subprocess.Popen | None, grace_s: float = STOP_GRACE_S) -> None:
         proc.wait()
     except ProcessLookupError:
         pass
+
+
+def check_children(learner: subprocess.Popen, actors: subprocess.Popen, serve: subprocess.Popen, logs: Path) -> None:
+    """Raise RunError when arpo-serve or arpo-actors ended while the learner runs.
+
+    arpo-actors exits 0 by itself only after the learner said shutdown (training is over), so then the learner
+    gets LEARNER_EXIT_GRACE_S seconds to exit; any other exit of a child is an error naming its log.
+    """
+    if serve.poll() is not None:
+        raise RunError(f"arpo-serve exited with {serve.returncode}; see {logs / 'serve.log'}:\n"
+                       f"{tail(logs / 'serve.log')}")
+    code = actors.poll()
+    if code is None:
+        return
+    why = f"exited with {code}"
+    if code == 0:
+        try:
+            learner.wait(LEARNER_EXIT_GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            why += f" and arpo-learner did not finish within {LEARNER_EXIT_GRACE_S:g} s"
+    raise RunError(f"arpo-actors {why}; see {logs / 'actors.log'}:\n{tail(logs / 'actors.log')}")
 
 
 def progress_line(config: RunConfig, started: float) -> str:
@@ -189,10 +214,7 @@ def run_local(config: RunConfig, *, say: Callable[[str], None] = print, resume: 
                        logs / "actors.log")
         last_state, last_said = "", 0.0
         while learner.poll() is None:
-            for name, proc in (("arpo-actors", actors), ("arpo-serve", serve)):
-                if proc.poll() is not None:
-                    log_path = logs / ("actors.log" if proc is actors else "serve.log")
-                    raise RunError(f"{name} exited with {proc.returncode}; see {log_path}:\n{tail(log_path)}")
+            check_children(learner, actors, serve, logs)
             line = progress_line(config, started)
             state = line.split("]", 1)[1]
             if state != last_state or time.monotonic() - last_said > PROGRESS_EVERY_S:
