@@ -4,7 +4,8 @@ Dataflow: DEALER pump <-> LearnerLink <- EnvActor x N -> (DesktopPool over Deskt
 spares; PolicyClient: /generate).
 Stops when the learner says shutdown or on SIGINT / SIGTERM; either way every container of this process is
 removed (each actor releases its own in ``finally``, the pool removes every desktop it started, then the fleet
-removes anything left with the run's label).
+removes anything left with the run's label). The learner says shutdown when training is over and takes no more
+trajectories, so the episodes still in flight are cancelled then, not finished.
 """
 
 from __future__ import annotations
@@ -59,11 +60,11 @@ async def run_actors(config: RunConfig, actor_id: str) -> None:
             pump_task = tg.create_task(pump.run())
             keepalive = tg.create_task(link.keepalive())
             async with asyncio.TaskGroup() as actors:
-                for index in range(ac.actors):
-                    actors.create_task(EnvActor(index, link, pool, runner).run())
-            if not await link.wait_acked(config.transport.resend_after_s):
-                log.warning("%d trajectories were never acknowledged", link.unacked)
-            log.info("learner said shutdown (%s)", link.shutdown_reason)
+                rollouts = [actors.create_task(EnvActor(index, link, pool, runner).run())
+                            for index in range(ac.actors)]
+                actors.create_task(cancel_on_shutdown(link, rollouts))
+            if not await link.wait_acked(config.transport.heartbeat_s):
+                log.info("%d trajectories sent as the learner finished were not taken (the run is over)", link.unacked)
             keepalive.cancel()
             pump_task.cancel()
     finally:
@@ -75,6 +76,19 @@ async def run_actors(config: RunConfig, actor_id: str) -> None:
         await fleet.close()
         await policy.aclose()
         ctx.destroy(linger=0)
+
+
+async def cancel_on_shutdown(link: LearnerLink, rollouts: list[asyncio.Task]) -> None:
+    """Once the learner says shutdown, cancel the EnvActors' episodes still in flight.
+
+    The learner sends Shutdown when training is over and exits right after, so a trajectory finished later could
+    never be acknowledged: finishing those episodes would only delay this process's exit by up to an episode
+    (and the wait for acks). Each cancelled EnvActor still releases its desktop in ``finally``.
+    """
+    await link.shutdown.wait()
+    log.info("learner said shutdown (%s); cancelling %d episodes in flight", link.shutdown_reason, link.running)
+    for rollout in rollouts:
+        rollout.cancel()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -6,6 +6,7 @@ with the tiny model), a LearnerService on real ZeroMQ TCP sockets, EnvActors wit
 (b) arpo-serve stopped for a while: the episode in flight ends ABORTED after its retries; once the server is
     back on the same port the actor produces trainable trajectories again;
 (c) SIGTERM to a real `arpo-actors` process mid-episode: it exits 0 and no container with its run label is left;
+    the learner's Shutdown mid-episode cancels the episodes in flight (none runs on), with the same clean exit;
 (d) with desktop reuse, a desktop whose episode ended in ENV_ERROR (here a setup step that fails on a live
     desktop) is never handed out again, while desktops of trainable episodes are reset and reused.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -220,8 +222,11 @@ async def test_env_error_desktop_is_never_reused_and_good_ones_are(server, encod
     assert await labelled(fleet.run_id) == []
 
 
-async def test_sigterm_removes_every_container_and_exits_0(server, tiny_model, desktop_image, transport, tmp_path):
-    run_id = f"test-sigterm-{secrets.token_hex(3)}"
+@asynccontextmanager
+async def actors_process(server, tiny_model, desktop_image, transport, tmp_path, run_id: str):
+    """A real `arpo-actors` process (2 EnvActors, 15 clicks an episode) against a LearnerService on a real
+    ROUTER, started once episodes run on its desktops; yields (service, process, log path). Whatever failed,
+    the process is killed and the run's containers removed afterwards."""
     ctx = zmq.asyncio.Context()
     log_path = tmp_path / "actors.log"
     proc = None
@@ -230,32 +235,22 @@ async def test_sigterm_removes_every_container_and_exits_0(server, tiny_model, d
             log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "actors.main", "--actors", "2", "--actor-id", f"sigterm-{uuid.uuid4().hex[:6]}",
+                    sys.executable, "-m", "actors.main", "--actors", "2", "--actor-id", f"proc-{uuid.uuid4().hex[:6]}",
                     "--set", f"run_id={run_id}", "--set", f"model={tiny_model}",
                     "--set", f"transport.endpoint={transport.endpoint}",
                     "--set", f'actors.inference_urls=["{server.url}"]', "--set", f'actors.image="{desktop_image}"',
-                    "--set", "actors.warm_spares=1", "--set", "actors.max_steps=3",
+                    "--set", "actors.warm_spares=1", "--set", "actors.max_steps=15",
+                    "--set", 'actors.grammar_actions=["click"]',  # no finished(): every episode runs 15 steps
                     stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
             finally:
                 os.close(log)
-            running: list[str] = []
-
-            async def poll_running() -> None:
-                running[:] = await labelled(run_id)
-
             deadline = time.monotonic() + EPISODE_DEADLINE_S
-            while not (service.status()["running"] >= 1 and len(running) >= 2):  # episodes on desktops
+            while not (service.status()["running"] >= 1 and len(await labelled(run_id)) >= 2):  # episodes on desktops
                 assert proc.returncode is None, log_path.read_text()[-3000:]
-                assert time.monotonic() < deadline, "arpo-actors never started an episode:\n" + log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, \
+                    "arpo-actors never started an episode:\n" + log_path.read_text()[-3000:]
                 await asyncio.sleep(0.2)
-                await poll_running()
-            proc.send_signal(signal.SIGTERM)
-            async with asyncio.timeout(120):
-                rc = await proc.wait()
-            assert rc == 0, log_path.read_text()[-3000:]
-            assert "stopped by signal" in log_path.read_text()  # not a learner shutdown
-            assert await labelled(run_id) == []
-            assert not (Path("/tmp/arpo-desktops") / run_id).exists()
+            yield service, proc, log_path
     finally:
         if proc is not None and proc.returncode is None:
             proc.kill()
@@ -264,3 +259,32 @@ async def test_sigterm_removes_every_container_and_exits_0(server, tiny_model, d
         async with aiodocker.Docker() as docker:  # never leave containers behind, whatever failed
             for c in await docker.containers.list(all="true", filters=json.dumps({"label": [f"arpo.run={run_id}"]})):
                 await c.delete(force=True)
+
+
+async def test_sigterm_removes_every_container_and_exits_0(server, tiny_model, desktop_image, transport, tmp_path):
+    run_id = f"test-sigterm-{secrets.token_hex(3)}"
+    async with actors_process(server, tiny_model, desktop_image, transport, tmp_path, run_id) as (_, proc, log_path):
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(120):
+            rc = await proc.wait()
+        assert rc == 0, log_path.read_text()[-3000:]
+        assert "stopped by signal" in log_path.read_text()  # not a learner shutdown
+        assert await labelled(run_id) == []
+        assert not (Path("/tmp/arpo-desktops") / run_id).exists()
+
+
+async def test_learner_shutdown_cancels_episodes_in_flight(server, tiny_model, desktop_image, transport, tmp_path):
+    """Training is over: the learner's Shutdown cancels the episodes still running (their trajectories could
+    never be acknowledged) instead of finishing them; the process exits 0 and removes every container."""
+    run_id = f"test-shutdown-{secrets.token_hex(3)}"
+    async with actors_process(server, tiny_model, desktop_image, transport, tmp_path, run_id) as (
+            service, proc, log_path):
+        await service.shutdown_actors("training finished")
+        async with asyncio.timeout(120):
+            rc = await proc.wait()
+        text = log_path.read_text()
+        assert rc == 0, text[-3000:]
+        cancelled = re.search(r"learner said shutdown \(training finished\); cancelling (\d+) episodes in flight", text)
+        assert cancelled and int(cancelled[1]) >= 1, text[-3000:]
+        assert not re.search(r"actor \S+ \S+ #\d+: ", text[cancelled.end():]), "an episode ran on after shutdown"
+        assert await labelled(run_id) == []
