@@ -241,6 +241,7 @@ def _sample(pattern: str, rng: random.Random) -> str:
     {"max_thought_chars": 3, "max_coord_digits": 1, "max_text_chars": 1},
     {"actions": DEFAULT_ACTIONS + ("call_user",)},
     {"max_x": 1931, "max_y": 1091},
+    {"max_x": 999, "max_y": 999, "fixed_width": True},
 ])
 def test_every_string_matching_the_regex_parses(kwargs):
     regex = action_regex(**kwargs)
@@ -269,6 +270,24 @@ def test_int_range_regex_matches_exactly_zero_to_n(n):
     assert not any(r.fullmatch(s) for s in ("00", "01", "-1", "", "1.0"))
     with pytest.raises(ValueError):
         int_range_regex(-1)
+
+
+@pytest.mark.parametrize("n", [0, 7, 9, 10, 99, 100, 139, 307, 999, 1091])
+def test_fixed_width_int_range_regex_matches_exactly_the_zero_padded_integers(n):
+    width = len(str(n))
+    r = re.compile(int_range_regex(n, fixed_width=True))
+    candidates = [f"{i:0{k}d}" for k in range(1, width + 2) for i in range(min(10**k, 20000))]
+    assert sorted(c for c in candidates if r.fullmatch(c)) == [f"{i:0{width}d}" for i in range(n + 1)]
+
+
+def test_fixed_width_coordinates_need_bounds_and_parse_with_leading_zeros():
+    with pytest.raises(ValueError, match="fixed_width"):
+        action_regex(fixed_width=True)
+    regex = re.compile(action_regex(max_x=999, max_y=999, fixed_width=True, actions=("click",)))
+    reply = "Thought: go\nAction: click(start_box='(045,007)')"
+    assert regex.fullmatch(reply) and not regex.fullmatch(reply.replace("045", "45"))
+    action = parse_reply(reply, resized_size=RESIZED, screen_size=(1000, 1000), coordinate_mode="relative1000").action
+    assert action.point == (45, 7)
 
 
 def test_regex_with_bounds_keeps_points_on_the_resized_image():
