@@ -84,6 +84,9 @@ class Trajectory:
     """Policy version the learner announced when it handed out this rollout."""
     desktop: str = ""
     """Name of the desktop container the episode ran in."""
+    grammar: str = ""
+    """The regex the replies were constrained by (SGLang's ``sampling_params.regex``; "" = unconstrained). The
+    learner finds the tokens this grammar forced from it and leaves them out of the loss."""
 
     @property
     def outcome_enum(self) -> Outcome:

@@ -18,6 +18,7 @@ import collections
 from dataclasses import dataclass, field
 
 from arpo_async.messages import Outcome, Trajectory
+from learner.forced_tokens import ForcedTokens
 from learner.grpo import compute_reward, group_advantages, is_zero_variance
 from learner.replay import ReplayBuffer
 from learner.scheduler import Group
@@ -61,11 +62,14 @@ class Batcher:
         max_staleness: eta; trajectories with policy lag above it are dropped (reason "stale").
         groups_per_step: scored groups per training batch.
         format_reward_weight: ARPO's weight on the format reward.
+        stratified: batches cover distinct tasks where the ready groups allow it (see `take_batch`).
     """
 
     def __init__(self, replay: ReplayBuffer, *, max_staleness: int, groups_per_step: int,
-                 format_reward_weight: float = 0.5, success_threshold: float = 0.5) -> None:
+                 format_reward_weight: float = 0.5, success_threshold: float = 0.5,
+                 stratified: bool = False) -> None:
         self.replay = replay
+        self.stratified = stratified
         self._eta = max_staleness
         self._groups_per_step = groups_per_step
         self._format_weight = format_reward_weight
@@ -108,18 +112,35 @@ class Batcher:
         return len(self.ready) >= self._groups_per_step
 
     def take_batch(self) -> list[ScoredGroup] | None:
-        """The next batch of ``groups_per_step`` groups, oldest first, or None while too few are ready."""
+        """The next batch of ``groups_per_step`` groups, or None while too few are ready.
+
+        Not stratified: the oldest groups. Stratified: the oldest group of each task, oldest first, until the
+        batch is full; only when fewer distinct tasks are ready than the batch needs, the oldest of the rest
+        fill it. Groups left out stay ready, in order, for the next batch. (ARPO's batches draw distinct tasks
+        too: its dataloader samples a batch of task ids without replacement.)
+        """
         if len(self.ready) < self._groups_per_step:
             return None
-        batch, self.ready = self.ready[: self._groups_per_step], self.ready[self._groups_per_step:]
+        if not self.stratified:
+            picked = list(range(self._groups_per_step))
+        else:
+            seen: set[str] = set()
+            picked = [i for i, g in enumerate(self.ready) if not (g.task_id in seen or seen.add(g.task_id))]
+            picked = picked[: self._groups_per_step]
+            rest = [i for i in range(len(self.ready)) if i not in set(picked)]
+            picked = sorted(picked + rest[: self._groups_per_step - len(picked)])
+        chosen = set(picked)
+        batch = [self.ready[i] for i in picked]
+        self.ready = [g for i, g in enumerate(self.ready) if i not in chosen]
         return batch
 
 
-def train_samples(batch: list[ScoredGroup]) -> list[TrainSample]:
+def train_samples(batch: list[ScoredGroup], forced: ForcedTokens | None = None) -> list[TrainSample]:
     """One TrainSample per generated step of every trajectory, carrying its trajectory's advantage.
 
     Tokens in, tokens out: the exact prompt and output ids the sampler used, its behaviour log-probs, and the
-    screenshots the prompt referenced, in prompt order.
+    screenshots the prompt referenced, in prompt order. With ``forced``, each sample's ``loss_mask`` leaves out
+    the tokens its trajectory's grammar forced (`learner.forced_tokens`); without it every token counts.
     """
     samples: list[TrainSample] = []
     for group in batch:
@@ -135,5 +156,6 @@ def train_samples(batch: list[ScoredGroup]) -> list[TrainSample]:
                     behaviour_logprobs=step.logprobs,
                     advantage=advantage,
                     replayed=replayed,
+                    loss_mask=forced.loss_mask(traj.grammar, step.output_ids) if forced is not None else None,
                 ))
     return samples

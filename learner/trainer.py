@@ -85,6 +85,8 @@ class TrainSample:
         advantage: the rollout's group-relative advantage, broadcast to all T tokens.
         replayed: True when the step belongs to a trajectory the replay buffer injected (its behaviour
             log-probs are those recorded when it was sampled); only used to report its correction separately.
+        loss_mask: length T, True for the tokens the loss covers; False for tokens the action grammar forced
+            (`learner.forced_tokens`). None = every token. A sample with no True token adds nothing to the loss.
     """
 
     prompt_ids: list[int]
@@ -93,6 +95,12 @@ class TrainSample:
     behaviour_logprobs: list[float]
     advantage: float
     replayed: bool = False
+    loss_mask: list[bool] | None = None
+
+    @property
+    def loss_tokens(self) -> int:
+        """Tokens the loss covers (T, or the True entries of ``loss_mask``)."""
+        return len(self.output_ids) if self.loss_mask is None else sum(map(bool, self.loss_mask))
 
 
 @dataclass(frozen=True)
@@ -164,6 +172,8 @@ def _check_samples(samples: Sequence[TrainSample], proximal: Sequence[Sequence[f
             raise TrainerInputError(
                 f"sample {i}: {n} output tokens but {len(sample.behaviour_logprobs)} behaviour log-probs"
             )
+        if sample.loss_mask is not None and len(sample.loss_mask) != n:
+            raise TrainerInputError(f"sample {i}: {n} output tokens but a loss mask of {len(sample.loss_mask)}")
         if proximal is not None and len(proximal[i]) != n:
             raise TrainerInputError(f"sample {i}: {n} output tokens but {len(proximal[i])} proximal log-probs")
         if not math.isfinite(sample.advantage):
@@ -224,7 +234,8 @@ class Trainer:
         """One optimizer step on ``samples``: corrected clipped token loss, backward, grad-norm clip, AdamW step.
 
         ``loss = sum_i corrected_token_loss(logp_i, prox_i, behav_i, A_i).loss_sum / sum_i T_i`` (DAPO token-level
-        mean over the whole batch; the correction mode is ``config.correction``). ``prox_i`` is
+        mean over the whole batch; the correction mode is ``config.correction``). Where a sample has a
+        ``loss_mask``, only its True tokens enter the sum and T_i counts only them. ``prox_i`` is
         ``proximal_logprobs[i]`` if given (pass them when one batch is split over several steps, see
         :meth:`train_batch`), else the detached log-probs of this step's own forward pass, which are the
         pre-update policy's. ``behav_i`` is the sample's ``behaviour_logprobs``. Gradients of ``micro_batch``
@@ -248,7 +259,8 @@ class Trainer:
         """
         _check_samples(samples, proximal_logprobs)
         start = time.perf_counter()
-        total_tokens = sum(len(s.output_ids) for s in samples)
+        loss_tokens = sum(s.loss_tokens for s in samples)
+        total_tokens = max(1, loss_tokens)
         self.model.eval()
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -267,6 +279,9 @@ class Trainer:
             else:
                 proximal = torch.tensor(proximal_logprobs[i], dtype=logprobs.dtype)
             behaviour = torch.tensor(sample.behaviour_logprobs, dtype=logprobs.dtype)
+            if sample.loss_mask is not None:
+                keep = torch.tensor(sample.loss_mask, dtype=torch.bool)
+                logprobs, proximal, behaviour = logprobs[keep], proximal[keep], behaviour[keep]
             advantages = torch.full_like(behaviour, float(sample.advantage))
             loss_sum, stats = corrected_token_loss(
                 logprobs,
@@ -309,7 +324,7 @@ class Trainer:
             is_weight_max=weight_max,
             replayed_tokens=replayed_tokens,
             replayed_is_weight_mean=replayed_weight / replayed_tokens if replayed_tokens else 0.0,
-            tokens=float(total_tokens),
+            tokens=float(loss_tokens),
             samples=float(len(samples)),
             seconds=time.perf_counter() - start,
             skipped=1.0 if skipped else 0.0,
@@ -345,7 +360,7 @@ class Trainer:
                  for a, b in itertools.pairwise(bounds)]
         tokens = sum(p["tokens"] for p in parts)
         replayed = sum(p["replayed_tokens"] for p in parts)
-        result = {key: sum(p[key] * p["tokens"] for p in parts) / tokens
+        result = {key: sum(p[key] * p["tokens"] for p in parts) / max(tokens, 1.0)
                   for key in ("loss", "clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl", "is_weight_mean",
                               "is_capped_frac", "behaviour_kl")}
         result.update(

@@ -6,13 +6,27 @@ batch of logits on the CPU. No hand-written masks.
 
 Invariant: a matcher that reached the end of its grammar allows only the tokenizer's stop tokens
 (<|im_end|>, <|endoftext|>), so a constrained request ends by sampling one of them and its output fully matches.
+
+Forced text. Where the grammar admits exactly one continuation string (``Action: click(start_box='(`` after the
+thought, ``,`` between coordinates, the closing ``)')``), nothing the policy does changes the reply's text. Two
+helpers deal with it:
+
+- ``forced_prefix_ids`` gives that text as its canonical token ids (the tokenizer's own encoding), which
+  `arpo-serve` emits instead of sampling (``jump_forward``, as SGLang's former jump-forward decoding and
+  xgrammar's ``find_jump_forward_string`` do), so a reply's fixed text is always the same token sequence;
+- ``forced_token_mask`` marks, for any finished reply, the tokens that lie inside such text. The learner leaves
+  them out of the loss: they are not the policy's choice. SGLang (0.5.x has no jump-forward) samples the same
+  text token by token under the grammar mask and reports those tokens in ``output_ids`` and
+  ``output_token_logprobs`` like any other, with nothing to tell them apart; arpo-serve reports its jumped tokens
+  the same way. The mask is therefore computed from the tokens and the grammar alone, so both servers' replies
+  are treated alike.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import xgrammar as xgr
@@ -82,6 +96,62 @@ class GrammarBackend:
     def matcher(self, spec: GrammarSpec) -> xgr.GrammarMatcher:
         """A fresh matcher at the start of the grammar."""
         return xgr.GrammarMatcher(self.compile(spec))
+
+    def forced_prefix_ids(self, matcher: xgr.GrammarMatcher, tokenize: Callable[[str], list[int]]) -> list[int]:
+        """Canonical token ids of the text the grammar forces next (empty when the next text is a choice).
+
+        ``tokenize`` is the tokenizer's plain encoding (no special tokens added). The matcher is not advanced.
+        """
+        if matcher.is_terminated():
+            return []
+        text = matcher.find_jump_forward_string()
+        return tokenize(text) if text else []
+
+    def only_stop_allowed(self, matcher: xgr.GrammarMatcher) -> bool:
+        """True when the grammar is complete and can only end: every token it allows is a stop token."""
+        if matcher.is_terminated() or not matcher.is_completed():
+            return False
+        bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
+        matcher.fill_next_token_bitmask(bitmask, 0)
+        bits = (bitmask[0].unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+        allowed = set(torch.nonzero(bits.flatten()[: self.vocab_size]).flatten().tolist())
+        return allowed <= set(self._info.stop_token_ids)
+
+    def forced_token_mask(self, spec: GrammarSpec, output_ids: Sequence[int]) -> list[bool]:
+        """Per output token: True where it lies inside text the grammar forced (see the module docstring).
+
+        A token is forced when its bytes are a prefix of what remains of the forced string at its position (so
+        any tokenization of forced text counts, SGLang's sampled ones and arpo-serve's canonical ones alike), or
+        when it is a stop token at a point where the grammar allows nothing but stop tokens. A token that covers
+        forced text and chosen text together counts as chosen. Tokens after the grammar stopped matching (a reply
+        that was not generated under ``spec``) count as chosen.
+
+        Raises:
+            GrammarError: ``spec`` does not compile.
+        """
+        matcher = self.matcher(spec)
+        vocab = self._info.decoded_vocab
+        stops = set(self._info.stop_token_ids)
+        mask: list[bool] = []
+        pending = b""
+        broken = False
+        for token in output_ids:
+            if broken or not 0 <= token < len(vocab):
+                broken = True
+                mask.append(False)
+                continue
+            if token in stops:
+                mask.append(self.only_stop_allowed(matcher))
+            else:
+                if not pending and not matcher.is_terminated():
+                    pending = matcher.find_jump_forward_string().encode()
+                piece = vocab[token]
+                forced = bool(pending) and len(piece) > 0 and pending.startswith(piece)
+                pending = pending[len(piece):] if forced else b""
+                mask.append(forced)
+            if not matcher.is_terminated() and not matcher.accept_token(token):
+                broken = True
+        return mask
 
     def mask_logits(self, logits: torch.Tensor, matchers: Sequence[xgr.GrammarMatcher | None]) -> None:
         """Set to -inf, in place, every logit the row's matcher forbids. logits: [B, vocab_size] float32 CPU;

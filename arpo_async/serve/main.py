@@ -40,6 +40,8 @@ class ServeConfig:
     """Seed of the server-level sampler."""
     logprob_mode: str = "model"
     """'model': unmasked temperature-1 log-probs (the trainer's); 'sglang': masked, tempered (SGLang's)."""
+    jump_forward: bool = True
+    """Emit grammar-forced text as its canonical tokens instead of sampling it (see serve.engine)."""
 
 
 async def serve(config: ServeConfig, engine: Engine) -> None:
@@ -71,10 +73,13 @@ def parse_args(argv: list[str] | None) -> ServeConfig:
     p.add_argument("--weight-version", default="0")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--logprob-mode", choices=LOGPROB_MODES, default="model")
+    p.add_argument("--jump-forward", action=argparse.BooleanOptionalAction, default=True,
+                   help="emit text the grammar forces as its canonical tokens instead of sampling it (default on)")
     a = p.parse_args(argv)
     if a.max_batch < 1:
         p.error("--max-batch must be >= 1")
-    return ServeConfig(a.model, a.host, a.port, a.max_batch, a.weight_version, a.seed, a.logprob_mode)
+    return ServeConfig(a.model, a.host, a.port, a.max_batch, a.weight_version, a.seed, a.logprob_mode,
+                       a.jump_forward)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = Engine(config.model, seed=config.seed, weight_version=config.weight_version,
-                    logprob_mode=config.logprob_mode)
+                    logprob_mode=config.logprob_mode, jump_forward=config.jump_forward)
     asyncio.run(serve(config, engine))
     return 0
 

@@ -316,3 +316,43 @@ def test_train_batch_splits_into_steps_clipped_against_one_proximal_policy(model
                                           / tokens, rel=1e-4)
     with pytest.raises(TrainerInputError, match="minibatches"):
         a.train_batch(samples, minibatches=4)
+
+
+def _with_mask(sample: TrainSample, mask: list[bool] | None) -> TrainSample:
+    return TrainSample(sample.prompt_ids, sample.images, sample.output_ids, sample.behaviour_logprobs,
+                       sample.advantage, loss_mask=mask)
+
+
+def test_loss_mask_leaves_masked_tokens_out_of_loss_and_token_count(model_dir, samples):
+    def step(batch):
+        trainer = Trainer(model_dir, TrainerConfig(lr=1e-3))
+        return trainer.train_step(batch), _params(trainer)
+
+    stats_none, params_none = step(samples)
+    stats_all, params_all = step([_with_mask(s, [True] * len(s.output_ids)) for s in samples])
+    assert stats_all["loss"] == pytest.approx(stats_none["loss"], rel=1e-6)
+    for k in params_none:
+        torch.testing.assert_close(params_all[k], params_none[k])
+    # a sample whose tokens are all masked adds nothing: the step equals the step without it
+    stats_rest, params_rest = step(samples[1:])
+    stats_drop, params_drop = step([_with_mask(samples[0], [False] * len(samples[0].output_ids)), *samples[1:]])
+    assert stats_drop["tokens"] == stats_rest["tokens"] == sum(len(s.output_ids) for s in samples[1:])
+    assert stats_drop["loss"] == pytest.approx(stats_rest["loss"], rel=1e-5)
+    for k in params_rest:
+        torch.testing.assert_close(params_drop[k], params_rest[k], rtol=1e-4, atol=1e-6)
+    # a partly masked sample counts only its kept tokens
+    half = [i % 2 == 0 for i in range(len(samples[0].output_ids))]
+    stats_half, _ = step([_with_mask(samples[0], half)])
+    assert stats_half["tokens"] == sum(half)
+
+
+def test_a_batch_with_every_token_masked_takes_a_harmless_step(model_dir, samples):
+    trainer = Trainer(model_dir, TrainerConfig(lr=1e-3))
+    stats = trainer.train_step([_with_mask(s, [False] * len(s.output_ids)) for s in samples])
+    assert stats["tokens"] == 0 and stats["loss"] == 0 and math.isfinite(stats["grad_norm"])
+
+
+def test_a_loss_mask_of_the_wrong_length_is_rejected(model_dir, samples):
+    trainer = Trainer(model_dir, TrainerConfig(lr=1e-3))
+    with pytest.raises(TrainerInputError, match="loss mask"):
+        trainer.train_step([_with_mask(samples[0], [True])])

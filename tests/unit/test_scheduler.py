@@ -99,3 +99,31 @@ def test_policy_lag_and_train_samples():
     assert [x.advantage for x in samples] == pytest.approx(scored.advantages)
     assert samples[0].images == [b"png"] and samples[0].output_ids == [5, 5]
     assert samples[0].behaviour_logprobs == [-1.0, -1.0]
+
+
+def test_stratified_batches_take_the_oldest_group_of_each_task_first():
+    s = GroupScheduler([task("a"), task("b"), task("c")], group_size=2, seed=0)
+    mixed = [("SUCCESS", 1.0), ("FAILURE", 0.0)]
+    groups = [complete_group(s, mixed) for _ in range(6)]  # round-robin: each task twice
+    order = [g.task.id for g in groups]
+    plain = Batcher(SuccessReplay(enabled=False), max_staleness=1, groups_per_step=2)
+    strat = Batcher(SuccessReplay(enabled=False), max_staleness=1, groups_per_step=2, stratified=True)
+    # present them with one task twice at the front: a, a, b, b, c, c
+    ordered = sorted(groups, key=lambda g: order.index(g.task.id))
+    for b in (plain, strat):
+        for g in ordered:
+            b.add_group(g, version=0)
+    assert [g.task_id for g in plain.take_batch()] == [ordered[0].task.id] * 2
+    a, b, c = ordered[0].task.id, ordered[2].task.id, ordered[4].task.id
+    batches = [[g.task_id for g in strat.take_batch()] for _ in range(3)]
+    assert batches == [[a, b], [a, b], [c, c]]  # distinct while two tasks are ready, then the oldest left
+    assert strat.take_batch() is None and strat.ready == []
+
+
+def test_stratified_batches_fill_with_the_oldest_when_too_few_tasks_are_ready():
+    s = GroupScheduler([task("a")], group_size=2)
+    b = Batcher(SuccessReplay(enabled=False), max_staleness=1, groups_per_step=2, stratified=True)
+    for _ in range(3):
+        b.add_group(complete_group(s, [("SUCCESS", 1.0), ("FAILURE", 0.0)]), version=0)
+    oldest = list(b.ready)
+    assert b.take_batch() == oldest[:2] and b.ready == oldest[2:]
