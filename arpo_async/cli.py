@@ -1,4 +1,4 @@
-"""The `arpo` command: `arpo run`, `arpo desktop build`, `arpo desktop clean`, `arpo init-model`."""
+"""The `arpo` command: `arpo run`, `arpo curve`, `arpo desktop build`, `arpo desktop clean`, `arpo init-model`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from arpo_async.config import ConfigError, load_config
-from arpo_async.model.init_model import DEFAULT_HIDDEN_SIZE, DEFAULT_INIT_STD
+from arpo_async.model.init_model import DEFAULT_HIDDEN_SIZE, DEFAULT_INIT_STD, TINY_MAX_PIXELS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override any config key, e.g. --set learner.lr=1e-3 (repeatable)")
 
+    curve = sub.add_parser("curve", help="draw RUN_DIR/curve.png from its metrics.jsonl (running or finished run)")
+    curve.add_argument("--out", type=Path, required=True, metavar="RUN_DIR", help="the run folder")
+
     desktop = sub.add_parser("desktop", help="the desktop image and containers")
     dsub = desktop.add_subparsers(dest="desktop_command", required=True)
     build = dsub.add_parser("build", help="build arpo-desktop:<version> locally (no registry needed)")
@@ -39,11 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--force", action="store_true", help="overwrite an existing folder")
     init.add_argument("--init-std", type=float, default=DEFAULT_INIT_STD,
                       help=f"standard deviation of the random weights (initializer_range; default {DEFAULT_INIT_STD})")
+    init.add_argument("--max-pixels", type=int, default=TINY_MAX_PIXELS,
+                      help=f"largest image area the image processor keeps, in pixels (default {TINY_MAX_PIXELS}: "
+                           "15 image tokens for a 1280x720 screenshot)")
     init.add_argument("--hidden-size", type=int, default=DEFAULT_HIDDEN_SIZE,
                       help=f"width of the text model, a multiple of 64 (default {DEFAULT_HIDDEN_SIZE})")
-    init.add_argument("--warmup-steps", type=int, default=0,
-                      help="then train it this many steps to name the instruction's target in its thought "
-                           "(learner/warmup.py; about 0.7 s per step on 2 cores; default 0: random policy)")
     return parser
 
 
@@ -51,6 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "run":
         return _run(args)
+    if args.command == "curve":
+        from arpo_async.curve import CurveError, write_curve
+        try:
+            print(write_curve(args.out))
+        except CurveError as e:  # nothing to draw
+            print(f"arpo curve: {e}", file=sys.stderr)
+            return 2
+        except OSError as e:  # the picture cannot be written
+            print(f"arpo curve: {e}", file=sys.stderr)
+            return 1
+        return 0
     if args.command == "desktop" and args.desktop_command == "build":
         from actors.desktop.build import DesktopBuildError, build_image
         try:
@@ -66,13 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "init-model":
         from arpo_async.model.init_model import create_tiny_model
         try:
-            if args.warmup_steps < 0:
-                raise ValueError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
             path = create_tiny_model(args.out, seed=args.seed, overwrite=args.force, init_std=args.init_std,
-                                     hidden_size=args.hidden_size)
-            if args.warmup_steps:
-                from learner.warmup import WarmupConfig, warm_up
-                warm_up(path, WarmupConfig(steps=args.warmup_steps, seed=args.seed))
+                                     hidden_size=args.hidden_size, max_pixels=args.max_pixels)
             print(path)
         except (FileExistsError, ValueError) as e:
             print(f"arpo init-model: {e}", file=sys.stderr)

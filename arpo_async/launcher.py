@@ -3,9 +3,10 @@
 Owns: the three child processes of a local run and their logs (``<run>/logs/{serve,learner,actors}.log``).
 Order: build the desktop image and the tiny model if missing -> write ``<run>/config.toml`` -> start
 arpo-serve and wait for /health -> start arpo-learner and arpo-actors -> show a live progress line from
-``status.json`` and ``metrics.jsonl`` -> when the learner exits, stop the actors (SIGTERM, they remove their
-desktops; they may have exited already, once the learner said shutdown), then the server -> remove any container
-still labelled with this run. Exit code: the learner's.
+``status.json`` and ``metrics.jsonl`` and redraw ``<run>/curve.png`` every ``CURVE_EVERY_S`` -> when the learner
+exits, write summary.json and the final curve.png, stop the actors (SIGTERM, they remove their desktops; they may
+have exited already, once the learner said shutdown), then the server -> remove any container still labelled with
+this run. Exit code: the learner's (a curve that cannot be drawn is a warning, never an error).
 Invariant: whatever ends the run (success, a crashed child, Ctrl-C), no container of this run is left.
 A run folder that already holds a run is refused unless ``resume`` is set: then the learner continues from
 the newest checkpoint in ``<run>/checkpoints`` (see learner.checkpoint) and metrics.jsonl keeps growing.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -27,7 +29,10 @@ from pathlib import Path
 from typing import Callable
 
 from arpo_async.config import RunConfig, dump_toml
+from arpo_async.curve import CurveError, write_curve
 from arpo_async.metrics import read_metrics
+
+log = logging.getLogger("arpo.run")
 
 PROGRESS_EVERY_S = 30.0
 """The progress line is printed when it changes, and at least this often."""
@@ -35,6 +40,10 @@ STOP_GRACE_S = 60.0
 """Seconds a child gets to exit after SIGTERM before it is killed."""
 LEARNER_EXIT_GRACE_S = 60.0
 """Seconds the learner gets to exit after arpo-actors exited 0 (which it does once the learner said shutdown)."""
+CURVE_EVERY_S = 60.0
+"""While the run goes, ``<run>/curve.png`` is redrawn this often (seconds)."""
+TRAILING_SUCCESS_STEPS = 10
+"""The progress line's trailing success rate is the mean over this many last metrics records."""
 
 
 class RunError(RuntimeError):
@@ -128,8 +137,18 @@ def check_children(learner: subprocess.Popen, actors: subprocess.Popen, serve: s
     raise RunError(f"arpo-actors {why}; see {logs / 'actors.log'}:\n{tail(logs / 'actors.log')}")
 
 
+def success_text(records: list[dict]) -> str:
+    """The progress line's success part: the last record's success rate and the mean over the last
+    ``TRAILING_SUCCESS_STEPS`` records, e.g. ``success 0.45 (last 10 steps 0.38)``; nan before the first step."""
+    rates = [r["success_rate"] for r in records[-TRAILING_SUCCESS_STEPS:] if r.get("success_rate") is not None]
+    last = records[-1].get("success_rate") if records else None
+    trailing = sum(rates) / len(rates) if rates else float("nan")
+    return (f"success {last if last is not None else float('nan'):.2f} "
+            f"(last {TRAILING_SUCCESS_STEPS} steps {trailing:.2f})")
+
+
 def progress_line(config: RunConfig, started: float) -> str:
-    """One line: step, version, success rate, trajectories, outcomes, elapsed time."""
+    """One line: step, version, trajectories, success rate (last step and trailing), loss, outcomes, elapsed time."""
     records = read_metrics(config.run_path / "metrics.jsonl")
     try:
         status = json.loads((config.run_path / "status.json").read_text())
@@ -143,8 +162,22 @@ def progress_line(config: RunConfig, started: float) -> str:
              if baseline else "")
     return (f"[{time.monotonic() - started:6.0f}s] {phase}step {len(records)}/{steps} "
             f"version {status.get('policy_version', 0)} | trajectories {status.get('trajectories', 0)} "
-            f"running {status.get('running', 0)} | success {last.get('success_rate', float('nan')):.2f} "
+            f"running {status.get('running', 0)} | {success_text(records)} "
             f"loss {last.get('loss') if last.get('loss') is not None else float('nan'):.4f} | {outcomes}")
+
+
+def draw_curve(run: Path, *, quiet_if_empty: bool = False) -> Path | None:
+    """Write ``<run>/curve.png`` (arpo_async.curve.write_curve); returns its path, or None when it could not be
+    drawn. Never raises: a failure is logged as a warning (``quiet_if_empty``: not when no step is recorded yet,
+    the normal state early in a run)."""
+    try:
+        return write_curve(run)
+    except CurveError as e:
+        if not quiet_if_empty:
+            log.warning("no learning curve: %s", e)
+    except Exception as e:  # noqa: BLE001 -- a picture must never end or fail a run
+        log.warning("could not draw %s: %s: %s", run / "curve.png", type(e).__name__, e)
+    return None
 
 
 def server_weight_version(url: str) -> str | None:
@@ -206,13 +239,14 @@ def run_local(config: RunConfig, *, say: Callable[[str], None] = print, resume: 
         say(f"run folder {run}; logs in {logs}")
         serve = spawn([py, "-m", "arpo_async.serve.main", "--model", config.model, "--host", config.serve.host,
                        "--port", str(config.serve.port), "--max-batch", str(config.serve.max_batch),
-                       "--weight-version", "0"], logs / "serve.log")
+                       "--weight-version", "0",
+                       "--jump-forward" if config.serve.jump_forward else "--no-jump-forward"], logs / "serve.log")
         wait_healthy(url, serve, logs / "serve.log")
         say(f"arpo-serve ready at {url}")
         learner = spawn([py, "-m", "learner.main", "--config", str(config_path)], logs / "learner.log")
         actors = spawn([py, "-m", "actors.main", "--config", str(config_path), "--actor-id", "local"],
                        logs / "actors.log")
-        last_state, last_said = "", 0.0
+        last_state, last_said, last_drawn = "", 0.0, time.monotonic()
         while learner.poll() is None:
             check_children(learner, actors, serve, logs)
             line = progress_line(config, started)
@@ -220,9 +254,15 @@ def run_local(config: RunConfig, *, say: Callable[[str], None] = print, resume: 
             if state != last_state or time.monotonic() - last_said > PROGRESS_EVERY_S:
                 say(line)
                 last_state, last_said = state, time.monotonic()
+            if time.monotonic() - last_drawn >= CURVE_EVERY_S:
+                draw_curve(run, quiet_if_empty=True)
+                last_drawn = time.monotonic()
             time.sleep(1.0)
         say(progress_line(config, started))
         write_summary(config, learner.returncode, url, time.monotonic() - started)
+        curve = draw_curve(run)
+        if curve is not None:
+            say(f"learning curve in {curve}")
         if learner.returncode != 0:
             say(f"arpo-learner exited with {learner.returncode}; see {logs / 'learner.log'}:\n"
                 f"{tail(logs / 'learner.log')}")

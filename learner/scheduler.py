@@ -172,6 +172,10 @@ class GroupScheduler:
     def is_running(self, group_id: str, rollout_index: int) -> bool:
         return (group_id, rollout_index) in self._running
 
+    def running_task(self, group_id: str, rollout_index: int) -> Task:
+        """The task of a running slot. Raises KeyError when the slot is not running (check :meth:`is_running`)."""
+        return self._running[(group_id, rollout_index)].task
+
     def on_trajectory(self, traj: Trajectory) -> Group | None:
         """Record a returned trajectory; returns its group when that completes it.
 

@@ -23,10 +23,12 @@ import collections
 import logging
 import time
 import uuid
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from arpo_async.messages import (Ack, Assignment, Heartbeat, Hello, LearnerStatus, Outcome, Reject, Shutdown,
                                  Trajectory, WorkRequest)
+from arpo_async.tasks import Task
 from arpo_async.transport import Envelope, SocketPump
 from learner.batcher import Batcher
 from learner.scheduler import GroupScheduler
@@ -45,15 +47,29 @@ def _number(value: Any) -> int | float:
     return value
 
 
+@dataclass
 class WindowStats:
     """Counts since the last optimizer step (reset by ``take``)."""
 
-    def __init__(self) -> None:
-        self.outcomes: collections.Counter[str] = collections.Counter()
+    outcomes: collections.Counter[str] = field(default_factory=collections.Counter)
+    """Outcome name -> trajectories received."""
+    task_outcomes: collections.defaultdict[str, collections.Counter[str]] = field(
+        default_factory=lambda: collections.defaultdict(collections.Counter))
+    """Task id -> outcome name -> trajectories received."""
+    families: dict[str, str] = field(default_factory=dict)
+    """Task id -> its family (``arpo_async.tasks.Task.family``), for every task counted."""
 
-    def take(self) -> collections.Counter[str]:
-        out, self.outcomes = self.outcomes, collections.Counter()
-        return out
+    def record(self, task: Task, outcome: str) -> None:
+        """Count one received trajectory of ``task`` with ``outcome`` (an Outcome value)."""
+        self.outcomes[outcome] += 1
+        self.task_outcomes[task.id][outcome] += 1
+        self.families[task.id] = task.family
+
+    def take(self) -> WindowStats:
+        """The counts so far; this window starts again from zero."""
+        taken, fresh = replace(self), WindowStats()
+        self.outcomes, self.task_outcomes, self.families = fresh.outcomes, fresh.task_outcomes, fresh.families
+        return taken
 
 
 class Admission(Protocol):
@@ -179,7 +195,7 @@ class LearnerService:
             return
         self.totals["from_desktop"] += bool(traj.desktop)
         self.totals["desktop_busy_s"] += traj.timings.get("episode_s", 0.0)  # for desktop utilisation
-        self.window.outcomes[traj.outcome] += 1
+        self.window.record(self.scheduler.running_task(traj.group_id, traj.rollout_index), traj.outcome)
         self.totals[traj.outcome] += 1
         self.totals["trajectories"] += 1
         group = self.scheduler.on_trajectory(traj)

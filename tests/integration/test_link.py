@@ -198,7 +198,7 @@ async def test_baseline_pass_keeps_valuable_tasks_and_trains_on_none_of_it(trans
             assert baseline.results == {"grid4-red": [1.0, 0.0], "grid4-blue": [0.0, 0.0]}
             assert baseline.valuable() == ["grid4-red"]
             assert service.batcher.ready == [] and not service.batch_ready.is_set()  # nothing to train on
-            assert service.admission.accepted == 0 and service.window.take() == {}
+            assert service.admission.accepted == 0 and service.window.take().outcomes == {}
             assert "baseline" not in service.status()
 
             waiting = asyncio.create_task(link.request_work())  # the pass's budget is spent: the request waits

@@ -1,4 +1,5 @@
-"""arpo run's watch over its children (arpo_async.launcher.check_children), with real child processes."""
+"""arpo run's watch over its children (arpo_async.launcher.check_children), with real child processes, and its
+progress line (from a real metrics.jsonl)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from arpo_async import launcher
-from arpo_async.launcher import RunError, check_children
+from arpo_async.config import load_config
+from arpo_async.launcher import RunError, check_children, progress_line
+from arpo_async.metrics import MetricsWriter
 
 
 def child(code: str) -> subprocess.Popen:
@@ -67,3 +70,38 @@ def test_actors_done_but_learner_never_finishes_is_an_error(logs, running, monke
     monkeypatch.setattr(launcher, "LEARNER_EXIT_GRACE_S", 0.2)
     with pytest.raises(RunError, match=r"arpo-actors exited with 0 and arpo-learner did not finish within 0.2 s"):
         check_children(running(), exited(0), running(), logs)
+
+
+def write_steps(run: Path, success_rates: list[float]) -> None:
+    metrics = MetricsWriter(run / "metrics.jsonl")
+    for step, success in enumerate(success_rates, start=1):
+        metrics.write({"step": step, "policy_version": step, "trajectories": 4, "success_rate": success,
+                       "reward_mean": 0.0, "loss": 0.5, "replay_injections": 0, "staleness_mean": 0.0,
+                       "wall_s": float(step)})
+    metrics.close()
+
+
+def test_progress_line_shows_the_trailing_success_rate(tmp_path):
+    config = load_config(None, [f'run_dir="{tmp_path}"', "learner.steps=20"])
+    write_steps(tmp_path, [1.0] * 2 + [0.5] * 5 + [0.25] * 5)  # the last 10: 5 x 0.5 and 5 x 0.25
+    line = progress_line(config, started=0.0)
+    assert "step 12/20" in line and "success 0.25 (last 10 steps 0.38) loss 0.5000" in line
+    assert "\n" not in line
+
+
+def test_progress_line_before_the_first_step(tmp_path):
+    config = load_config(None, [f'run_dir="{tmp_path}"'])
+    assert "success nan (last 10 steps nan)" in progress_line(config, started=0.0)
+
+
+def test_draw_curve_warns_and_never_raises(tmp_path, caplog):
+    assert launcher.draw_curve(tmp_path, quiet_if_empty=True) is None and caplog.text == ""  # early in a run
+    assert launcher.draw_curve(tmp_path) is None and "no learning curve: no metrics.jsonl in" in caplog.text
+    run = tmp_path / "run"
+    write_steps(run, [0.5])
+    (run / "curve.png" / "blocked").mkdir(parents=True)  # the picture cannot be written: a warning, no exception
+    assert launcher.draw_curve(run) is None and f"could not draw {run / 'curve.png'}" in caplog.text
+    assert sorted(p.name for p in run.iterdir()) == ["curve.png", "metrics.jsonl"]  # no temp file left
+    (run / "curve.png" / "blocked").rmdir()
+    (run / "curve.png").rmdir()
+    assert launcher.draw_curve(run) == run / "curve.png"

@@ -1,0 +1,154 @@
+"""The learning curve of a run: ``<run>/curve.png`` drawn from ``<run>/metrics.jsonl``.
+
+Owns: the picture. A 2 x 2 grid: success rate (overall, and one line per task family from ``family_success``)
+and ``reward_mean``, against the optimizer step (top row) and against training wall time in minutes (bottom
+row). Lines are trailing means over ``TRAILING_STEPS`` records; the raw overall success rate of each step is
+shown as faint dots. Drawn with matplotlib's Agg canvas (no display, no pyplot state), written atomically so a
+viewer never sees half a file. ``arpo run`` redraws it while it runs and at the end; ``arpo curve`` on demand.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from arpo_async.metrics import read_metrics
+
+CURVE_FILE = "curve.png"
+TRAILING_STEPS = 5
+"""Records in each trailing mean of the curve's lines."""
+X_AXES = (("step", "optimizer step", True), ("minutes", "training wall time (min)", False))
+"""(Series attribute, axis label, whole-number ticks) of each row of panels."""
+
+
+class CurveError(ValueError):
+    """The run folder has nothing to draw (no metrics.jsonl, or no record in it); the message names the file."""
+
+
+@dataclass
+class Series:
+    """One metric over a run: the records where it is a finite number, with their step and wall time."""
+
+    step: list[int] = field(default_factory=list)
+    """Optimizer step of each point."""
+    minutes: list[float] = field(default_factory=list)
+    """Training wall time of each point (the record's ``wall_s`` / 60), in minutes."""
+    value: list[float] = field(default_factory=list)
+
+
+def trailing_means(values: list[float], window: int) -> list[float]:
+    """Element i: the mean of ``values[max(0, i - window + 1) : i + 1]`` (same length as ``values``).
+
+    Raises:
+        ValueError: ``window`` < 1.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    means = []
+    for i in range(len(values)):
+        recent = values[max(0, i - window + 1):i + 1]
+        means.append(sum(recent) / len(recent))
+    return means
+
+
+def series(records: list[dict[str, Any]], get: Callable[[dict[str, Any]], Any]) -> Series:
+    """The points ``get(record)`` of ``records`` that are finite numbers (others, e.g. None, are skipped)."""
+    out = Series()
+    for record in records:
+        value = get(record)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out.step.append(record["step"])
+            out.minutes.append(record["wall_s"] / 60.0)
+            out.value.append(float(value))
+    return out
+
+
+def load_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of ``<run_dir>/metrics.jsonl`` that have a numeric ``step`` and ``wall_s`` (seconds).
+
+    Raises:
+        CurveError: the file is missing or holds no such record.
+    """
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise CurveError(f"no metrics.jsonl in {run_dir} (not a run folder, or the run has not started)")
+    records = [r for r in read_metrics(path) if isinstance(r, dict)
+               and all(isinstance(r.get(k), (int, float)) for k in ("step", "wall_s"))]
+    if not records:
+        raise CurveError(f"{path} has no metrics record yet (the learner writes one per optimizer step)")
+    return records
+
+
+def families(records: list[dict[str, Any]]) -> list[str]:
+    """Every task family named in the records' ``family_success``, sorted."""
+    return sorted({name for r in records for name in (r.get("family_success") or {})})
+
+
+def plot_line(ax: Axes, points: Series, x: str, label: str, **style: Any) -> None:
+    """Draw the trailing mean (``TRAILING_STEPS``) of ``points`` against their attribute ``x`` (small markers, so a
+    family seen at one step only still shows)."""
+    if points.value:
+        ax.plot(getattr(points, x), trailing_means(points.value, TRAILING_STEPS), label=label, marker="o",
+                markersize=2, **style)
+
+
+def draw_success(ax: Axes, records: list[dict[str, Any]], x: str) -> None:
+    """Success rate in [0, 1]: raw overall as faint dots, overall and per-family trailing means as lines."""
+    overall = series(records, lambda r: r.get("success_rate"))
+    ax.scatter(getattr(overall, x), overall.value, s=10, color="black", alpha=0.2, label="per step")
+    plot_line(ax, overall, x, "overall", color="black", linewidth=2, zorder=3)
+    for family in families(records):
+        plot_line(ax, series(records, lambda r: (r.get("family_success") or {}).get(family)), x, family,
+                  linewidth=1)
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_ylabel(f"success rate (mean of {TRAILING_STEPS} steps)")
+    ax.legend(fontsize="small", loc="best")
+
+
+def draw_reward(ax: Axes, records: list[dict[str, Any]], x: str) -> None:
+    """Mean reward of the trained batch (trailing mean)."""
+    plot_line(ax, series(records, lambda r: r.get("reward_mean")), x, "reward_mean", color="tab:blue")
+    ax.set_ylabel(f"reward_mean (mean of {TRAILING_STEPS} steps)")
+
+
+def write_curve(run_dir: Path) -> Path:
+    """Draw ``<run_dir>/curve.png`` from ``<run_dir>/metrics.jsonl`` (replacing it atomically); returns its path.
+
+    Four panels: success rate and reward_mean (columns) against the optimizer step and the training wall time
+    in minutes (rows). Safe to call while the run writes metrics (a torn last line is skipped).
+
+    Raises:
+        CurveError: metrics.jsonl is missing or has no record.
+        OSError: the picture cannot be written.
+    """
+    run_dir = Path(run_dir)
+    records = load_records(run_dir)
+    fig = Figure(figsize=(12, 8), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(X_AXES), 2)
+    for row, (x, label, whole) in zip(axes, X_AXES):
+        draw_success(row[0], records, x)
+        draw_reward(row[1], records, x)
+        for ax in row:
+            ax.set_xlabel(label)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=whole))
+            ax.grid(alpha=0.3)
+    last = records[-1]
+    fig.suptitle(f"{run_dir.resolve().name}: {len(records)} records, step {last['step']}, "
+                 f"{last['wall_s'] / 60:.1f} min")
+    path = run_dir / CURVE_FILE
+    tmp = run_dir / f".{CURVE_FILE}.{os.getpid()}.tmp"
+    try:
+        fig.savefig(tmp, format="png")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

@@ -1,0 +1,84 @@
+"""The learning curve of a run folder (arpo_async.curve) and `arpo curve --out DIR`, on real files."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from arpo_async.curve import CurveError, trailing_means, write_curve
+from arpo_async.metrics import MetricsWriter
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def record(step: int, success: float, families: dict[str, float]) -> dict:
+    return {"step": step, "policy_version": step, "trajectories": 8, "success_rate": success,
+            "family_success": families, "reward_mean": 2 * success - 1, "loss": 0.1, "replay_injections": 0,
+            "staleness_mean": 0.5, "wall_s": 30.0 * step}
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    metrics = MetricsWriter(tmp_path / "metrics.jsonl")
+    for step, (success, families) in enumerate([(0.25, {"grid4": 0.5, "dialogs": 0.0}), (0.5, {"grid4": 0.5}),
+                                                (0.375, {"grid4": 0.25, "dialogs": 0.5}), (0.75, {})], start=1):
+        metrics.write(record(step, success, families))
+    metrics.write({**record(5, 0.5, {"grid4": 1.0}), "reward_mean": float("nan")})  # written as null
+    metrics.close()
+    return tmp_path
+
+
+def test_write_curve_writes_a_png(run_dir):
+    path = write_curve(run_dir)
+    assert path == run_dir / "curve.png"
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.width > 0 and image.height > 0
+    assert sorted(p.name for p in run_dir.iterdir()) == ["curve.png", "metrics.jsonl"]  # no temp file left
+
+
+def test_write_curve_replaces_an_older_curve(run_dir):
+    (run_dir / "curve.png").write_bytes(b"old")
+    write_curve(run_dir)
+    with Image.open(run_dir / "curve.png") as image:
+        assert image.format == "PNG"
+
+
+def test_missing_metrics_is_a_curve_error(tmp_path):
+    with pytest.raises(CurveError, match="no metrics.jsonl in"):
+        write_curve(tmp_path)
+
+
+def test_empty_metrics_is_a_curve_error(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(CurveError, match="has no metrics record"):
+        write_curve(tmp_path)
+    assert not (tmp_path / "curve.png").exists()
+
+
+def test_trailing_means():
+    assert trailing_means([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert trailing_means([], 5) == []
+    with pytest.raises(ValueError):
+        trailing_means([1.0], 0)
+
+
+def arpo_curve(folder: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "arpo_async.cli", "curve", "--out", str(folder)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_draws_the_curve_and_prints_its_path(run_dir):
+    done = arpo_curve(run_dir)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(run_dir / "curve.png")
+    with Image.open(run_dir / "curve.png") as image:
+        assert image.format == "PNG"
+
+
+def test_cli_without_metrics_exits_2_with_one_line(tmp_path):
+    done = arpo_curve(tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.startswith("arpo curve: no metrics.jsonl in") and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "curve.png").exists()
