@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 SUCCESS_SCORE = 0.5
 """An episode whose evaluator score reaches this is a SUCCESS."""
+RELATIVE_MAX = 999
+"""Largest coordinate of ``coordinate_mode = "relative1000"`` (x / 1000 of the screen width; 3 digits)."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,11 @@ class EpisodeRunner:
         params = dict(self.config.sampling_params)
         if self.config.constrained:
             extra = {"actions": self.config.grammar_actions} if self.config.grammar_actions else {}
-            params["regex"] = action_regex(max_x=width - 1, max_y=height - 1,
+            if self.config.coordinate_mode == "absolute":
+                max_x, max_y = width - 1, height - 1
+            else:
+                max_x = max_y = RELATIVE_MAX
+            params["regex"] = action_regex(max_x=max_x, max_y=max_y, fixed_width=self.config.fixed_width_coordinates,
                                            max_thought_chars=self.config.max_thought_chars, **extra)
         object.__setattr__(self, "sampling_params", params)
 
@@ -86,7 +92,7 @@ class EpisodeRunner:
             trajectory_id=uuid.uuid4().hex, actor_id=actor_id, task_id=str(assignment.task.get("id", "")),
             group_id=assignment.group_id, rollout_index=assignment.rollout_index, outcome=Outcome.ABORTED.value,
             score=0.0, format_ok=True, steps=[], screenshots=[], assigned_version=assignment.policy_version,
-            desktop=desktop)
+            desktop=desktop, grammar=self.sampling_params.get("regex", ""))
         started = time.perf_counter()
         try:
             task = Task.from_dict(assignment.task, source=f"assignment {assignment.request_id}")
@@ -127,7 +133,8 @@ class EpisodeRunner:
                 shot = await controller.screenshot(cfg.screenshot_format, cfg.screenshot_quality)
             shot_of_step.append(add_screenshot(traj.screenshots, shot))
             observe_s = time.perf_counter() - t0
-            prompt = build_messages(task.instruction, replies, history_images=cfg.history_images)
+            prompt = build_messages(task.instruction, replies, history_images=cfg.history_images,
+                                    style=cfg.prompt_style)
             image_indices = [shot_of_step[i] for i in prompt.image_indices]
             prompt_ids = self.encoder.encode(prompt.messages, [cfg.screen_size] * len(image_indices))
             gen = await self.policy.generate(

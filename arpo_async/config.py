@@ -146,6 +146,12 @@ class LearnerConfig:
     """Write a resumable checkpoint to <run>/checkpoints every this many optimizer steps (0 = never)."""
     keep_checkpoints: int = 2
     """Checkpoints kept on disk (older ones are deleted after a new one is complete)."""
+    stratified: bool = True
+    """Each optimizer step's groups cover distinct tasks where the ready groups allow it (the oldest group of
+    each task first), so one step is not dominated by whichever task was drawn twice; false = oldest groups first."""
+    mask_forced_tokens: bool = True
+    """Leave tokens the action grammar forced (fixed text such as "Action: click(") out of the loss: they are not
+    the policy's choice. Found from the tokens and the trajectory's grammar, alike for SGLang and arpo-serve."""
 
     def __post_init__(self) -> None:
         _require(self.schedule in ("async", "lockstep"), "learner.schedule", "must be 'async' or 'lockstep'")
@@ -209,8 +215,15 @@ class ActorConfig:
     """Actions the grammar allows (UI-TARS names, e.g. ["click", "finished"]); empty = the whole action space."""
     max_thought_chars: int = 20
     """Longest `Thought:` the grammar allows (characters of [A-Za-z ])."""
-    coordinate_mode: str = "absolute"
-    """How the model writes coordinates: "absolute" (UI-TARS-1.5, smart-resized pixels) or "relative1000"."""
+    coordinate_mode: str = "relative1000"
+    """How the model writes coordinates: "relative1000" (0..999 of each screen side; the default, sized for the
+    tiny policy) or "absolute" (UI-TARS-1.5's smart-resized pixels: use it with a real UI-TARS checkpoint)."""
+    fixed_width_coordinates: bool = True
+    """The grammar writes every coordinate zero-padded to the width of its maximum ("(045,730)"), so a policy
+    that has not learnt yet clicks all of the screen alike; false = UI-TARS's plain integers."""
+    prompt_style: str = "compact"
+    """"compact" (the bare instruction and screenshots: a ~40-token prompt for small policies trained from
+    scratch) or "uitars" (UI-TARS-1.5's action-space prompt: use it with a real UI-TARS checkpoint)."""
     screen_width: int = 1280
     """Desktop screen width (pixels)."""
     screen_height: int = 720
@@ -261,6 +274,7 @@ class ActorConfig:
         _require(self.history_images >= 1, "actors.history_images", "must be >= 1")
         _require(self.coordinate_mode in ("absolute", "relative1000"), "actors.coordinate_mode",
                  "must be 'absolute' or 'relative1000'")
+        _require(self.prompt_style in ("compact", "uitars"), "actors.prompt_style", "must be 'compact' or 'uitars'")
         _require(self.temperature >= 0, "actors.temperature", "must be >= 0")
 
     @property
@@ -283,6 +297,8 @@ class ServeConfig:
     """Listen port."""
     max_batch: int = 16
     """Largest batch of concurrent /generate requests decoded together."""
+    jump_forward: bool = True
+    """Emit text the action grammar forces as its canonical tokens instead of sampling it (arpo_async.serve.engine)."""
 
 
 @dataclass(frozen=True)

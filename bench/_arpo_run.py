@@ -40,18 +40,14 @@ def run_arpo(run_dir: Path, model: Path, overrides: list[str], minutes: float,
     return proc.returncode
 
 
-def ensure_model(model: Path, *, warmup_steps: int = 0, init_std: float | None = None) -> Path:
+def ensure_model(model: Path, *, init_std: float | None = None) -> Path:
     """Create the tiny random policy at ``model`` if it is not there (``init_std``: its weights' spread, default
-    `DEFAULT_INIT_STD`), then give it ``warmup_steps`` of the supervised warm-up (learner/warmup.py).
-    An existing folder is used as it is; the new one is built under ``<model>.partial`` and renamed when complete,
-    so an interrupted warm-up is redone rather than used."""
+    `DEFAULT_INIT_STD`). An existing folder is used as it is; the new one is built under ``<model>.partial`` and
+    renamed when complete, so an interrupted creation is redone rather than used."""
     if not (model / "config.json").exists():
         from arpo_async.model.init_model import DEFAULT_INIT_STD, create_tiny_model
         partial = model.with_name(model.name + ".partial")
         create_tiny_model(partial, overwrite=True, init_std=DEFAULT_INIT_STD if init_std is None else init_std)
-        if warmup_steps:
-            from learner.warmup import WarmupConfig, warm_up
-            warm_up(partial, WarmupConfig(steps=warmup_steps))
         if model.exists():
             model.rmdir()  # only an empty folder gets here (config.json is missing); anything else raises
         partial.rename(model)

@@ -10,11 +10,17 @@ The task is posed as ARPO poses it, scaled to a tiny random policy on a 2-core m
 the action grammar restricted to `click`. A run's success rate at a step is the fraction of SUCCESS among the
 trainable trajectories the learner received since the previous step (behaviour policy, temperature 1).
 
+`--family` names the tasks: a family of the built-in suite (`grid4`, `grid8`: all its tasks), one task id
+(`grid4-green`: that task alone), or a folder of OSWorld task files (every task in it, as `learner.tasks`; e.g.
+`tests/data/tasks/shapes`, four buttons with other labels, to check the recipe is not tuned to grid4's colours).
+Run folders, the plot and the figures file are named after the family, the task id, or the folder's name.
+
 Usage:
   python bench/bench_learning.py --quick                    # one short seed per arm (about 15 minutes)
   python bench/bench_learning.py --seeds 3 --minutes 15     # the full run (about 2.5 hours)
   python bench/bench_learning.py --family grid8 --arms a,b  # does replay help the 8-button family?
-  python bench/bench_learning.py --quick --model runs/tiny-model-warm --init-std 0.1 --warmup-steps 2000
+  python bench/bench_learning.py --quick --family tests/data/tasks/shapes  # another 4-button family (a folder)
+  python bench/bench_learning.py --quick --model runs/tiny-std002 --init-std 0.02  # transformers' weight spread
 
 Prints a table, saves a PNG plot, and as its last line key=value figures: per arm the median time to the
 target success (s; `inf` if never reached) and the median final success (mean of the last 3 steps), and the
@@ -32,9 +38,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from arpo_async.config import load_config  # noqa: E402
 from arpo_async.metrics import read_metrics  # noqa: E402
+from arpo_async.tasks import Task  # noqa: E402
 from bench._arpo_run import ROOT, ensure_model, run_arpo  # noqa: E402
-from learner.warmup import WARMUP_RECORD  # noqa: E402
+from learner.main import select_tasks  # noqa: E402
 
 ARMS: dict[str, tuple[str, list[str]]] = {
     "a": ("async + correction + prioritized replay",
@@ -49,10 +57,39 @@ TASK_SETUP = ['actors.grammar_actions=["click"]', "actors.max_steps=1", "actors.
               "learner.group_size=8", "learner.groups_per_step=2", "learner.lr=1e-3", "learner.steps=100000"]
 
 
+def task_selection(family: str) -> tuple[str, list[str]]:
+    """What ``--family`` names -> (its name for run folders and plots, the `--set` overrides that pick its tasks).
+
+    ``family``: an existing folder of task files (all its tasks, as ``learner.tasks``, made absolute; named after
+    the folder), else a family of the task suite such as ``grid4`` (every ``grid4-*`` task) or one task id such as
+    ``grid4-green`` (``learner.task_ids``, a prefix filter). Nothing is loaded here: see :func:`check_tasks`.
+    """
+    folder = Path(family)
+    if folder.is_dir():
+        folder = folder.resolve()
+        return folder.name, [f"learner.tasks={json.dumps(str(folder))}"]
+    prefix = family if "-" in family else f"{family}-"  # a family, or one task of it
+    return family, [f"learner.task_ids=[{json.dumps(prefix)}]"]
+
+
+def check_tasks(selection: list[str]) -> list[Task]:
+    """The tasks ``selection`` (overrides from :func:`task_selection`) trains on, as the learner will pick them.
+
+    Raises:
+        ValueError: a malformed task file or folder (TaskFormatError), a bad override (ConfigError), or no task
+            matches.
+    """
+    return select_tasks(load_config(None, selection).learner)
+
+
 def run_arm(arm: str, family: str, seed: int, minutes: float, out: Path, model: Path, target: float,
-            extra: tuple[str, ...] = ()) -> list[dict]:
+            extra: tuple[str, ...] = (), selection: list[str] | None = None) -> list[dict]:
     """Run one arm for ``minutes`` (or until it holds ``target`` + 0.1 success for 3 steps); returns its metrics.
+    ``family``: the name from :func:`task_selection` (run folder ``<family>-<arm>-seed<seed>``); ``selection``: its
+    task overrides (default: the family's own, from ``task_selection(family)``).
     ``extra``: more `--set` overrides for every arm (after the task setup, so they win)."""
+    if selection is None:
+        family, selection = task_selection(family)
     run_dir = out / f"{family}-{arm}-seed{seed}"
     if (run_dir / "metrics.jsonl").exists():
         print(f"reusing finished run {run_dir}", flush=True)
@@ -62,7 +99,7 @@ def run_arm(arm: str, family: str, seed: int, minutes: float, out: Path, model: 
         records = read_metrics(run_dir / "metrics.jsonl")
         return len(records) >= 3 and all(r["success_rate"] >= min(target + 0.1, 0.98) for r in records[-3:])
 
-    overrides = TASK_SETUP + ARMS[arm][1] + [f'learner.task_ids=["{family}-"]', f"learner.seed={seed}", *extra]
+    overrides = TASK_SETUP + ARMS[arm][1] + [*selection, f"learner.seed={seed}", *extra]
     run_arpo(run_dir, model, overrides, minutes, solved)
     return read_metrics(run_dir / "metrics.jsonl")
 
@@ -109,18 +146,18 @@ def plot(results: dict[str, list[list[dict]]], family: str, path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one short seed per arm")
-    parser.add_argument("--family", default="grid4", choices=["grid4", "grid8"])
+    parser.add_argument("--family", default="grid4",
+                        help="the tasks: a built-in family (grid4: 4 buttons, grid8: 8 buttons), one task id such as "
+                             "grid4-green, or a folder of OSWorld task files (all its tasks, e.g. "
+                             "tests/data/tasks/shapes)")
     parser.add_argument("--arms", default="a,b,c", help="comma-separated subset of a,b,c")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--minutes", type=float, default=15.0, help="wall-clock budget per run")
-    parser.add_argument("--target", type=float, help="success to time (default 0.8 for grid4, 0.5 for grid8)")
+    parser.add_argument("--target", type=float,
+                        help="success to time (default 0.5 for grid8 and its tasks, else 0.8)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-learning")
     parser.add_argument("--model", type=Path, default=ROOT / "runs" / "tiny-model",
                         help="policy folder; created when missing (tiny random policy)")
-    parser.add_argument("--warmup-steps", type=int, default=0,
-                        help="when --model is created: give it this many steps of the supervised warm-up "
-                             "(learner/warmup.py, ~0.7 s each). A warmed policy (warmup.json in its folder) gets "
-                             "20-character thoughts, to name its target")
     parser.add_argument("--init-std", type=float, help="when --model is created: spread of its random weights")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="extra config override for every arm, e.g. --set learner.lr=3e-3 (repeatable; use a "
@@ -132,23 +169,28 @@ def main() -> int:
         parser.error("the plot needs matplotlib: pip install -e '.[bench]'")
     seeds = 1 if args.quick else args.seeds
     minutes = min(args.minutes, 6.0) if args.quick else args.minutes
-    target = args.target if args.target is not None else (0.8 if args.family == "grid4" else 0.5)
+    family, selection = task_selection(args.family)
+    target = args.target if args.target is not None else (0.5 if family.startswith("grid8") else 0.8)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    if args.warmup_steps < 0 or (args.init_std is not None and not args.init_std > 0):
-        parser.error("--warmup-steps must be >= 0 and --init-std > 0")
-    if args.warmup_steps and (args.model / "config.json").exists() and not (args.model / WARMUP_RECORD).exists():
-        parser.error(f"--warmup-steps: {args.model} exists and was not warmed up; name a new --model folder")
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        parser.error(f"unknown arms {unknown}; choose from {sorted(ARMS)}")
+    try:  # now, not after the model is made and the first arm has run
+        tasks = check_tasks(selection)
+    except ValueError as e:  # a bad task file or folder, or no task of that family / id
+        parser.error(f"--family {args.family}: {e}")
+    if args.init_std is not None and not args.init_std > 0:
+        parser.error("--init-std must be > 0")
     args.out.mkdir(parents=True, exist_ok=True)
-    ensure_model(args.model, warmup_steps=args.warmup_steps, init_std=args.init_std)
-    if (args.model / WARMUP_RECORD).exists():  # it writes "click <Label>": the 1-character thought would cut it off
-        args.overrides = ["actors.max_thought_chars=20", *args.overrides]
+    ensure_model(args.model, init_std=args.init_std)
+    print(f"{family}: {len(tasks)} tasks ({', '.join(t.id for t in tasks)})", flush=True)
 
     results: dict[str, list[list[dict]]] = {}
     for arm in arms:
         for seed in range(seeds):
-            print(f"arm {arm} ({ARMS[arm][0]}), {args.family}, seed {seed}: up to {minutes:g} min", flush=True)
-            results.setdefault(arm, []).append(run_arm(arm, args.family, seed, minutes, args.out, args.model, target,
-                                                      tuple(args.overrides)))
+            print(f"arm {arm} ({ARMS[arm][0]}), {family}, seed {seed}: up to {minutes:g} min", flush=True)
+            results.setdefault(arm, []).append(run_arm(arm, family, seed, minutes, args.out, args.model, target,
+                                                      tuple(args.overrides), selection))
 
     figures: dict[str, str] = {}
     tag = f"t{int(target * 100)}"
@@ -166,9 +208,9 @@ def main() -> int:
         ta, tc = statistics.median(time_to(r, target) for r in results["a"]), \
             statistics.median(time_to(r, target) for r in results["c"])
         figures[f"ratio_c_over_a_{tag}"] = f"{tc / ta:.2f}" if math.isfinite(ta) and math.isfinite(tc) else "nan"
-    png = args.out / f"learning-{args.family}.png"
-    plot(results, args.family, png)
-    (args.out / f"learning-{args.family}.json").write_text(json.dumps(figures, indent=2))
+    png = args.out / f"learning-{family}.png"
+    plot(results, family, png)
+    (args.out / f"learning-{family}.json").write_text(json.dumps(figures, indent=2))
     print(f"plot: {png}")
     print(" ".join(f"{k}={v}" for k, v in figures.items()))
     return 0

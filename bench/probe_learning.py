@@ -16,6 +16,7 @@ Usage:
   python bench/probe_learning.py --arms a,b --steps 200 --lag 2 --set learner.lr=3e-3
   python bench/probe_learning.py --model runs/my-model         # another policy checkpoint
   python bench/probe_learning.py --family grid4-green --arms a  # one task alone (no instruction to read)
+  python bench/probe_learning.py --family tests/data/tasks/shapes --arms a  # another 4-button family (a folder)
 
 Prints one line per step and arm, and as its last line key=value figures: per arm the optimizer steps to the
 target success (trailing mean of 5 steps; ``inf`` if never), the final success (mean of the last 10 steps) and
@@ -35,6 +36,7 @@ import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -50,8 +52,9 @@ from arpo_async.model.inputs import PromptEncoder  # noqa: E402
 from arpo_async.serve.engine import Engine, SamplingParams  # noqa: E402
 from bench._arpo_run import ROOT, ensure_model  # noqa: E402
 from bench._common import fmt, result_line  # noqa: E402
-from bench.bench_learning import ARMS, TASK_SETUP  # noqa: E402
+from bench.bench_learning import ARMS, TASK_SETUP, task_selection  # noqa: E402
 from learner.batcher import Batcher, train_samples  # noqa: E402
+from learner.forced_tokens import ForcedTokens  # noqa: E402
 from learner.main import replay_buffer, select_tasks, trainer_config  # noqa: E402
 from learner.scheduler import Group  # noqa: E402
 from learner.trainer import Trainer  # noqa: E402
@@ -105,67 +108,100 @@ async def capture_scenes(config: RunConfig) -> list[Scene]:
     return scenes
 
 
-def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps: int, lag: int) -> list[dict]:
-    """Train a fresh copy of ``model`` for ``steps`` optimizer steps under ``arm``'s settings; one record per step."""
+def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps: int, lag: int, *,
+            advantage_sign: float = 1.0, log: Callable[[str], None] = print) -> list[dict]:
+    """Train a fresh copy of ``model`` for ``steps`` optimizer steps under ``arm``'s settings; one record per step.
+
+    The recipe is the product's, from ``config``: the prompt style, the action grammar (coordinate format, forced
+    text emitted as canonical tokens when ``serve.jump_forward``), the forced-token loss mask
+    (``learner.mask_forced_tokens``), the Batcher (replay, zero-variance drop, stratified batches) and the
+    Trainer. Each step samples ``groups_per_step`` groups whose tasks come in turn from a seeded shuffled order of
+    the scenes (the learner's round-robin task choice), so a step covers distinct tasks.
+
+    Args:
+        advantage_sign: multiplies every advantage; -1 trains away from success (a negative control that must
+            not learn).
+        log: receives one progress line per step.
+    Returns:
+        one ``{"step", "success", "task_success", "dropped_groups", "groups", "injected", "trained"}`` per step.
+    """
     lc, ac = config.learner, config.actors
     rng = random.Random(lc.seed)
     encoder = PromptEncoder(model)
     runner = EpisodeRunner(encoder, None, ac)  # only its sampling parameters (regex included) are used
-    engine = Engine(model, seed=lc.seed)
+    engine = Engine(model, seed=lc.seed, jump_forward=config.serve.jump_forward)
     trainer = Trainer(model, trainer_config(lc))
+    forced = ForcedTokens(model, engine.vocab_size) if lc.mask_forced_tokens else None
     batcher = Batcher(replay_buffer(lc), max_staleness=max(lag, lc.max_staleness),
-                      groups_per_step=lc.groups_per_step, format_reward_weight=lc.format_reward_weight)
+                      groups_per_step=lc.groups_per_step, format_reward_weight=lc.format_reward_weight,
+                      stratified=lc.stratified)
     weights = collections.deque([copy.deepcopy(trainer.model.state_dict())], maxlen=lag + 1)
-    records, serial = [], 0
+    records, serial, order = [], 0, []
     by_id = {s.task.id: s for s in scenes}
     params = SamplingParams.from_json(dict(runner.sampling_params))
     while len(records) < steps:
         version = trainer.steps
         engine.model.load_state_dict(weights[0])  # the oldest kept: `lag` versions behind once warmed up
         sampled_version = version - (len(weights) - 1)
-        groups = [Group(f"g{serial + i}", rng.choice(scenes).task, lc.group_size) for i in range(lc.groups_per_step)]
-        serial += len(groups)
+        groups = []
+        for _ in range(lc.groups_per_step):
+            if not order:
+                order = rng.sample(scenes, len(scenes))
+            groups.append(Group(f"g{serial}", order.pop().task, lc.group_size))
+            serial += 1
         requests = []
         for g in groups:
             scene = by_id[g.task.id]
-            prompt = build_messages(g.task.instruction, [], history_images=ac.history_images)
+            prompt = build_messages(g.task.instruction, [], history_images=ac.history_images, style=ac.prompt_style)
             ids = encoder.encode(prompt.messages, [ac.screen_size])
             for k in range(g.size):
                 requests.append((g, k, ids, engine.prepare(f"{g.group_id}-{k}", ids, [scene.screenshot], params,
                                                            return_logprob=True)))
         results = engine.generate_batch([r for *_, r in requests])
-        successes = []
+        by_task: dict[str, list[float]] = collections.defaultdict(list)
         for (g, k, ids, _), res in zip(requests, results):
-            scene = by_id[g.task.id]
-            traj = Trajectory(trajectory_id=f"{g.group_id}-{k}", actor_id="probe", task_id=g.task.id,
-                              group_id=g.group_id, rollout_index=k, outcome=Outcome.FAILURE.value, score=0.0,
-                              format_ok=True, steps=[], screenshots=[scene.screenshot],
-                              assigned_version=sampled_version)
-            traj.steps.append(Step(prompt_ids=ids, image_indices=[0], output_ids=res.output_ids,
-                                   logprobs=res.output_logprobs, versions=[sampled_version] * len(res.output_ids),
-                                   text=res.text, action=""))
-            try:
-                point = parse_reply(res.text, resized_size=runner.resized_size, screen_size=ac.screen_size,
-                                    coordinate_mode=ac.coordinate_mode).action.point
-                if point is not None and scene.hit(*point):
-                    traj.score, traj.outcome = 1.0, Outcome.SUCCESS.value
-            except ActionParseError:
-                traj.format_ok, traj.outcome = False, Outcome.POLICY_ERROR.value
-            successes.append(traj.score)
+            traj = score_reply(g, k, ids, res, by_id[g.task.id], runner, sampled_version)
+            by_task[g.task.id].append(traj.score)
             g.results[k] = traj
         dropped = sum(batcher.add_group(g, version) is None for g in groups)
-        batch = batcher.ready
-        batcher.ready = []
-        stats = trainer.train_batch(train_samples(batch), minibatches=1) if batch else {}
+        batch = batcher.take_batch() or []
+        samples = train_samples(batch, forced)
+        for sample in samples:
+            sample.advantage *= advantage_sign
+        stats = trainer.train_batch(samples, minibatches=1) if samples else {}
         weights.append(copy.deepcopy(trainer.model.state_dict()))
-        success = sum(successes) / len(successes)
+        scores = [x for xs in by_task.values() for x in xs]
+        success = sum(scores) / len(scores)
         records.append({"step": len(records), "success": success, "dropped_groups": dropped, "groups": len(groups),
+                        "task_success": {t: sum(xs) / len(xs) for t, xs in by_task.items()},
                         "injected": sum(g.injected for g in batch), "trained": bool(batch)})
         recent = [r["success"] for r in records[-5:]]
-        print(f"[{arm}] step {len(records) - 1:4d} success {success:.2f} trailing5 {sum(recent) / len(recent):.2f} "
-              f"groups dropped {dropped}/{len(groups)} injected {records[-1]['injected']} "
-              f"loss {stats.get('loss', float('nan')):.3f}", flush=True)
+        log(f"[{arm}] step {len(records) - 1:4d} success {success:.2f} trailing5 {sum(recent) / len(recent):.2f} "
+            f"groups dropped {dropped}/{len(groups)} injected {records[-1]['injected']} "
+            f"loss {stats.get('loss', float('nan')):.3f} tokens {stats.get('tokens', 0):.0f}")
     return records
+
+
+def score_reply(group: Group, k: int, prompt_ids: list[int], result, scene: Scene, runner: EpisodeRunner,
+                version: int) -> Trajectory:
+    """The one-step trajectory of rollout ``k``: SUCCESS (score 1) when the reply's click lands in the target's
+    box, FAILURE when it lands elsewhere, POLICY_ERROR when the reply does not parse."""
+    ac = runner.config
+    traj = Trajectory(trajectory_id=f"{group.group_id}-{k}", actor_id="probe", task_id=group.task.id,
+                      group_id=group.group_id, rollout_index=k, outcome=Outcome.FAILURE.value, score=0.0,
+                      format_ok=True, steps=[], screenshots=[scene.screenshot], assigned_version=version,
+                      grammar=runner.sampling_params.get("regex", ""))
+    traj.steps.append(Step(prompt_ids=prompt_ids, image_indices=[0], output_ids=result.output_ids,
+                           logprobs=result.output_logprobs, versions=[version] * len(result.output_ids),
+                           text=result.text, action=""))
+    try:
+        point = parse_reply(result.text, resized_size=runner.resized_size, screen_size=ac.screen_size,
+                            coordinate_mode=ac.coordinate_mode).action.point
+        if point is not None and scene.hit(*point):
+            traj.score, traj.outcome = 1.0, Outcome.SUCCESS.value
+    except ActionParseError:
+        traj.format_ok, traj.outcome = False, Outcome.POLICY_ERROR.value
+    return traj
 
 
 def steps_to(records: list[dict], target: float, window: int = 5) -> float:
@@ -180,7 +216,8 @@ def steps_to(records: list[dict], target: float, window: int = 5) -> float:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--family", default="grid4",
-                   help="grid4 (4 buttons) or grid8 (8 buttons), or one task id such as grid4-green")
+                   help="grid4 (4 buttons) or grid8 (8 buttons), one task id such as grid4-green, or a folder of "
+                        "task files (all its tasks, e.g. tests/data/tasks/shapes)")
     p.add_argument("--arms", default="a,b,c", help="comma-separated arms of bench_learning.py")
     p.add_argument("--steps", type=int, default=100, help="optimizer steps per arm")
     p.add_argument("--lag", type=int, default=1, help="policy versions behind for the async arms a and b")
@@ -201,8 +238,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     model = ensure_model(args.model)
-    prefix = args.family if "-" in args.family else f"{args.family}-"  # a family, or one task of it
-    base = TASK_SETUP + [f'learner.task_ids=["{prefix}"]', f"learner.seed={args.seed}", *args.overrides]
+    _, selection = task_selection(args.family)  # a family, one task id, or a folder of task files
+    base = TASK_SETUP + [*selection, f"learner.seed={args.seed}", *args.overrides]
     try:
         scenes = asyncio.run(capture_scenes(load_config(None, base)))
     except ValueError as e:  # no task of the family, or a bad --set

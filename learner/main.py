@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import logging
 import sys
@@ -31,22 +32,24 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import zmq.asyncio
 
 from actors.policy_client import PolicyClient
 from arpo_async.config import ConfigError, LearnerConfig, RunConfig, load_config
 from arpo_async.process import run_until_signal, setup_logging
+from arpo_async.messages import Outcome
 from arpo_async.metrics import MetricsWriter
 from arpo_async.tasks import Task, load_tasks
 from arpo_async.transport import SocketPump, router_socket
 from learner.batcher import Batcher, ScoredGroup, train_samples
+from learner.forced_tokens import ForcedTokens
 from learner.checkpoint import Checkpointer, capture, checkpoint_folders, reconcile_metrics, restore
 from learner.publisher import WeightPublisher
 from learner.replay import ReplayBuffer, make_replay
 from learner.scheduler import GroupScheduler, LockstepAdmission
-from learner.service import LearnerService
+from learner.service import LearnerService, WindowStats
 from learner.staleness import StalenessManager
 from learner.task_selection import BaselinePass, TaskSelector
 from learner.trainer import Trainer, TrainerConfig
@@ -107,7 +110,7 @@ async def run_learner(config: RunConfig) -> None:
     admission = (LockstepAdmission(lc.batch_trajectories) if lockstep
                  else StalenessManager(lc.batch_trajectories, lc.max_staleness))
     batcher = Batcher(replay, max_staleness=lc.max_staleness, groups_per_step=lc.groups_per_step,
-                      format_reward_weight=lc.format_reward_weight)
+                      format_reward_weight=lc.format_reward_weight, stratified=lc.stratified)
     client = PolicyClient(list(config.actors.inference_urls))
     publisher = WeightPublisher(client, list(config.actors.inference_urls), config.run_path / "weights",
                                 keep=lc.keep_weights)
@@ -120,7 +123,9 @@ async def run_learner(config: RunConfig) -> None:
     service = LearnerService(pump, scheduler, admission, batcher, learner_id=learner_id, selector=selector)
     metrics: MetricsWriter | None = None
     try:
-        loop = TrainingLoop(service, trainer, publisher, checkpointer, replay, lc)
+        forced = (ForcedTokens(config.model_path, trainer.model.config.text_config.vocab_size)
+                  if lc.mask_forced_tokens else None)
+        loop = TrainingLoop(service, trainer, publisher, checkpointer, replay, lc, forced=forced)
         await loop.resume(config.run_path / "metrics.jsonl")
         metrics = loop.metrics = MetricsWriter(config.run_path / "metrics.jsonl")
         log.info("learner %s on %s (%s): %d tasks, G=%d, B=%d, eta=%d, from step %d / version %d",
@@ -253,6 +258,8 @@ class TrainingLoop:
     """Lockstep rollout batches with no reward variance in any group (no optimizer step)."""
     wall_offset_s: float = 0.0
     """Training wall time before this process (from the checkpoint resumed)."""
+    forced: ForcedTokens | None = None
+    """Finds the grammar-forced tokens left out of the loss (None: every token counts; learner.mask_forced_tokens)."""
 
     def __post_init__(self) -> None:
         self._started = time.monotonic()
@@ -326,7 +333,7 @@ class TrainingLoop:
         (its ``step`` is the optimizer step count after the batch; ``updates`` the steps it took)."""
         service, lc = self.service, self.lc
         window = service.window.take()
-        samples = train_samples(batch)
+        samples = train_samples(batch, self.forced)
         updates = min(lc.updates_per_batch, max(1, len(samples)))
         if lc.steps:
             updates = min(updates, lc.steps - service.step)
@@ -368,19 +375,43 @@ CORRECTION_STATS = ("is_weight_mean", "is_weight_max", "is_capped_frac", "behavi
 """Trainer statistics copied into each metrics record (see learner.grpo.corrected_token_loss)."""
 
 
+def success_rate(outcomes: Mapping[str, int]) -> tuple[float, int]:
+    """(SUCCESS count / trainable count, trainable count) of outcome counts (Outcome value -> trajectories);
+    (0.0, 0) when none is trainable (ENV_ERROR and ABORTED never are)."""
+    trainable = sum(n for outcome, n in outcomes.items() if Outcome(outcome).trainable)
+    return (outcomes.get("SUCCESS", 0) / trainable if trainable else 0.0), trainable
+
+
+def per_task_success(window: WindowStats) -> dict[str, dict[str, float | int]]:
+    """Per-task and per-family success of a window, as metrics.jsonl keys.
+
+    Returns:
+        ``task_success`` {task id: success rate in [0, 1]}, ``task_trajectories`` {task id: trainable
+        trajectories} and ``family_success`` {family: success rate over its tasks' trainable trajectories}; tasks
+        and families with no trainable trajectory in the window are left out.
+    """
+    by_family: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for task_id, outcomes in window.task_outcomes.items():
+        by_family[window.families[task_id]].update(outcomes)
+    per_task = {task_id: success_rate(outcomes) for task_id, outcomes in sorted(window.task_outcomes.items())}
+    per_family = {family: success_rate(outcomes) for family, outcomes in sorted(by_family.items())}
+    return {"task_success": {k: rate for k, (rate, n) in per_task.items() if n},
+            "task_trajectories": {k: n for k, (rate, n) in per_task.items() if n},
+            "family_success": {k: rate for k, (rate, n) in per_family.items() if n}}
+
+
 def step_record(step: int, version: int, batch: list[ScoredGroup], stats: dict[str, Any],
-                window: dict[str, int], service: LearnerService, publish_s: float, wall_s: float,
+                window: WindowStats, service: LearnerService, publish_s: float, wall_s: float,
                 **extra: Any) -> dict[str, Any]:
-    """One metrics.jsonl record. success_rate is over every trainable trajectory received since the last
-    training batch; staleness_* is the policy lag of the batch's fresh rollouts (replayed successes are old by
-    design and left out); ``extra`` adds schedule-level counters."""
-    trainable = sum(n for outcome, n in window.items() if outcome not in ("ENV_ERROR", "ABORTED"))
+    """One metrics.jsonl record. success_rate (and task_success, family_success) is over every trainable
+    trajectory received since the last training batch (``window``); staleness_* is the policy lag of the batch's
+    fresh rollouts (replayed successes are old by design and left out); ``extra`` adds schedule-level counters."""
     rewards = [r for g in batch for r in g.rewards]
     lags = [lag for g in batch for lag in g.fresh_policy_lag] or [0]
     return {
         "step": step, "policy_version": version,
         "trajectories": sum(len(g.trajectories) for g in batch),
-        "success_rate": window.get("SUCCESS", 0) / trainable if trainable else 0.0,
+        "success_rate": success_rate(window.outcomes)[0], **per_task_success(window),
         "batch_success_rate": sum(g.sampled_success for g in batch) / len(batch),
         "reward_mean": sum(rewards) / len(rewards),
         "loss": stats["loss"], "grad_norm": stats.get("grad_norm"), "clip_frac": stats.get("clip_frac"),
@@ -390,7 +421,7 @@ def step_record(step: int, version: int, batch: list[ScoredGroup], stats: dict[s
         "correction": {k: stats[k] for k in CORRECTION_STATS if k in stats},
         "replay": service.batcher.replay.stats(),
         "task_selection": service.selector.stats() if service.selector is not None else {},
-        "outcomes": dict(window), "drops": dict(service.batcher.drops), "totals": dict(service.totals),
+        "outcomes": dict(window.outcomes), "drops": dict(service.batcher.drops), "totals": dict(service.totals),
         "wall_s": round(wall_s, 3), **extra,
     }
 

@@ -15,6 +15,14 @@ Layout (dvlab-research/ARPO ``verl/trainer/gui_agent.py``, ``EnvWorker.reset``/`
     ...
     user       <image: current screenshot>
 
+Prompt styles (``build_messages(style=...)``): ``"uitars"`` is the layout above, for real UI-TARS / Qwen2.5-VL
+checkpoints, which were trained with it. ``"compact"`` is for small policies trained from scratch (the embedded
+tiny policy): the system turn is ``COMPACT_SYSTEM`` and the first user turn is the bare instruction; the action
+space is not described (the constrained-decoding grammar enforces it). With 15 image tokens the first step's
+prompt is about 40 tokens instead of about 650, so the instruction is a large share of what the policy attends
+to (issue 12: with the 653-token prompt only 0.1% of a GRPO update was specific to the instruction, and grid4
+stayed at chance; with a compact prompt the tiny policy learnt it).
+
 Image window: ARPO keeps every screenshot (15-step episodes, <= 15 images). OSWorld's UI-TARS-1.5 agent
 (``mm_agents/uitars15_v1.py``, ``history_n=5``) keeps only the last k screenshots *counting the current one*;
 older steps keep their assistant reply but lose their user image turn, so their replies follow each other
@@ -34,6 +42,10 @@ ARPO_HISTORY_IMAGES = 15
 """ARPO keeps every screenshot of its 15-step episodes."""
 OSWORLD_HISTORY_IMAGES = 5
 """OSWorld's UI-TARS-1.5 agent keeps the last 5 screenshots."""
+PROMPT_STYLES = ("uitars", "compact")
+"""``build_messages`` styles: UI-TARS's own prompt, or the compact one for small policies (module docstring)."""
+COMPACT_SYSTEM = "GUI agent."
+"""System turn of the compact style (short: the Qwen chat template would otherwise add its 5-word default)."""
 
 # The UI-TARS computer-use action space as ARPO prompts it (box-token coordinates, absolute pixels of the
 # resized screenshot). ``{call_user}`` adds UI-TARS's optional call_user() line.
@@ -95,7 +107,8 @@ def action_space_prompt(instruction: str, *, language: str = "English", call_use
 
 
 def build_messages(instruction: str, replies: Sequence[str], *, history_images: int = ARPO_HISTORY_IMAGES,
-                   language: str = "English", call_user: bool = False, system: str = ARPO_SYSTEM) -> Prompt:
+                   language: str = "English", call_user: bool = False, system: str | None = None,
+                   style: str = "uitars") -> Prompt:
     """Build the chat for the next step of an episode.
 
     Args:
@@ -105,22 +118,30 @@ def build_messages(instruction: str, replies: Sequence[str], *, history_images: 
         history_images: k >= 1, how many screenshots to show, counting the current one: screenshots
             ``len(replies)+1-k .. len(replies)``. Older steps keep their reply text only (OSWorld's UI-TARS
             agent); ``ARPO_HISTORY_IMAGES`` (15) shows all of a 15-step episode, as ARPO does.
-        language, call_user: see ``action_space_prompt``.
-        system: the system turn text.
+        language, call_user: see ``action_space_prompt`` (``"uitars"`` style only).
+        system: the system turn text; None = the style's own (``ARPO_SYSTEM`` or ``COMPACT_SYSTEM``).
+        style: ``"uitars"`` (the UI-TARS action-space prompt) or ``"compact"`` (the bare instruction); see the
+            module docstring.
     Returns:
         Prompt(messages, image_indices); messages end with the current screenshot's user turn, ready for
         ``apply_chat_template(..., add_generation_prompt=True)``.
     Raises:
-        ValueError: history_images < 1.
+        ValueError: history_images < 1, or an unknown style.
     """
     if history_images < 1:
         raise ValueError(f"history_images must be >= 1 (the current screenshot), got {history_images}")
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"style must be one of {PROMPT_STYLES}, got {style!r}")
+    if style == "compact":
+        system, task_text = COMPACT_SYSTEM if system is None else system, instruction
+    else:
+        system = ARPO_SYSTEM if system is None else system
+        task_text = action_space_prompt(instruction, language=language, call_user=call_user)
     n_shots = len(replies) + 1
     first_shown = max(0, n_shots - history_images)
     messages: list[dict] = [
         {"role": "system", "content": [{"type": "text", "text": system}]},
-        {"role": "user", "content": [{"type": "text", "text": action_space_prompt(
-            instruction, language=language, call_user=call_user)}]},
+        {"role": "user", "content": [{"type": "text", "text": task_text}]},
     ]
     shown: list[int] = []
     for i in range(n_shots):

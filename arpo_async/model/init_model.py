@@ -11,7 +11,8 @@ exactly like a real UI-TARS-1.5 / Qwen2.5-VL checkpoint:
   generated corpus of UI-TARS replies, instruction words and digits, with Qwen's special tokens and
   Qwen2-VL's chat template;
 - ``preprocessor_config.json``: ``Qwen2VLImageProcessor`` (patch 14, merge 2, temporal patch 2) with a small
-  ``max_pixels`` (28*28*80) so a 1280x720 screenshot becomes 66 image tokens;
+  ``max_pixels`` (28*28*16 by default) so a 1280x720 screenshot becomes 15 image tokens (140x84 pixels: still
+  enough to tell a 2x2 or 2x4 grid's buttons apart, and a short prompt; ``max_pixels`` to change it);
 - ``generation_config.json`` with both end tokens (<|im_end|>, <|endoftext|>).
 
 Invariant: the same seed gives the same tokenizer and the same weights.
@@ -69,8 +70,9 @@ QWEN2_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-TINY_MAX_PIXELS = 28 * 28 * 80
-"""max_pixels of the tiny model's image processor: a 1280x720 screenshot -> 308x168 -> 66 image tokens."""
+TINY_MAX_PIXELS = 28 * 28 * 16
+"""max_pixels of the tiny model's image processor: a 1280x720 screenshot -> 140x84 -> 15 image tokens (28*28*80,
+the earlier default, gives 308x168 and 66 tokens)."""
 TINY_MIN_PIXELS = 56 * 56
 TINY_VOCAB_SIZE = 1280
 """Upper bound of the BPE vocabulary (the generated corpus yields about 1,000 tokens)."""
@@ -152,8 +154,10 @@ def _train_tokenizer(seed: int):
     )
 
 
-DEFAULT_INIT_STD = 0.02
-"""Standard deviation of the random weights (transformers' ``initializer_range`` default for Qwen2.5-VL)."""
+DEFAULT_INIT_STD = 0.1
+"""Standard deviation of the random weights (``initializer_range``; transformers' Qwen2.5-VL default is 0.02). At
+0.02 the instruction moved the coordinate logits by 3.4e-4 against a 0.13 spread and RL stayed at chance; 0.1 lets
+the instruction matter from the first step (issue 12, bench/README.md)."""
 DEFAULT_HIDDEN_SIZE = 64
 """Width of the tiny policy's text model (and of the vision merger's output)."""
 
@@ -223,7 +227,7 @@ def _model_config(tokenizer, init_std: float = DEFAULT_INIT_STD, hidden_size: in
     )
 
 
-def _preprocessor_config() -> dict:
+def _preprocessor_config(max_pixels: int = TINY_MAX_PIXELS) -> dict:
     return {
         "image_processor_type": "Qwen2VLImageProcessor",
         "do_resize": True,
@@ -235,8 +239,8 @@ def _preprocessor_config() -> dict:
         "image_std": list(CLIP_STD),
         "resample": 3,
         "min_pixels": TINY_MIN_PIXELS,
-        "max_pixels": TINY_MAX_PIXELS,
-        "size": {"shortest_edge": TINY_MIN_PIXELS, "longest_edge": TINY_MAX_PIXELS},
+        "max_pixels": max_pixels,
+        "size": {"shortest_edge": TINY_MIN_PIXELS, "longest_edge": max_pixels},
         "patch_size": 14,
         "temporal_patch_size": 2,
         "merge_size": 2,
@@ -244,29 +248,34 @@ def _preprocessor_config() -> dict:
 
 
 def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False,
-                      init_std: float = DEFAULT_INIT_STD, hidden_size: int = DEFAULT_HIDDEN_SIZE) -> Path:
+                      init_std: float = DEFAULT_INIT_STD, hidden_size: int = DEFAULT_HIDDEN_SIZE,
+                      max_pixels: int = TINY_MAX_PIXELS) -> Path:
     """Write a tiny random Qwen2.5-VL checkpoint (weights, tokenizer, chat template, image processor).
 
     Args:
         out_dir: folder to create; it must not exist (or be empty) unless ``overwrite``.
         seed: seeds the tokenizer corpus and the weight initialisation.
         overwrite: replace an existing folder.
-        init_std: standard deviation of the random text-model weights (``initializer_range``). With the default
-            0.02 the tiny model's attention starts almost uniform over a ~650-token prompt, and it did not learn
-            to tell the grid tasks' instructions apart even by supervised training (40 full-batch steps); with
-            0.1 it did in about 25 (bench/README.md, probe_learning.py).
+        init_std: standard deviation of the random text-model weights (``initializer_range``, default 0.1).
+            With transformers' 0.02 the tiny model's attention starts almost uniform, the instruction barely
+            moves its replies, and RL on grid4 stayed at chance (`DEFAULT_INIT_STD`).
         hidden_size: width of the text model, a multiple of 64 (`text_shape` gives the heads and MLP). 64 is the
-            default; 256 (about 3 M parameters) runs ~2x slower per token and, by bench/probe_capacity.py, fits
+            default; 256 (about 3 M parameters) runs ~2x slower per token and, by a supervised-fitting probe (bench/README.md), fits
             the four grid4 replies in about as many supervised steps (140 vs 120): width is not what limits the
             tiny policy's learning there.
+        max_pixels: the image processor's largest image area in pixels (a multiple of 28*28 is natural; default
+            28*28*16: 15 image tokens for a 1280x720 screenshot).
     Returns:
         ``out_dir`` as a Path.
     Raises:
         FileExistsError: ``out_dir`` exists, is not empty and ``overwrite`` is false.
-        ValueError: ``init_std`` <= 0, or ``hidden_size`` not a positive multiple of 64.
+        ValueError: ``init_std`` <= 0, ``hidden_size`` not a positive multiple of 64, or ``max_pixels`` below
+            the image processor's min_pixels (56*56).
     """
     if not init_std > 0:
         raise ValueError(f"init_std must be > 0, got {init_std}")
+    if max_pixels < TINY_MIN_PIXELS:
+        raise ValueError(f"max_pixels must be >= {TINY_MIN_PIXELS}, got {max_pixels}")
     text_shape(hidden_size)  # raises before anything is written
     import torch
     from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
@@ -295,7 +304,7 @@ def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False,
     tk_cfg = json.loads(tk_cfg_path.read_text())
     tk_cfg["chat_template"] = QWEN2_VL_CHAT_TEMPLATE
     tk_cfg_path.write_text(json.dumps(tk_cfg, indent=2))
-    (out_dir / "preprocessor_config.json").write_text(json.dumps(_preprocessor_config(), indent=2))
+    (out_dir / "preprocessor_config.json").write_text(json.dumps(_preprocessor_config(max_pixels), indent=2))
     return out_dir
 
 

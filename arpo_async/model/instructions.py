@@ -1,19 +1,12 @@
-"""Generated GUI instructions that name one target element, for the tiny policy's tokenizer and warm-up.
+"""Generated GUI instructions that name one target element: the tiny policy's tokenizer corpus.
 
-Role: one source of the instruction vocabulary, shared by `init_model` (the tokenizer's training corpus, so the
-names are whole tokens as in a real tokenizer) and `learner.warmup` (the supervised warm-up that teaches the tiny
-policy to name the instruction's target in its thought). The phrasings cover the built-in tasks' instructions
-("Click the Green button.", "Click the button labelled Cherry.") among others; the names cover common colours,
-fruits and widget labels.
-
-Invariant: every thought `target_thought` returns is ``[A-Za-z ]`` and at most `MAX_THOUGHT_CHARS` long,
-so the action grammar (`actors.uitars.grammar.action_regex`, default ``max_thought_chars=20``) admits it.
+Role: the instruction vocabulary of `init_model`'s tokenizer, so that label names are whole tokens as in a real
+tokenizer. The phrasings cover the built-in tasks' instructions ("Click the Green button.", "Click the button
+labelled Cherry.") and others; the names cover common colours, fruits and widget labels. A task's labels need not
+be among them (tests/data/tasks/shapes uses others): they are then several tokens, as rare words are.
 """
 
 from __future__ import annotations
-
-import random
-from typing import NamedTuple
 
 TEMPLATES: tuple[str, ...] = (
     "Click the {name} button.",
@@ -34,33 +27,11 @@ NAMES: tuple[str, ...] = tuple((
 ).split())
 """Target labels (lowercase here); instructions and thoughts show them capitalised, as a label is shown."""
 
-MAX_THOUGHT_CHARS = 20
-
-
-class Instruction(NamedTuple):
-    """One generated instruction and the thought that names its target (``"click <name>"``)."""
-
-    text: str
-    thought: str
-
-
-def target_thought(name: str) -> str:
-    """The warm-up thought for a target: ``"click <Name>"`` (capitalised). Raises ValueError if it is not
-    ``[A-Za-z ]`` or longer than `MAX_THOUGHT_CHARS`."""
-    thought = f"click {name.capitalize()}"
-    if len(thought) > MAX_THOUGHT_CHARS or not all(c == " " or c.isascii() and c.isalpha() for c in thought):
-        raise ValueError(f"thought {thought!r} is not 1..{MAX_THOUGHT_CHARS} characters of [A-Za-z ]")
-    return thought
-
-
-def sample_instruction(rng: random.Random, names: tuple[str, ...] = NAMES) -> Instruction:
-    """A random instruction (uniform template, uniform name) and its target thought."""
-    name = rng.choice(names)
-    return Instruction(rng.choice(TEMPLATES).format(name=name.capitalize()), target_thought(name))
 
 
 def corpus_lines() -> list[str]:
-    """Every template with every name, and every thought: text for the tokenizer's training corpus."""
+    """Every template with every name, and the thought ``Thought: click <Name>`` for every name: text for the
+    tokenizer's training corpus (unchanged lines keep the tokenizer, and so every token id, the same)."""
     lines = [t.format(name=n.capitalize()) for t in TEMPLATES for n in NAMES]
-    lines += [f"Thought: {target_thought(n)}" for n in NAMES]
+    lines += [f"Thought: click {n.capitalize()}" for n in NAMES]
     return lines

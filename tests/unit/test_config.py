@@ -25,6 +25,7 @@ def test_toml_and_overrides(tmp_path):
     (["learner.group_size=1"], "at least 2"),
     (["learner.lr=fast"], "must be float"),
     (["actors.coordinate_mode=pixels"], "absolute"),
+    (["actors.prompt_style=verbose"], "actors.prompt_style: must be 'compact' or 'uitars'"),
     (["actors.desktop_max_episodes=0"], "actors.desktop_max_episodes: must be >= 1"),
     (["transport.endpoint=localhost:1"], "ZeroMQ endpoint"),
     (["learner"], "section.key=value"),

@@ -20,7 +20,7 @@ from actors.uitars import (
     to_pyautogui,
 )
 from actors.uitars.grammar import DEFAULT_ACTIONS, int_range_regex
-from actors.uitars.prompt import ARPO_SYSTEM, action_space_prompt
+from actors.uitars.prompt import ARPO_SYSTEM, COMPACT_SYSTEM, action_space_prompt
 from actors.uitars.xdotool import UnsupportedActionError
 
 # ARPO's setting: a 1920x1080 screen, smart-resized to 1932x1092 (REFERENCE.md section 1).
@@ -414,6 +414,19 @@ def test_prompt_first_step():
     text = prompt.messages[1]["content"][0]["text"]
     assert text.startswith("You are a GUI agent.") and text.endswith("## User Instruction\nOpen the calculator\n")
     assert "Use English in `Thought` and `Action` part." in text and "call_user()" not in text
+
+
+def test_compact_prompt_is_the_bare_instruction_with_the_same_turn_layout():
+    replies = ["Thought: a\nAction: wait()", "Thought: b\nAction: wait()"]
+    compact = build_messages("Click the Star button.", replies, history_images=2, style="compact")
+    uitars = build_messages("Click the Star button.", replies, history_images=2)
+    assert _layout(compact.messages) == _layout(uitars.messages)
+    assert compact.image_indices == uitars.image_indices == [1, 2]
+    assert compact.messages[0]["content"][0]["text"] == COMPACT_SYSTEM
+    assert compact.messages[1]["content"][0]["text"] == "Click the Star button."
+    assert compact.messages[2:] == uitars.messages[2:]  # replies and screenshots alike
+    with pytest.raises(ValueError, match="style"):
+        build_messages("x", [], style="verbose")
 
 
 def test_prompt_keeps_only_the_last_k_screenshots_and_every_reply():

@@ -1,0 +1,115 @@
+"""A second button-grid family from a folder of task files (tests/data/tasks/shapes), on a real desktop.
+
+The shapes family is grid4 with everything a recipe could be tuned to changed: other labels (Circle, Square,
+Star, Arrow), plain buttons (no colours), another window title and another phrasing of the instruction. A
+learning test trains on it (``learner.tasks``) to check the recipe is not fitted to grid4's four colours. Here
+the folder is checked to load as the learner loads it, and one task is proven to score by where the click
+lands: setup, the app's layout file, a click as the actors send it (xdotool through the controller), the
+task's evaluator.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from pathlib import Path
+
+import pytest
+
+from actors.desktop.controller_client import ControllerClient
+from actors.desktop.fleet import DesktopFleet
+from actors.evaluation import evaluate, run_setup
+from actors.uitars.actions import Action
+from actors.uitars.xdotool import to_commands
+from arpo_async.config import load_config
+from arpo_async.tasks import load_tasks
+from learner.main import select_tasks
+
+SHAPES_DIR = Path(__file__).resolve().parent.parent / "data" / "tasks" / "shapes"
+LABELS = ["Circle", "Square", "Star", "Arrow"]
+LAYOUT = "/tmp/arpo/layout.json"
+RESULT = "/tmp/arpo/result.txt"
+
+
+def shapes() -> dict:
+    return {t.id: t for t in load_tasks(SHAPES_DIR)}
+
+
+def test_shapes_folder_loads_as_a_four_button_family_unlike_grid4():
+    tasks = shapes()
+    assert sorted(tasks) == sorted(f"shapes-{label.lower()}" for label in LABELS)
+    assert {t.family for t in tasks.values()} == {"shapes"}
+    assert {t.expected_string for t in tasks.values()} == set(LABELS)
+    # one app, one layout: only the target differs between tasks, so chance is 1/4 as in grid4
+    launches = {json.dumps([s for s in t.config if s["type"] == "launch"]) for t in tasks.values()}
+    assert len(launches) == 1
+    argv = json.loads(launches.pop())[0]["parameters"]["command"]
+    assert argv[-4:] == LABELS and "--colours" not in argv
+    assert argv[argv.index("--title") + 1] == "Shape Picker"
+    assert all(t.instruction == f"Press the button labelled {t.expected_string}." for t in tasks.values())
+    # the learner's own pick: learner.tasks names the folder, no task_ids filter
+    config = load_config(None, [f"learner.tasks={json.dumps(str(SHAPES_DIR))}"])
+    assert sorted(t.id for t in select_tasks(config.learner)) == sorted(tasks)
+    # nothing of grid4 is shared but the app: not its labels, title or phrasing
+    grid4 = [t for t in load_tasks() if t.family == "grid4"]
+    assert not {t.expected_string for t in grid4} & set(LABELS)
+    assert not {t.instruction for t in grid4} & {t.instruction for t in tasks.values()}
+
+
+@pytest.fixture
+async def fleet(desktop_image):
+    f = DesktopFleet(desktop_image, run_id=f"test-{secrets.token_hex(3)}")
+    try:
+        yield f
+    finally:
+        await f.remove_all()
+        await f.close()
+
+
+async def read_layout(c: ControllerClient, timeout: float = 10.0) -> dict:
+    """The app's layout file (as bench/probe_learning.py reads it) once it holds every button."""
+    async with asyncio.timeout(timeout):
+        while True:
+            answer = await c.execute(["cat", LAYOUT])
+            if answer.get("returncode") == 0:
+                layout = json.loads(answer["output"])
+                if set(LABELS) <= set(layout):
+                    return layout
+            await asyncio.sleep(0.05)
+
+
+async def click_as_actor(c: ControllerClient, x: float, y: float) -> None:
+    """A UI-TARS click at screen pixel (x, y), run as the actors run it: xdotool argv lists via execute."""
+    for command in to_commands(Action(kind="click", point=(x, y))):
+        result = await c.execute(command, timeout=20)
+        assert result["status"] == "success" and result["returncode"] == 0, (command, result)
+
+
+async def wait_result(c: ControllerClient, label: str, timeout: float = 10.0) -> None:
+    """Until the app has written ``label`` (its click handler runs on the Tk loop's own time)."""
+    async with asyncio.timeout(timeout):
+        while await c.get_file(RESULT) != label.encode():
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(120)
+async def test_shapes_task_scores_one_on_its_label_and_zero_on_another(fleet):
+    task = shapes()["shapes-star"]
+    c = (await fleet.start()).controller
+    await run_setup(c, task.config)
+    layout = await read_layout(c)
+    boxes = [layout[label] for label in LABELS]
+    assert all(b["w"] > 50 and b["h"] > 50 for b in boxes), layout
+    assert len({(b["cx"], b["cy"]) for b in boxes}) == 4, layout  # 2 columns x 2 rows, no overlap
+    assert await evaluate(c, task, last_action=None) == 0.0  # untouched
+
+    star = layout["Star"]
+    await click_as_actor(c, star["cx"], star["cy"])
+    await wait_result(c, "Star")
+    assert await evaluate(c, task, last_action="DONE") == 1.0
+
+    circle = layout["Circle"]
+    await click_as_actor(c, circle["cx"], circle["cy"])
+    await wait_result(c, "Circle")
+    assert await evaluate(c, task, last_action="DONE") == 0.0
