@@ -50,11 +50,18 @@ ARMS: dict[str, tuple[str, list[str]]] = {
     "b": ("async, no replay",
           ['learner.schedule="async"', 'learner.correction="decoupled"', 'learner.replay_mode="off"']),
     "c": ("lockstep, ARPO recipe",
-          ['learner.schedule="lockstep"', 'learner.correction="arpo"', 'learner.replay_mode="arpo"']),
+          ['learner.schedule="lockstep"', 'learner.correction="arpo"', 'learner.replay_mode="arpo"',
+           "learner.updates_per_batch=2"]),
 }
+"""Arm c is ARPO's recipe where the paper fixes it: lockstep batches, no off-policy correction, ARPO's FIFO replay,
+2 optimizer steps per rollout batch, G = 8 (TASK_SETUP). Its batches of distinct tasks (learner.stratified) match
+ARPO's dataloader, which draws a batch's task ids without replacement. The learning rate (1e-6 for a 7B model) and
+the action grammar are not ARPO's: they are sized for the tiny policy, alike in every arm."""
 
 TASK_SETUP = ['actors.grammar_actions=["click"]', "actors.max_steps=1", "actors.max_thought_chars=1",
-              "learner.group_size=8", "learner.groups_per_step=2", "learner.lr=1e-3", "learner.steps=100000"]
+              "learner.group_size=8", "learner.groups_per_step=4", "learner.lr=1e-3", "learner.steps=100000"]
+"""The task as every arm poses it: one click per episode, groups of 8, 4 groups per optimizer step (one per grid4
+task), lr 1e-3 for the tiny policy."""
 
 
 def task_selection(family: str) -> tuple[str, list[str]]:

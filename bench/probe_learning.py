@@ -178,7 +178,8 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
         recent = [r["success"] for r in records[-5:]]
         log(f"[{arm}] step {len(records) - 1:4d} success {success:.2f} trailing5 {sum(recent) / len(recent):.2f} "
             f"groups dropped {dropped}/{len(groups)} injected {records[-1]['injected']} "
-            f"loss {stats.get('loss', float('nan')):.3f} tokens {stats.get('tokens', 0):.0f}")
+            f"loss {stats.get('loss', float('nan')):.3f} tokens {stats.get('tokens', 0):.0f} | "
+            + " ".join(f"{t}={v:.2f}" for t, v in sorted(records[-1]["task_success"].items())))
     return records
 
 

@@ -1,6 +1,8 @@
 """Shared pytest fixtures. Keep small: only fixtures several test modules need."""
 from __future__ import annotations
 
+import secrets
+
 import pytest
 
 
@@ -24,3 +26,16 @@ def tiny_model(tmp_path_factory):
     from arpo_async.model.init_model import create_tiny_model
 
     return create_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture
+async def fleet(desktop_image):
+    """A DesktopFleet with a fresh run id; every container it started is removed afterwards."""
+    from actors.desktop.fleet import DesktopFleet
+
+    f = DesktopFleet(desktop_image, run_id=f"test-{secrets.token_hex(3)}")
+    try:
+        yield f
+    finally:
+        await f.remove_all()
+        await f.close()

@@ -28,16 +28,6 @@ BUILTIN = {t.id: t for t in load_tasks()}
 LAYOUT = "/tmp/arpo/layout.json"
 
 
-@pytest.fixture
-async def fleet(desktop_image):
-    f = DesktopFleet(desktop_image, run_id=f"test-{secrets.token_hex(3)}")
-    try:
-        yield f
-    finally:
-        await f.remove_all()
-        await f.close()
-
-
 # ---- actions, as the actor would send them --------------------------------------------------------------
 
 async def xdo(c: ControllerClient, *args: str) -> None:

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 from pathlib import Path
 
 import pytest
 
 from actors.desktop.controller_client import ControllerClient
-from actors.desktop.fleet import DesktopFleet
 from actors.evaluation import evaluate, run_setup
 from actors.uitars.actions import Action
 from actors.uitars.xdotool import to_commands
@@ -54,16 +52,6 @@ def test_shapes_folder_loads_as_a_four_button_family_unlike_grid4():
     grid4 = [t for t in load_tasks() if t.family == "grid4"]
     assert not {t.expected_string for t in grid4} & set(LABELS)
     assert not {t.instruction for t in grid4} & {t.instruction for t in tasks.values()}
-
-
-@pytest.fixture
-async def fleet(desktop_image):
-    f = DesktopFleet(desktop_image, run_id=f"test-{secrets.token_hex(3)}")
-    try:
-        yield f
-    finally:
-        await f.remove_all()
-        await f.close()
 
 
 async def read_layout(c: ControllerClient, timeout: float = 10.0) -> dict:

@@ -416,15 +416,18 @@ def test_prompt_first_step():
     assert "Use English in `Thought` and `Action` part." in text and "call_user()" not in text
 
 
-def test_compact_prompt_is_the_bare_instruction_with_the_same_turn_layout():
+def test_compact_prompt_puts_the_bare_instruction_after_the_current_screenshot():
     replies = ["Thought: a\nAction: wait()", "Thought: b\nAction: wait()"]
     compact = build_messages("Click the Star button.", replies, history_images=2, style="compact")
     uitars = build_messages("Click the Star button.", replies, history_images=2)
-    assert _layout(compact.messages) == _layout(uitars.messages)
+    assert _layout(compact.messages) == ["system:text", "assistant:text", "user:image", "assistant:text",
+                                         "user:image+text"]
     assert compact.image_indices == uitars.image_indices == [1, 2]
     assert compact.messages[0]["content"][0]["text"] == COMPACT_SYSTEM
-    assert compact.messages[1]["content"][0]["text"] == "Click the Star button."
-    assert compact.messages[2:] == uitars.messages[2:]  # replies and screenshots alike
+    assert compact.messages[-1]["content"][1] == {"type": "text", "text": "Click the Star button."}
+    assert compact.messages[1:-1] == uitars.messages[2:-1]  # the replies and earlier screenshots alike
+    first = build_messages("Click the Star button.", [], history_images=2, style="compact")
+    assert _layout(first.messages) == ["system:text", "user:image+text"]
     with pytest.raises(ValueError, match="style"):
         build_messages("x", [], style="verbose")
 
