@@ -222,7 +222,7 @@ class ActorConfig:
     """The grammar writes every coordinate zero-padded to the width of its maximum ("(045,730)"), so a policy
     that has not learnt yet clicks all of the screen alike; false = UI-TARS's plain integers."""
     prompt_style: str = "compact"
-    """"compact" (the bare instruction and screenshots: a ~40-token prompt for small policies trained from
+    """"compact" (the bare instruction and screenshots: a ~50-token prompt for small policies trained from
     scratch) or "uitars" (UI-TARS-1.5's action-space prompt: use it with a real UI-TARS checkpoint)."""
     screen_width: int = 1280
     """Desktop screen width (pixels)."""

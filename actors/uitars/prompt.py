@@ -19,11 +19,11 @@ Prompt styles (``build_messages(style=...)``): ``"uitars"`` is the layout above,
 checkpoints, which were trained with it. ``"compact"`` is for small policies trained from scratch (the embedded
 tiny policy): the system turn is ``COMPACT_SYSTEM``, then the screenshots and replies as above, and the bare
 instruction last, in the current screenshot's user turn, right before the reply; the action space is not described
-(the constrained-decoding grammar enforces it). With 15 image tokens the first step's prompt is about 40 tokens
-instead of about 650, so the instruction is a large share of what the policy attends to (issue 12: with the
-653-token prompt only 0.1% of a GRPO update was specific to the instruction, and grid4 stayed at chance). Placing
-the instruction after the screenshot rather than before it took the tiny policy on the grid4 family from 0.49 to
-0.73 success in 100 optimizer steps (bench/README.md, probe_learning.py).
+(the constrained-decoding grammar enforces it). With 15 image tokens the first step's prompt is 52 tokens instead
+of about 600 (UI-TARS prompt, same screenshot), so the instruction is a large share of what the policy attends to
+(issue 12: with the 653-token prompt only 0.1% of a GRPO update was specific to the instruction, and grid4 stayed
+at chance). Placing the instruction after the screenshot rather than before it took the tiny policy on the grid4
+family from 0.49 to 0.73 success in 100 optimizer steps (bench/README.md, probe_learning.py).
 
 Image window: ARPO keeps every screenshot (15-step episodes, <= 15 images). OSWorld's UI-TARS-1.5 agent
 (``mm_agents/uitars15_v1.py``, ``history_n=5``) keeps only the last k screenshots *counting the current one*;
