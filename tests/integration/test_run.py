@@ -23,19 +23,29 @@ def run_containers(run_id: str) -> list[str]:
     return out.split()
 
 
-def kill_one_desktop_mid_episode(run_dir, run_id, killed: list[str], stop: threading.Event) -> None:
-    """Once trajectories are flowing, kill one running desktop container of the run."""
+def kill_one_desktop_mid_episode(run_dir, run_id, killed: list[str], stop: threading.Event,
+                                 max_kills: int = 5) -> None:
+    """Once trajectories are flowing, kill a running desktop container of the run mid-episode.
+
+    A container can be caught between two episodes (its episode just ended, its app not yet reset away): that
+    kill costs no trajectory, so no ENV_ERROR follows. Then another desktop is killed, up to ``max_kills``,
+    until status.json counts an ENV_ERROR.
+    """
     status = run_dir / "status.json"
-    while not stop.is_set():
+    while not stop.is_set() and len(killed) < max_kills:
         try:
-            flowing = json.loads(status.read_text()).get("trajectories", 0) >= 2
+            current = json.loads(status.read_text())
         except (OSError, ValueError):
-            flowing = False
+            current = {}
+        if current.get("outcomes", {}).get("ENV_ERROR", 0) >= 1:
+            return
+        flowing = current.get("trajectories", 0) >= 2
         for container in run_containers(run_id) if flowing else []:
-            if in_episode(container):
+            if container not in killed and in_episode(container):
                 subprocess.run(["docker", "kill", container], capture_output=True)
                 killed.append(container)
-                return
+                stop.wait(3.0)  # status.json is rewritten every second; give the episode time to report
+                break
         stop.wait(0.2)
 
 
