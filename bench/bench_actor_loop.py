@@ -104,7 +104,8 @@ class InstantPool:
     async def acquire(self) -> InstantDesktop:
         return InstantDesktop(f"instant-{next(self._ids)}", InstantController(self._pngs))
 
-    async def release(self, desktop: InstantDesktop) -> None:
+    async def release(self, desktop: InstantDesktop, *, reusable: bool = True) -> None:
+        """DesktopPool.release's signature; an instant desktop needs no reset or removal."""
         return None
 
 

@@ -61,8 +61,8 @@ the action grammar are not ARPO's: they are sized for the tiny policy, alike in 
 TASK_SETUP = ['actors.grammar_actions=["click"]', "actors.max_steps=1", "actors.max_thought_chars=1",
               "learner.group_size=8", "learner.groups_per_step=4", "learner.steps=100000"]
 """The task as every arm poses it: one click per episode, groups of 8, 4 groups per optimizer step (one per grid4
-task), the default lr (5e-4: on the grid4 family 1e-3 took twice the steps, 2e-3 and 3e-3 did not learn in
-150 steps; bench/README.md)."""
+task), the default lr (5e-4: on the grid4 family 1e-3 took twice the steps, 2e-3 did not learn in 150 steps
+and 3e-3 not in 80; bench/README.md)."""
 
 
 def task_selection(family: str) -> tuple[str, list[str]]:

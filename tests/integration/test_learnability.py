@@ -31,11 +31,17 @@ STEPS = 40
 SHAPES = str(Path(__file__).resolve().parent.parent / "data" / "tasks" / "shapes")
 
 
-def _learn(task: str, model: Path, sign: float, lines: list[str]) -> list[float]:
+def _setup(task: str):
+    """The config (bench_learning's task setup, seed 0) and the captured scene of ``task``."""
     family, selection = (SHAPES, ['learner.task_ids=["shapes-star"]']) if task == "shapes-star" else (task, [])
     config = load_config(None, TASK_SETUP + task_selection(family)[1] + selection + ["learner.seed=0"])
     scenes = asyncio.run(capture_scenes(config))
     assert [s.task.id for s in scenes] == [task]
+    return config, scenes
+
+
+def _learn(setup, model: Path, sign: float, lines: list[str]) -> list[float]:
+    config, scenes = setup
     records = run_arm("a", scenes, config, model, STEPS, lag=1, advantage_sign=sign, log=lines.append)
     return [r["success"] for r in records]
 
@@ -48,10 +54,11 @@ def model(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("task", ["grid4-green", "shapes-star"])
 def test_a_single_task_is_learnt_within_40_steps_and_not_with_the_sign_flipped(desktop_image, model, task):
     lines: list[str] = []
-    learnt = _learn(task, model, 1.0, lines)
+    setup = _setup(task)
+    learnt = _learn(setup, model, 1.0, lines)
     start, end = statistics.mean(learnt[:3]), statistics.mean(learnt[-5:])
     assert start <= 0.30, "\n".join(lines)
     assert end >= 0.70, "\n".join(lines)
-    flipped = _learn(task, model, -1.0, lines)
+    flipped = _learn(setup, model, -1.0, lines)
     assert statistics.mean(flipped[-5:]) <= 0.30, "\n".join(lines)
     assert statistics.mean(flipped[-5:]) < end - 0.4

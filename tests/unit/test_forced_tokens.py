@@ -13,7 +13,6 @@ from actors.uitars.grammar import action_regex
 from actors.uitars.prompt import build_messages
 from arpo_async.model.inputs import PromptEncoder
 from arpo_async.serve.engine import Engine, SamplingParams
-from arpo_async.serve.grammar import GrammarSpec
 from learner.forced_tokens import ForcedTokens
 
 REGEX = action_regex(max_x=999, max_y=999, fixed_width=True, actions=("click",), max_thought_chars=8)
@@ -102,4 +101,3 @@ def test_a_reply_that_leaves_the_grammar_counts_as_chosen_from_there(tiny_model)
     mask = forced.loss_mask(REGEX, ids)
     wait_at = len(encoder.tokenize("Thought: go\nAction: "))
     assert not any(mask[:2]) and all(mask[wait_at:])
-    assert GrammarSpec(regex=REGEX).key == ("regex", REGEX)

@@ -1,0 +1,48 @@
+"""Smoke runs of the throughput benchmarks, so none of them silently stops working.
+
+Each runs in its smallest mode as a user would (`python bench/<name>.py ...`) and must exit 0 and end with the
+key=value figures line it exists for. Figures are not checked (tests check behaviour, not timings).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+pytestmark = pytest.mark.docker
+
+
+def run_bench(name: str, *args: str, timeout: float) -> dict[str, str]:
+    """Run bench/<name>.py with ``args``; its last line's key=value figures. Fails with the output's tail."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    figures = dict(item.split("=", 1) for item in last.split() if "=" in item)
+    assert figures and len(figures) == len(last.split()), f"last line is not key=value figures: {last!r}"
+    return figures
+
+
+def test_bench_transport_quick():
+    assert {"traj_per_s", "ratio"} <= set(run_bench("bench_transport", "--quick", timeout=300))
+
+
+def test_bench_actor_loop_quick():
+    figures = run_bench("bench_actor_loop", "--quick", timeout=600)
+    assert any(k.startswith("ratio_") for k in figures)
+
+
+def test_bench_desktops_quick(desktop_image):
+    figures = run_bench("bench_desktops", "--quick", timeout=600)
+    assert {"start_p50_s", "reset_inplace_p50_s"} <= set(figures)
+
+
+def test_bench_e2e_one_short_arm(desktop_image, tmp_path):
+    figures = run_bench("bench_e2e", "--arms", "async", "--minutes", "0.5", "--out", str(tmp_path), timeout=600)
+    assert figures
