@@ -131,7 +131,22 @@ class LearnerConfig:
     rollout_retries: int = 2
     """A rollout that ends in ENV_ERROR or ABORTED is handed out again this many times before its group goes on without it."""
     torch_threads: int = 1
-    """Threads for torch on the learner (the desktops need the other cores)."""
+    """Threads for torch on the learner, per rank (the desktops need the other cores)."""
+    device: str = "cpu"
+    """Where the learner trains: "cpu", "cuda" (each torchrun rank takes cuda:LOCAL_RANK) or "auto" (cuda when
+    available). "cuda" on a machine without CUDA stops the learner at start with an error naming this key."""
+    dtype: str = "float32"
+    """"float32" or "bfloat16": bf16 parameters and activations in the forward and backward passes, with float32
+    master weights, AdamW state, gradient reduction and log-softmax (learner.trainer)."""
+    gradient_checkpointing: bool = False
+    """Recompute decoder-layer activations in the backward pass (less memory for long multi-screenshot prompts)."""
+    max_tokens_per_microbatch: int = 16384
+    """Padded tokens per forward/backward pass: each step's samples are packed longest first under this budget and
+    gradients accumulated; the step is the same for any value (0 = each rank's share in one pass). A sample longer
+    than the budget stops the learner with an error naming this key."""
+    dist_timeout_s: float = 1800.0
+    """Under torchrun: seconds a collective may wait for the other ranks before the run fails (a dead rank is
+    usually noticed at once; rank 0 pings the others when idle, so waiting for rollouts never trips it)."""
     keep_weights: int = 2
     """Published weight folders kept on disk (older ones are deleted)."""
     seed: int = 0
@@ -156,6 +171,12 @@ class LearnerConfig:
     def __post_init__(self) -> None:
         _require(self.schedule in ("async", "lockstep"), "learner.schedule", "must be 'async' or 'lockstep'")
         _require(self.updates_per_batch >= 1, "learner.updates_per_batch", "must be >= 1")
+        _require(self.device in ("auto", "cpu", "cuda"), "learner.device", "must be 'auto', 'cpu' or 'cuda'")
+        _require(self.dtype in ("float32", "bfloat16"), "learner.dtype", "must be 'float32' or 'bfloat16'")
+        _require(self.torch_threads >= 1, "learner.torch_threads", "must be >= 1")
+        _require(self.max_tokens_per_microbatch >= 0, "learner.max_tokens_per_microbatch",
+                 "must be >= 0 (0 = no limit)")
+        _require(self.dist_timeout_s > 0, "learner.dist_timeout_s", "must be > 0")
         _require(self.checkpoint_every >= 0, "learner.checkpoint_every", "must be >= 0 (0 = never)")
         _require(self.keep_checkpoints >= 1, "learner.keep_checkpoints", "must be >= 1")
         _require(self.group_size >= 2, "learner.group_size", "GRPO needs at least 2 rollouts per group")

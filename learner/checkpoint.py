@@ -4,6 +4,7 @@ Owns the layout of ``<run>/checkpoints/``. One checkpoint is one folder ``step-<
 it was taken after) holding:
 
 - ``trainer.pt``: model + AdamW state + the trainer's step count (:meth:`learner.trainer.Trainer.save_checkpoint`);
+  with several ranks ``trainer.dcp`` instead, a torch.distributed.checkpoint folder of every rank's shards;
 - ``learner.pt``: ``torch.save`` of plain data (loaded with ``weights_only=True``, never unpickled code):
   the learner service's state (policy version, step, totals, drop counters, scheduler order and task
   statistics, admitted-trajectory count), the replay buffer (each stored trajectory as wire-codec frames), the
@@ -168,7 +169,7 @@ class Checkpointer:
         tmp = self.root / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
-            trainer.save_checkpoint(tmp / "trainer.pt")
+            trainer.save_checkpoint(tmp / trainer.checkpoint_name)
             torch.save(state, tmp / "learner.pt")
             summary = {**meta, "step": step, "trainer_steps": trainer.steps, "saved_at": time.time()}
             (tmp / "meta.json").write_text(json.dumps(summary, indent=1, default=_json_default))
@@ -203,7 +204,7 @@ class Checkpointer:
                 state = torch.load(folder / "learner.pt", map_location="cpu", weights_only=True)
                 if state.get("schema") != SCHEMA:
                     raise CheckpointError(f"schema {state.get('schema')!r}, expected {SCHEMA}")
-                trainer.load_checkpoint(folder / "trainer.pt")
+                trainer.load_checkpoint(folder / trainer.checkpoint_name)
                 return folder, state, meta
             except Exception as error:  # noqa: BLE001 - torch/pickle/json raise many types; listed below
                 errors.append(f"{folder.name}: {type(error).__name__}: {error}")

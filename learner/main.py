@@ -15,6 +15,9 @@ with the initial policy (rounded up to whole groups), evaluated and never traine
 the tasks with at least ``baseline_min_success`` successes. The result is written to ``<run>/baseline.json`` and
 a restarted learner reuses it; when no task qualifies the learner stops with an error that lists the results.
 
+Ranks: ``torchrun --nproc-per-node N -m learner.main --config run.toml`` trains with N ranks (FSDP2); rank 0
+runs everything above and drives the other ranks' trainers (learner.distributed, :func:`run_ranks`).
+
 Resume: when ``<run>/checkpoints`` holds a checkpoint, the learner continues from it (model, optimizer,
 replay buffer, scheduler statistics, counters, policy version, step), republishes its weights to every
 inference server under its version, and repairs metrics.jsonl to match it (learner.checkpoint).
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+import torch.distributed as dist
 import zmq.asyncio
 
 from actors.policy_client import PolicyClient
@@ -52,7 +56,8 @@ from learner.scheduler import GroupScheduler, LockstepAdmission
 from learner.service import LearnerService, WindowStats
 from learner.staleness import StalenessManager
 from learner.task_selection import BaselinePass, TaskSelector
-from learner.trainer import Trainer, TrainerConfig
+from learner.distributed import LeadTrainer, RankGroupError, follow, init_ranks, torchrun_world
+from learner.trainer import Trainer, TrainerConfig, TrainerConfigError, resolve_device
 
 log = logging.getLogger("arpo.learner")
 
@@ -77,7 +82,9 @@ def trainer_config(config: LearnerConfig) -> TrainerConfig:
     return TrainerConfig(lr=config.lr, weight_decay=config.weight_decay, grad_clip=config.grad_clip,
                          eps_low=config.eps_low, eps_high=config.eps_high, dual_clip=config.dual_clip,
                          torch_threads=config.torch_threads, correction=config.correction,
-                         decoupled_cap=config.decoupled_cap, tis_cap=config.tis_cap)
+                         decoupled_cap=config.decoupled_cap, tis_cap=config.tis_cap, device=config.device,
+                         dtype=config.dtype, gradient_checkpointing=config.gradient_checkpointing,
+                         max_tokens_per_microbatch=config.max_tokens_per_microbatch)
 
 
 def replay_buffer(config: LearnerConfig) -> ReplayBuffer:
@@ -87,14 +94,17 @@ def replay_buffer(config: LearnerConfig) -> ReplayBuffer:
                        alpha=config.replay_alpha, tau=config.replay_age_tau, beta=config.replay_length_beta)
 
 
-async def run_learner(config: RunConfig) -> None:
+async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None = None) -> None:
     """Build and connect the learner's components, resume from a checkpoint if there is one, train until
-    ``learner.steps`` steps in all, then stop the actors."""
+    ``learner.steps`` steps in all, then stop the actors.
+
+    ``trainer``: the trainer to drive (under torchrun, rank 0's :class:`LeadTrainer`); None = load one here."""
     lc = config.learner
     tasks = select_tasks(lc)
     lockstep = lc.schedule == "lockstep"
     learner_id = uuid.uuid4().hex[:12]
-    trainer = await asyncio.to_thread(Trainer, config.model_path, trainer_config(lc))
+    if trainer is None:
+        trainer = await asyncio.to_thread(Trainer, config.model_path, trainer_config(lc))
     replay = replay_buffer(lc)
     baseline_path = config.run_path / BASELINE_FILE
     baseline = plan_baseline(tasks, lc, baseline_path,
@@ -135,6 +145,9 @@ async def run_learner(config: RunConfig) -> None:
             pump_task = tg.create_task(pump.run())
             expire_task = tg.create_task(service.expire_loop())
             status_task = tg.create_task(write_status(service, config.run_path / "status.json"))
+            loops = [pump_task, expire_task, status_task]
+            if isinstance(trainer, LeadTrainer):
+                loops.append(tg.create_task(keep_ranks_alive(trainer)))
             if baseline is not None:
                 await service.run_baseline(baseline)
                 kept = save_baseline(baseline_path, baseline, lc)
@@ -144,14 +157,40 @@ async def run_learner(config: RunConfig) -> None:
             await (loop.run_lockstep() if lockstep else loop.run_async())
             await service.shutdown_actors("training finished")
             await pump.flush()
-            pump_task.cancel()
-            expire_task.cancel()
-            status_task.cancel()
+            for task in loops:
+                task.cancel()
     finally:
         if metrics is not None:
             metrics.close()
         await client.aclose()
         ctx.destroy(linger=0)
+
+
+async def keep_ranks_alive(lead: LeadTrainer) -> None:
+    """Ping the other ranks whenever the trainer idles for a third of ``learner.dist_timeout_s``."""
+    while True:
+        await asyncio.sleep(min(lead.keepalive_s, 60.0))
+        await asyncio.to_thread(lead.ping_if_idle)
+
+
+def run_ranks(config: RunConfig) -> int:
+    """Under torchrun (WORLD_SIZE > 1): join the process group, load and shard the policy on every rank, then
+    rank 0 runs the learner (driving the others through :class:`LeadTrainer`) and the others follow it.
+    Returns this rank's exit code (learner.distributed describes what happens when a rank dies)."""
+    lc = config.learner
+    group = init_ranks(resolve_device(lc.device), lc.dist_timeout_s)
+    log.info("rank %d of %d on %s", group.rank, group.world, group.device)
+    try:
+        trainer = Trainer(config.model_path, trainer_config(lc), group)
+        if not group.lead:
+            return follow(trainer, group)
+        lead = LeadTrainer(trainer, group, lc.dist_timeout_s)
+        code = run_until_signal(run_learner(config, lead), "arpo-learner")
+        lead.stop()
+        return code
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 BASELINE_FILE = "baseline.json"
@@ -442,6 +481,17 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         log.error("%s", e)
         return 2
+    try:
+        resolve_device(config.learner.device)
+    except TrainerConfigError as e:
+        log.error("%s", e)
+        return 2
+    if torchrun_world() > 1:
+        try:
+            return run_ranks(config)
+        except RankGroupError as e:
+            log.error("%s", e)
+            return 1
     return run_until_signal(run_learner(config), "arpo-learner")
 
 

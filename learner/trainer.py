@@ -23,7 +23,9 @@ weight folders are written to a temporary sibling and renamed into place, so a r
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import math
 import os
 import shutil
@@ -35,9 +37,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from arpo_async.model.inputs import load_policy, token_logprobs
+from arpo_async.model.inputs import load_policy
+from learner.distributed import RankGroup, decoder_layers, shard_policy
 from learner.grpo import CORRECTION_MODES, corrected_token_loss
+from learner.microbatch import MicroBatchBudgetError, step_plan
+from learner.policy_forward import CompletionLogprobs, PixelCache, check_pad_id, collate
 
 __all__ = ["TrainSample", "Trainer", "TrainerConfig", "TrainerConfigError", "TrainerError", "TrainerInputError"]
 
@@ -103,9 +109,14 @@ class TrainSample:
         return len(self.output_ids) if self.loss_mask is None else sum(map(bool, self.loss_mask))
 
 
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
 @dataclass(frozen=True)
 class TrainerConfig:
-    """Optimizer and loss settings of the trainer (defaults: ARPO's reference run, REFERENCE.md section 1)."""
+    """Optimizer, loss and hardware settings of the trainer (defaults: ARPO's reference run, REFERENCE.md
+    section 1, on one CPU process)."""
 
     lr: float = 1e-6
     """AdamW learning rate, constant (ARPO: 1e-6 for a 7B model; a tiny random model needs far more)."""
@@ -116,14 +127,24 @@ class TrainerConfig:
     eps_low: float = 0.2
     """PPO clip range below 1: ratio floor 1 - eps_low (ARPO: 0.2)."""
     eps_high: float = 0.3
-    """PPO clip-higher range above 1: ratio ceiling 1 + eps_high (ARPO: 0.3; DAPO: 0.28)."""
+    """PPO clip-higher upper bound (ARPO: 0.3; DAPO: 0.28)."""
     dual_clip: float = 3.0
     """Dual-clip constant c > 1: a token with A < 0 loses at most -c*A (ARPO: 3.0)."""
-    micro_batch: int = 1
-    """Samples forwarded before each backward pass. Gradients accumulate, so the step is the same for any value;
-    larger holds more activation graphs in memory at once (1 = least memory)."""
+    max_tokens_per_microbatch: int = 16384
+    """Padded tokens (rows x longest prompt + completion) forwarded at once; a step's samples are packed
+    longest first into micro-batches under it and their gradients accumulated, so the step does not depend on
+    it (0 = each rank's share in one pass). Bounds activation memory."""
     torch_threads: int = 1
     """torch intra-op threads for this process (torch.set_num_threads); leave cores for the desktops."""
+    device: str = "cpu"
+    """"cpu", "cuda" or "auto" (cuda when available)."""
+    dtype: str = "float32"
+    """"float32" or "bfloat16" (bf16 compute; fp32 master weights, optimizer state and log-softmax)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (less memory,
+    about a third more compute)."""
+    logprob_chunk_tokens: int = 1024
+    """Completion tokens projected to the vocabulary at once (fp32 logits of chunk x vocab; learner.policy_forward)."""
     correction: str = "decoupled"
     """Off-policy correction: "arpo" (none; ratio against the recomputed pre-update policy), "decoupled" (AReaL),
     "tis" (slime truncated IS) or "behaviour" (plain PPO ratio against the sampler's log-probs)."""
@@ -145,8 +166,11 @@ class TrainerConfig:
             ("eps_low", 0 <= self.eps_low < 1, "must be in [0, 1)"),
             ("eps_high", self.eps_high >= 0, "must be >= 0"),
             ("dual_clip", self.dual_clip > 1, "must be > 1"),
-            ("micro_batch", self.micro_batch >= 1, "must be >= 1"),
+            ("max_tokens_per_microbatch", self.max_tokens_per_microbatch >= 0, "must be >= 0 (0 = no limit)"),
             ("torch_threads", self.torch_threads >= 1, "must be >= 1"),
+            ("device", self.device in DEVICES, f"must be one of {DEVICES}"),
+            ("dtype", self.dtype in DTYPES, f"must be one of {tuple(DTYPES)}"),
+            ("logprob_chunk_tokens", self.logprob_chunk_tokens >= 1, "must be >= 1"),
             ("correction", self.correction in CORRECTION_MODES, f"must be one of {CORRECTION_MODES}"),
             ("decoupled_cap", self.decoupled_cap > 1 and math.isfinite(self.decoupled_cap),
              "must be a finite number > 1"),
@@ -155,6 +179,32 @@ class TrainerConfig:
         for name, ok, rule in checks:
             if not ok:
                 raise TrainerConfigError(f"TrainerConfig.{name} = {getattr(self, name)!r}: {rule}")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``TrainerConfig.device`` -> a torch device ("auto": cuda when available, else cpu).
+
+    Raises:
+        TrainerConfigError: "cuda" on a machine where torch sees no CUDA device (names learner.device).
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise TrainerConfigError("learner.device = \"cuda\" but torch sees no CUDA device on this machine "
+                                 f"(torch {torch.__version__}); use \"cpu\" or \"auto\"")
+    return torch.device(name)
+
+
+def tied_names(model: torch.nn.Module) -> set[str]:
+    """Names of parameters that are another parameter under a second name (e.g. ``lm_head.weight`` when the
+    embeddings are tied); save_pretrained leaves them out, and so does a gathered full state dict."""
+    seen: set[int] = set()
+    tied = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            tied.add(name)
+        seen.add(id(param))
+    return tied
 
 
 def _check_samples(samples: Sequence[TrainSample], proximal: Sequence[Sequence[float]] | None) -> None:
@@ -184,6 +234,10 @@ def _check_samples(samples: Sequence[TrainSample], proximal: Sequence[Sequence[f
             raise TrainerInputError(f"sample {i}: proximal log-probs must be finite")
 
 
+_SUMMED_STATS = ("clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl", "is_weight_mean", "is_capped_frac",
+                 "behaviour_kl")
+
+
 class Trainer:
     """Policy + AdamW; :meth:`train_step` takes one optimizer step on a batch of TrainSamples.
 
@@ -191,42 +245,170 @@ class Trainer:
         model_dir: a Hugging Face checkpoint folder (Qwen2-VL / Qwen2.5-VL layout: weights, config, tokenizer,
             chat template, image processor), e.g. from ``create_tiny_model``. Its processor files are copied into
             every folder :meth:`save_weights` writes.
-        config: optimizer and loss settings.
+        config: optimizer, loss and hardware settings.
+        group: this process's rank in a sharded run (learner.distributed); None = one rank. With several ranks
+            the policy is sharded with FSDP2, every rank must make the same calls with the same samples (rank 0
+            drives the others through ``learner.distributed.LeadTrainer``), and each computes its share.
 
-    Sets ``torch.set_num_threads(config.torch_threads)`` for the whole process.
+    Sets ``torch.set_num_threads(config.torch_threads)`` for the whole process. The weights stay float32 (the
+    master copy the optimizer updates); ``dtype = "bfloat16"`` computes in bf16 (autocast on one rank,
+    FSDP2's mixed precision on several).
+
+    Raises:
+        TrainerConfigError: ``device = "cuda"`` without CUDA.
+        arpo_async.model.inputs.ModelInputError: the folder cannot be loaded.
     """
 
-    def __init__(self, model_dir: Path, config: TrainerConfig) -> None:
+    def __init__(self, model_dir: Path, config: TrainerConfig, group: RankGroup | None = None) -> None:
         self.model_dir = Path(model_dir)
         self.config = config
+        self.group = group or RankGroup(device=resolve_device(config.device))
+        self.device = self.group.device
         torch.set_num_threads(config.torch_threads)
         self.model, self.image_processor = load_policy(self.model_dir)
+        self.model.to(self.device)
         self.model.eval()  # no dropout: log-probs must be comparable with the sampler's
+        if config.gradient_checkpointing:
+            if hasattr(self.model, "activation_checkpointing_enable"):  # transformers >= 5.x
+                self.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            for layer in decoder_layers(self.model):  # transformers checkpoints only modules in train mode
+                layer.train()  # Qwen2.5-VL decoder layers have no dropout (attention_dropout 0), so this is exact
+        self._tied = tied_names(self.model)
+        self.module = CompletionLogprobs(self.model, config.logprob_chunk_tokens)
+        self.bf16 = config.dtype == "bfloat16"
+        if self.group.sharded:
+            shard_policy(self.module, self.model, bf16=self.bf16)
+        self.pad_id = check_pad_id(self.model)
+        self.pixels = PixelCache(self.image_processor)
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad], lr=config.lr, weight_decay=config.weight_decay
+            [p for p in self.module.parameters() if p.requires_grad], lr=config.lr, weight_decay=config.weight_decay
         )
         self.steps = 0
         """Optimizer steps taken (restored by load_checkpoint)."""
 
     # ------------------------------------------------------------------ log-probs
 
-    def _logprobs(self, sample: TrainSample) -> torch.Tensor:
-        """log pi_theta of the sample's output tokens under the current weights, shape (T,), float32."""
-        out = token_logprobs(self.model, self.image_processor, sample.prompt_ids, sample.images, sample.output_ids)
-        return out.float()
+    def _autocast(self):
+        if self.bf16 and not self.group.sharded:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _forward(self, samples: Sequence[TrainSample]) -> list[torch.Tensor]:
+        """fp32 log-probs of each sample's output tokens under the current weights, one [T_i] tensor each."""
+        batch = collate(self.model, samples, self.pixels, self.pad_id).to(self.device)
+        with self._autocast():
+            flat = self.module(batch)
+        return list(flat.split(batch.counts))
+
+    def _plan(self, samples: Sequence[TrainSample]) -> tuple[list[list[int]], int]:
+        """This rank's micro-batches (index lists) and the passes every rank runs (learner.microbatch)."""
+        lengths = [len(s.prompt_ids) + len(s.output_ids) for s in samples]
+        try:
+            plans, passes = step_plan(lengths, self.group.world, self.config.max_tokens_per_microbatch)
+        except MicroBatchBudgetError as error:
+            raise TrainerInputError(str(error)) from error
+        return plans[self.group.rank], passes
+
+    @staticmethod
+    def _pass(mine: list[list[int]], k: int) -> tuple[list[int], bool]:
+        """Pass k of this rank: (its samples, whether it counts). A rank with fewer micro-batches than the
+        others repeats its last one (or sample 0 when it has none) with weight 0, to join the collectives."""
+        if k < len(mine):
+            return mine[k], True
+        return (mine[-1] if mine else [0]), False
 
     @torch.no_grad()
     def compute_logprobs(self, samples: Sequence[TrainSample]) -> list[list[float]]:
         """Log-probs of each sample's output tokens under the current weights, without gradient.
 
         Use: proximal log-probs for decoupled PPO (computed before the update), or checks against the sampler.
+        With several ranks each computes its share and the results are exchanged (all ranks get all).
 
         Returns:
             One list of T_i floats (nats) per sample.
+        Raises:
+            TrainerInputError: a sample longer than ``max_tokens_per_microbatch``.
         """
-        return [self._logprobs(sample).tolist() for sample in samples]
+        mine, passes = self._plan(samples)
+        found: dict[int, list[float]] = {}
+        for k in range(passes):
+            idx, real = self._pass(mine, k)
+            values = self._forward([samples[i] for i in idx])
+            if real:
+                found.update((i, v.tolist()) for i, v in zip(idx, values))
+        if self.group.sharded:
+            gathered: list[dict[int, list[float]] | None] = [None] * self.group.world
+            dist.all_gather_object(gathered, found)
+            for part in gathered:
+                found.update(part or {})
+        return [found[i] for i in range(len(samples))]
 
     # ------------------------------------------------------------------ training
+
+    def _sample_loss(self, sample: TrainSample, logprobs: torch.Tensor, proximal: Sequence[float] | None):
+        """(loss_sum, stats) of one sample's kept tokens (learner.grpo.corrected_token_loss)."""
+        if proximal is None:
+            prox = logprobs.detach()
+        else:
+            prox = torch.tensor(proximal, dtype=logprobs.dtype, device=logprobs.device)
+        behaviour = torch.tensor(sample.behaviour_logprobs, dtype=logprobs.dtype, device=logprobs.device)
+        if sample.loss_mask is not None:
+            keep = torch.tensor(sample.loss_mask, dtype=torch.bool, device=logprobs.device)
+            logprobs, prox, behaviour = logprobs[keep], prox[keep], behaviour[keep]
+        return corrected_token_loss(
+            logprobs, prox, behaviour, torch.full_like(behaviour, float(sample.advantage)),
+            mode=self.config.correction, eps_low=self.config.eps_low, eps_high=self.config.eps_high,
+            dual_clip=self.config.dual_clip, cap=self.config.correction_cap,
+        )
+
+    def compute_gradients(
+        self, samples: Sequence[TrainSample], *, proximal_logprobs: Sequence[Sequence[float]] | None = None
+    ) -> tuple[dict[str, float], float, int]:
+        """The gradient of :meth:`train_step`'s loss, accumulated into the parameters' ``.grad`` (no step).
+
+        Zeroes the gradients, then runs this rank's micro-batches (forward, loss / the step's token count,
+        backward). Arguments and errors as :meth:`train_step`.
+
+        Returns:
+            ``(sums, weight_max, passes)``: the loss and the token-weighted stats summed over all ranks'
+            samples, the largest importance weight, and the forward/backward passes each rank ran.
+        """
+        _check_samples(samples, proximal_logprobs)
+        mine, passes = self._plan(samples)
+        loss_tokens = sum(s.loss_tokens for s in samples)
+        total_tokens = max(1, loss_tokens)
+        self.optimizer.zero_grad(set_to_none=True)
+
+        # loss, the token-weighted stats, replayed tokens and their weight: summed over this rank's samples
+        sums = dict.fromkeys(("loss", *_SUMMED_STATS, "replayed_tokens", "replayed_weight"), 0.0)
+        weight_max = 0.0
+        for k in range(passes):
+            idx, real = self._pass(mine, k)
+            if self.group.sharded:  # reduce-scatter the gradients once, after the last pass
+                self.module.set_requires_gradient_sync(k == passes - 1)
+            logprobs = self._forward([samples[i] for i in idx])
+            pending = None
+            for i, lp in zip(idx, logprobs):
+                loss_sum, stats = self._sample_loss(samples[i], lp, None if proximal_logprobs is None
+                                                    else proximal_logprobs[i])
+                pending = loss_sum if pending is None else pending + loss_sum
+                if not real:
+                    continue
+                sums["loss"] += float(loss_sum.detach()) / total_tokens
+                for key in _SUMMED_STATS:
+                    sums[key] += stats[key] * stats["tokens"]
+                weight_max = max(weight_max, stats["is_weight_max"])
+                if samples[i].replayed:
+                    sums["replayed_tokens"] += stats["tokens"]
+                    sums["replayed_weight"] += stats["is_weight_mean"] * stats["tokens"]
+            # FSDP2 averages gradients over ranks: x world makes it the sum (learner.distributed.shard_policy)
+            (pending * (self.group.world / total_tokens if real else 0.0)).backward()
+
+        if self.group.sharded:
+            sums, weight_max = self._reduce_stats(sums, weight_max)
+        return sums, weight_max, passes
 
     def train_step(
         self, samples: Sequence[TrainSample], *, proximal_logprobs: Sequence[Sequence[float]] | None = None
@@ -238,78 +420,36 @@ class Trainer:
         ``loss_mask``, only its True tokens enter the sum and T_i counts only them. ``prox_i`` is
         ``proximal_logprobs[i]`` if given (pass them when one batch is split over several steps, see
         :meth:`train_batch`), else the detached log-probs of this step's own forward pass, which are the
-        pre-update policy's. ``behav_i`` is the sample's ``behaviour_logprobs``. Gradients of ``micro_batch``
-        samples are accumulated per backward pass; the result does not depend on ``micro_batch``.
+        pre-update policy's. ``behav_i`` is the sample's ``behaviour_logprobs``.
+
+        Micro-batches and ranks: the samples are split over ranks by token count and each rank's share packed
+        into micro-batches under ``max_tokens_per_microbatch`` (learner.microbatch); each micro-batch's loss is
+        its samples' ``loss_sum`` divided by the token count of the *whole step* (all ranks), gradients are
+        accumulated and summed over ranks, so the step equals the one-pass, one-rank step for any budget and
+        world size (up to float rounding).
 
         Args:
-            samples: the batch, at least one sample, each with T_i >= 1 output tokens.
+            samples: the batch, at least one sample, each with T_i >= 1 output tokens (every rank: the same).
             proximal_logprobs: optional per-sample pre-update log-probs (same lengths as ``output_ids``).
 
         Returns:
             ``{"loss", "grad_norm" (before clipping), "clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl",
             "is_weight_mean", "is_capped_frac", "behaviour_kl" (token-weighted over the batch), "is_weight_max",
             "replayed_tokens", "replayed_is_weight_mean" (token-weighted over replayed samples; 0 when none),
-            "tokens", "samples", "seconds", "skipped" (1.0 when the gradient was not finite and no step was
-            taken, else 0.0)}``.
+            "tokens", "samples", "microbatches" (forward/backward passes per rank), "seconds", "skipped" (1.0
+            when the gradient was not finite and no step was taken, else 0.0)}``.
 
         Raises:
-            TrainerInputError: an empty batch, an empty sample, mismatched lengths, or non-finite numbers.
+            TrainerInputError: an empty batch, an empty sample, mismatched lengths, non-finite numbers, or a
+                sample longer than ``max_tokens_per_microbatch`` (names the key).
             arpo_async.model.inputs.ModelInputError: a sample's image pad tokens do not match its images, or an
                 image cannot be decoded.
         """
-        _check_samples(samples, proximal_logprobs)
         start = time.perf_counter()
+        sums, weight_max, passes = self.compute_gradients(samples, proximal_logprobs=proximal_logprobs)
         loss_tokens = sum(s.loss_tokens for s in samples)
         total_tokens = max(1, loss_tokens)
-        self.model.eval()
-        self.optimizer.zero_grad(set_to_none=True)
-
-        loss_total = 0.0
-        weighted = dict.fromkeys(
-            ("clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl", "is_weight_mean", "is_capped_frac",
-             "behaviour_kl"), 0.0)
-        weight_max = 0.0
-        replayed_tokens = 0.0
-        replayed_weight = 0.0
-        pending: torch.Tensor | None = None
-        for i, sample in enumerate(samples):
-            logprobs = self._logprobs(sample)
-            if proximal_logprobs is None:
-                proximal = logprobs.detach()
-            else:
-                proximal = torch.tensor(proximal_logprobs[i], dtype=logprobs.dtype)
-            behaviour = torch.tensor(sample.behaviour_logprobs, dtype=logprobs.dtype)
-            if sample.loss_mask is not None:
-                keep = torch.tensor(sample.loss_mask, dtype=torch.bool)
-                logprobs, proximal, behaviour = logprobs[keep], proximal[keep], behaviour[keep]
-            advantages = torch.full_like(behaviour, float(sample.advantage))
-            loss_sum, stats = corrected_token_loss(
-                logprobs,
-                proximal,
-                behaviour,
-                advantages,
-                mode=self.config.correction,
-                eps_low=self.config.eps_low,
-                eps_high=self.config.eps_high,
-                dual_clip=self.config.dual_clip,
-                cap=self.config.correction_cap,
-            )
-            scaled = loss_sum / total_tokens
-            pending = scaled if pending is None else pending + scaled
-            loss_total += float(scaled.detach())
-            for key in weighted:
-                weighted[key] += stats[key] * stats["tokens"]
-            weight_max = max(weight_max, stats["is_weight_max"])
-            if sample.replayed:
-                replayed_tokens += stats["tokens"]
-                replayed_weight += stats["is_weight_mean"] * stats["tokens"]
-            if (i + 1) % self.config.micro_batch == 0 or i + 1 == len(samples):
-                pending.backward()
-                pending = None
-
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        grad_norm = self._clip_gradients()
         skipped = not math.isfinite(grad_norm)
         if skipped:
             self.optimizer.zero_grad(set_to_none=True)
@@ -318,18 +458,38 @@ class Trainer:
             self.steps += 1
         self.optimizer.zero_grad(set_to_none=True)
 
-        result = {"loss": loss_total, "grad_norm": grad_norm}
-        result.update({key: value / total_tokens for key, value in weighted.items()})
+        result = {"loss": sums["loss"], "grad_norm": grad_norm}
+        result.update({key: sums[key] / total_tokens for key in _SUMMED_STATS})
         result.update(
             is_weight_max=weight_max,
-            replayed_tokens=replayed_tokens,
-            replayed_is_weight_mean=replayed_weight / replayed_tokens if replayed_tokens else 0.0,
+            replayed_tokens=sums["replayed_tokens"],
+            replayed_is_weight_mean=(sums["replayed_weight"] / sums["replayed_tokens"]
+                                     if sums["replayed_tokens"] else 0.0),
             tokens=float(loss_tokens),
             samples=float(len(samples)),
+            microbatches=float(passes),
             seconds=time.perf_counter() - start,
             skipped=1.0 if skipped else 0.0,
         )
         return result
+
+    def _reduce_stats(self, sums: dict[str, float], weight_max: float) -> tuple[dict[str, float], float]:
+        """Sum the per-rank stats over ranks (max for ``weight_max``)."""
+        keys = list(sums)
+        summed = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=self.device)
+        dist.all_reduce(summed)
+        peak = torch.tensor([weight_max], dtype=torch.float64, device=self.device)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        return dict(zip(keys, summed.tolist())), float(peak)
+
+    def _clip_gradients(self) -> float:
+        """Clip the global gradient norm to ``grad_clip`` (0: no clip); returns the norm before clipping."""
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2: the norm over every rank's shard
+            norm = norm.full_tensor()
+        return float(norm)
 
     def train_batch(self, samples: Sequence[TrainSample], *, minibatches: int = 1) -> dict[str, float]:
         """Train on one batch with ``minibatches`` optimizer steps, clipping every step against the same pi_prox.
@@ -361,8 +521,7 @@ class Trainer:
         tokens = sum(p["tokens"] for p in parts)
         replayed = sum(p["replayed_tokens"] for p in parts)
         result = {key: sum(p[key] * p["tokens"] for p in parts) / max(tokens, 1.0)
-                  for key in ("loss", "clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl", "is_weight_mean",
-                              "is_capped_frac", "behaviour_kl")}
+                  for key in ("loss", *_SUMMED_STATS)}
         result.update(
             grad_norm=max(p["grad_norm"] for p in parts),
             is_weight_max=max(p["is_weight_max"] for p in parts),
@@ -371,6 +530,7 @@ class Trainer:
                                      / replayed if replayed else 0.0),
             tokens=tokens,
             samples=float(len(samples)),
+            microbatches=sum(p["microbatches"] for p in parts),
             seconds=time.perf_counter() - start,
             skipped=sum(p["skipped"] for p in parts),
             optimizer_steps=float(minibatches),
@@ -394,16 +554,22 @@ class Trainer:
         Returns:
             ``out_dir`` as a Path.
 
+        With several ranks every rank must call it (the full tensors are gathered from the shards); rank 0
+        writes the folder, the others only take part in the gather.
+
         Raises:
             TrainerError: ``out_dir`` exists and ``overwrite`` is False.
         """
         out_dir = Path(out_dir)
+        full = self.full_state_dict() if self.group.sharded else None
+        if not self.group.lead:
+            return out_dir
         if out_dir.exists() and not overwrite:
             raise TrainerError(f"weights folder {out_dir} already exists (pass overwrite=True to replace it)")
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
         try:
-            self.model.save_pretrained(tmp, safe_serialization=True)
+            self.model.save_pretrained(tmp, safe_serialization=True, state_dict=full)
             for name in _PROCESSOR_FILES:
                 source = self.model_dir / name
                 if source.is_file():
@@ -420,10 +586,32 @@ class Trainer:
                 shutil.rmtree(tmp, ignore_errors=True)
         return out_dir
 
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's whole weights on the CPU, keyed as transformers names them (``model.language_model...``).
+
+        With several ranks this is a collective (every rank must call it): rank 0 receives the full tensors,
+        the other ranks an empty dict (torch.distributed.checkpoint.state_dict, ``full_state_dict=True``).
+        """
+        if not self.group.sharded:
+            return {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        prefix = "policy."
+        named = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in full.items()}
+        return {k: v for k, v in named.items() if k not in self._tied}
+
     # ------------------------------------------------------------------ checkpoints (model + optimizer)
 
+    @property
+    def checkpoint_name(self) -> str:
+        """The name of this trainer's part of a checkpoint folder: ``trainer.pt`` (one rank, one file) or
+        ``trainer.dcp`` (several ranks: a torch.distributed.checkpoint folder of shards)."""
+        return "trainer.dcp" if self.group.sharded else "trainer.pt"
+
     def state_dict(self) -> dict[str, Any]:
-        """Model and optimizer state plus the step count and config (tensors and plain python values only)."""
+        """Model and optimizer state plus the step count and config (tensors and plain python values only).
+        One rank only (a sharded trainer saves with :meth:`save_checkpoint`)."""
         return {
             "schema": _CHECKPOINT_SCHEMA,
             "steps": self.steps,
@@ -451,8 +639,15 @@ class Trainer:
             raise TrainerError(f"checkpoint does not fit this model: {type(error).__name__}: {error}") from error
 
     def save_checkpoint(self, path: Path) -> Path:
-        """``torch.save`` :meth:`state_dict` to ``path`` (written to a temporary file, then renamed)."""
+        """``torch.save`` :meth:`state_dict` to ``path`` (written to a temporary file, then renamed).
+
+        With several ranks (every rank calls it with the same ``path``, a folder on storage they share): each
+        rank writes its shards of the model and the AdamW state with torch.distributed.checkpoint, and rank 0
+        adds ``trainer.json`` (schema, step count, world size). A sharded checkpoint resumes on any number of
+        ranks > 1 (DCP reshards on load)."""
         path = Path(path)
+        if self.group.sharded:
+            return self._save_sharded(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
         try:
@@ -470,6 +665,46 @@ class Trainer:
             FileNotFoundError: ``path`` does not exist.
             TrainerError: the checkpoint does not fit this model.
         """
-        state = torch.load(Path(path), map_location="cpu", weights_only=True)
+        path = Path(path)
+        if self.group.sharded:
+            return self._load_sharded(path)
+        sharded = path.with_name("trainer.dcp")
+        if path.is_dir() or (not path.exists() and sharded.is_dir()):
+            raise TrainerError(f"{path.parent} holds a sharded checkpoint (written by several ranks); resume it under "
+                               "torchrun with more than one rank")
+        state = torch.load(path, map_location="cpu", weights_only=True)
         self.load_state_dict(state)
+
+    def _sharded_state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        return {"model": get_model_state_dict(self.module),
+                "optimizer": get_optimizer_state_dict(self.module, self.optimizer)}
+
+    def _save_sharded(self, path: Path) -> Path:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._sharded_state(), checkpoint_id=str(path))
+        if self.group.lead:
+            info = {"schema": _CHECKPOINT_SCHEMA, "steps": self.steps, "world": self.group.world,
+                    "config": asdict(self.config)}
+            (path / "trainer.json").write_text(json.dumps(info, indent=1))
+        dist.barrier()
+        return path
+
+    def _load_sharded(self, path: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+        if not (path / "trainer.json").is_file():
+            raise TrainerError(f"{path} is not a sharded trainer checkpoint (no trainer.json); a checkpoint "
+                               "written by one rank (trainer.pt) resumes only on one rank")
+        info = json.loads((path / "trainer.json").read_text())
+        if info.get("schema") != _CHECKPOINT_SCHEMA:
+            raise TrainerError(f"unsupported trainer checkpoint schema {info.get('schema')!r}")
+        state = self._sharded_state()
+        dcp.load(state, checkpoint_id=str(path))
+        set_model_state_dict(self.module, state["model"])
+        set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"])
+        self.steps = int(info["steps"])
 

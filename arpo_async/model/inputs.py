@@ -371,7 +371,7 @@ def completion_logits(model, image_processor, input_ids: list[int], images: list
         raise ModelInputError("completion_ids is empty")
     pixels = pixel_inputs(image_processor, images)
     ids = torch.tensor([list(input_ids) + list(completion_ids)], dtype=torch.long)
-    _check_image_pads(model, ids, pixels)
+    check_image_pads(model, ids, pixels)
     kw = forward_kwargs(model, ids, None, pixels)
     kw.pop("_next_position")
     logits = model(**kw, use_cache=False).logits[0]
@@ -401,7 +401,9 @@ def token_logprobs(model, image_processor, input_ids: list[int], images: list, c
     return logp.gather(-1, target).squeeze(-1)
 
 
-def _check_image_pads(model, ids, pixels: dict) -> None:
+def check_image_pads(model, ids, pixels: dict) -> None:
+    """Raise ModelInputError unless ``ids`` ([B, L]) hold exactly as many image pad tokens as the vision tower
+    makes embeddings for ``pixels["image_grid_thw"]`` (h * w / merge^2 per image; 0 without images)."""
     n_pads = int((ids == model.config.image_token_id).sum())
     grid = pixels.get("image_grid_thw")
     merge = model.config.vision_config.spatial_merge_size

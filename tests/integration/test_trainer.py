@@ -120,17 +120,70 @@ def test_clip_stops_the_update_when_every_ratio_is_past_the_trust_region(model_d
         torch.testing.assert_close(after[k], before[k] * (1 - 1e-3 * 0.01), rtol=1e-6, atol=1e-8)
 
 
-def test_micro_batch_does_not_change_the_step(model_dir, samples):
-    results = []
-    for micro_batch in (1, 3):
-        trainer = Trainer(model_dir, TrainerConfig(lr=1e-3, micro_batch=micro_batch))
-        stats = trainer.train_step(samples)
-        results.append((stats, _params(trainer)))
-    (stats_a, params_a), (stats_b, params_b) = results
-    assert stats_a["loss"] == pytest.approx(stats_b["loss"], rel=1e-5)
-    assert stats_a["grad_norm"] == pytest.approx(stats_b["grad_norm"], rel=1e-4)
-    for k in params_a:
-        torch.testing.assert_close(params_a[k], params_b[k], rtol=1e-4, atol=1e-6)
+def _gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in trainer.module.named_parameters() if p.grad is not None}
+
+
+def test_token_budget_micro_batches_give_the_full_batch_gradient(model_dir, samples):
+    """Item: the step's gradient does not depend on how its samples are packed (token-level mean over the whole
+    step, not a mean of micro-batch means): budgets from one pass down to one sample per micro-batch."""
+    batch = samples + [samples[0]]  # 4 samples of 3 different lengths
+    longest = max(len(s.prompt_ids) + len(s.output_ids) for s in batch)
+    results = {}
+    for budget in (0, 4 * longest, 2 * longest, longest):
+        trainer = Trainer(model_dir, TrainerConfig(lr=1e-3, max_tokens_per_microbatch=budget))
+        sums, _, passes = trainer.compute_gradients(batch)
+        results[budget] = (sums["loss"], passes, _gradients(trainer))
+    assert results[0][1] == 1 and results[longest][1] == len(batch)  # one pass, then one sample per pass
+    loss_ref, _, grads_ref = results[0]
+    assert grads_ref and all(g.abs().sum() > 0 for g in grads_ref.values() if g.numel() > 100)
+    for budget, (loss, _, grads) in results.items():
+        assert loss == pytest.approx(loss_ref, rel=1e-5), budget
+        assert grads.keys() == grads_ref.keys()
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, grads_ref[name], rtol=1e-5, atol=1e-7, msg=f"{name} at {budget}")
+
+
+def test_batched_log_probs_equal_the_unpadded_forward(model_dir, samples):
+    """The padded micro-batch forward scores each sample as the plain one-sample forward does."""
+    trainer = Trainer(model_dir, TrainerConfig(max_tokens_per_microbatch=0))
+    batched = trainer.compute_logprobs(samples)
+    model, image_processor = load_policy(model_dir)
+    for sample, values in zip(samples, batched):
+        with torch.no_grad():
+            alone = token_logprobs(model, image_processor, sample.prompt_ids, sample.images, sample.output_ids)
+        torch.testing.assert_close(torch.tensor(values), alone, rtol=1e-5, atol=1e-5)
+
+
+def test_a_sample_longer_than_the_budget_is_a_clear_error(model_dir, samples):
+    longest = max(len(s.prompt_ids) + len(s.output_ids) for s in samples)
+    trainer = Trainer(model_dir, TrainerConfig(max_tokens_per_microbatch=longest - 1))
+    with pytest.raises(TrainerInputError, match="learner.max_tokens_per_microbatch"):
+        trainer.train_step(samples)
+
+
+def test_cuda_without_cuda_names_the_key(model_dir):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(TrainerConfigError, match="learner.device"):
+        Trainer(model_dir, TrainerConfig(device="cuda"))
+
+
+def test_bf16_and_gradient_checkpointing_train_close_to_fp32(model_dir, samples):
+    """bf16 compute (fp32 master weights and log-softmax) and recomputed activations give the fp32 step's
+    gradient direction; gradient checkpointing alone gives the same gradient."""
+    ref = Trainer(model_dir, TrainerConfig(lr=1e-3))
+    ref.compute_gradients(samples)
+    checkpointed = Trainer(model_dir, TrainerConfig(lr=1e-3, gradient_checkpointing=True))
+    checkpointed.compute_gradients(samples)
+    bf16 = Trainer(model_dir, TrainerConfig(lr=1e-3, dtype="bfloat16"))
+    bf16.compute_gradients(samples)
+    assert all(p.dtype == torch.float32 for p in bf16.module.parameters())
+    flat = lambda t: torch.cat([g.flatten() for g in _gradients(t).values()])  # noqa: E731
+    torch.testing.assert_close(flat(checkpointed), flat(ref), rtol=1e-5, atol=1e-7)
+    cosine = torch.nn.functional.cosine_similarity(flat(bf16), flat(ref), dim=0)
+    assert cosine > 0.99
+    assert not torch.equal(flat(bf16), flat(ref))  # it did compute in bf16
 
 
 def test_saved_weights_load_and_match_the_trainer(model_dir, samples, tmp_path):
@@ -224,7 +277,7 @@ def test_bad_batches_are_rejected(model_dir, samples):
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"lr": 0.0}, {"eps_low": 1.0}, {"dual_clip": 1.0}, {"micro_batch": 0}, {"torch_threads": 0},
+    "kwargs", [{"lr": 0.0}, {"eps_low": 1.0}, {"dual_clip": 1.0}, {"max_tokens_per_microbatch": -1}, {"device": "tpu"}, {"dtype": "float16"}, {"torch_threads": 0},
                {"correction": "none"}, {"decoupled_cap": 1.0}, {"tis_cap": 0.0}]
 )
 def test_bad_config_is_rejected(kwargs):
@@ -334,12 +387,20 @@ def test_loss_mask_leaves_masked_tokens_out_of_loss_and_token_count(model_dir, s
     for k in params_none:
         torch.testing.assert_close(params_all[k], params_none[k])
     # a sample whose tokens are all masked adds nothing: the step equals the step without it
-    stats_rest, params_rest = step(samples[1:])
-    stats_drop, params_drop = step([_with_mask(samples[0], [False] * len(samples[0].output_ids)), *samples[1:]])
+    # (compared by gradient: Adam's first step turns rounding noise in a near-zero gradient into a full lr step)
+    def gradient(batch):
+        trainer = Trainer(model_dir, TrainerConfig(lr=1e-3))
+        sums, _, _ = trainer.compute_gradients(batch)
+        return sums["loss"], _gradients(trainer)
+
+    stats_rest, _ = step(samples[1:])
+    stats_drop, _ = step([_with_mask(samples[0], [False] * len(samples[0].output_ids)), *samples[1:]])
     assert stats_drop["tokens"] == stats_rest["tokens"] == sum(len(s.output_ids) for s in samples[1:])
-    assert stats_drop["loss"] == pytest.approx(stats_rest["loss"], rel=1e-5)
-    for k in params_rest:
-        torch.testing.assert_close(params_drop[k], params_rest[k], rtol=1e-4, atol=1e-6)
+    loss_rest, grads_rest = gradient(samples[1:])
+    loss_drop, grads_drop = gradient([_with_mask(samples[0], [False] * len(samples[0].output_ids)), *samples[1:]])
+    assert loss_drop == pytest.approx(loss_rest, rel=1e-5)
+    for k in grads_rest:
+        torch.testing.assert_close(grads_drop[k], grads_rest[k], rtol=1e-5, atol=1e-6)
     # a partly masked sample counts only its kept tokens
     half = [i % 2 == 0 for i in range(len(samples[0].output_ids))]
     stats_half, _ = step([_with_mask(samples[0], half)])

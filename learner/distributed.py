@@ -1,0 +1,202 @@
+"""Sharded data-parallel training: ranks under torchrun, FSDP2 sharding, and rank 0 leading the others.
+
+Layout of a run with N ranks (``torchrun --nproc-per-node N -m learner.main --config run.toml``; across nodes
+with torchrun's usual ``--nnodes``/``--rdzv-endpoint`` flags):
+
+- every rank loads the policy and shards it with FSDP2 (:func:`shard_policy`: ``fully_shard`` on each decoder
+  layer, then on the root): parameters, gradients and AdamW state are split across ranks;
+- rank 0 alone runs the learner (ZeroMQ socket, scheduler, batcher, replay buffer, publisher, checkpointer,
+  metrics). It drives the trainer through :class:`LeadTrainer`, which first tells every other rank what to do
+  (one ``broadcast_object_list`` per call: the method name and its arguments, the step's samples included),
+  then does its own share;
+- ranks 1..N-1 run :func:`follow`: wait for the next command, run it on their :class:`~learner.trainer.Trainer`,
+  repeat until rank 0 says stop. Each picks its share of the step's samples itself (learner.microbatch plans
+  from token counts alone, so all ranks agree without talking), and FSDP's collectives keep them in step.
+
+Failure: a rank that dies breaks the collectives. The survivors' next collective fails (gloo reports the closed
+connection at once; at the latest after ``learner.dist_timeout_s``), they log which rank and command, and exit
+non-zero; torchrun then stops the others and exits non-zero too. Rank 0 sends a no-op command when the trainer
+has been idle for a third of the timeout (waiting for rollouts), so a slow rollout phase never trips it. A
+restart resumes from the newest checkpoint (torch.distributed.checkpoint, written by all ranks).
+
+Backend: "gloo" on CPU, "nccl" on CUDA (``learner.device``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("arpo.learner.dist")
+
+__all__ = ["LeadTrainer", "RankGroup", "follow", "init_ranks", "shard_policy"]
+
+
+class RankGroupError(RuntimeError):
+    """The process group cannot be set up, or a collective failed (a rank died or timed out)."""
+
+
+@dataclass(frozen=True)
+class RankGroup:
+    """This process's place in the data-parallel group.
+
+    Attributes:
+        rank: 0..world-1; rank 0 leads.
+        world: number of ranks (1 = no process group, no FSDP).
+        device: where this rank trains (``cuda:<local rank>`` under torchrun on GPUs).
+    """
+
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def sharded(self) -> bool:
+        return self.world > 1
+
+    @property
+    def lead(self) -> bool:
+        return self.rank == 0
+
+
+def torchrun_world() -> int:
+    """WORLD_SIZE as torchrun sets it (1 when not under torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init_ranks(device: torch.device, timeout_s: float) -> RankGroup:
+    """Join torchrun's process group (gloo on CPU, nccl on CUDA) when WORLD_SIZE > 1; else a 1-rank group.
+
+    Args:
+        device: ``learner.device`` resolved; on CUDA each rank takes ``cuda:LOCAL_RANK``.
+        timeout_s: collective timeout (``learner.dist_timeout_s``).
+    Raises:
+        RankGroupError: the rendezvous fails, or CUDA has fewer devices than local ranks.
+    """
+    world = torchrun_world()
+    if world <= 1:
+        return RankGroup(device=device)
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        if local >= torch.cuda.device_count():
+            raise RankGroupError(f"local rank {local} but only {torch.cuda.device_count()} CUDA devices "
+                                 "(use --nproc-per-node <= the GPUs per node)")
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    try:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    except (RuntimeError, ValueError) as error:
+        raise RankGroupError(f"cannot join torchrun's process group ({backend}): {error}") from error
+    return RankGroup(rank=dist.get_rank(), world=dist.get_world_size(), device=device)
+
+
+def shard_policy(root: torch.nn.Module, policy, *, bf16: bool) -> None:
+    """FSDP2: ``fully_shard`` every decoder layer of ``policy``, then ``root`` (which owns the rest: embeddings,
+    vision tower, final norm, output head), in place.
+
+    ``bf16``: parameters are all-gathered and computed in bfloat16 while the sharded master copy, the
+    gradients' reduce-scatter and the AdamW state stay float32 (``MixedPrecisionPolicy``). FSDP2 averages
+    gradients over ranks (gloo has no pre-scaled sum, so the divide factor is left alone); the trainer scales
+    each rank's loss by the world size, so the average is the sum over ranks of loss_sum / the step's token count
+    and the step equals the 1-rank step (learner.trainer).
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+          else MixedPrecisionPolicy())
+    for layer in decoder_layers(policy):
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(root, mp_policy=mp)
+
+
+def decoder_layers(policy) -> list[torch.nn.Module]:
+    """The language model's decoder layers (Qwen2.5-VL: ``policy.model.language_model.layers``)."""
+    inner = policy.model
+    language = getattr(inner, "language_model", inner)
+    return list(language.layers)
+
+
+class LeadTrainer:
+    """Rank 0's handle on the trainer: each call is sent to every rank, then run here.
+
+    Exposes the :class:`~learner.trainer.Trainer` methods the learner uses (``train_batch``, ``train_step``,
+    ``compute_logprobs``, ``save_weights``, ``save_checkpoint``, ``load_checkpoint``) and forwards attribute
+    reads (``steps``, ``model``, ``checkpoint_name``...) to the local trainer. Calls are serialised (a lock), as
+    the collectives of two calls must not interleave.
+
+    Raises (from any call): RankGroupError when another rank is gone (the command and the error are named).
+    """
+
+    COMMANDS = ("train_batch", "train_step", "compute_logprobs", "save_weights", "save_checkpoint",
+                "load_checkpoint", "ping")
+
+    def __init__(self, trainer, group: RankGroup, timeout_s: float) -> None:
+        self._trainer = trainer
+        self._group = group
+        self._lock = threading.Lock()
+        self._last = time.monotonic()
+        self.keepalive_s = timeout_s / 3
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self.COMMANDS:
+            return lambda *args, **kwargs: self._call(name, args, kwargs)
+        return getattr(self._trainer, name)
+
+    def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
+        with self._lock:
+            try:
+                dist.broadcast_object_list([(name, args, kwargs)], src=0)
+                result = None if name == "ping" else getattr(self._trainer, name)(*args, **kwargs)
+            except (RuntimeError, dist.DistError) as error:
+                if isinstance(error, dist.DistError) or "gloo" in str(error).lower() or "nccl" in str(error).lower():
+                    raise RankGroupError(f"{name}: a rank of the training group failed ({error})") from error
+                raise
+            self._last = time.monotonic()
+            return result
+
+    def ping_if_idle(self) -> None:
+        """Send a no-op to every rank when no command went out for ``keepalive_s`` (blocking: call in a thread)."""
+        if time.monotonic() - self._last >= self.keepalive_s:
+            self._call("ping", (), {})
+
+    def stop(self) -> None:
+        """Tell every rank to leave :func:`follow` (best effort: a dead group is only logged)."""
+        with self._lock:
+            try:
+                dist.broadcast_object_list([("stop", (), {})], src=0)
+                dist.barrier()  # every rank got it before any tears the group down
+            except (RuntimeError, dist.DistError) as error:
+                log.warning("could not tell the other ranks to stop: %s", error)
+
+
+def follow(trainer, group: RankGroup) -> int:
+    """Ranks 1..N-1: run rank 0's commands on ``trainer`` until it says stop; returns the exit code.
+
+    0 after "stop"; 1 when a collective fails (rank 0 or another rank died or timed out: logged with the
+    command that was running).
+    """
+    command = "waiting for the first command"
+    try:
+        while True:
+            box: list[Any] = [None]
+            dist.broadcast_object_list(box, src=0)
+            command, args, kwargs = box[0]
+            if command == "stop":
+                dist.barrier()
+                log.info("rank %d: rank 0 said stop", group.rank)
+                return 0
+            if command != "ping":
+                getattr(trainer, command)(*args, **kwargs)
+    except (RuntimeError, dist.DistError) as error:
+        log.error("rank %d: the training group failed during %s (a rank died or timed out): %s",
+                  group.rank, command, error)
+        return 1
