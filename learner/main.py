@@ -185,8 +185,15 @@ def run_ranks(config: RunConfig) -> int:
         if not group.lead:
             return follow(trainer, group)
         lead = LeadTrainer(trainer, group, lc.dist_timeout_s)
-        code = run_until_signal(run_learner(config, lead), "arpo-learner")
-        lead.stop()
+        finished: list[bool] = []
+
+        async def learn() -> None:
+            await run_learner(config, lead)
+            finished.append(True)
+
+        code = run_until_signal(learn(), "arpo-learner")
+        if finished:  # after a signal or an error the other ranks are stopped by torchrun, or already gone
+            lead.stop()
         return code
     finally:
         if dist.is_initialized():

@@ -6,6 +6,8 @@ tests/rank_driver.py runs the real Trainer (rank 0 driving the other through Lea
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +59,65 @@ def test_two_ranks_train_like_one_and_resume_from_a_sharded_checkpoint(model, tm
                     ranks=2)
     assert resumed.keys() == {2}
     assert resumed[2] == two[2]  # the model and AdamW state came back exactly
+
+
+def rank_pids(torchrun_pid: int) -> dict[int, int]:
+    """{rank: pid} of torchrun's worker processes (read from their environment)."""
+    out = {}
+    for child in subprocess.run(["pgrep", "-P", str(torchrun_pid)], capture_output=True, text=True).stdout.split():
+        try:
+            env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for entry in env:
+            if entry.startswith(b"RANK="):
+                out[int(entry[5:])] = int(child)
+    return out
+
+
+@pytest.mark.docker
+def test_learner_on_two_ranks_trains_survives_a_killed_rank_and_resumes(tmp_path, desktop_image, tiny_model):
+    """The real arpo-learner under torchrun (2 ranks, gloo) next to arpo-serve and arpo-actors on real desktops:
+    it trains and publishes; SIGKILL on rank 1 makes the learner exit non-zero within the documented time,
+    saying which rank failed; the same torchrun command resumes from the sharded checkpoint."""
+    import uuid
+
+    from arpo_async.metrics import read_metrics
+    from tests.integration.test_resume import running_job, server_weight_version, tail, wait_for, write_config
+
+    run_id = f"ranks-{uuid.uuid4().hex[:8]}"
+    config, url = write_config(tmp_path, tiny_model, desktop_image, run_id, "learner.steps=4",
+                               "learner.max_tokens_per_microbatch=4096")
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                "-m", "learner.main", "--config", str(config)]
+    with running_job(tmp_path, config, url, tiny_model, run_id, learner=torchrun) as procs:
+        alive = lambda: procs.check_alive("serve", "learner", "actors")  # noqa: E731
+        wait_for(lambda: len(read_metrics(metrics)) >= 2, 300, "2 steps on 2 ranks", alive)
+        assert (tmp_path / "run" / "checkpoints").is_dir()
+        assert any((c / "trainer.dcp" / "trainer.json").is_file()
+                   for c in (tmp_path / "run" / "checkpoints").iterdir())
+        assert int(server_weight_version(url)) >= 1
+
+        learner = procs.procs["learner"]
+        ranks = wait_for(lambda: rank_pids(learner.pid), 30, "torchrun's worker processes")
+        assert set(ranks) == {0, 1}
+        before = procs.log("learner").stat().st_size
+        os.kill(ranks[1], signal.SIGKILL)
+        code = learner.wait(timeout=120)  # torchrun notices the dead worker and stops the other
+        assert code != 0
+        with procs.log("learner").open("rb") as f:
+            f.seek(before)
+            after = f.read().decode(errors="replace")
+        assert f"exitcode: -9) local_rank: 1 (pid: {ranks[1]})" in after, after[-3000:]
+        done_before = len(read_metrics(metrics))
+
+        procs.start("learner", torchrun)
+        wait_for(lambda: len(read_metrics(metrics)) >= 4, 300, "the restarted learner's steps", alive)
+        procs.procs["learner"].wait(timeout=120)
+        assert procs.procs["learner"].returncode == 0, tail(procs.log("learner"))
+    records = read_metrics(metrics)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    resumed = [r for r in records if "resumed_from" in r]
+    assert resumed and resumed[0]["step"] > min(done_before, 4) - 1
+    assert "resumed from" in tail(procs.log("learner"), 400)

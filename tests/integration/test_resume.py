@@ -157,14 +157,15 @@ def write_config(tmp_path: Path, model: Path, image: str, run_id: str, *override
 
 
 @contextmanager
-def running_job(tmp_path: Path, config: Path, url: str, model: Path, run_id: str):
-    """arpo-serve (healthy), arpo-learner and arpo-actors started; everything stopped and removed after."""
+def running_job(tmp_path: Path, config: Path, url: str, model: Path, run_id: str, learner: list[str] | None = None):
+    """arpo-serve (healthy), arpo-learner and arpo-actors started; everything stopped and removed after.
+    ``learner``: the learner's command line (default: one process, ``python -m learner.main``)."""
     procs = Processes(tmp_path / "logs")
     try:
         procs.start("serve", [PY, "-m", "arpo_async.serve.main", "--model", str(model),
                               "--port", url.rsplit(":", 1)[1], "--weight-version", "0"])
         wait_for(lambda: healthy(url), 180, "arpo-serve /health", lambda: procs.check_alive("serve"))
-        procs.start("learner", [PY, "-m", "learner.main", "--config", str(config)])
+        procs.start("learner", learner or [PY, "-m", "learner.main", "--config", str(config)])
         procs.start("actors", [PY, "-m", "actors.main", "--config", str(config), "--actor-id", "test-actors"])
         yield procs
     finally:
