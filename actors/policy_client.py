@@ -412,6 +412,40 @@ class PolicyClient:
             {"model_path": model_path, "weight_version": str(int(weight_version)), "flush_cache": True},
             accept_failure_body=True)
 
+    async def _post_once(self, url: str, payload: dict, timeout_s: float) -> dict:
+        """POST once, no retry (a collective's partner must not be asked twice). A 4xx answer with ``success``
+        in its JSON is returned. Raises PolicyUnavailable (unreachable, 5xx, timeout) or PolicyRequestError."""
+        try:
+            answer, _ = await self._once("POST", url, body=json.dumps(payload).encode(), timeout_s=timeout_s)
+        except _Retryable as exc:
+            raise PolicyUnavailable(f"{url}: {exc}") from exc
+        except PolicyRequestError as exc:
+            if isinstance(exc.body, dict) and "success" in exc.body:
+                return exc.body
+            raise
+        return answer if isinstance(answer, dict) else {"success": True, "message": answer}
+
+    async def init_weights_update_group(self, url: str, *, master_address: str, master_port: int, rank_offset: int,
+                                        world_size: int, group_name: str, backend: str,
+                                        timeout_s: float = 180.0) -> dict:
+        """POST /init_weights_update_group (SGLang's fields; arpo_async.weight_sync) once -> {success, message}.
+        The server joins the group while this request is open: start the learner's own join beside it."""
+        return await self._post_once(f"{url.rstrip('/')}/init_weights_update_group", {
+            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "group_name": group_name, "backend": backend}, timeout_s)
+
+    async def update_weights_from_distributed(self, url: str, *, names: list[str], dtypes: list[str],
+                                              shapes: list[list[int]], group_name: str,
+                                              weight_version: int | None, timeout_s: float = 600.0) -> dict:
+        """POST /update_weights_from_distributed once -> {success, message}; the tensors follow as broadcasts
+        from the learner while this request is open. ``weight_version`` None leaves the server's version as is
+        (every bucket but the last)."""
+        payload: dict[str, Any] = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
+                                   "flush_cache": True, "abort_all_requests": False}
+        if weight_version is not None:
+            payload["weight_version"] = str(int(weight_version))
+        return await self._post_once(f"{url.rstrip('/')}/update_weights_from_distributed", payload, timeout_s)
+
     async def pause_generation(self, url: str, *, mode: str = "retract") -> dict:
         """POST /pause_generation {mode}. ``retract`` (default) puts running requests back in the queue and frees
         their KV cache, so the following weight update may flush the cache, and they resume, recomputed under

@@ -144,6 +144,18 @@ class LearnerConfig:
     """Padded tokens per forward/backward pass: each step's samples are packed longest first under this budget and
     gradients accumulated; the step is the same for any value (0 = each rank's share in one pass). A sample longer
     than the budget stops the learner with an error naming this key."""
+    weight_sync: str = "disk"
+    """How new weights reach the inference servers: "disk" (a weights folder per version, then
+    /update_weights_from_disk) or "distributed" (broadcast over a process group per server, SGLang's
+    /init_weights_update_group + /update_weights_from_distributed; nothing written to disk)."""
+    sync_bucket_mb: float = 512.0
+    """"distributed": most megabytes of tensors per /update_weights_from_distributed request."""
+    sync_host: str = "127.0.0.1"
+    """"distributed": the address the inference servers reach the learner's rank 0 at (master_address)."""
+    sync_backend: str = "auto"
+    """"distributed": "gloo", "nccl" or "auto" (nccl when learner.device is cuda, else gloo; arpo-serve takes gloo)."""
+    sync_timeout_s: float = 120.0
+    """"distributed": seconds a server may take to join or to receive the weights before it is skipped."""
     dist_timeout_s: float = 1800.0
     """Under torchrun: seconds a collective may wait for the other ranks before the run fails (a dead rank is
     usually noticed at once; rank 0 pings the others when idle, so waiting for rollouts never trips it)."""
@@ -177,6 +189,11 @@ class LearnerConfig:
         _require(self.max_tokens_per_microbatch >= 0, "learner.max_tokens_per_microbatch",
                  "must be >= 0 (0 = no limit)")
         _require(self.dist_timeout_s > 0, "learner.dist_timeout_s", "must be > 0")
+        _require(self.weight_sync in ("disk", "distributed"), "learner.weight_sync", "must be 'disk' or 'distributed'")
+        _require(self.sync_bucket_mb > 0, "learner.sync_bucket_mb", "must be > 0")
+        _require(self.sync_backend in ("auto", "gloo", "nccl"), "learner.sync_backend",
+                 "must be 'auto', 'gloo' or 'nccl'")
+        _require(self.sync_timeout_s > 0, "learner.sync_timeout_s", "must be > 0")
         _require(self.checkpoint_every >= 0, "learner.checkpoint_every", "must be >= 0 (0 = never)")
         _require(self.keep_checkpoints >= 1, "learner.keep_checkpoints", "must be >= 1")
         _require(self.group_size >= 2, "learner.group_size", "GRPO needs at least 2 rollouts per group")

@@ -50,7 +50,7 @@ from arpo_async.transport import SocketPump, router_socket
 from learner.batcher import Batcher, ScoredGroup, train_samples
 from learner.forced_tokens import ForcedTokens
 from learner.checkpoint import Checkpointer, capture, checkpoint_folders, reconcile_metrics, restore
-from learner.publisher import WeightPublisher
+from learner.publisher import DistributedPublisher, WeightPublisher
 from learner.replay import ReplayBuffer, make_replay
 from learner.scheduler import GroupScheduler, LockstepAdmission
 from learner.service import LearnerService, WindowStats
@@ -122,8 +122,7 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
     batcher = Batcher(replay, max_staleness=lc.max_staleness, groups_per_step=lc.groups_per_step,
                       format_reward_weight=lc.format_reward_weight, stratified=lc.stratified)
     client = PolicyClient(list(config.actors.inference_urls))
-    publisher = WeightPublisher(client, list(config.actors.inference_urls), config.run_path / "weights",
-                                keep=lc.keep_weights)
+    publisher = weight_publisher(config, client)
     checkpointer = Checkpointer(config.run_path / "checkpoints", keep=lc.keep_checkpoints)
     ctx = zmq.asyncio.Context()
     sock = router_socket(ctx, config.transport)
@@ -198,6 +197,18 @@ def run_ranks(config: RunConfig) -> int:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def weight_publisher(config: RunConfig, client: PolicyClient) -> WeightPublisher | DistributedPublisher:
+    """The publisher ``learner.weight_sync`` names (learner.publisher)."""
+    lc, urls = config.learner, list(config.actors.inference_urls)
+    if lc.weight_sync == "disk":
+        return WeightPublisher(client, urls, config.run_path / "weights", keep=lc.keep_weights)
+    backend = lc.sync_backend
+    if backend == "auto":
+        backend = "nccl" if resolve_device(lc.device).type == "cuda" else "gloo"
+    return DistributedPublisher(client, urls, bucket_mb=lc.sync_bucket_mb, host=lc.sync_host, backend=backend,
+                                timeout_s=lc.sync_timeout_s)
 
 
 BASELINE_FILE = "baseline.json"
@@ -293,7 +304,7 @@ class TrainingLoop:
 
     service: LearnerService
     trainer: Trainer
-    publisher: WeightPublisher
+    publisher: WeightPublisher | DistributedPublisher
     checkpointer: Checkpointer
     replay: ReplayBuffer
     lc: LearnerConfig
@@ -340,8 +351,7 @@ class TrainingLoop:
         self._resumed = {"checkpoint": folder.name, "step": self.service.step, "policy_version": version,
                          "trainer_steps": self.trainer.steps, "replay": self.replay.stats(),
                          "rolled_back_records": moved}
-        await asyncio.to_thread(self.trainer.save_weights, self.publisher.folder(version), overwrite=True)
-        await self.publisher.publish(version)
+        await self.publisher.publish_from(self.trainer, version)
         log.warning("resumed from %s: step %d, policy version %d, %d trainer steps, replay %s%s", folder,
                     self.service.step, version, self.trainer.steps, self.replay.stats(),
                     f"; {moved} metrics records after it moved to metrics.rolled_back.jsonl" if moved else "")
@@ -385,8 +395,7 @@ class TrainingLoop:
             updates = min(updates, lc.steps - service.step)
         stats = await asyncio.to_thread(self.trainer.train_batch, samples, minibatches=updates)
         version = service.version + 1
-        await asyncio.to_thread(self.trainer.save_weights, self.publisher.folder(version), overwrite=True)
-        publish_s = await self.publisher.publish(version)
+        publish_s = await self.publisher.publish_from(self.trainer, version)
         await service.set_version(version)
         service.step += updates
         record = step_record(service.step, version, batch, stats, window, service, publish_s, self.wall_s,

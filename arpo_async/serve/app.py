@@ -5,7 +5,8 @@ to it or to the `Engine`. Bad requests get HTTP 400 with SGLang's error body ``{
 an engine failure gets 500 with the same shape; no traceback ever reaches a client.
 
 Routes (sglang python/sglang/srt/entrypoints/http_server.py): POST|PUT /generate, POST /update_weights_from_disk,
-POST /update_weight_version, GET /get_model_info, GET /get_weight_version, GET /get_server_info, GET /health,
+POST /init_weights_update_group, POST /update_weights_from_distributed, POST /destroy_weights_update_group
+(arpo_async.weight_sync), POST /update_weight_version, GET /get_model_info, GET /get_weight_version, GET /get_server_info, GET /health,
 GET /health_generate, POST /pause_generation, POST /continue_generation, GET|POST /flush_cache,
 POST /abort_request.
 """
@@ -17,6 +18,7 @@ import json
 import logging
 import time
 
+import torch
 from aiohttp import web
 
 import arpo_async
@@ -31,11 +33,13 @@ from arpo_async.serve.protocol import (
     parse_generate,
 )
 from arpo_async.serve.scheduler import EngineFailure, Scheduler
+from arpo_async.weight_sync import WeightGroup, WeightGroupError, dtype_from_name
 
 log = logging.getLogger(__name__)
 
 ENGINE_KEY = web.AppKey("engine", Engine)
 SCHEDULER_KEY = web.AppKey("scheduler", Scheduler)
+GROUPS_KEY = web.AppKey("weight_groups", dict)
 
 
 def _error(message: str, status: int = 400) -> web.Response:
@@ -121,6 +125,96 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
         scheduler.stats.weight_updates += 1
     content = {"success": ok, "message": message, "num_paused_requests": 0}
     return web.json_response(content, status=200 if ok else 400)
+
+
+WEIGHT_GROUP_TIMEOUT_S = 120.0
+"""Seconds a weight-group rendezvous or broadcast may wait for the learner before it fails."""
+
+
+def _groups(request: web.Request) -> dict[str, WeightGroup]:
+    return request.app[GROUPS_KEY]
+
+
+async def init_weights_update_group(request: web.Request) -> web.Response:
+    """POST /init_weights_update_group {master_address, master_port, rank_offset, world_size, group_name,
+    backend} -> {success, message}; joins the learner's weight group as rank ``rank_offset`` (gloo: this
+    server runs on CPU; backend "nccl" is refused with a message). 400 when the rendezvous fails."""
+    body = await _json_body(request)
+    try:
+        address, port = str(body["master_address"]), int(body["master_port"])
+        rank, world = int(body.get("rank_offset", 1)), int(body["world_size"])
+        name = str(body.get("group_name", "weight_update_group"))
+    except (KeyError, TypeError, ValueError) as e:
+        raise RequestError(f"init_weights_update_group needs master_address, master_port, rank_offset, "
+                           f"world_size, group_name: {e}") from e
+    backend = body.get("backend", "nccl")
+    if backend != "gloo":
+        return web.json_response({"success": False, "message": f"arpo-serve runs on CPU and joins weight groups "
+                                  f"with gloo; backend {backend!r} is not available here (send backend='gloo')"},
+                                 status=400)
+    if not 0 < rank < world:
+        raise RequestError(f"rank_offset {rank} must be in [1, world_size={world})")
+    old = _groups(request).pop(name, None)
+    if old is not None:
+        log.info("weight group %s re-created", name)
+    try:
+        group = await asyncio.to_thread(WeightGroup.join, address, port, rank, world, name, WEIGHT_GROUP_TIMEOUT_S)
+    except WeightGroupError as e:
+        return web.json_response({"success": False, "message": str(e)}, status=400)
+    _groups(request)[name] = group
+    return web.json_response({"success": True, "message": f"Joined weight group {name} as rank {rank} of {world}."})
+
+
+async def update_weights_from_distributed(request: web.Request) -> web.Response:
+    """POST /update_weights_from_distributed {names, dtypes, shapes, group_name, flush_cache?,
+    abort_all_requests?, weight_version?} -> {success, message}: receive each tensor broadcast from rank 0 of
+    the group, in ``names`` order, and load them together while no batch runs; 400 on failure (the model is
+    unchanged and the group is dropped: the learner re-creates it)."""
+    engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
+    body = await _json_body(request)
+    names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
+    if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
+            and len(names) == len(dtypes) == len(shapes) and names):
+        raise RequestError("names, dtypes and shapes must be non-empty lists of equal length")
+    try:
+        buffers = [torch.empty([int(d) for d in shape], dtype=dtype_from_name(str(dtype)))
+                   for dtype, shape in zip(dtypes, shapes)]
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise RequestError(f"bad dtypes or shapes: {e}") from e
+    name = str(body.get("group_name", "weight_update_group"))
+    group = _groups(request).get(name)
+    if group is None:
+        return web.json_response({"success": False, "message": f"no weight group {name!r}; call "
+                                  "/init_weights_update_group first"}, status=400)
+    version = body.get("weight_version")
+
+    def receive_and_load() -> tuple[bool, str]:  # while no batch runs: weights and version change together
+        group.broadcast(buffers)
+        ok, message = engine.load_tensors(dict(zip(map(str, names), buffers)))
+        if ok and version is not None:
+            engine.weight_version = str(version)
+            message += f" Weight version updated to {version}."
+        return ok, message
+
+    try:
+        ok, message = await scheduler.exclusive(receive_and_load,
+                                                abort_all=bool(body.get("abort_all_requests", False)))
+    except WeightGroupError as e:
+        _groups(request).pop(name, None)
+        return web.json_response({"success": False, "message": str(e)}, status=400)
+    if ok and version is not None:
+        scheduler.stats.weight_updates += 1
+    log.info("weight bucket of %d tensors from group %s: %s", len(names), name, message)
+    return web.json_response({"success": ok, "message": message}, status=200 if ok else 400)
+
+
+async def destroy_weights_update_group(request: web.Request) -> web.Response:
+    """POST /destroy_weights_update_group {group_name} -> {success, message}."""
+    body = await _json_body(request, required=False)
+    name = str(body.get("group_name", "weight_update_group"))
+    found = _groups(request).pop(name, None) is not None
+    return web.json_response({"success": found, "message": f"weight group {name} destroyed" if found
+                              else f"no weight group {name!r}"}, status=200 if found else 400)
 
 
 async def update_weight_version(request: web.Request) -> web.Response:
@@ -218,11 +312,15 @@ def build_app(engine: Engine, scheduler: Scheduler) -> web.Application:
     app = web.Application(middlewares=[_errors], client_max_size=256 * 1024 * 1024)
     app[ENGINE_KEY] = engine
     app[SCHEDULER_KEY] = scheduler
+    app[GROUPS_KEY] = {}
     r = app.router
     r.add_post("/generate", generate)
     r.add_put("/generate", generate)
     r.add_post("/update_weights_from_disk", update_weights_from_disk)
     r.add_post("/update_weight_version", update_weight_version)
+    r.add_post("/init_weights_update_group", init_weights_update_group)
+    r.add_post("/update_weights_from_distributed", update_weights_from_distributed)
+    r.add_post("/destroy_weights_update_group", destroy_weights_update_group)
     r.add_get("/get_model_info", get_model_info)
     r.add_get("/get_weight_version", get_weight_version)
     r.add_get("/get_server_info", get_server_info)

@@ -313,29 +313,44 @@ class Engine:
         files = sorted(Path(model_path).glob("*.safetensors"))
         if not files:
             return False, f"no *.safetensors files in {model_path}"
+        incoming: dict[str, torch.Tensor] = {}
+        try:
+            for f in files:
+                incoming.update(load_file(str(f)))
+        except (OSError, RuntimeError, ValueError) as e:
+            return False, f"cannot read weights from {model_path}: {e}"
+        ok, message = self.load_tensors(incoming, complete=True)
+        if not ok:
+            return False, message
+        return True, f"Succeeded to update model weights from {model_path}."
+
+    def load_tensors(self, tensors: dict[str, "torch.Tensor"], *, complete: bool = False) -> tuple[bool, str]:
+        """Copy ``tensors`` (checkpoint names -> tensors) into the live model; all or nothing.
+
+        ``complete``: every weight of the model must be among them (a whole checkpoint); otherwise any subset
+        (one bucket of a distributed update). Keys saved by transformers 4.x are mapped to this model's names.
+        Returns ``(success, message)``; on failure the model is unchanged.
+        """
         with self._thread_guard:
             own = self.model.state_dict()
-            incoming: dict[str, torch.Tensor] = {}
+            renamed: dict[str, torch.Tensor] = {}
             unknown = []
-            try:
-                for f in files:
-                    for key, tensor in load_file(str(f)).items():
-                        name = _rename_key(key, own)
-                        if name is None:
-                            unknown.append(key)
-                        else:
-                            incoming[name] = tensor
-            except (OSError, RuntimeError, ValueError) as e:
-                return False, f"cannot read weights from {model_path}: {e}"
+            for key, tensor in tensors.items():
+                name = _rename_key(key, own)
+                if name is None:
+                    unknown.append(key)
+                else:
+                    renamed[name] = tensor
             tied = getattr(self.model.config, "tie_word_embeddings", False)
-            missing = [k for k in own if k not in incoming and not (tied and k == "lm_head.weight")]
-            bad_shape = [k for k, v in incoming.items() if tuple(v.shape) != tuple(own[k].shape)]
+            missing = ([k for k in own if k not in renamed and not (tied and k == "lm_head.weight")]
+                       if complete else [])
+            bad_shape = [k for k, v in renamed.items() if tuple(v.shape) != tuple(own[k].shape)]
             if unknown or missing or bad_shape:
                 return False, (f"checkpoint does not fit the model: unknown {unknown[:5]}, missing {missing[:5]}, "
                                f"wrong shape {bad_shape[:5]}")
-            for name, tensor in incoming.items():
+            for name, tensor in renamed.items():
                 own[name].copy_(tensor.to(own[name].dtype))
-        return True, f"Succeeded to update model weights from {model_path}."
+        return True, f"Succeeded to update {len(renamed)} weights."
 
 
 def _rename_key(key: str, own: dict) -> str | None:

@@ -77,8 +77,8 @@ def rank_pids(torchrun_pid: int) -> dict[int, int]:
 
 @pytest.mark.docker
 def test_learner_on_two_ranks_trains_survives_a_killed_rank_and_resumes(tmp_path, desktop_image, tiny_model):
-    """The real arpo-learner under torchrun (2 ranks, gloo) next to arpo-serve and arpo-actors on real desktops:
-    it trains and publishes; SIGKILL on rank 1 makes the learner exit non-zero within the documented time,
+    """The real arpo-learner under torchrun (2 ranks, gloo) next to arpo-serve and arpo-actors on real desktops,
+    weights synced over a process group: it trains and publishes (no weights folder); SIGKILL on rank 1 makes the learner exit non-zero within the documented time,
     saying which rank failed; the same torchrun command resumes from the sharded checkpoint."""
     import uuid
 
@@ -87,7 +87,7 @@ def test_learner_on_two_ranks_trains_survives_a_killed_rank_and_resumes(tmp_path
 
     run_id = f"ranks-{uuid.uuid4().hex[:8]}"
     config, url = write_config(tmp_path, tiny_model, desktop_image, run_id, "learner.steps=4",
-                               "learner.max_tokens_per_microbatch=4096")
+                               "learner.max_tokens_per_microbatch=4096", 'learner.weight_sync="distributed"')
     metrics = tmp_path / "run" / "metrics.jsonl"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
                 "-m", "learner.main", "--config", str(config)]
@@ -98,6 +98,7 @@ def test_learner_on_two_ranks_trains_survives_a_killed_rank_and_resumes(tmp_path
         assert any((c / "trainer.dcp" / "trainer.json").is_file()
                    for c in (tmp_path / "run" / "checkpoints").iterdir())
         assert int(server_weight_version(url)) >= 1
+        assert not (tmp_path / "run" / "weights").exists()  # distributed sync: nothing written to disk
 
         learner = procs.procs["learner"]
         ranks = wait_for(lambda: rank_pids(learner.pid), 30, "torchrun's worker processes")

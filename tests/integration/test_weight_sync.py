@@ -1,0 +1,101 @@
+"""Weight sync over a process group with real arpo-serve processes (learner.weight_sync = "distributed").
+
+One server gets the trained weights from disk, the other over a gloo weight group; both then score the same
+reply with bit-identical log-probs. A server SIGKILLed while the buckets stream in is skipped without
+stopping the learner, and once restarted it gets the whole current weights over a new group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from actors.policy_client import PolicyClient, RetryPolicy
+from arpo_async.model.init_model import create_tiny_model
+from arpo_async.model.inputs import PromptEncoder
+from learner.publisher import DistributedPublisher, WeightPublisher
+from learner.trainer import Trainer, TrainerConfig
+from tests.rank_driver import batch, screenshot
+from tests.support import ServeProcess, free_port
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return create_tiny_model(tmp_path_factory.mktemp("sync") / "policy", seed=0)
+
+
+async def scored(url: str, model_dir: Path) -> tuple[list[float], str]:
+    """The server's log-probs of a fixed greedy reply to a fixed prompt, and its weight version."""
+    encoder = PromptEncoder(model_dir)
+    ids = encoder.encode([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Click red."}]}],
+                         [(320, 180)])
+    body = {"input_ids": ids, "image_data": [base64.b64encode(screenshot("red")).decode()], "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/generate", json=body) as resp:
+            assert resp.status == 200
+            out = await resp.json()
+    return [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]], out["meta_info"]["weight_version"]
+
+
+def wait_for_line(path: Path, text: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, f"{text!r} never appeared in {path}"
+        time.sleep(0.01)
+
+
+async def test_distributed_sync_matches_disk_and_survives_a_server_killed_mid_sync(model_dir, tmp_path):
+    trainer = Trainer(model_dir, TrainerConfig(lr=1e-2))
+    trainer.train_step(batch(model_dir, 0))
+    disk_server = ServeProcess(model_dir, free_port(), tmp_path)
+    net_server = ServeProcess(model_dir, free_port(), tmp_path)
+    disk_server.start()
+    net_server.start()
+    retry = RetryPolicy(attempts=2, request_timeout_s=30.0, admin_timeout_s=30.0)
+    try:
+        async with PolicyClient([disk_server.url, net_server.url], retry=retry) as client:
+            before, _ = await scored(net_server.url, model_dir)
+            disk = WeightPublisher(client, [disk_server.url], tmp_path / "weights")
+            net = DistributedPublisher(client, [net_server.url], bucket_mb=0.05, timeout_s=20.0)
+            await disk.publish_from(trainer, 1)
+            await net.publish_from(trainer, 1)
+            assert net.failures == 0
+            via_disk, version_disk = await scored(disk_server.url, model_dir)
+            via_group, version_group = await scored(net_server.url, model_dir)
+            assert version_disk == version_group == "1"
+            assert via_group == via_disk  # bit-identical weights
+            assert via_group != before  # and they are the trained ones
+
+            # version 2: SIGKILL the server once its first bucket is in; the learner skips it and goes on
+            trainer.train_step(batch(model_dir, 1))
+            log = net_server.log_dir / f"serve-{net_server.port}-{net_server.starts}.log"
+            slow = DistributedPublisher(client, [net_server.url], bucket_mb=0.001, timeout_s=20.0)
+            slow._groups = net._groups  # the same learner: its group to this server exists already
+            syncing = asyncio.create_task(slow.publish_from(trainer, 2))
+            await asyncio.to_thread(wait_for_line, log, "weight bucket of")
+            net_server.proc.kill()
+            async with asyncio.timeout(60):
+                await syncing  # returns: a dead server never stops the learner
+            assert slow.failures == 1
+            net_server.proc.wait()
+            net_server.proc.stdout.close()
+            net_server.proc = None
+
+            net_server.start()  # back, with the initial weights (version 0)
+            assert (await scored(net_server.url, model_dir))[1] == "0"
+            await disk.publish_from(trainer, 2)
+            await slow.publish_from(trainer, 2)  # a new group, the whole weights
+            assert slow.failures == 1
+            via_disk, version_disk = await scored(disk_server.url, model_dir)
+            via_group, version_group = await scored(net_server.url, model_dir)
+            assert version_disk == version_group == "2"
+            assert via_group == via_disk
+    finally:
+        disk_server.stop()
+        net_server.stop()
