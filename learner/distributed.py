@@ -27,17 +27,18 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
 log = logging.getLogger("arpo.learner.dist")
 
-__all__ = ["LeadTrainer", "RankGroup", "follow", "init_ranks", "shard_policy"]
+__all__ = ["LeadTrainer", "RankGroup", "follow", "init_ranks", "leave", "shard_policy"]
 
 
 class RankGroupError(RuntimeError):
@@ -176,6 +177,17 @@ class LeadTrainer:
                 dist.barrier()  # every rank got it before any tears the group down
             except (RuntimeError, dist.DistError) as error:
                 log.warning("could not tell the other ranks to stop: %s", error)
+
+
+def leave(code: int) -> NoReturn:
+    """End a rank's process with ``code`` once its work is done and the group destroyed: flush logs and stdio,
+    then ``os._exit``. A plain interpreter exit after a gloo group aborts now and then ("terminate called without
+    an active exception", SIGABRT, about 1 run in 15 on torch 2.13 CPU) while static destructors run, which
+    would turn a finished run into a failed one."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def follow(trainer, group: RankGroup) -> int:

@@ -56,7 +56,7 @@ from learner.scheduler import GroupScheduler, LockstepAdmission
 from learner.service import LearnerService, WindowStats
 from learner.staleness import StalenessManager
 from learner.task_selection import BaselinePass, TaskSelector
-from learner.distributed import LeadTrainer, RankGroupError, follow, init_ranks, torchrun_world
+from learner.distributed import LeadTrainer, RankGroupError, follow, init_ranks, leave, torchrun_world
 from learner.trainer import Trainer, TrainerConfig, TrainerConfigError, resolve_device
 
 log = logging.getLogger("arpo.learner")
@@ -504,10 +504,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if torchrun_world() > 1:
         try:
-            return run_ranks(config)
+            code = run_ranks(config)
         except RankGroupError as e:
             log.error("%s", e)
-            return 1
+            code = 1
+        leave(code)
     return run_until_signal(run_learner(config), "arpo-learner")
 
 

@@ -347,21 +347,26 @@ class Trainer:
 
     # ------------------------------------------------------------------ training
 
-    def _sample_loss(self, sample: TrainSample, logprobs: torch.Tensor, proximal: Sequence[float] | None):
-        """(loss_sum, stats) of one sample's kept tokens (learner.grpo.corrected_token_loss)."""
-        if proximal is None:
-            prox = logprobs.detach()
-        else:
-            prox = torch.tensor(proximal, dtype=logprobs.dtype, device=logprobs.device)
-        behaviour = torch.tensor(sample.behaviour_logprobs, dtype=logprobs.dtype, device=logprobs.device)
-        if sample.loss_mask is not None:
-            keep = torch.tensor(sample.loss_mask, dtype=torch.bool, device=logprobs.device)
-            logprobs, prox, behaviour = logprobs[keep], prox[keep], behaviour[keep]
-        return corrected_token_loss(
-            logprobs, prox, behaviour, torch.full_like(behaviour, float(sample.advantage)),
-            mode=self.config.correction, eps_low=self.config.eps_low, eps_high=self.config.eps_high,
-            dual_clip=self.config.dual_clip, cap=self.config.correction_cap,
-        )
+    def _microbatch_loss(self, samples: Sequence[TrainSample], logprobs: Sequence[torch.Tensor],
+                         proximal: Sequence[Sequence[float]] | None):
+        """(loss_sum, stats, replayed_stats) of a micro-batch's kept tokens, in one vectorised call of
+        learner.grpo.corrected_token_loss; ``replayed_stats`` covers the replayed samples' tokens (None if none)."""
+        lp = torch.cat(list(logprobs))
+        as_tensor = lambda v, dtype=lp.dtype: torch.tensor(v, dtype=dtype, device=lp.device)  # noqa: E731
+        prox = lp.detach() if proximal is None else as_tensor([x for p in proximal for x in p])
+        behaviour = as_tensor([x for s in samples for x in s.behaviour_logprobs])
+        advantages = as_tensor([float(s.advantage) for s in samples for _ in s.output_ids])
+        keep = as_tensor([bool(k) for s in samples for k in (s.loss_mask or [True] * len(s.output_ids))],
+                         torch.bool)
+        replayed = as_tensor([s.replayed for s in samples for _ in s.output_ids], torch.bool) & keep
+        kwargs = dict(mode=self.config.correction, eps_low=self.config.eps_low, eps_high=self.config.eps_high,
+                      dual_clip=self.config.dual_clip, cap=self.config.correction_cap)
+        loss_sum, stats = corrected_token_loss(lp[keep], prox[keep], behaviour[keep], advantages[keep], **kwargs)
+        replayed_stats = None
+        if bool(replayed.any()):
+            _, replayed_stats = corrected_token_loss(lp.detach()[replayed], prox[replayed], behaviour[replayed],
+                                                     advantages[replayed], **kwargs)
+        return loss_sum, stats, replayed_stats
 
     def compute_gradients(
         self, samples: Sequence[TrainSample], *, proximal_logprobs: Sequence[Sequence[float]] | None = None
@@ -388,23 +393,21 @@ class Trainer:
             idx, real = self._pass(mine, k)
             if self.group.sharded:  # reduce-scatter the gradients once, after the last pass
                 self.module.set_requires_gradient_sync(k == passes - 1)
-            logprobs = self._forward([samples[i] for i in idx])
-            pending = None
-            for i, lp in zip(idx, logprobs):
-                loss_sum, stats = self._sample_loss(samples[i], lp, None if proximal_logprobs is None
-                                                    else proximal_logprobs[i])
-                pending = loss_sum if pending is None else pending + loss_sum
-                if not real:
-                    continue
-                sums["loss"] += float(loss_sum.detach()) / total_tokens
-                for key in _SUMMED_STATS:
-                    sums[key] += stats[key] * stats["tokens"]
-                weight_max = max(weight_max, stats["is_weight_max"])
-                if samples[i].replayed:
-                    sums["replayed_tokens"] += stats["tokens"]
-                    sums["replayed_weight"] += stats["is_weight_mean"] * stats["tokens"]
+            chosen = [samples[i] for i in idx]
+            loss_sum, stats, replayed = self._microbatch_loss(
+                chosen, self._forward(chosen),
+                None if proximal_logprobs is None else [proximal_logprobs[i] for i in idx])
             # FSDP2 averages gradients over ranks: x world makes it the sum (learner.distributed.shard_policy)
-            (pending * (self.group.world / total_tokens if real else 0.0)).backward()
+            (loss_sum * (self.group.world / total_tokens if real else 0.0)).backward()
+            if not real:
+                continue
+            sums["loss"] += float(loss_sum.detach()) / total_tokens
+            for key in _SUMMED_STATS:
+                sums[key] += stats[key] * stats["tokens"]
+            weight_max = max(weight_max, stats["is_weight_max"])
+            if replayed is not None:
+                sums["replayed_tokens"] += replayed["tokens"]
+                sums["replayed_weight"] += replayed["is_weight_mean"] * replayed["tokens"]
 
         if self.group.sharded:
             sums, weight_max = self._reduce_stats(sums, weight_max)

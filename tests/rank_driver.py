@@ -26,7 +26,7 @@ from PIL import Image, ImageDraw
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from arpo_async.model.inputs import PromptEncoder  # noqa: E402
-from learner.distributed import LeadTrainer, follow, init_ranks  # noqa: E402
+from learner.distributed import LeadTrainer, follow, init_ranks, leave  # noqa: E402
 from learner.trainer import Trainer, TrainerConfig, TrainSample  # noqa: E402
 
 REPLIES = ("T\nAction: click(start_box='(045,730)')", "Thought: wait\nAction: wait()", "Action: hotkey(key='ctrl s')",
@@ -72,7 +72,7 @@ def main() -> int:
     if not group.lead:
         code = follow(trainer, group)
         dist.destroy_process_group()
-        return code
+        leave(code)
     driver = LeadTrainer(trainer, group, timeout_s=120) if group.sharded else trainer
     if args.resume:
         driver.load_checkpoint(args.resume / trainer.checkpoint_name)
@@ -87,6 +87,7 @@ def main() -> int:
     if group.sharded:
         driver.stop()
         dist.destroy_process_group()
+        leave(0)
     return 0
 
 

@@ -46,3 +46,9 @@ def test_bench_desktops_quick(desktop_image):
 def test_bench_e2e_one_short_arm(desktop_image, tmp_path):
     figures = run_bench("bench_e2e", "--arms", "async", "--minutes", "0.5", "--out", str(tmp_path), timeout=600)
     assert figures
+
+
+def test_bench_learner_quick():
+    figures = run_bench("bench_learner", "--quick", timeout=600)
+    assert {"ours_tok_s", "plain_tok_s", "ratio", "ranks2_tok_s", "rss_mb_1", "rss_mb_2", "publish_disk_s",
+            "publish_dist_s"} == set(figures)
