@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+import torch
 import torch.distributed as dist
 import zmq.asyncio
 
@@ -199,15 +200,27 @@ def run_ranks(config: RunConfig) -> int:
             dist.destroy_process_group()
 
 
+def sync_backend(lc: LearnerConfig) -> str:
+    """``learner.sync_backend`` resolved ("auto": nccl when the learner trains on CUDA, else gloo).
+
+    Raises:
+        ConfigError: "nccl" where torch sees no CUDA device (names the key).
+    """
+    backend = lc.sync_backend
+    if backend == "auto":
+        backend = "nccl" if resolve_device(lc.device).type == "cuda" else "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ConfigError("learner.sync_backend = \"nccl\" needs CUDA on the learner; use \"gloo\" (arpo-serve "
+                          "joins weight groups with gloo) or \"auto\"")
+    return backend
+
+
 def weight_publisher(config: RunConfig, client: PolicyClient) -> WeightPublisher | DistributedPublisher:
     """The publisher ``learner.weight_sync`` names (learner.publisher)."""
     lc, urls = config.learner, list(config.actors.inference_urls)
     if lc.weight_sync == "disk":
         return WeightPublisher(client, urls, config.run_path / "weights", keep=lc.keep_weights)
-    backend = lc.sync_backend
-    if backend == "auto":
-        backend = "nccl" if resolve_device(lc.device).type == "cuda" else "gloo"
-    return DistributedPublisher(client, urls, bucket_mb=lc.sync_bucket_mb, host=lc.sync_host, backend=backend,
+    return DistributedPublisher(client, urls, bucket_mb=lc.sync_bucket_mb, host=lc.sync_host, backend=sync_backend(lc),
                                 timeout_s=lc.sync_timeout_s)
 
 
@@ -499,7 +512,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         resolve_device(config.learner.device)
-    except TrainerConfigError as e:
+        if config.learner.weight_sync == "distributed":
+            sync_backend(config.learner)
+    except (TrainerConfigError, ConfigError) as e:
         log.error("%s", e)
         return 2
     if torchrun_world() > 1:

@@ -20,6 +20,7 @@ import asyncio
 import logging
 import shutil
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,10 @@ log = logging.getLogger("arpo.learner.publish")
 
 class PublishError(RuntimeError):
     """An inference server did not load the new weights."""
+
+
+class SyncRejected(PublishError):
+    """A server refused to join the weight group (a configuration error: it stops the learner)."""
 
 
 class WeightPublisher:
@@ -104,6 +109,32 @@ def buckets(tensors: dict[str, torch.Tensor], bucket_bytes: int) -> list[list[st
     return out
 
 
+def in_daemon_thread(fn, *args) -> asyncio.Future:
+    """Run blocking ``fn(*args)`` in a daemon thread; a future for its result. Unlike ``asyncio.to_thread``, a
+    rendezvous that waits for a server which refused to come does not hold up the process's exit."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+
+    def settle(result: Any = None, error: BaseException | None = None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def work() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as error:  # noqa: BLE001 - handed to the awaiting task
+            loop.call_soon_threadsafe(settle, None, error)
+        else:
+            loop.call_soon_threadsafe(settle, result)
+
+    threading.Thread(target=work, daemon=True, name=f"arpo-{getattr(fn, '__name__', 'work')}").start()
+    return future
+
+
 def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -122,7 +153,9 @@ class DistributedPublisher:
         backend: "gloo" (arpo-serve, CPU) or "nccl" (SGLang on GPUs).
         timeout_s: rendezvous and broadcast timeout per server.
 
-    Failure: a server that cannot join, dies or times out mid-broadcast is dropped from its group (logged,
+    Failure: a server that answers the join request with success = false raises :class:`SyncRejected` (the
+    learner stops: the backend or address is wrong for every version to come). A server that cannot be reached,
+    dies or times out mid-broadcast is dropped from its group (logged,
     counted in ``failures``) and training goes on; at the next publication, once it answers /health again, a
     new group is made and it receives the whole current weights. A restarted learner makes new groups (same
     names: the server replaces its old one).
@@ -148,6 +181,8 @@ class DistributedPublisher:
         for index, url in enumerate(self._urls):
             try:
                 await self._sync(index, url, tensors, version)
+            except SyncRejected:
+                raise
             except (WeightGroupError, PolicyUnavailable, PolicyRequestError, PublishError) as error:
                 self.failures += 1
                 self._groups.pop(url, None)
@@ -161,9 +196,14 @@ class DistributedPublisher:
         joining = asyncio.create_task(self._client.init_weights_update_group(
             url, master_address=self.host, master_port=port, rank_offset=1, world_size=2, group_name=name,
             backend=self.backend, timeout_s=self.timeout_s + 30))
+        joined = in_daemon_thread(WeightGroup.join, self.host, port, 0, 2, name, self.timeout_s, self.backend)
+        await asyncio.wait([joining, joined], return_when=asyncio.FIRST_COMPLETED)
+        if joining.done() and not joining.exception() and not joining.result().get("success", False):
+            raise SyncRejected(f"{url} refused weight group {name}: {joining.result().get('message')}; check "
+                               f"learner.sync_backend (sent {self.backend!r}) and learner.sync_host ({self.host!r}, "
+                               "the address the server must reach)")
         try:
-            group = await asyncio.to_thread(WeightGroup.join, self.host, port, 0, 2, name, self.timeout_s,
-                                            self.backend)
+            group = await joined
         except WeightGroupError:
             joining.cancel()
             raise

@@ -52,3 +52,15 @@ def test_bench_learner_quick():
     figures = run_bench("bench_learner", "--quick", timeout=600)
     assert {"ours_tok_s", "plain_tok_s", "ratio", "ranks2_tok_s", "rss_mb_1", "rss_mb_2", "publish_disk_s",
             "publish_dist_s"} == set(figures)
+
+
+def test_bench_learning_one_short_arm(desktop_image, tmp_path):
+    figures = run_bench("bench_learning", "--arms", "a", "--seeds", "1", "--minutes", "0.5", "--out",
+                        str(tmp_path), timeout=600)
+    assert any(k.startswith("a_") for k in figures)
+    assert (tmp_path / "learning-grid4.png").is_file()
+
+
+def test_probe_learning_two_steps(desktop_image):
+    figures = run_bench("probe_learning", "--steps", "2", "--arms", "a,c", timeout=600)
+    assert any(k.startswith("a_") for k in figures) and any(k.startswith("c_") for k in figures)

@@ -99,3 +99,42 @@ async def test_distributed_sync_matches_disk_and_survives_a_server_killed_mid_sy
     finally:
         disk_server.stop()
         net_server.stop()
+
+
+async def test_weight_group_requests_are_checked(model_dir, tmp_path):
+    server = ServeProcess(model_dir, free_port(), tmp_path)
+    server.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async def post(path: str, body: dict) -> tuple[int, dict]:
+                async with session.post(f"{server.url}{path}", json=body) as resp:
+                    return resp.status, await resp.json()
+
+            init = {"master_address": "127.0.0.1", "master_port": free_port(), "rank_offset": 1, "world_size": 2,
+                    "group_name": "g"}
+            status, body = await post("/init_weights_update_group", {**init, "backend": "nccl"})
+            assert status == 400 and body["success"] is False and "gloo" in body["message"]
+            status, body = await post("/init_weights_update_group", {**init, "backend": "gloo", "rank_offset": 0})
+            assert status == 400 and "rank_offset" in body["error"]["message"]
+            status, body = await post("/update_weights_from_distributed", {
+                "names": ["lm_head.weight"], "dtypes": ["float32"], "shapes": [[4, 4]], "group_name": "none"})
+            assert status == 400 and body["success"] is False and "init_weights_update_group" in body["message"]
+            status, body = await post("/update_weights_from_distributed", {
+                "names": ["a", "b"], "dtypes": ["float32"], "shapes": [[1]], "group_name": "g"})
+            assert status == 400 and "equal length" in body["error"]["message"]
+    finally:
+        server.stop()
+
+
+def test_nccl_sync_without_cuda_names_the_key():
+    import torch
+
+    from arpo_async.config import ConfigError, load_config
+    from learner.main import sync_backend
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    lc = load_config(None, ['learner.weight_sync="distributed"', 'learner.sync_backend="nccl"']).learner
+    with pytest.raises(ConfigError, match="learner.sync_backend"):
+        sync_backend(lc)
+    assert sync_backend(load_config(None, ['learner.weight_sync="distributed"']).learner) == "gloo"
