@@ -48,3 +48,21 @@ def test_dump_round_trip(tmp_path):
     path.write_text(dump_toml(config))
     assert load_config(path) == config
     assert isinstance(config, RunConfig)
+
+
+def test_the_gpu_example_config_loads_with_every_key_valid():
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "uitars-1.5-7b.toml"
+    config = load_config(example, [])
+    lc = config.learner
+    assert (lc.device, lc.dtype, lc.weight_sync, lc.gradient_checkpointing) == ("cuda", "bfloat16", "distributed", True)
+    assert config.actors.prompt_style == "uitars" and not config.actors.constrained
+
+
+def test_learner_hardware_keys_are_checked():
+    for bad in ('learner.device="tpu"', 'learner.dtype="float16"', "learner.max_tokens_per_microbatch=-1",
+                'learner.weight_sync="nfs"', 'learner.sync_backend="mpi"', "learner.sync_bucket_mb=0",
+                "learner.dist_timeout_s=0"):
+        with pytest.raises(ConfigError, match=bad.split("=")[0]):
+            load_config(None, [bad])
