@@ -113,7 +113,7 @@ def decode(frames: list[bytes], *, max_bytes: int) -> Any:
         raise WireError(f"header is not valid msgpack: {type(e).__name__}: {e}") from e
     if not isinstance(header, dict) or not isinstance(header.get("type"), str):
         raise WireError("header must be a map with a string 'type'")
-    if header.get("schema") != SCHEMA_VERSION:
+    if type(header.get("schema")) is not int or header["schema"] != SCHEMA_VERSION:  # True == 1: not a schema
         raise WireError(f"schema {header.get('schema')!r} is not {SCHEMA_VERSION} (peers of different versions)")
     cls = MESSAGE_TYPES.get(header["type"])
     if cls is None:

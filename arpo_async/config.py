@@ -43,6 +43,9 @@ class TransportConfig:
     """Actors send a heartbeat this often; the learner's reply tells them if it restarted."""
     resend_after_s: float = 30.0
     """An unacknowledged trajectory or unanswered work request is sent again after this many seconds."""
+    peer_timeout_s: float = 30.0
+    """The learner forgets an actor process not heard from for this long (no heartbeat): its waiting work requests
+    are dropped and its running rollouts handed out again at once. Keep it several heartbeats long."""
 
     def __post_init__(self) -> None:
         _require(self.endpoint.startswith(("tcp://", "ipc://", "inproc://")), "transport.endpoint",
@@ -50,6 +53,8 @@ class TransportConfig:
         _require(self.max_message_mb > 0, "transport.max_message_mb", "must be > 0")
         _require(self.high_water_mark > 0, "transport.high_water_mark", "must be > 0")
         _require(self.heartbeat_s > 0, "transport.heartbeat_s", "must be > 0")
+        _require(self.peer_timeout_s > 2 * self.heartbeat_s, "transport.peer_timeout_s",
+                 "must be more than 2 heartbeats (transport.heartbeat_s)")
 
     @property
     def max_message_bytes(self) -> int:

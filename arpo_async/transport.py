@@ -92,16 +92,20 @@ class SocketPump:
         max_bytes: largest message accepted; larger or malformed ones go to ``on_bad``.
         on_message: awaited for each decoded message, in arrival order.
         on_bad: called with (peer, reason) for each message that failed to decode.
+        on_error: called with (peer, reason) when ``on_message`` raised for a message (logged with the peer and
+            counted in ``rejected["handler"]``; the pump goes on); default ``on_bad``.
     """
 
     def __init__(self, sock: zmq.asyncio.Socket, *, routed: bool, max_bytes: int,
                  on_message: Callable[[Envelope], Awaitable[None]],
-                 on_bad: Callable[[str | None, str], None] | None = None) -> None:
+                 on_bad: Callable[[str | None, str], None] | None = None,
+                 on_error: Callable[[str | None, str], None] | None = None) -> None:
         self._sock = sock
         self._routed = routed
         self._max_bytes = max_bytes
         self._on_message = on_message
         self._on_bad = on_bad or (lambda peer, reason: log.warning("bad message from %s: %s", peer, reason))
+        self._on_error = on_error or self._on_bad
         self.outbox: asyncio.Queue[tuple[str | None, Any]] = asyncio.Queue(OUTBOX_SIZE)
         self.received = 0
         self.sent = 0
@@ -171,7 +175,14 @@ class SocketPump:
                 self._on_bad(peer, str(e))
                 continue
             self.received += 1
-            await self._on_message(Envelope(message, peer))
+            try:
+                await self._on_message(Envelope(message, peer))
+            except Exception as error:  # noqa: BLE001 - one message's handler never stops the pump
+                self.rejected["handler"] += 1
+                log.error("handling %s from %s failed: %s: %s", type(message).__name__, peer,
+                          type(error).__name__, error, exc_info=log.isEnabledFor(logging.DEBUG))
+                self._on_error(peer, f"internal error while handling {type(message).TYPE!r}: "
+                                     f"{type(error).__name__}: {error}")
 
     async def _send_queued(self) -> None:
         """Send everything already taken from or waiting in the outbox, in order (without waiting for more)."""

@@ -207,7 +207,10 @@ def follow(trainer, group: RankGroup) -> int:
                 log.info("rank %d: rank 0 said stop", group.rank)
                 return 0
             if command != "ping":
-                getattr(trainer, command)(*args, **kwargs)
+                try:
+                    getattr(trainer, command)(*args, **kwargs)
+                except ValueError as error:  # bad input: rank 0 got the same error from the same samples
+                    log.warning("rank %d: %s failed on its input: %s", group.rank, command, error)
     except (RuntimeError, dist.DistError) as error:
         log.error("rank %d: the training group failed during %s (a rank died or timed out): %s",
                   group.rank, command, error)

@@ -58,7 +58,7 @@ from learner.service import LearnerService, WindowStats
 from learner.staleness import StalenessManager
 from learner.task_selection import BaselinePass, TaskSelector
 from learner.distributed import LeadTrainer, RankGroupError, follow, init_ranks, leave, torchrun_world
-from learner.trainer import Trainer, TrainerConfig, TrainerConfigError, resolve_device
+from learner.trainer import Trainer, TrainerConfig, TrainerConfigError, TrainerInputError, resolve_device
 
 log = logging.getLogger("arpo.learner")
 
@@ -129,8 +129,11 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
     sock = router_socket(ctx, config.transport)
     service: LearnerService
     pump = SocketPump(sock, routed=True, max_bytes=config.transport.max_message_bytes,
-                      on_message=lambda env: service.on_message(env), on_bad=lambda p, r: service.on_bad(p, r))
-    service = LearnerService(pump, scheduler, admission, batcher, learner_id=learner_id, selector=selector)
+                      on_message=lambda env: service.on_message(env), on_bad=lambda p, r: service.on_bad(p, r),
+                      on_error=lambda p, r: service.on_bad(p, r, kind="handler"))
+    service = LearnerService(pump, scheduler, admission, batcher, learner_id=learner_id, selector=selector,
+                             vocab_size=trainer.model.config.text_config.vocab_size,
+                             peer_timeout_s=config.transport.peer_timeout_s)
     metrics: MetricsWriter | None = None
     try:
         forced = (ForcedTokens(config.model_path, trainer.model.config.text_config.vocab_size)
@@ -406,7 +409,13 @@ class TrainingLoop:
         updates = min(lc.updates_per_batch, max(1, len(samples)))
         if lc.steps:
             updates = min(updates, lc.steps - service.step)
-        stats = await asyncio.to_thread(self.trainer.train_batch, samples, minibatches=updates)
+        try:
+            stats = await asyncio.to_thread(self.trainer.train_batch, samples, minibatches=updates)
+        except TrainerInputError as error:  # every sample unusable: nothing to learn from, nothing changes
+            self.skipped_batches += 1
+            service.totals["unusable_batches"] += 1
+            log.error("rollout batch %d: no usable sample (%s); no optimizer step", self.rollout_batches, error)
+            return
         version = service.version + 1
         publish_s = await self.publisher.publish_from(self.trainer, version)
         await service.set_version(version)
@@ -484,12 +493,14 @@ def step_record(step: int, version: int, batch: list[ScoredGroup], stats: dict[s
         "reward_mean": sum(rewards) / len(rewards),
         "loss": stats["loss"], "grad_norm": stats.get("grad_norm"), "clip_frac": stats.get("clip_frac"),
         "tokens": stats.get("tokens"), "train_s": stats.get("seconds"), "publish_s": publish_s,
+        "dropped_samples": stats.get("dropped_samples", 0.0),
         "replay_injections": sum(g.injected for g in batch),
         "staleness_mean": sum(lags) / len(lags), "staleness_max": max(lags), "staleness_min": min(lags),
         "correction": {k: stats[k] for k in CORRECTION_STATS if k in stats},
         "replay": service.batcher.replay.stats(),
         "task_selection": service.selector.stats() if service.selector is not None else {},
         "outcomes": dict(window.outcomes), "drops": dict(service.batcher.drops), "totals": dict(service.totals),
+        "rejections": dict(service.rejections),
         "wall_s": round(wall_s, 3), **extra,
     }
 

@@ -181,6 +181,18 @@ class CompletionLogprobs(torch.nn.Module):
         return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
+def image_pad_problem(policy, sample: "TrainSample", pixels: PixelCache) -> str | None:
+    """Why ``sample``'s screenshots cannot go with its prompt (an image that does not decode, or a count of image
+    pad tokens that differs from what its screenshots make), or None."""
+    try:
+        grids = [pixels.get(image)[1] for image in sample.images]
+        ids = torch.tensor([sample.prompt_ids], dtype=torch.long)
+        check_image_pads(policy, ids, {"image_grid_thw": torch.cat(grids)} if grids else {})
+    except ModelInputError as error:
+        return str(error)
+    return None
+
+
 def check_pad_id(policy) -> int:
     """The id right padding uses: the text config's ``pad_token_id``, else 0 (never attended to, never scored).
 

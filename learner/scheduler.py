@@ -211,6 +211,17 @@ class GroupScheduler:
             self._reissue.append(key)
         return len(late)
 
+    def expire_slots(self, keys: list[tuple[str, int]]) -> int:
+        """Re-issue these running slots (group id, rollout index) now, e.g. those of an actor that went silent;
+        slots no longer running are skipped. Returns how many were re-issued."""
+        count = 0
+        for key in keys:
+            if key in self._running:
+                del self._running[key]
+                self._reissue.append(key)
+                count += 1
+        return count
+
     def pending_trainable(self) -> int:
         """Trainable trajectories held in incomplete groups (they are lost if the learner stops now)."""
         return sum(Outcome(t.outcome).trainable for g in self._groups.values() for t in g.results.values())

@@ -30,11 +30,17 @@ from arpo_async.messages import (Ack, Assignment, Heartbeat, Hello, LearnerStatu
                                  Trajectory, WorkRequest)
 from arpo_async.tasks import Task
 from arpo_async.transport import Envelope, SocketPump
+from arpo_async.validation import (InvalidMessage, WireLimits, check_hello, check_trajectory,
+                                   check_work_request)
 from learner.batcher import Batcher
 from learner.scheduler import GroupScheduler
 from learner.task_selection import BaselinePass, TaskSelector, trainable_scores
 
 log = logging.getLogger(__name__)
+
+UNANNOUNCED_SLOTS = 64
+"""Requests a peer may have waiting or running before its Hello arrived (an actor's first requests can overtake
+its Hello; a peer that never says hello gets no more than this)."""
 
 SEEN_IDS = 200_000
 """Trajectory ids remembered for de-duplication (oldest forgotten first)."""
@@ -99,8 +105,22 @@ class LearnerService:
 
     def __init__(self, pump: SocketPump, scheduler: GroupScheduler, admission: Admission,
                  batcher: Batcher, *, version: int = 0, learner_id: str | None = None,
-                 selector: TaskSelector | None = None) -> None:
+                 selector: TaskSelector | None = None, vocab_size: int | None = None,
+                 limits: WireLimits = WireLimits(), peer_timeout_s: float = 30.0) -> None:
         self.pump = pump
+        self.peer_timeout_s = peer_timeout_s
+        """A peer not heard from for this long (heartbeats come every transport.heartbeat_s) is forgotten: its
+        waiting requests are dropped and its running rollouts handed out again at once."""
+        self.peer_slots: dict[str, int] = {}
+        """Rollout slots each peer announced in its Hello: the most requests it may have waiting or running."""
+        self.assigned: dict[tuple[str, int], str] = {}
+        """Running rollout (group id, rollout index) -> the peer it was handed to."""
+        self.vocab_size = vocab_size
+        """The policy's vocabulary: token ids of trajectories must lie in [0, vocab_size) (None: not checked)."""
+        self.limits = limits
+        self.rejections: collections.Counter[str] = collections.Counter()
+        """Messages rejected, by reason (``wire`` for ones the codec refused, ``handler`` for internal errors,
+        else arpo_async.validation.InvalidMessage.reason)."""
         self.selector = selector
         self.scheduler = scheduler
         self.admission = admission
@@ -128,11 +148,27 @@ class LearnerService:
         """Dispatch one decoded message from actor ``envelope.peer``."""
         peer, message = envelope.peer, envelope.message
         self.actors[peer] = time.monotonic()
+        try:
+            if isinstance(message, Hello):
+                check_hello(message, self.limits)
+            elif isinstance(message, WorkRequest):
+                check_work_request(message, self.limits)
+        except InvalidMessage as invalid:
+            await self._reject(peer, invalid)
+            return
+        if isinstance(message, Hello):
+            self.peer_slots[peer] = message.slots
         if isinstance(message, (Hello, Heartbeat)):
             await self.pump.send(LearnerStatus(self.learner_id, self.version), peer)
         elif isinstance(message, WorkRequest):
             if message.request_id in self._requests_seen:
                 await self._answer_again(peer, message.request_id)
+                return
+            allowed = self.peer_slots.get(peer, UNANNOUNCED_SLOTS)
+            if self._outstanding(peer) >= allowed:
+                await self._reject(peer, InvalidMessage(
+                    "slots", f"{peer} already has {self._outstanding(peer)} requests waiting or running, the "
+                             f"{allowed} slots its Hello announced"))
                 return
             self._remember(self._requests_seen, message.request_id)
             self.waiting.append((peer, message))
@@ -142,15 +178,54 @@ class LearnerService:
         else:
             await self.pump.send(Reject(f"the learner does not accept {type(message).TYPE!r}"), peer)
 
-    def on_bad(self, peer: str | None, reason: str) -> None:
-        """A message from ``peer`` failed to decode: count it, tell the peer, keep going."""
+    async def _reject(self, peer: str, invalid: InvalidMessage) -> None:
+        """Count an invalid message by reason, log it with its peer, and tell the peer why."""
         self.totals["bad_messages"] += 1
+        self.rejections[invalid.reason] += 1
+        log.warning("rejected a message from %s: %s", peer, invalid)
+        await self.pump.send(Reject(str(invalid)[:500]), peer)
+
+    def on_bad(self, peer: str | None, reason: str, *, kind: str = "wire") -> None:
+        """A message from ``peer`` failed to decode (``kind`` "wire"), or its handler raised ("handler"): count
+        it, tell the peer, keep going."""
+        self.totals["bad_messages"] += 1
+        self.rejections[kind] += 1
         log.warning("rejected a message from %s: %s", peer, reason)
         if peer is not None:
             try:
                 self.pump.outbox.put_nowait((peer, Reject(reason[:500])))
             except asyncio.QueueFull:
                 pass
+
+    def _outstanding(self, peer: str) -> int:
+        """Requests of ``peer`` waiting, plus rollouts handed to it that have not come back."""
+        return (sum(1 for p, _ in self.waiting if p == peer)
+                + sum(1 for p in self.assigned.values() if p == peer))
+
+    async def forget_silent_peers(self, now: float | None = None) -> int:
+        """Drop the waiting requests of every peer silent for ``peer_timeout_s`` and re-issue its running
+        rollouts at once (its trajectories, if it comes back, are then acked as late). Returns the peers dropped."""
+        now = time.monotonic() if now is None else now
+        silent = {peer for peer, seen in self.actors.items() if now - seen > self.peer_timeout_s}
+        if not silent:
+            return 0
+        before = len(self.waiting)
+        self.waiting = collections.deque((p, r) for p, r in self.waiting if p not in silent)
+        slots = [key for key, p in self.assigned.items() if p in silent]
+        for key in slots:
+            del self.assigned[key]
+        reissued = self.scheduler.expire_slots(slots)
+        for _ in range(reissued):
+            self.admission.on_finish(accepted=False)
+        for peer in silent:
+            self.actors.pop(peer, None)
+            self.peer_slots.pop(peer, None)
+        self.totals["silent_peers"] += len(silent)
+        log.warning("%d peer(s) silent for %.0f s (%s): dropped %d waiting requests, re-issued %d rollouts",
+                    len(silent), self.peer_timeout_s, ", ".join(sorted(silent))[:200], before - len(self.waiting),
+                    reissued)
+        await self.dispatch()
+        return len(silent)
 
     @staticmethod
     def _remember(seen: collections.OrderedDict, key: str) -> None:
@@ -166,6 +241,7 @@ class LearnerService:
             self.admission.on_start()
             assignment = Assignment(request.request_id, rollout.task.to_dict(), rollout.group_id,
                                     rollout.rollout_index, self.version)
+            self.assigned[(rollout.group_id, rollout.rollout_index)] = peer
             if request.request_id in self._requests_seen:
                 self._requests_seen[request.request_id] = assignment
             await self.pump.send(assignment, peer)
@@ -180,18 +256,22 @@ class LearnerService:
 
     async def _on_trajectory(self, peer: str, traj: Trajectory) -> None:
         await self.pump.send(Ack([traj.trajectory_id]), peer)
+        self.assigned.pop((traj.group_id, traj.rollout_index), None)
         if traj.trajectory_id in self._seen:
             self.totals["duplicates"] += 1
             return
         self._remember(self._seen, traj.trajectory_id)
+        try:
+            check_trajectory(traj, vocab_size=self.vocab_size, version=self.version, limits=self.limits)
+        except InvalidMessage as invalid:
+            await self._reject(peer, invalid)
+            if not self.scheduler.is_running(traj.group_id, traj.rollout_index):
+                return
+            # never trained on: its slot ends as ABORTED, so the rollout is handed out again (rollout_retries)
+            traj = Trajectory(traj.trajectory_id, traj.actor_id, traj.task_id, traj.group_id, traj.rollout_index,
+                              Outcome.ABORTED.value, 0.0, False, [], [], error=f"rejected: {invalid}"[:500])
         if not self.scheduler.is_running(traj.group_id, traj.rollout_index):
             self.totals["late"] += 1  # its slot was re-issued after a timeout, or the learner restarted
-            return
-        try:
-            Outcome(traj.outcome)
-        except ValueError:
-            self.totals["bad_messages"] += 1
-            await self.pump.send(Reject(f"unknown outcome {traj.outcome!r}"), peer)
             return
         self.totals["from_desktop"] += bool(traj.desktop)
         self.totals["desktop_busy_s"] += traj.timings.get("episode_s", 0.0)  # for desktop utilisation
@@ -225,6 +305,8 @@ class LearnerService:
             await asyncio.sleep(period_s)
             for _ in range(self.scheduler.expire()):
                 self.admission.on_finish(accepted=False)
+            self.assigned = {key: p for key, p in self.assigned.items() if self.scheduler.is_running(*key)}
+            await self.forget_silent_peers()
             await self.dispatch()
 
     async def run_baseline(self, baseline: BaselinePass) -> None:

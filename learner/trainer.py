@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import math
 import os
 import shutil
@@ -43,7 +44,9 @@ from arpo_async.model.inputs import load_policy
 from learner.distributed import RankGroup, decoder_layers, shard_policy
 from learner.grpo import CORRECTION_MODES, corrected_token_loss
 from learner.microbatch import MicroBatchBudgetError, step_plan
-from learner.policy_forward import CompletionLogprobs, PixelCache, check_pad_id, collate
+from learner.policy_forward import CompletionLogprobs, PixelCache, check_pad_id, collate, image_pad_problem
+
+log = logging.getLogger("arpo.learner.trainer")
 
 __all__ = ["TrainSample", "Trainer", "TrainerConfig", "TrainerConfigError", "TrainerError", "TrainerInputError"]
 
@@ -207,31 +210,33 @@ def tied_names(model: torch.nn.Module) -> set[str]:
     return tied
 
 
+def sample_problem(sample: TrainSample, proximal: Sequence[float] | None = None) -> str | None:
+    """Why ``sample`` cannot be trained on (empty, mismatched lengths, non-finite numbers), or None."""
+    n = len(sample.output_ids)
+    if n == 0:
+        return "no output tokens"
+    if not sample.prompt_ids:
+        return "no prompt tokens"
+    if len(sample.behaviour_logprobs) != n:
+        return f"{n} output tokens but {len(sample.behaviour_logprobs)} behaviour log-probs"
+    if sample.loss_mask is not None and len(sample.loss_mask) != n:
+        return f"{n} output tokens but a loss mask of {len(sample.loss_mask)}"
+    if proximal is not None and len(proximal) != n:
+        return f"{n} output tokens but {len(proximal)} proximal log-probs"
+    if not math.isfinite(sample.advantage):
+        return f"advantage {sample.advantage!r} is not finite"
+    if not all(math.isfinite(x) for x in sample.behaviour_logprobs):
+        return "behaviour log-probs must be finite"
+    if proximal is not None and not all(math.isfinite(x) for x in proximal):
+        return "proximal log-probs must be finite"
+    return None
+
+
 def _check_samples(samples: Sequence[TrainSample], proximal: Sequence[Sequence[float]] | None) -> None:
     if not samples:
         raise TrainerInputError("train_step needs at least one sample")
     if proximal is not None and len(proximal) != len(samples):
         raise TrainerInputError(f"{len(proximal)} proximal log-prob lists for {len(samples)} samples")
-    for i, sample in enumerate(samples):
-        n = len(sample.output_ids)
-        if n == 0:
-            raise TrainerInputError(f"sample {i} has no output tokens")
-        if not sample.prompt_ids:
-            raise TrainerInputError(f"sample {i} has no prompt tokens")
-        if len(sample.behaviour_logprobs) != n:
-            raise TrainerInputError(
-                f"sample {i}: {n} output tokens but {len(sample.behaviour_logprobs)} behaviour log-probs"
-            )
-        if sample.loss_mask is not None and len(sample.loss_mask) != n:
-            raise TrainerInputError(f"sample {i}: {n} output tokens but a loss mask of {len(sample.loss_mask)}")
-        if proximal is not None and len(proximal[i]) != n:
-            raise TrainerInputError(f"sample {i}: {n} output tokens but {len(proximal[i])} proximal log-probs")
-        if not math.isfinite(sample.advantage):
-            raise TrainerInputError(f"sample {i}: advantage {sample.advantage!r} is not finite")
-        if not all(math.isfinite(x) for x in sample.behaviour_logprobs):
-            raise TrainerInputError(f"sample {i}: behaviour log-probs must be finite")
-        if proximal is not None and not all(math.isfinite(x) for x in proximal[i]):
-            raise TrainerInputError(f"sample {i}: proximal log-probs must be finite")
 
 
 _SUMMED_STATS = ("clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl", "is_weight_mean", "is_capped_frac",
@@ -307,9 +312,30 @@ class Trainer:
         lengths = [len(s.prompt_ids) + len(s.output_ids) for s in samples]
         try:
             plans, passes = step_plan(lengths, self.group.world, self.config.max_tokens_per_microbatch)
-        except MicroBatchBudgetError as error:
-            raise TrainerInputError(str(error)) from error
+        except MicroBatchBudgetError as error:  # the setting, not the sample, is wrong: stop with the key named
+            raise TrainerConfigError(str(error)) from error
         return plans[self.group.rank], passes
+
+    def usable(self, samples: Sequence[TrainSample], proximal: Sequence[Sequence[float]] | None = None
+               ) -> tuple[list[TrainSample], list[Sequence[float]] | None, list[str]]:
+        """Split off the samples that cannot be trained on: malformed ones (:func:`sample_problem`), ones longer
+        ones whose image pad tokens do not match their screenshots or whose
+        screenshots do not decode. Returns (kept samples, their proximal log-probs, one reason per dropped)."""
+        kept, kept_prox, dropped = [], [] if proximal is not None else None, []
+        for i, sample in enumerate(samples):
+            problem = sample_problem(sample, None if proximal is None else proximal[i])
+            if problem is None:
+                problem = image_pad_problem(self.model, sample, self.pixels)
+            if problem is not None:
+                dropped.append(f"sample {i}: {problem}")
+                continue
+            kept.append(sample)
+            if kept_prox is not None:
+                kept_prox.append(proximal[i])
+        if dropped:
+            log.warning("dropped %d of %d samples the trainer cannot use: %s", len(dropped), len(samples),
+                        "; ".join(dropped[:5]))
+        return kept, kept_prox, dropped
 
     @staticmethod
     def _pass(mine: list[list[int]], k: int) -> tuple[list[int], bool]:
@@ -329,7 +355,7 @@ class Trainer:
         Returns:
             One list of T_i floats (nats) per sample.
         Raises:
-            TrainerInputError: a sample longer than ``max_tokens_per_microbatch``.
+            TrainerConfigError: a sample longer than ``max_tokens_per_microbatch``.
         """
         mine, passes = self._plan(samples)
         found: dict[int, list[float]] = {}
@@ -442,13 +468,20 @@ class Trainer:
             "tokens", "samples", "microbatches" (forward/backward passes per rank), "seconds", "skipped" (1.0
             when the gradient was not finite and no step was taken, else 0.0)}``.
 
+        Samples that cannot be used (mismatched lengths, non-finite numbers, screenshots that do not decode or do
+        not match their image pad tokens) are dropped with a warning and counted in ``dropped_samples``.
+
         Raises:
-            TrainerInputError: an empty batch, an empty sample, mismatched lengths, non-finite numbers, or a
-                sample longer than ``max_tokens_per_microbatch`` (names the key).
+            TrainerInputError: an empty batch, or no usable sample in it.
+            TrainerConfigError: a sample longer than ``max_tokens_per_microbatch`` (names the key).
             arpo_async.model.inputs.ModelInputError: a sample's image pad tokens do not match its images, or an
                 image cannot be decoded.
         """
         start = time.perf_counter()
+        _check_samples(samples, proximal_logprobs)
+        samples, proximal_logprobs, dropped = self.usable(samples, proximal_logprobs)
+        if not samples:
+            raise TrainerInputError("no usable sample in the batch: " + "; ".join(dropped[:5]))
         sums, weight_max, passes = self.compute_gradients(samples, proximal_logprobs=proximal_logprobs)
         loss_tokens = sum(s.loss_tokens for s in samples)
         total_tokens = max(1, loss_tokens)
@@ -471,6 +504,7 @@ class Trainer:
             tokens=float(loss_tokens),
             samples=float(len(samples)),
             microbatches=float(passes),
+            dropped_samples=float(len(dropped)),
             seconds=time.perf_counter() - start,
             skipped=1.0 if skipped else 0.0,
         )
@@ -516,6 +550,10 @@ class Trainer:
         if minibatches == 1:
             return dict(self.train_step(samples), optimizer_steps=1.0)
         _check_samples(samples, None)
+        samples, _, dropped = self.usable(samples)
+        if len(samples) < minibatches:
+            raise TrainerInputError(f"{len(samples)} usable samples for {minibatches} minibatches: "
+                                    + "; ".join(dropped[:5]))
         start = time.perf_counter()
         proximal = self.compute_logprobs(samples)
         bounds = [k * len(samples) // minibatches for k in range(minibatches + 1)]
@@ -534,6 +572,7 @@ class Trainer:
             tokens=tokens,
             samples=float(len(samples)),
             microbatches=sum(p["microbatches"] for p in parts),
+            dropped_samples=float(len(dropped)),
             seconds=time.perf_counter() - start,
             skipped=sum(p["skipped"] for p in parts),
             optimizer_steps=float(minibatches),

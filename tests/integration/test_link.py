@@ -64,7 +64,7 @@ async def actor(ctx, transport):
     link: LearnerLink
     pump = SocketPump(dealer_socket(ctx, transport, "actor-1"), routed=False,
                       max_bytes=transport.max_message_bytes, on_message=lambda env: link.on_message(env))
-    link = LearnerLink(pump, "actor-1", 2, transport)
+    link = LearnerLink(pump, "actor-1", 4, transport)
     tasks = [asyncio.create_task(pump.run()), asyncio.create_task(link.keepalive())]
     try:
         yield link

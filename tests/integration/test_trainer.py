@@ -158,7 +158,7 @@ def test_batched_log_probs_equal_the_unpadded_forward(model_dir, samples):
 def test_a_sample_longer_than_the_budget_is_a_clear_error(model_dir, samples):
     longest = max(len(s.prompt_ids) + len(s.output_ids) for s in samples)
     trainer = Trainer(model_dir, TrainerConfig(max_tokens_per_microbatch=longest - 1))
-    with pytest.raises(TrainerInputError, match="learner.max_tokens_per_microbatch"):
+    with pytest.raises(TrainerConfigError, match="learner.max_tokens_per_microbatch"):
         trainer.train_step(samples)
 
 
@@ -417,3 +417,16 @@ def test_a_loss_mask_of_the_wrong_length_is_rejected(model_dir, samples):
     trainer = Trainer(model_dir, TrainerConfig(lr=1e-3))
     with pytest.raises(TrainerInputError, match="loss mask"):
         trainer.train_step([_with_mask(samples[0], [True])])
+
+
+def test_unusable_samples_are_dropped_and_the_rest_trained(model_dir, samples):
+    good = samples[:2]
+    nan = TrainSample(good[0].prompt_ids, good[0].images, good[0].output_ids, good[0].behaviour_logprobs, math.nan)
+    no_image = TrainSample(good[0].prompt_ids, [], good[0].output_ids, good[0].behaviour_logprobs, 1.0)  # pads, no image
+    garbage = TrainSample(good[0].prompt_ids, [b"not a png"], good[0].output_ids, good[0].behaviour_logprobs, 1.0)
+    reference = Trainer(model_dir, TrainerConfig(lr=1e-3)).train_step(good)
+    stats = Trainer(model_dir, TrainerConfig(lr=1e-3)).train_step([nan, good[0], no_image, good[1], garbage])
+    assert stats["dropped_samples"] == 3 and stats["samples"] == 2
+    assert stats["loss"] == pytest.approx(reference["loss"], rel=1e-5)
+    with pytest.raises(TrainerInputError, match="no usable sample"):
+        Trainer(model_dir, TrainerConfig(lr=1e-3)).train_step([nan, garbage])

@@ -1,0 +1,161 @@
+"""What a decoded message may say: the checks the learner runs on every message after the codec's type checks.
+
+The codec (arpo_async.codec) guarantees a message has the right fields of the right types. This module checks
+that their values make sense for the run: a score in [0, 1], finite log-probs <= 0, token ids inside the
+vocabulary, image references inside the screenshot list, no token from a policy version the learner has not
+published, and sizes within :class:`WireLimits`. A message that fails raises :class:`InvalidMessage` with a
+short ``reason`` (counted in metrics by reason) and a detail for the log and the sender's ``Reject``.
+
+Why here and not in the learner: actors run the same checks before sending (a trajectory the learner would
+reject is a bug on the actor's side), and the fuzzer (bench/fuzz_wire.py, tests/unit/test_validation.py)
+drives codec and checks together.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from arpo_async.messages import Hello, Outcome, Trajectory, WorkRequest
+
+__all__ = ["InvalidMessage", "WireLimits", "check_hello", "check_trajectory", "check_work_request"]
+
+
+class InvalidMessage(ValueError):
+    """A decoded message whose values the learner cannot use.
+
+    Attributes:
+        reason: short key for metrics (``score``, ``logprobs``, ``lengths``, ``token_ids``, ``image_indices``,
+            ``versions``, ``size``, ``timings``, ``outcome``, ``fields``).
+        detail: what exactly is wrong (the field path and value).
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class WireLimits:
+    """Largest values one message may carry (each far above what a real episode needs)."""
+
+    max_steps: int = 512
+    """Policy steps per trajectory (OSWorld budgets are 15-100)."""
+    max_prompt_tokens: int = 262_144
+    """Prompt tokens of one step (15 screenshots of a 7B VLM are about 40k)."""
+    max_output_tokens: int = 32_768
+    """Generated tokens of one step."""
+    max_screenshots: int = 4_096
+    """Screenshots per trajectory (also the codec's frame limit)."""
+    max_text_chars: int = 1 << 20
+    """Characters of a step's text or action, and of a trajectory's error."""
+    max_id_chars: int = 256
+    """Characters of an id (trajectory, actor, task, group, request, desktop)."""
+    max_timings: int = 64
+    """Entries of a timings map."""
+    max_slots: int = 4_096
+    """Rollout slots one actor process may announce in its Hello."""
+    max_held: int = 100_000
+    """Trajectory ids a Hello may list as held."""
+
+
+def _fail(reason: str, detail: str) -> None:
+    raise InvalidMessage(reason, detail)
+
+
+def _check_id(name: str, value: str, limits: WireLimits, *, empty_ok: bool = False) -> None:
+    if len(value) > limits.max_id_chars:
+        _fail("size", f"{name} has {len(value)} characters (most {limits.max_id_chars})")
+    if not value and not empty_ok:
+        _fail("fields", f"{name} is empty")
+
+
+def _check_token_ids(name: str, ids: list[int], vocab_size: int | None) -> None:
+    if not ids:
+        return
+    low, high = min(ids), max(ids)
+    if low < 0 or (vocab_size is not None and high >= vocab_size):
+        bad = low if low < 0 else high
+        _fail("token_ids", f"{name} holds {bad}, outside [0, {vocab_size if vocab_size is not None else 'inf'})")
+
+
+def check_trajectory(traj: Trajectory, *, vocab_size: int | None, version: int | None,
+                     limits: WireLimits = WireLimits()) -> None:
+    """Raise InvalidMessage unless every value of ``traj`` is one the learner can train on or count.
+
+    Args:
+        traj: a decoded trajectory (types already checked by the codec).
+        vocab_size: the policy's vocabulary; token ids must be in [0, vocab_size) (None: only >= 0).
+        version: the learner's current policy version; no token may carry a newer one (None: not checked).
+        limits: size limits.
+    Raises:
+        InvalidMessage: the first problem found (reason + detail).
+    """
+    for name in ("trajectory_id", "actor_id", "task_id", "group_id"):
+        _check_id(name, getattr(traj, name), limits)
+    _check_id("desktop", traj.desktop, limits, empty_ok=True)
+    try:
+        Outcome(traj.outcome)
+    except ValueError:
+        _fail("outcome", f"unknown outcome {traj.outcome[:40]!r}")
+    if traj.rollout_index < 0 or traj.rollout_index > 1 << 20:
+        _fail("fields", f"rollout_index {traj.rollout_index} out of range")
+    if not math.isfinite(traj.score) or not 0.0 <= traj.score <= 1.0:
+        _fail("score", f"score {traj.score!r} is not a finite number in [0, 1]")
+    if traj.assigned_version < 0 or (version is not None and traj.assigned_version > version):
+        _fail("versions", f"assigned_version {traj.assigned_version} (learner at {version})")
+    if len(traj.error) > limits.max_text_chars or len(traj.grammar) > limits.max_text_chars:
+        _fail("size", "error or grammar too long")
+    if len(traj.timings) > limits.max_timings:
+        _fail("size", f"{len(traj.timings)} timings (most {limits.max_timings})")
+    for key, value in traj.timings.items():
+        if len(key) > limits.max_id_chars or not math.isfinite(value) or not 0.0 <= value <= 1e7:
+            _fail("timings", f"timings[{key[:40]!r}] = {value!r} is not a finite number of seconds >= 0")
+    if len(traj.steps) > limits.max_steps:
+        _fail("size", f"{len(traj.steps)} steps (most {limits.max_steps})")
+    if len(traj.screenshots) > limits.max_screenshots:
+        _fail("size", f"{len(traj.screenshots)} screenshots (most {limits.max_screenshots})")
+    for i, step in enumerate(traj.steps):
+        where = f"steps[{i}]"
+        n = len(step.output_ids)
+        if n == 0 and Outcome(traj.outcome).trainable:
+            _fail("lengths", f"{where}.output_ids is empty")
+        if len(step.logprobs) != n or len(step.versions) != n:
+            _fail("lengths", f"{where}: {n} output ids, {len(step.logprobs)} log-probs, {len(step.versions)} "
+                             "versions (must be equal)")
+        if len(step.prompt_ids) > limits.max_prompt_tokens or n > limits.max_output_tokens:
+            _fail("size", f"{where}: {len(step.prompt_ids)} prompt / {n} output tokens")
+        if len(step.text) > limits.max_text_chars or len(step.action) > limits.max_text_chars:
+            _fail("size", f"{where}: text or action too long")
+        _check_token_ids(f"{where}.prompt_ids", step.prompt_ids, vocab_size)
+        _check_token_ids(f"{where}.output_ids", step.output_ids, vocab_size)
+        if any(not (math.isfinite(lp) and lp <= 0.0) for lp in step.logprobs):
+            bad = next(lp for lp in step.logprobs if not (math.isfinite(lp) and lp <= 0.0))
+            _fail("logprobs", f"{where}.logprobs holds {bad!r} (log-probs are finite and <= 0)")
+        if step.versions and (min(step.versions) < 0 or (version is not None and max(step.versions) > version)):
+            _fail("versions", f"{where}.versions span {min(step.versions)}..{max(step.versions)}; the learner has "
+                              f"published up to {version}")
+        if step.image_indices and (min(step.image_indices) < 0
+                                   or max(step.image_indices) >= len(traj.screenshots)):
+            _fail("image_indices", f"{where}.image_indices {min(step.image_indices)}..{max(step.image_indices)} "
+                                   f"but {len(traj.screenshots)} screenshots")
+        for name in ("generate_s", "act_s", "observe_s"):
+            value = getattr(step, name)
+            if not math.isfinite(value) or not 0.0 <= value <= 1e7:
+                _fail("timings", f"{where}.{name} = {value!r} is not a finite number of seconds >= 0")
+
+
+def check_work_request(request: WorkRequest, limits: WireLimits = WireLimits()) -> None:
+    """Raise InvalidMessage for an empty or oversized request id or actor id."""
+    _check_id("request_id", request.request_id, limits)
+    _check_id("actor_id", request.actor_id, limits)
+
+
+def check_hello(hello: Hello, limits: WireLimits = WireLimits()) -> None:
+    """Raise InvalidMessage for slots outside [0, max_slots] or too many held trajectory ids."""
+    _check_id("actor_id", hello.actor_id, limits)
+    if not 0 <= hello.slots <= limits.max_slots:
+        _fail("fields", f"slots {hello.slots} outside [0, {limits.max_slots}]")
+    if len(hello.held_trajectories) > limits.max_held:
+        _fail("size", f"{len(hello.held_trajectories)} held trajectory ids (most {limits.max_held})")

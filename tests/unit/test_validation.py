@@ -1,0 +1,71 @@
+"""Codec + validation against hostile and corrupt trajectories (arpo_async.validation, bench/fuzz_wire.py)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import msgpack
+import pytest
+
+from arpo_async import codec
+from arpo_async.validation import InvalidMessage, check_hello, check_trajectory
+from arpo_async.messages import Hello
+from bench.fuzz_wire import VERSION, VOCAB, base_trajectory, reencode, run_fuzz
+
+
+def test_fuzz_2000_cases_no_crash_no_wrong_accept():
+    crashes = []
+    tally = run_fuzz(2000, seed=1, on_crash=lambda name, e: crashes.append((name, repr(e))))
+    assert tally.cases == 2000
+    assert crashes == [] and tally.crashes == 0
+    assert tally.wrong_accepts == 0 and tally.valid_rejected == 0
+    assert 1000 < tally.rejected < 2000  # most mutations are invalid; the valid ones pass
+
+
+def _traj():
+    return base_trajectory(random.Random(7))
+
+
+@pytest.mark.parametrize("mutate, reason", [
+    (lambda t: setattr(t, "score", math.nan), "score"),
+    (lambda t: setattr(t, "score", 1.5), "score"),
+    (lambda t: t.steps[0].logprobs.__setitem__(0, 0.25), "logprobs"),
+    (lambda t: t.steps[0].logprobs.__setitem__(0, -math.inf), "logprobs"),
+    (lambda t: t.steps[0].versions.pop(), "lengths"),
+    (lambda t: t.steps[0].output_ids.__setitem__(0, VOCAB), "token_ids"),
+    (lambda t: t.steps[1].prompt_ids.__setitem__(0, -3), "token_ids"),
+    (lambda t: setattr(t.steps[0], "image_indices", [2]), "image_indices"),
+    (lambda t: setattr(t.steps[0], "versions", [VERSION + 1] * len(t.steps[0].output_ids)), "versions"),
+    (lambda t: setattr(t, "timings", {"episode_s": math.nan}), "timings"),
+    (lambda t: setattr(t, "outcome", "WIN"), "outcome"),
+    (lambda t: setattr(t, "steps", t.steps * 300), "size"),
+])
+def test_each_bad_value_has_its_reason(mutate, reason):
+    traj = _traj()
+    check_trajectory(traj, vocab_size=VOCAB, version=VERSION)  # the base is valid
+    mutate(traj)
+    with pytest.raises(InvalidMessage) as caught:
+        check_trajectory(traj, vocab_size=VOCAB, version=VERSION)
+    assert caught.value.reason == reason
+
+
+def test_boolean_schema_and_plain_huge_ids_are_refused():
+    traj = _traj()
+    n = len(traj.steps[0].output_ids)
+    frames = codec.encode(traj)
+    with pytest.raises(codec.WireError, match="schema"):
+        codec.decode(reencode(frames, lambda h: h.__setitem__("schema", True)), max_bytes=1 << 26)
+    ids = [2**40] + [1] * (n - 1)  # a plain msgpack list, not the packed int32 array actors send
+    huge = reencode(frames, lambda h: h["body"]["steps"][0].__setitem__("output_ids", ids))
+    decoded = codec.decode(huge, max_bytes=1 << 26)  # the codec checks types; the value is validation's
+    with pytest.raises(InvalidMessage, match="token_ids"):
+        check_trajectory(decoded, vocab_size=VOCAB, version=VERSION)
+    assert msgpack.unpackb(huge[0], raw=False, ext_hook=lambda c, d: d)["body"]["steps"][0]["output_ids"] == ids
+
+
+def test_hello_slots_are_bounded():
+    check_hello(Hello("a", 8))
+    for slots in (-1, 10**6):
+        with pytest.raises(InvalidMessage, match="slots"):
+            check_hello(Hello("a", slots))
