@@ -10,6 +10,7 @@ Owns: the mapping from what happens in an episode to a Trajectory and its Outcom
 | a reply did not parse (episode ends there)      | POLICY_ERROR  | yes, with ARPO's format penalty |
 | desktop died, controller timed out, setup or evaluator failed | ENV_ERROR | no |
 | inference server unreachable after all retries  | ABORTED       | no         |
+| the server aborted a generation (finish_reason abort) | ABORTED | no         |
 
 The reward always comes from the evaluator reading the desktop's real state after the episode, never from
 the actor's own bookkeeping. Sampled token ids, their behaviour log-probs and weight versions are recorded
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 
 from actors.desktop.controller_client import ControllerClient, DesktopError
 from actors.evaluation import EvaluationError, TaskSetupError, evaluate, run_setup
-from actors.policy_client import PolicyClient, PolicyRequestError, PolicyUnavailable
+from actors.policy_client import GenerationAborted, PolicyClient, PolicyRequestError, PolicyUnavailable
 from actors.uitars.actions import Action, ActionParseError, parse_reply
 from actors.uitars.grammar import action_regex
 from actors.uitars.prompt import build_messages
@@ -108,7 +109,7 @@ class EpisodeRunner:
             traj.outcome = self._outcome(traj, last_action).value
         except (DesktopError, TaskSetupError, EvaluationError, TaskFormatError, TimeoutError) as e:
             traj.outcome, traj.error = Outcome.ENV_ERROR.value, f"{type(e).__name__}: {e or 'deadline passed'}"
-        except (PolicyUnavailable, PolicyRequestError) as e:
+        except (PolicyUnavailable, PolicyRequestError, GenerationAborted) as e:
             traj.outcome, traj.error = Outcome.ABORTED.value, f"{type(e).__name__}: {e}"
         traj.timings["episode_s"] = time.perf_counter() - started
         return traj
@@ -141,6 +142,9 @@ class EpisodeRunner:
                 input_ids=prompt_ids, images=[traj.screenshots[i] for i in image_indices],
                 sampling_params=self.sampling_params, rid=f"{traj.trajectory_id}-{len(traj.steps)}",
                 episode_id=traj.trajectory_id)
+            if gen.finish_reason == "abort":  # the server gave up on it: not a reply the policy chose
+                raise GenerationAborted(f"{gen.url} aborted request {traj.trajectory_id}-{len(traj.steps)} after "
+                                        f"{len(gen.output_ids)} tokens")
             step = Step(prompt_ids=prompt_ids, image_indices=image_indices, output_ids=gen.output_ids,
                         logprobs=gen.logprobs, versions=gen.token_versions, text=gen.text, action="",
                         generate_s=gen.latency_s, observe_s=observe_s)

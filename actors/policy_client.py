@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import random
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -34,6 +35,11 @@ SGLANG_INITIAL_VERSION = "default"
 
 class PolicyUnavailable(RuntimeError):
     """The inference server could not be reached (refused, reset, timed out or 5xx) after every retry."""
+
+
+class GenerationAborted(RuntimeError):
+    """The server ended a generation with finish_reason "abort" (it was paused with mode abort, the request was
+    aborted, or the server gave up on it): the reply is not the policy's, so the episode ends as ABORTED."""
 
 
 class PolicyRequestError(RuntimeError):
@@ -56,9 +62,11 @@ class PolicyRequestError(RuntimeError):
 class RetryPolicy:
     """How hard to try before declaring a server unavailable.
 
-    Waits between attempts are ``min(base_delay_s * 2**i, max_delay_s)``; the call gives up after
-    ``attempts`` tries (so the server has about the sum of those waits to come back). Longer windows ride out
-    server restarts at the price of actors waiting longer before reporting ABORTED.
+    Waits between attempts are drawn uniformly from ``[0, min(base_delay_s * 2**i, max_delay_s)]`` ("full
+    jitter", AWS Architecture Blog, "Exponential Backoff And Jitter", 2015): hundreds of actors that lost the same
+    server spread their retries instead of hitting it in step when it comes back. The call gives up after
+    ``attempts`` tries, so the server has on average half the sum of the caps to come back. Longer windows ride
+    out server restarts at the price of actors waiting longer before reporting ABORTED.
     """
 
     attempts: int = 8
@@ -82,9 +90,13 @@ class RetryPolicy:
         if min(self.request_timeout_s, self.connect_timeout_s, self.admin_timeout_s) <= 0:
             raise ValueError("timeouts must be > 0")
 
-    def delay(self, failures: int) -> float:
-        """Seconds to wait after the ``failures``-th consecutive failure (1-based)."""
+    def cap(self, failures: int) -> float:
+        """The longest wait after the ``failures``-th consecutive failure (1-based), seconds."""
         return min(self.base_delay_s * 2 ** (failures - 1), self.max_delay_s)
+
+    def delay(self, failures: int) -> float:
+        """Seconds to wait after the ``failures``-th consecutive failure: uniform in [0, :meth:`cap`]."""
+        return random.uniform(0.0, self.cap(failures))
 
 
 @dataclass(frozen=True)

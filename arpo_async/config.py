@@ -161,6 +161,12 @@ class LearnerConfig:
     """"distributed": "gloo", "nccl" or "auto" (nccl when learner.device is cuda, else gloo; arpo-serve takes gloo)."""
     sync_timeout_s: float = 120.0
     """"distributed": seconds a server may take to join or to receive the weights before it is skipped."""
+    stall_warning_s: float = 300.0
+    """When no optimizer step happened for this long although groups came back (every one without a reward
+    difference), the log and the progress line say why (0 = never)."""
+    stall_timeout_s: float = 0.0
+    """Stop the learner with an error (non-zero exit, so `arpo run` fails) after this long without an optimizer
+    step while groups keep coming back without a reward difference (0 = never)."""
     dist_timeout_s: float = 1800.0
     """Under torchrun: seconds a collective may wait for the other ranks before the run fails (a dead rank is
     usually noticed at once; rank 0 pings the others when idle, so waiting for rollouts never trips it)."""
@@ -194,6 +200,8 @@ class LearnerConfig:
         _require(self.max_tokens_per_microbatch >= 0, "learner.max_tokens_per_microbatch",
                  "must be >= 0 (0 = no limit)")
         _require(self.dist_timeout_s > 0, "learner.dist_timeout_s", "must be > 0")
+        _require(self.stall_warning_s >= 0 and self.stall_timeout_s >= 0, "learner.stall_warning_s/stall_timeout_s",
+                 "must be >= 0 (0 = never)")
         _require(self.weight_sync in ("disk", "distributed"), "learner.weight_sync", "must be 'disk' or 'distributed'")
         _require(self.sync_bucket_mb > 0, "learner.sync_bucket_mb", "must be > 0")
         _require(self.sync_backend in ("auto", "gloo", "nccl"), "learner.sync_backend",

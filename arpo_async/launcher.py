@@ -163,7 +163,8 @@ def progress_line(config: RunConfig, started: float) -> str:
     return (f"[{time.monotonic() - started:6.0f}s] {phase}step {len(records)}/{steps} "
             f"version {status.get('policy_version', 0)} | trajectories {status.get('trajectories', 0)} "
             f"running {status.get('running', 0)} | {success_text(records)} "
-            f"loss {last.get('loss') if last.get('loss') is not None else float('nan'):.4f} | {outcomes}")
+            f"loss {last.get('loss') if last.get('loss') is not None else float('nan'):.4f} | {outcomes}"
+            + (f" | STALLED: {status['stall']}" if status.get("stall") else ""))
 
 
 def draw_curve(run: Path, *, quiet_if_empty: bool = False) -> Path | None:

@@ -148,7 +148,7 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
             pump_task = tg.create_task(pump.run())
             expire_task = tg.create_task(service.expire_loop())
             status_task = tg.create_task(write_status(service, config.run_path / "status.json"))
-            loops = [pump_task, expire_task, status_task]
+            loops = [pump_task, expire_task, status_task, tg.create_task(watch_stall(service, lc))]
             if isinstance(trainer, LeadTrainer):
                 loops.append(tg.create_task(keep_ranks_alive(trainer)))
             if baseline is not None:
@@ -156,6 +156,7 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
                 kept = save_baseline(baseline_path, baseline, lc)
                 service.selector = task_selector(valuable_pool(tasks, kept), lc)
                 scheduler.set_task_source(service.selector.pick_task, training_budget)
+                service.last_step_at = time.monotonic()  # training starts now
                 await service.dispatch()
             await (loop.run_lockstep() if lockstep else loop.run_async())
             await service.shutdown_actors("training finished")
@@ -167,6 +168,26 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
             metrics.close()
         await client.aclose()
         ctx.destroy(linger=0)
+
+
+class StalledRun(RuntimeError):
+    """No optimizer step for ``learner.stall_timeout_s`` while every group came back without a reward difference."""
+
+
+async def watch_stall(service: LearnerService, lc: LearnerConfig, period_s: float = 5.0) -> None:
+    """Say why no optimizer step happens (every ``learner.stall_warning_s``), and raise StalledRun after
+    ``learner.stall_timeout_s`` (when set)."""
+    warned_at = 0.0
+    while True:
+        await asyncio.sleep(period_s)
+        now = time.monotonic()
+        service.stall = service.stall_reason(now, after_s=lc.stall_warning_s)
+        if service.stall and now - warned_at >= lc.stall_warning_s:
+            log.warning("%s", service.stall)
+            warned_at = now
+        timeout = service.stall_reason(now, after_s=lc.stall_timeout_s) if lc.stall_timeout_s else None
+        if timeout:
+            raise StalledRun(f"{timeout} (learner.stall_timeout_s = {lc.stall_timeout_s:g} s)")
 
 
 async def keep_ranks_alive(lead: LeadTrainer) -> None:
@@ -420,6 +441,8 @@ class TrainingLoop:
         publish_s = await self.publisher.publish_from(self.trainer, version)
         await service.set_version(version)
         service.step += updates
+        service.last_step_at, service.stall = time.monotonic(), None
+        service.zero_variance_at_step = service.batcher.drops.get("zero_variance", 0)
         record = step_record(service.step, version, batch, stats, window, service, publish_s, self.wall_s,
                              schedule=lc.schedule, updates=updates, optimizer_steps=self.trainer.steps,
                              rollout_batches=self.rollout_batches, skipped_batches=self.skipped_batches)

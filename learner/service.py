@@ -137,6 +137,12 @@ class LearnerService:
         was lost (a full ROUTER queue drops silently) gets the same assignment again."""
         self.batch_ready = asyncio.Event()
         self.started = time.monotonic()
+        self.last_step_at = self.started
+        """When the last optimizer step finished (the training loop sets it), for the stall check."""
+        self.zero_variance_at_step = 0
+        """The batcher's zero-variance drop count at the last optimizer step."""
+        self.stall: str | None = None
+        """Why no optimizer step is happening, while that lasts (shown in status.json and the progress line)."""
         self.round_done = asyncio.Event()
         self.window = WindowStats()
         self.totals: collections.Counter[str] = collections.Counter()
@@ -348,9 +354,23 @@ class LearnerService:
             await self.pump.send(LearnerStatus(self.learner_id, version), peer)
         await self.dispatch()
 
+    def stall_reason(self, now: float | None = None, *, after_s: float) -> str | None:
+        """Why the run makes no progress, when no optimizer step happened for ``after_s`` seconds although
+        groups came back, every one without a reward difference; else None."""
+        now = time.monotonic() if now is None else now
+        idle = now - self.last_step_at
+        flat = self.batcher.drops.get("zero_variance", 0) - self.zero_variance_at_step
+        if after_s <= 0 or idle < after_s or self.baseline is not None or flat <= 0:
+            return None
+        trajectories = sum(self.window.outcomes.values())
+        successes = self.window.outcomes.get(Outcome.SUCCESS.value, 0)
+        return (f"no optimizer step for {idle:.0f} s: {successes} successes in {trajectories} trajectories since "
+                f"the last step, {flat} groups without a reward difference; nothing to learn from. Consider a "
+                "baseline pass (learner.baseline_k) or easier tasks")
+
     def status(self) -> dict:
         """A snapshot for progress displays (written to <run>/status.json by the learner)."""
-        return {"learner_id": self.learner_id, "policy_version": self.version,
+        return {"learner_id": self.learner_id, "policy_version": self.version, "stall": self.stall,
                 "trajectories": self.totals["trajectories"],
                 "from_desktop": self.totals["from_desktop"], "running": self.admission.running,
                 "step": self.step,

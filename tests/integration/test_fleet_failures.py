@@ -288,3 +288,42 @@ async def test_learner_shutdown_cancels_episodes_in_flight(server, tiny_model, d
         assert cancelled and int(cancelled[1]) >= 1, text[-3000:]
         assert not re.search(r"actor \S+ \S+ #\d+: ", text[cancelled.end():]), "an episode ran on after shutdown"
         assert await labelled(run_id) == []
+
+
+async def test_a_generation_the_server_aborts_ends_the_episode_aborted(tiny_model, encoder, pool, transport,
+                                                                      tmp_path):
+    """finish_reason "abort" (here: arpo-serve paused with mode abort while the episode's request waits) is not
+    the policy's reply: the episode ends ABORTED, never trained on, and the actor goes on."""
+    import aiohttp
+
+    serve = ServeProcess(tiny_model, free_port(), tmp_path)
+    await asyncio.to_thread(serve.start)
+    policy = PolicyClient([serve.url], retry=RetryPolicy(attempts=3, base_delay_s=0.2, max_delay_s=0.5))
+    runner = EpisodeRunner(encoder, policy, actor_config())
+    ctx = zmq.asyncio.Context()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def queued() -> int:
+                async with http.get(f"{serve.url}/get_server_info") as resp:
+                    return (await resp.json())["internal_states"][0]["queue_depth"]
+
+            await http.post(f"{serve.url}/pause_generation", json={"mode": "in_place"})
+            async with learner(ctx, transport) as (_, received), actors(ctx, transport, pool, runner):
+                deadline = time.monotonic() + EPISODE_DEADLINE_S
+                while await queued() == 0:  # an episode's request waits on the paused server
+                    assert time.monotonic() < deadline, "no request reached the paused server"
+                    await asyncio.sleep(0.05)
+                await http.post(f"{serve.url}/pause_generation", json={"mode": "abort"})  # ends what waits
+                await http.post(f"{serve.url}/continue_generation", json={})
+                await until(lambda: any(t.outcome == Outcome.ABORTED.value for t in received), EPISODE_DEADLINE_S,
+                            "an episode to end ABORTED")
+                aborted = next(t for t in received if t.outcome == Outcome.ABORTED.value)
+                assert "GenerationAborted" in aborted.error, aborted.error
+                assert not aborted.outcome_enum.trainable
+                n_before = len(received)
+                await until(lambda: any(t.outcome_enum.trainable for t in received[n_before:]), EPISODE_DEADLINE_S,
+                            "a trainable trajectory after the abort")
+    finally:
+        await policy.aclose()
+        await asyncio.to_thread(serve.stop)
+        ctx.destroy(linger=0)

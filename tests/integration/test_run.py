@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +86,30 @@ def test_arpo_run_embedded_default(tmp_path, desktop_image, tiny_model):
     assert any("DesktopError" in line for line in env_errors), env_errors
     assert run_containers("demo") == []
     assert (run_dir / "config.toml").exists() and (run_dir / "weights" / "v3" / "model.safetensors").exists()
+
+
+def test_a_run_that_cannot_learn_says_why_and_fails_after_the_stall_timeout(tmp_path, desktop_image, tiny_model):
+    """Every group of an unsolvable task has zero reward variance: no optimizer step can happen. The progress
+    line and the learner's log say why, and with learner.stall_timeout_s set `arpo run` exits non-zero."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    source = sorted((Path(__file__).resolve().parents[1] / "data" / "tasks" / "shapes").glob("*.json"))[0]
+    task = json.loads(source.read_text())
+    task["id"] = "shapes-impossible"
+    task["evaluator"]["expected"]["rules"]["expected"] = "No Such Label"
+    (tasks / "impossible.json").write_text(json.dumps(task))
+    run_dir = tmp_path / "stalled"
+    proc = subprocess.run(
+        [sys.executable, "-m", "arpo_async.cli", "run", "--out", str(run_dir), "--model", str(tiny_model),
+         "--set", "serve.port=31787", "--set", 'actors.inference_urls=["http://127.0.0.1:31787"]',
+         "--set", "transport.endpoint=tcp://127.0.0.1:31788", "--set", f'learner.tasks="{tasks}"',
+         "--set", 'actors.grammar_actions=["click"]', "--set", "actors.max_steps=1",
+         "--set", "learner.stall_warning_s=5", "--set", "learner.stall_timeout_s=25", "--set", "learner.steps=5"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert "STALLED: no optimizer step" in proc.stdout, proc.stdout[-3000:]
+    log = (run_dir / "logs" / "learner.log").read_text()
+    assert "0 successes in" in log and "Consider a baseline pass" in log
+    assert "StalledRun" in log and "learner.stall_timeout_s = 25 s" in log
+    assert not read_metrics(run_dir / "metrics.jsonl")  # not a single optimizer step
+    assert run_containers("stalled") == []
