@@ -39,7 +39,7 @@ async def run_actors(config: RunConfig, actor_id: str) -> None:
     """Connect to the learner and run ``actors.actors`` EnvActors until shutdown; remove every desktop."""
     ac = config.actors
     encoder = PromptEncoder(config.model_path)
-    policy = PolicyClient(list(ac.inference_urls),
+    policy = PolicyClient(list(ac.inference_urls), api_key=config.serve.api_key,
                           retry=RetryPolicy(attempts=ac.policy_attempts, max_delay_s=ac.policy_max_wait_s))
     fleet = DesktopFleet(ac.image or image_tag(), config.resolved_run_id, screen=ac.screen_size,
                          memory_mb=ac.desktop_memory_mb, pids_limit=ac.desktop_pids)

@@ -251,14 +251,17 @@ class PolicyClient:
         urls: base URLs (``http://host:port``), at least one; episodes are spread over them by ``server_for``.
         retry: the retry policy for every call.
         max_connections: cap on simultaneous HTTP connections (one per in-flight generation).
+        api_key: sent as ``Authorization: Bearer <api_key>`` with every request (SGLang's and arpo-serve's
+            --api-key); empty = no header.
 
     Use inside a running event loop: ``async with PolicyClient([...]) as client: ...``.
     """
 
     def __init__(self, urls: Sequence[str], *, retry: RetryPolicy = RetryPolicy(),
-                 max_connections: int = 1024) -> None:
+                 max_connections: int = 1024, api_key: str = "") -> None:
         if not urls:
             raise ValueError("PolicyClient needs at least one server URL")
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.urls = [u.rstrip("/") for u in urls]
         self.retry = retry
         self._max_connections = max_connections
@@ -300,7 +303,7 @@ class PolicyClient:
         try:
             async with self._http().request(
                 method, url, data=body,
-                headers={"Content-Type": "application/json"} if body is not None else None,
+                headers={**self._auth, **({"Content-Type": "application/json"} if body is not None else {})},
                 timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.retry.connect_timeout_s),
             ) as resp:
                 text = await resp.text()

@@ -47,7 +47,29 @@ def build_parser() -> argparse.ArgumentParser:
                            "15 image tokens for a 1280x720 screenshot)")
     init.add_argument("--hidden-size", type=int, default=DEFAULT_HIDDEN_SIZE,
                       help=f"width of the text model, a multiple of 64 (default {DEFAULT_HIDDEN_SIZE})")
+    keys = sub.add_parser("keys", help="write a ZeroMQ CURVE key pair (the learner's, or an actor host's)")
+    keys.add_argument("--out", type=Path, required=True, help="folder for NAME.key (public) and NAME.key_secret")
+    keys.add_argument("--name", required=True, help="e.g. learner, or the actor host's name")
     return parser
+
+
+def write_keys(folder: Path, name: str) -> tuple[Path, Path]:
+    """Write a CURVE certificate pair with zmq.auth: ``<folder>/<name>.key`` (public: give it to the peers) and
+    ``<name>.key_secret`` (secret, mode 0600: keep it on this host). Returns (public, secret).
+
+    Raises:
+        FileExistsError: either file exists already (keys are never overwritten).
+    """
+    import zmq.auth
+
+    folder.mkdir(parents=True, exist_ok=True)
+    public, secret = folder / f"{name}.key", folder / f"{name}.key_secret"
+    for path in (public, secret):
+        if path.exists():
+            raise FileExistsError(f"{path} exists; remove it first or choose another --name")
+    made_public, made_secret = zmq.auth.create_certificates(str(folder), name)
+    Path(made_secret).chmod(0o600)
+    return Path(made_public), Path(made_secret)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,6 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "desktop" and args.desktop_command == "clean":
         from actors.desktop.fleet import remove_run_containers
         print(f"removed {asyncio.run(remove_run_containers(args.run_id))} container(s)")
+        return 0
+    if args.command == "keys":
+        try:
+            public, secret = write_keys(args.out, args.name)
+        except (FileExistsError, OSError) as e:
+            print(f"arpo keys: {e}", file=sys.stderr)
+            return 2
+        print(f"public key {public} (give it to the peers)\nsecret key {secret} (keep it here)")
         return 0
     if args.command == "init-model":
         from arpo_async.model.init_model import create_tiny_model

@@ -43,6 +43,14 @@ class TransportConfig:
     """Actors send a heartbeat this often; the learner's reply tells them if it restarted."""
     resend_after_s: float = 30.0
     """An unacknowledged trajectory or unanswered work request is sent again after this many seconds."""
+    curve_secret_key_file: str = ""
+    """ZeroMQ CURVE (authentication + encryption): this process's secret certificate, from `arpo keys` (the
+    learner's own, or this actor host's). Empty = plain TCP (then keep the learner's port on a private network)."""
+    curve_server_key_file: str = ""
+    """Actors with CURVE: the learner's public certificate (``<name>.key`` from `arpo keys`)."""
+    curve_authorized_dir: str = ""
+    """The learner with CURVE: a folder of the public certificates (``*.key``) of the actor hosts allowed to
+    connect; any other peer is refused during the handshake."""
     peer_timeout_s: float = 30.0
     """The learner forgets an actor process not heard from for this long (no heartbeat): its waiting work requests
     are dropped and its running rollouts handed out again at once. Keep it several heartbeats long."""
@@ -350,6 +358,9 @@ class ServeConfig:
     """Largest batch of concurrent /generate requests decoded together."""
     jump_forward: bool = True
     """Emit text the action grammar forces as its canonical tokens instead of sampling it (arpo_async.serve.engine)."""
+    api_key: str = ""
+    """Bearer token the inference servers require (arpo-serve / SGLang --api-key); actors and the learner send it.
+    Empty = none (then keep the servers on a private network)."""
 
 
 @dataclass(frozen=True)

@@ -70,12 +70,13 @@ def prepare(config: RunConfig, say: Callable[[str], None]) -> RunConfig:
     return replace(config, model=str(model.resolve()), actors=replace(config.actors, image=image))
 
 
-def spawn(args: list[str], log_path: Path) -> subprocess.Popen:
-    """Start a child process in its own process group with stdout+stderr to ``log_path``."""
+def spawn(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start a child process in its own process group with stdout+stderr to ``log_path``; ``env`` adds to this
+    process's environment (secrets go there, not on the command line where ``ps`` shows them)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, **env} if env else None)
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float = 300.0) -> None:
@@ -181,10 +182,12 @@ def draw_curve(run: Path, *, quiet_if_empty: bool = False) -> Path | None:
     return None
 
 
-def server_weight_version(url: str) -> str | None:
+def server_weight_version(url: str, api_key: str = "") -> str | None:
     """The weight_version an inference server reports in /get_model_info (None if it does not answer)."""
+    request = urllib.request.Request(f"{url}/get_model_info",
+                                     headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     try:
-        with urllib.request.urlopen(f"{url}/get_model_info", timeout=5) as reply:
+        with urllib.request.urlopen(request, timeout=5) as reply:
             return json.loads(reply.read()).get("weight_version")
     except (urllib.error.URLError, OSError, json.JSONDecodeError):
         return None
@@ -195,7 +198,7 @@ def write_summary(config: RunConfig, exit_code: int, url: str, wall_s: float) ->
     records = read_metrics(config.run_path / "metrics.jsonl")
     summary = {"exit_code": exit_code, "steps": len(records),
                "policy_version": records[-1]["policy_version"] if records else 0,
-               "server_weight_version": server_weight_version(url), "wall_s": round(wall_s, 1)}
+               "server_weight_version": server_weight_version(url, config.serve.api_key), "wall_s": round(wall_s, 1)}
     (config.run_path / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -240,8 +243,9 @@ def run_local(config: RunConfig, *, say: Callable[[str], None] = print, resume: 
         say(f"run folder {run}; logs in {logs}")
         serve = spawn([py, "-m", "arpo_async.serve.main", "--model", config.model, "--host", config.serve.host,
                        "--port", str(config.serve.port), "--max-batch", str(config.serve.max_batch),
-                       "--weight-version", "0",
-                       "--jump-forward" if config.serve.jump_forward else "--no-jump-forward"], logs / "serve.log")
+                       "--weight-version", "0", "--weights-root", str(run / "weights"),
+                       "--jump-forward" if config.serve.jump_forward else "--no-jump-forward"], logs / "serve.log",
+                      env={"ARPO_API_KEY": config.serve.api_key} if config.serve.api_key else None)
         wait_healthy(url, serve, logs / "serve.log")
         say(f"arpo-serve ready at {url}")
         learner = spawn([py, "-m", "learner.main", "--config", str(config_path)], logs / "learner.log")

@@ -19,6 +19,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import zmq
@@ -33,6 +34,57 @@ OUTBOX_SIZE = 1024
 """Bounded outbox per socket: producers wait (backpressure) when it is full."""
 
 
+class TransportSecurityError(RuntimeError):
+    """A CURVE certificate or the authorized-keys folder is missing or unreadable (names the config key)."""
+
+
+def _certificate(path: str, key: str, *, secret: bool) -> tuple[bytes, bytes | None]:
+    """(public key, secret key or None) from a certificate file written by `arpo keys` (zmq.auth)."""
+    import zmq.auth
+
+    if not path:
+        raise TransportSecurityError(f"{key} must name a certificate file from `arpo keys`")
+    try:
+        public, private = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as error:
+        raise TransportSecurityError(f"{key} = {path!r}: cannot read the certificate ({error})") from error
+    if secret and not private:
+        raise TransportSecurityError(f"{key} = {path!r} holds no secret key (use the .key_secret file)")
+    return public, private
+
+
+def start_authenticator(ctx: zmq.asyncio.Context, config: TransportConfig):
+    """With CURVE on (``transport.curve_secret_key_file``), start ZeroMQ's ZAP handler for ``ctx`` accepting only
+    the public certificates in ``transport.curve_authorized_dir``; returns it (``.stop()`` it when done), or None
+    without CURVE. Call before :func:`router_socket`, inside the running event loop.
+
+    Raises:
+        TransportSecurityError: CURVE on but no readable authorized-keys folder.
+    """
+    if not config.curve_secret_key_file:
+        return None
+    from zmq.auth.asyncio import AsyncioAuthenticator
+
+    folder = Path(config.curve_authorized_dir) if config.curve_authorized_dir else None
+    if folder is None or not folder.is_dir() or not any(folder.glob("*.key")):
+        raise TransportSecurityError("transport.curve_authorized_dir must name a folder holding the public "
+                                     "certificates (*.key) of the actor hosts allowed to connect")
+    auth = AsyncioAuthenticator(ctx)
+    auth.start()
+    auth.configure_curve(domain="*", location=str(folder))
+    return auth
+
+
+def exposure_warning(config: TransportConfig) -> str | None:
+    """The warning to log when the learner binds beyond this machine without CURVE."""
+    host = config.endpoint.split("://", 1)[-1].rsplit(":", 1)[0]
+    if config.curve_secret_key_file or host in ("127.0.0.1", "localhost", "[::1]") or config.endpoint.startswith(
+            ("ipc://", "inproc://")):
+        return None
+    return (f"the learner binds {config.endpoint} without CURVE: anyone who can reach this port can submit "
+            "trajectories; set transport.curve_secret_key_file and transport.curve_authorized_dir (`arpo keys`)")
+
+
 def router_socket(ctx: zmq.asyncio.Context, config: TransportConfig, bind_wait_s: float = 5.0) -> zmq.asyncio.Socket:
     """A bound ROUTER for the learner.
 
@@ -45,6 +97,9 @@ def router_socket(ctx: zmq.asyncio.Context, config: TransportConfig, bind_wait_s
     sock = ctx.socket(zmq.ROUTER)
     _set_common(sock, config)
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    if config.curve_secret_key_file:  # peers are checked by start_authenticator's ZAP handler
+        public, secret = _certificate(config.curve_secret_key_file, "transport.curve_secret_key_file", secret=True)
+        sock.curve_publickey, sock.curve_secretkey, sock.curve_server = public, secret, True
     deadline = time.monotonic() + bind_wait_s
     while True:
         try:
@@ -58,9 +113,19 @@ def router_socket(ctx: zmq.asyncio.Context, config: TransportConfig, bind_wait_s
 
 
 def dealer_socket(ctx: zmq.asyncio.Context, config: TransportConfig, identity: str) -> zmq.asyncio.Socket:
-    """A DEALER for an actor process, connected to the learner; ZeroMQ reconnects by itself."""
+    """A DEALER for an actor process, connected to the learner; ZeroMQ reconnects by itself. With
+    ``transport.curve_secret_key_file`` it authenticates with that certificate and encrypts (CURVE), trusting
+    only the learner's public certificate ``transport.curve_server_key_file``.
+
+    Raises:
+        TransportSecurityError: a certificate file is missing or unreadable.
+    """
     sock = ctx.socket(zmq.DEALER)
     _set_common(sock, config)
+    if config.curve_secret_key_file:
+        public, secret = _certificate(config.curve_secret_key_file, "transport.curve_secret_key_file", secret=True)
+        server, _ = _certificate(config.curve_server_key_file, "transport.curve_server_key_file", secret=False)
+        sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = public, secret, server
     sock.setsockopt(zmq.ROUTING_ID, identity.encode())
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)

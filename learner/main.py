@@ -47,7 +47,7 @@ from arpo_async.process import run_until_signal, setup_logging
 from arpo_async.messages import Outcome
 from arpo_async.metrics import MetricsWriter
 from arpo_async.tasks import Task, load_tasks
-from arpo_async.transport import SocketPump, router_socket
+from arpo_async.transport import SocketPump, exposure_warning, router_socket, start_authenticator
 from learner.batcher import Batcher, ScoredGroup, train_samples
 from learner.forced_tokens import ForcedTokens
 from learner.checkpoint import Checkpointer, capture, checkpoint_folders, reconcile_metrics, restore
@@ -122,10 +122,14 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
                  else StalenessManager(lc.batch_trajectories, lc.max_staleness))
     batcher = Batcher(replay, max_staleness=lc.max_staleness, groups_per_step=lc.groups_per_step,
                       format_reward_weight=lc.format_reward_weight, stratified=lc.stratified)
-    client = PolicyClient(list(config.actors.inference_urls))
+    client = PolicyClient(list(config.actors.inference_urls), api_key=config.serve.api_key)
     publisher = weight_publisher(config, client)
     checkpointer = Checkpointer(config.run_path / "checkpoints", keep=lc.keep_checkpoints)
     ctx = zmq.asyncio.Context()
+    authenticator = start_authenticator(ctx, config.transport)
+    warning = exposure_warning(config.transport)
+    if warning:
+        log.warning("%s", warning)
     sock = router_socket(ctx, config.transport)
     service: LearnerService
     pump = SocketPump(sock, routed=True, max_bytes=config.transport.max_message_bytes,
@@ -167,6 +171,8 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
         if metrics is not None:
             metrics.close()
         await client.aclose()
+        if authenticator is not None:
+            authenticator.stop()
         ctx.destroy(linger=0)
 
 

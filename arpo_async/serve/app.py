@@ -14,9 +14,11 @@ POST /abort_request.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import time
+from pathlib import Path
 
 import torch
 from aiohttp import web
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 ENGINE_KEY = web.AppKey("engine", Engine)
 SCHEDULER_KEY = web.AppKey("scheduler", Scheduler)
 GROUPS_KEY = web.AppKey("weight_groups", dict)
+WEIGHTS_ROOT_KEY = web.AppKey("weights_root", object)
 
 
 def _error(message: str, status: int = 400) -> web.Response:
@@ -111,6 +114,11 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     model_path = body.get("model_path")
     if not isinstance(model_path, str) or not model_path:
         raise RequestError("model_path (string) is required")
+    root = request.app[WEIGHTS_ROOT_KEY]
+    if root is not None and not Path(model_path).resolve().is_relative_to(root):
+        return web.json_response({"success": False, "num_paused_requests": 0,
+                                  "message": f"{model_path} is not under the weights root {root} (--weights-root)"},
+                                 status=400)
     version = body.get("weight_version")
 
     def load() -> tuple[bool, str]:  # runs while no batch runs: weights and version change together
@@ -307,9 +315,31 @@ async def abort_request(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-def build_app(engine: Engine, scheduler: Scheduler) -> web.Application:
-    """The aiohttp application with every route; the caller runs ``scheduler.run()`` beside it."""
-    app = web.Application(middlewares=[_errors], client_max_size=256 * 1024 * 1024)
+def _bearer(api_key: str):
+    """Middleware: every route but GET /health needs ``Authorization: Bearer <api_key>`` (SGLang's --api-key
+    check); a missing or wrong key gets 401 with SGLang's error body."""
+    expected = f"Bearer {api_key}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler):
+        if request.path != "/health":
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return _error("missing or wrong API key (Authorization: Bearer ...)", 401)
+        return await handler(request)
+
+    return check
+
+
+def build_app(engine: Engine, scheduler: Scheduler, *, api_key: str = "",
+              weights_root: Path | None = None) -> web.Application:
+    """The aiohttp application with every route; the caller runs ``scheduler.run()`` beside it.
+
+    ``api_key``: require it as a bearer token on every route but GET /health. ``weights_root``: load weights from
+    disk only from folders under it (None: any folder this process can read)."""
+    middlewares = [_bearer(api_key), _errors] if api_key else [_errors]
+    app = web.Application(middlewares=middlewares, client_max_size=256 * 1024 * 1024)
+    app[WEIGHTS_ROOT_KEY] = weights_root
     app[ENGINE_KEY] = engine
     app[SCHEDULER_KEY] = scheduler
     app[GROUPS_KEY] = {}

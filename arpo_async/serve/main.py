@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,12 +43,28 @@ class ServeConfig:
     """'model': unmasked temperature-1 log-probs (the trainer's); 'sglang': masked, tempered (SGLang's)."""
     jump_forward: bool = True
     """Emit grammar-forced text as its canonical tokens instead of sampling it (see serve.engine)."""
+    api_key: str = ""
+    """When set, every route but GET /health needs ``Authorization: Bearer <api_key>`` (SGLang's --api-key)."""
+    weights_root: Path | None = None
+    """When set, /update_weights_from_disk loads only folders under it (the learner's <run>/weights)."""
+
+
+def exposure_warning(host: str, api_key: str) -> str | None:
+    """The warning to print when ``host`` listens beyond this machine and no API key guards the server."""
+    if host in ("127.0.0.1", "localhost", "::1") or api_key:
+        return None
+    return (f"arpo-serve listens on {host} without an API key: anyone who can reach this port can generate and "
+            "replace the weights; pass --api-key (or serve.api_key in the run file)")
 
 
 async def serve(config: ServeConfig, engine: Engine) -> None:
     """Run the HTTP server and the scheduler until SIGINT/SIGTERM."""
     scheduler = Scheduler(engine, config.max_batch)
-    runner = web.AppRunner(build_app(engine, scheduler), access_log=None)
+    runner = web.AppRunner(build_app(engine, scheduler, api_key=config.api_key, weights_root=config.weights_root),
+                           access_log=None)
+    warning = exposure_warning(config.host, config.api_key)
+    if warning:
+        log.warning("%s", warning)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -75,11 +92,16 @@ def parse_args(argv: list[str] | None) -> ServeConfig:
     p.add_argument("--logprob-mode", choices=LOGPROB_MODES, default="model")
     p.add_argument("--jump-forward", action=argparse.BooleanOptionalAction, default=True,
                    help="emit text the grammar forces as its canonical tokens instead of sampling it (default on)")
+    p.add_argument("--api-key", default=os.environ.get("ARPO_API_KEY", ""),
+                   help="require 'Authorization: Bearer KEY' on every route but GET /health, as SGLang's --api-key "
+                        "(default: $ARPO_API_KEY)")
+    p.add_argument("--weights-root", type=Path,
+                   help="load weights (/update_weights_from_disk) only from folders under this one")
     a = p.parse_args(argv)
     if a.max_batch < 1:
         p.error("--max-batch must be >= 1")
     return ServeConfig(a.model, a.host, a.port, a.max_batch, a.weight_version, a.seed, a.logprob_mode,
-                       a.jump_forward)
+                       a.jump_forward, a.api_key, a.weights_root.resolve() if a.weights_root else None)
 
 
 def main(argv: list[str] | None = None) -> int:
