@@ -13,17 +13,63 @@ Tasks travel over the wire as their raw JSON dicts (:meth:`Task.to_dict`); :meth
 and re-validates them.
 
 The built-in suite lives in ``arpo_async/tasks_builtin/*.json`` and runs in the arpo desktop image.
+
+Hardening: a task file is read as at most :data:`MAX_TASK_FILE_BYTES` of strict UTF-8 JSON with no duplicate
+keys, no NaN/Infinity (nor a number that overflows to one) and at most :data:`MAX_JSON_DEPTH` levels of
+nesting; the fields have size caps (``MAX_*`` below). Whatever the bytes, loading raises only
+:class:`TaskFormatError`, naming the file (and the field where there is one). Files loaded with
+:func:`load_task_file` / :func:`load_tasks` are also checked against the setup types, getter types and metric
+funcs our evaluator implements (:data:`SETUP_TYPES`, :data:`GETTER_TYPES`, :data:`METRIC_FUNCS`), so a task
+we cannot run fails when the task set is loaded, not in an episode.
 """
 from __future__ import annotations
 
 import copy
 import json
+import math
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "tasks_builtin"
 INFEASIBLE = "infeasible"
+
+SETUP_TYPES: frozenset[str] = frozenset({
+    "launch", "execute", "command", "sleep", "activate_window", "close_window", "open", "upload_file"})
+"""Setup step types (``config[i].type`` and ``evaluator.postconfig[i].type``) our actors can run: exactly the
+keys of ``actors.evaluation.SETUP_STEPS`` (a unit test keeps the two equal; arpo_async must not import
+actors). OSWorld has more (download, chrome_open_tabs, googledrive, login, ...); tasks using them are
+rejected at load time."""
+
+GETTER_TYPES: frozenset[str] = frozenset({
+    "vm_file", "vm_command_line", "vm_command_error", "rule", "vm_screen_size"})
+"""Getter types (``evaluator.result[.type]`` / ``evaluator.expected[.type]``) our evaluator implements: exactly
+the keys of ``actors.evaluation.GETTERS`` (kept equal by a unit test)."""
+
+METRIC_FUNCS: frozenset[str] = frozenset({
+    "exact_match", "check_include_exclude", "is_in_list", "literal_match", "fuzzy_match", "file_contains",
+    "check_list", "diff_text_file", "compare_text_file"})
+"""Metric names (``evaluator.func``, a name or a list of names) our evaluator implements: exactly the keys of
+``actors.evaluation.METRICS`` (kept equal by a unit test). ``infeasible`` is accepted besides these: it is
+scored by the last action, not by a metric."""
+
+MAX_TASK_FILE_BYTES = 1_000_000
+"""A task file larger than this is rejected unread (OSWorld's largest example is under 10 kB)."""
+MAX_JSON_DEPTH = 32
+"""Deepest nesting of objects/lists in a task (the task object itself is level 1; OSWorld's deepest is 9)."""
+MAX_ID_CHARS = 256
+"""Longest ``id`` (and ``family``)."""
+MAX_INSTRUCTION_CHARS = 10_000
+"""Longest ``instruction`` (OSWorld's longest is under 700)."""
+MAX_STEPS = 100
+"""Most steps in ``config``, and separately in ``evaluator.postconfig`` (OSWorld uses at most 9)."""
+MAX_METRICS = 32
+"""Most metrics in a list ``evaluator.func`` (OSWorld uses at most 5)."""
+MAX_RELATED_APPS = 64
+"""Most entries in ``related_apps``."""
+_INT_MIN, _INT_MAX = -(2 ** 63), 2 ** 64 - 1  # what the msgpack wire codec can carry
 
 
 class TaskFormatError(ValueError):
@@ -78,16 +124,35 @@ class Task:
         return value if isinstance(value, str) else None
 
     @classmethod
-    def from_dict(cls, d: Any, *, source: str = "<dict>") -> Task:
-        """Validate an OSWorld task dict and build a Task. Raises TaskFormatError naming source and field."""
+    def from_dict(cls, d: Any, *, source: str = "<dict>", check_names: bool = False) -> Task:
+        """Validate an OSWorld task dict and build a Task.
+
+        Args:
+            d: the task's JSON dict.
+            source: where it came from (a path), used in error messages.
+            check_names: also require every setup type, getter type and metric func to be one our evaluator
+                implements (:data:`SETUP_TYPES`, :data:`GETTER_TYPES`, :data:`METRIC_FUNCS`);
+                :func:`load_task_file` and :func:`load_tasks` pass True.
+
+        Raises:
+            TaskFormatError: naming ``source`` and the field: not an object; a value that is not JSON (NaN,
+                Infinity, an integer beyond 64 bits, a string that is not valid Unicode, a non-string key,
+                another Python type); nesting deeper than MAX_JSON_DEPTH; a missing or mistyped field; a
+                field over its cap (MAX_ID_CHARS, MAX_INSTRUCTION_CHARS, MAX_STEPS, MAX_METRICS,
+                MAX_RELATED_APPS); with ``check_names``, an unknown setup type, getter type or metric func
+                (listing the supported ones).
+        """
         def fail(fieldname: str, why: str) -> TaskFormatError:
             return TaskFormatError(f"{source}: field '{fieldname}': {why}")
 
         if not isinstance(d, dict):
             raise TaskFormatError(f"{source}: a task must be a JSON object, got {type(d).__name__}")
+        _check_json_value(d, source)
         for key in ("id", "instruction"):
             if not isinstance(d.get(key), str) or not d[key].strip():
                 raise fail(key, "required, a non-empty string")
+        _check_len(d["id"], MAX_ID_CHARS, "id", fail)
+        _check_len(d["instruction"], MAX_INSTRUCTION_CHARS, "instruction", fail)
         config = d.get("config", [])
         _check_steps(config, "config", fail)
         ev = d.get("evaluator")
@@ -99,9 +164,17 @@ class Task:
             family = d["id"].rsplit("-", 1)[0] if "-" in d["id"] else d["id"]
         elif not isinstance(family, str) or not family:
             raise fail("family", "must be a non-empty string")
+        else:
+            _check_len(family, MAX_ID_CHARS, "family", fail)
         apps = d.get("related_apps", [])
         if not isinstance(apps, list) or not all(isinstance(a, str) for a in apps):
             raise fail("related_apps", "must be a list of strings")
+        if len(apps) > MAX_RELATED_APPS:
+            raise fail("related_apps", f"{len(apps)} entries, more than the cap of {MAX_RELATED_APPS}")
+        for i, app in enumerate(apps):
+            _check_len(app, MAX_ID_CHARS, f"related_apps[{i}]", fail)
+        if check_names:
+            _check_names(config, ev, fail)
         raw = copy.deepcopy(d)
         return cls(id=d["id"], instruction=d["instruction"], config=tuple(copy.deepcopy(config)),
                    evaluator=copy.deepcopy(ev), raw=raw, family=family, related_apps=tuple(apps), source=source)
@@ -111,9 +184,88 @@ class Task:
         return copy.deepcopy(self.raw)
 
 
+def _check_len(value: str, cap: int, where: str, fail) -> None:
+    if len(value) > cap:
+        raise fail(where, f"{len(value)} characters, more than the cap of {cap}")
+
+
+def _check_json_value(root: dict, source: str) -> None:
+    """Walk the task (iteratively: no recursion, whatever the depth) and require plain JSON all through: str
+    keys, valid-Unicode strings, finite floats, integers a 64-bit wire field can carry, nesting within
+    MAX_JSON_DEPTH. Raises TaskFormatError naming the path of the first bad value."""
+    stack: list[tuple[Any, str, int]] = [(root, "", 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        where = path or "<top level>"
+        if isinstance(value, (dict, list, tuple)):
+            if depth > MAX_JSON_DEPTH:
+                raise TaskFormatError(f"{source}: field '{where}': nested deeper than the cap of "
+                                      f"{MAX_JSON_DEPTH} levels")
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    if not isinstance(k, str):
+                        raise TaskFormatError(f"{source}: field '{where}': key {k!r} is not a string")
+                    _check_str(k, f"{path}.{k}" if path else k, source)
+                    stack.append((v, f"{path}.{k}" if path else k, depth + 1))
+            else:
+                stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
+        elif isinstance(value, str):
+            _check_str(value, where, source)
+        elif isinstance(value, bool) or value is None:
+            pass
+        elif isinstance(value, int):
+            if not _INT_MIN <= value <= _INT_MAX:
+                raise TaskFormatError(f"{source}: field '{where}': integer out of the 64-bit range")
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise TaskFormatError(f"{source}: field '{where}': {value} is not allowed (only finite numbers)")
+        else:
+            raise TaskFormatError(f"{source}: field '{where}': {type(value).__name__} is not a JSON value")
+
+
+def _check_str(s: str, where: str, source: str) -> None:
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise TaskFormatError(f"{source}: field '{where}': not valid Unicode text ({exc.reason} at "
+                                  f"character {exc.start})") from None
+
+
+def _supported(kind: str, name: str, names: frozenset[str]) -> str:
+    return f"unknown {kind} {name!r} (supported: {', '.join(sorted(names))})"
+
+
+def _check_names(config: list, ev: dict, fail) -> None:
+    """Every setup type, getter type and metric func must be one our evaluator implements (shapes are
+    already valid). The getters of an infeasible task are never called, so they are not checked."""
+    for where, steps in (("config", config), ("evaluator.postconfig", ev.get("postconfig", []))):
+        for i, step in enumerate(steps):
+            if step["type"] not in SETUP_TYPES:
+                raise fail(f"{where}[{i}].type", _supported("setup type", step["type"], SETUP_TYPES))
+    func = ev["func"]
+    if func == INFEASIBLE:
+        return
+    multi = isinstance(func, list)
+    for i, f in enumerate(func if multi else [func]):
+        if f not in METRIC_FUNCS:
+            raise fail(f"evaluator.func[{i}]" if multi else "evaluator.func",
+                       _supported("metric func", f, METRIC_FUNCS))
+    for key in ("result", "expected"):
+        if key not in ev:
+            continue
+        getters = ev[key] if multi else [ev[key]]
+        for i, g in enumerate(getters):
+            if g is not None and g["type"] not in GETTER_TYPES:
+                raise fail(f"evaluator.{key}[{i}].type" if multi else f"evaluator.{key}.type",
+                           _supported("getter type", g["type"], GETTER_TYPES))
+
+
 def _check_steps(steps: Any, where: str, fail) -> None:
     if not isinstance(steps, list):
         raise fail(where, "must be a list of {type, parameters} steps")
+    if len(steps) > MAX_STEPS:
+        raise fail(where, f"{len(steps)} steps, more than the cap of {MAX_STEPS}")
     for i, step in enumerate(steps):
         if not isinstance(step, dict) or not isinstance(step.get("type"), str) or not step["type"]:
             raise fail(f"{where}[{i}]", "a step needs a string 'type'")
@@ -136,6 +288,8 @@ def _check_evaluator(ev: dict, fail) -> None:
         n = None
     elif isinstance(func, list) and func and all(isinstance(f, str) and f for f in func):
         n = len(func)
+        if n > MAX_METRICS:
+            raise fail("evaluator.func", f"{n} metrics, more than the cap of {MAX_METRICS}")
     else:
         raise fail("evaluator.func", "required, a metric name or a non-empty list of names")
     if n is not None and INFEASIBLE in func:
@@ -166,28 +320,96 @@ def _check_evaluator(ev: dict, fail) -> None:
     _check_steps(ev.get("postconfig", []), "evaluator.postconfig", fail)
 
 
-def load_task_file(path: str | Path) -> Task:
-    """Load and validate one task file. Raises TaskFormatError (with the path) on bad JSON or fields."""
+class _Rejected(ValueError):
+    """Raised from the JSON parser's hooks (duplicate key, NaN/Infinity, a number overflowing to infinity)."""
+
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Rejected(f"duplicate key {k!r} in an object")
+        out[k] = v
+    return out
+
+
+def _reject_constant(name: str) -> Any:
+    raise _Rejected(f"{name} is not allowed (only finite numbers)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Rejected(f"number {text[:40]} is out of range")
+    return value
+
+
+def parse_task_json(data: bytes, source: str) -> Any:
+    """Parse a task file's bytes as strict JSON: UTF-8 (no BOM), no duplicate keys, no NaN/Infinity, no number
+    that overflows to infinity, nesting that the parser can take (the depth cap proper is checked by
+    :meth:`Task.from_dict`).
+
+    Raises:
+        TaskFormatError: naming ``source`` and why (not UTF-8 text, invalid JSON with line and column,
+            duplicate key, non-finite number, nested too deeply); never another exception.
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TaskFormatError(f"{source}: not UTF-8 text (binary content?): {exc.reason} at byte "
+                              f"{exc.start}") from None
+    try:
+        return json.loads(text, object_pairs_hook=_object_without_duplicates, parse_constant=_reject_constant,
+                          parse_float=_finite_float)
+    except _Rejected as exc:
+        raise TaskFormatError(f"{source}: invalid JSON: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise TaskFormatError(f"{source}: invalid JSON: {exc}") from None
+    except RecursionError:
+        raise TaskFormatError(f"{source}: invalid JSON: nested too deeply (the cap is {MAX_JSON_DEPTH} "
+                              f"levels)") from None
+    except ValueError as exc:  # e.g. an integer literal over Python's 4300-digit limit
+        raise TaskFormatError(f"{source}: invalid JSON: {exc}") from None
+
+
+def load_task_file(path: str | Path, *, check_names: bool = True) -> Task:
+    """Load and validate one task file (see :meth:`Task.from_dict`; ``check_names`` as there, on by default).
+
+    Raises:
+        TaskFormatError: naming the path: it cannot be read or is not a regular file; it is larger than
+            MAX_TASK_FILE_BYTES; its bytes are not strict UTF-8 JSON (:func:`parse_task_json`); or the task
+            is invalid (:meth:`Task.from_dict`, which also names the field).
+    """
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise TaskFormatError(f"{path}: invalid JSON: {exc}") from exc
-    except OSError as exc:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise TaskFormatError(f"{path}: not a regular file")
+        if st.st_size > MAX_TASK_FILE_BYTES:
+            raise TaskFormatError(f"{path}: {st.st_size} bytes, more than the cap of {MAX_TASK_FILE_BYTES} "
+                                  f"for a task file")
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_TASK_FILE_BYTES + 1)
+    except (OSError, ValueError) as exc:  # ValueError: e.g. a NUL in the path
+        if isinstance(exc, TaskFormatError):
+            raise
         raise TaskFormatError(f"{path}: cannot read: {exc}") from exc
-    return Task.from_dict(data, source=str(path))
+    if len(data) > MAX_TASK_FILE_BYTES:  # it grew after the stat
+        raise TaskFormatError(f"{path}: more than the cap of {MAX_TASK_FILE_BYTES} bytes for a task file")
+    return Task.from_dict(parse_task_json(data, str(path)), source=str(path), check_names=check_names)
 
 
 def load_tasks(path: str | Path | None = None) -> list[Task]:
-    """Load tasks: None = the built-in suite; a folder = every *.json under it (recursively, sorted by
-    path); a file = that one task.
+    """Load tasks: None = the built-in suite; a folder = every *.json file under it (recursively, sorted by
+    path); a file = that one task. Each file goes through :func:`load_task_file` (size cap, strict JSON,
+    field checks, and the setup types, getter types and metric funcs our evaluator implements).
 
-    Raises TaskFormatError for a malformed file (naming it), a missing path, an empty folder, or a
-    duplicate task id (naming both files).
+    Raises TaskFormatError for a malformed file or a task we cannot run (naming the file and field), a
+    missing path, an empty folder, or a duplicate task id (naming both files).
     """
     root = BUILTIN_DIR if path is None else Path(path)
     if root.is_dir():
-        files = sorted(root.rglob("*.json"))
+        files = sorted(p for p in root.rglob("*.json") if p.is_file())
         if not files:
             raise TaskFormatError(f"{root}: no *.json task files in this folder")
     elif root.is_file():

@@ -146,3 +146,224 @@ def test_a_bad_file_in_a_folder_is_named(tmp_path):
     bad = write(tmp_path, "zz/bad.json", minimal(id=5))
     with pytest.raises(TaskFormatError, match=str(bad)):
         load_tasks(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# hardening: any bytes give a TaskFormatError naming the file; only names our evaluator implements; caps
+
+from arpo_async.tasks import (  # noqa: E402
+    GETTER_TYPES, MAX_ID_CHARS, MAX_INSTRUCTION_CHARS, MAX_JSON_DEPTH, MAX_METRICS, MAX_RELATED_APPS, MAX_STEPS,
+    MAX_TASK_FILE_BYTES, METRIC_FUNCS, SETUP_TYPES, parse_task_json,
+)
+
+OSWORLD_EXAMPLES = Path(__file__).resolve().parents[3] / "shared" / "osworld" / "examples"
+
+
+def test_supported_names_are_exactly_the_evaluator_registries():
+    # arpo_async may not import actors, so tasks.py keeps its own copy of the names; this keeps them equal
+    assert SETUP_TYPES == frozenset(SETUP_STEPS)
+    assert GETTER_TYPES == frozenset(GETTERS)
+    assert METRIC_FUNCS == frozenset(METRICS)
+    assert all(isinstance(s, frozenset) for s in (SETUP_TYPES, GETTER_TYPES, METRIC_FUNCS))
+    assert "infeasible" not in METRIC_FUNCS  # scored by the last action, accepted separately
+
+
+def good_json() -> str:
+    return json.dumps(minimal())
+
+
+@pytest.mark.parametrize("data, why", [
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe", "not UTF-8 text"),
+    (b'{"id": "a-1", "instruction": "caf\xe9"}', "not UTF-8 text"),
+    (b"\x00\x01\x02\x03", "invalid JSON"),
+    (b"", "invalid JSON"),
+    (b"\xef\xbb\xbf" + good_json().encode(), "invalid JSON"),  # a BOM, as OSWorld's json.load would refuse too
+    (b"[" * 200_000, "nested too deeply"),
+    (b"{" + b'"a":{' * 100_000, "nested too deeply"),
+    (good_json().replace('"Red"', "NaN").encode(), "NaN is not allowed"),
+    (good_json().replace('"Red"', "Infinity").encode(), "Infinity is not allowed"),
+    (good_json().replace('"Red"', "-Infinity").encode(), "-Infinity is not allowed"),
+    (good_json().replace('"Red"', "1e999").encode(), "out of range"),
+    (good_json().replace('"Red"', "9" * 5000).encode(), "invalid JSON"),  # over Python's int-digit limit
+    (good_json().replace('"id": "demo-1"', '"id": "demo-1", "id": "demo-2"').encode(), "duplicate key 'id'"),
+    (good_json().replace('"rules": {', '"rules": {"expected": 1, ').encode(), "duplicate key 'expected'"),
+    (b"[]", "must be a JSON object, got list"),
+    (b'"a task"', "must be a JSON object, got str"),
+    (b"null", "must be a JSON object, got NoneType"),
+    (b"3", "must be a JSON object, got int"),
+    (good_json().replace('"Red"', '"\\ud800"').encode(), "not valid Unicode"),
+    (good_json().replace('"Red"', str(2 ** 64)).encode(), "64-bit"),
+    (good_json().replace('"Red"', "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1)).encode(),
+     "nested deeper than the cap"),
+])
+def test_any_bytes_give_a_task_format_error_naming_the_file(tmp_path, data, why):
+    p = tmp_path / "bad.json"
+    p.write_bytes(data)
+    with pytest.raises(TaskFormatError) as err:
+        load_tasks(p)
+    msg = str(err.value)
+    assert msg.startswith(f"{p}: ") and why in msg, msg
+
+
+def test_json_errors_name_the_field_where_there_is_one(tmp_path):
+    p = write(tmp_path, "deep.json", good_json().replace('"Red"', "[" * 40 + "]" * 40))
+    with pytest.raises(TaskFormatError, match=r"field 'evaluator\.expected\.rules\.expected\[0\]"):
+        load_task_file(p)
+    p = write(tmp_path, "nan.json", good_json().replace('"Red"', '"x", "n": 1e400'))
+    with pytest.raises(TaskFormatError, match="nan.json: invalid JSON: number 1e400 is out of range"):
+        load_task_file(p)
+
+
+def test_random_bytes_never_raise_anything_else(tmp_path):
+    import random
+    rng = random.Random(5)
+    base = good_json().encode()
+    p = tmp_path / "fuzz.json"
+    for _ in range(300):
+        data = bytearray(base)
+        for _ in range(rng.randint(1, 8)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        p.write_bytes(bytes(data))
+        try:
+            load_task_file(p)
+        except TaskFormatError as exc:
+            assert str(p) in str(exc)
+
+
+def test_dicts_from_the_wire_are_checked_the_same_way():
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    for bad, why in [(minimal(extra=deep), "nested deeper than the cap"),
+                     (minimal(extra=float("nan")), "only finite numbers"),
+                     (minimal(extra={1: "x"}), "key 1 is not a string"),
+                     (minimal(extra={"a"}), "set is not a JSON value"),
+                     (minimal(extra=-(2 ** 70)), "64-bit")]:
+        with pytest.raises(TaskFormatError) as err:
+            Task.from_dict(bad, source="assignment 7")
+        assert str(err.value).startswith("assignment 7: field 'extra") and why in str(err.value)
+
+
+@pytest.mark.parametrize("mutate, field, name", [
+    (lambda d: d["config"].extend([{"type": "sleep", "parameters": {"seconds": 1}},
+                                   {"type": "download", "parameters": {"files": []}}]),
+     "config[2].type", "setup type 'download'"),
+    (lambda d: d["evaluator"].update(postconfig=[{"type": "chrome_open_tabs", "parameters": {}}]),
+     "evaluator.postconfig[0].type", "setup type 'chrome_open_tabs'"),
+    (lambda d: d["evaluator"].update(result={"type": "cloud_file", "path": "x"}),
+     "evaluator.result.type", "getter type 'cloud_file'"),
+    (lambda d: d["evaluator"].update(expected={"type": "vm_terminal_output"}),
+     "evaluator.expected.type", "getter type 'vm_terminal_output'"),
+    (lambda d: d["evaluator"].update(func="compare_table"), "evaluator.func", "metric func 'compare_table'"),
+    (lambda d: d["evaluator"].update(func=["exact_match", "compare_pptx_files"],
+                                     result=[{"type": "rule", "rules": 1}] * 2, expected=[None, None]),
+     "evaluator.func[1]", "metric func 'compare_pptx_files'"),
+    (lambda d: d["evaluator"].update(func=["exact_match", "exact_match"],
+                                     result=[{"type": "rule", "rules": 1}] * 2,
+                                     expected=[None, {"type": "cache_file", "path": "x"}]),
+     "evaluator.expected[1].type", "getter type 'cache_file'"),
+])
+def test_unknown_names_are_rejected_at_load_time(tmp_path, mutate, field, name):
+    d = minimal()
+    mutate(d)
+    p = write(tmp_path, "osworld.json", d)
+    with pytest.raises(TaskFormatError) as err:
+        load_tasks(tmp_path)
+    msg = str(err.value)
+    assert msg.startswith(f"{p}: field '{field}': unknown {name} (supported: "), msg
+    kind = SETUP_TYPES if "setup" in name else GETTER_TYPES if "getter" in name else METRIC_FUNCS
+    assert msg.endswith(", ".join(sorted(kind)) + ")")
+    # the dict alone is still a well-formed OSWorld task: the name check is the loader's (and opt-in here)
+    assert Task.from_dict(d).id == "demo-1"
+    with pytest.raises(TaskFormatError, match=field.replace(".", r"\.").replace("[", r"\[")):
+        Task.from_dict(d, check_names=True)
+
+
+def test_an_infeasible_task_needs_only_runnable_setup_steps(tmp_path):
+    ok = write(tmp_path, "a/ok.json", minimal(evaluator={"func": "infeasible"}))
+    assert load_task_file(ok).infeasible
+    bad = write(tmp_path, "b/bad.json", minimal(config=[{"type": "googledrive", "parameters": {}}],
+                                               evaluator={"func": "infeasible"}))
+    with pytest.raises(TaskFormatError, match=r"bad\.json: field 'config\[0\]\.type': unknown setup type"):
+        load_task_file(bad)
+    assert load_task_file(bad, check_names=False).config[0]["type"] == "googledrive"
+
+
+def test_an_oversized_file_is_rejected_unparsed(tmp_path):
+    p = tmp_path / "big.json"
+    text = good_json()
+    p.write_text(text[:-1] + " " * (MAX_TASK_FILE_BYTES + 1 - len(text)) + "}")
+    assert p.stat().st_size == MAX_TASK_FILE_BYTES + 1
+    with pytest.raises(TaskFormatError, match=rf"big\.json: {MAX_TASK_FILE_BYTES + 1} bytes, more than the cap"):
+        load_tasks(p)
+    p.write_text(text[:-1] + " " * (MAX_TASK_FILE_BYTES - len(text)) + "}")  # exactly at the cap: fine
+    assert load_task_file(p).id == "demo-1"
+
+
+@pytest.mark.parametrize("mutate, field, cap", [
+    (lambda d: d.update(instruction="x" * (MAX_INSTRUCTION_CHARS + 1)), "instruction", "characters"),
+    (lambda d: d.update(id="i" * (MAX_ID_CHARS + 1)), "id", "characters"),
+    (lambda d: d.update(family="f" * (MAX_ID_CHARS + 1)), "family", "characters"),
+    (lambda d: d.update(config=[{"type": "sleep", "parameters": {"seconds": 0}}] * (MAX_STEPS + 1)),
+     "config", "steps"),
+    (lambda d: d["evaluator"].update(postconfig=[{"type": "sleep", "parameters": {"seconds": 0}}] * (MAX_STEPS + 1)),
+     "evaluator.postconfig", "steps"),
+    (lambda d: d["evaluator"].update(func=["exact_match"] * (MAX_METRICS + 1),
+                                     result=[{"type": "rule", "rules": 1}] * (MAX_METRICS + 1)),
+     "evaluator.func", "metrics"),
+    (lambda d: d.update(related_apps=["xterm"] * (MAX_RELATED_APPS + 1)), "related_apps", "entries"),
+    (lambda d: d.update(related_apps=["a" * (MAX_ID_CHARS + 1)]), "related_apps[0]", "characters"),
+])
+def test_oversized_fields_are_rejected(tmp_path, mutate, field, cap):
+    d = minimal()
+    mutate(d)
+    p = write(tmp_path, "wide.json", d)
+    with pytest.raises(TaskFormatError) as err:
+        load_task_file(p)
+    msg = str(err.value)
+    assert msg.startswith(f"{p}: field '{field}': ") and f"{cap}, more than the cap of" in msg, msg
+
+
+def test_at_the_caps_is_fine():
+    d = minimal(instruction="x" * MAX_INSTRUCTION_CHARS, id="i" * MAX_ID_CHARS,
+                config=[{"type": "sleep", "parameters": {"seconds": 0}}] * MAX_STEPS)
+    assert Task.from_dict(d, check_names=True).instruction == "x" * MAX_INSTRUCTION_CHARS
+
+
+def test_odd_paths_are_task_format_errors(tmp_path):
+    import os
+    (tmp_path / "dir.json").mkdir()  # a folder named *.json is skipped in a folder, refused as a file
+    write(tmp_path, "a.json", minimal(id="a-1"))
+    assert [t.id for t in load_tasks(tmp_path)] == ["a-1"]
+    with pytest.raises(TaskFormatError, match="dir.json: not a regular file"):
+        load_task_file(tmp_path / "dir.json")
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)  # reading it would block forever
+    with pytest.raises(TaskFormatError, match="pipe.json: not a regular file"):
+        load_task_file(fifo)
+    with pytest.raises(TaskFormatError, match="cannot read"):
+        load_task_file(tmp_path / "nul\x00.json")
+    with pytest.raises(TaskFormatError, match="cannot read"):
+        load_task_file(tmp_path / "missing.json")
+
+
+def test_parse_task_json_is_strict_json():
+    assert parse_task_json(b'{"a": [1, 2.5, "\\u00e9", null, true]}', "x") == {"a": [1, 2.5, "é", None, True]}
+    with pytest.raises(TaskFormatError, match="^x: invalid JSON: duplicate key 'a'"):
+        parse_task_json(b'{"c": 0, "a": {"b": 1}, "a": 2}', "x")
+    with pytest.raises(TaskFormatError, match="^x: invalid JSON: duplicate key 'b'"):
+        parse_task_json(b'{"a": {"b": 1, "b": 2}}', "x")
+
+
+@pytest.mark.skipif(not OSWORLD_EXAMPLES.is_dir(), reason="no OSWorld examples checked out beside the repo")
+def test_osworld_examples_load_or_fail_clearly():
+    files = sorted(OSWORLD_EXAMPLES.rglob("*.json"))
+    loaded = 0
+    for f in files:
+        assert Task.from_dict(json.loads(f.read_text()), source=str(f)).id  # every shape is valid OSWorld JSON
+        try:
+            load_task_file(f)
+            loaded += 1
+        except TaskFormatError as exc:  # a name our evaluator does not implement (download, compare_table, ...)
+            assert str(exc).startswith(f"{f}: field '") and "unknown " in str(exc) and "(supported: " in str(exc)
+    assert 0 < loaded < len(files)
