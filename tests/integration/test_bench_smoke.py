@@ -64,3 +64,8 @@ def test_bench_learning_one_short_arm(desktop_image, tmp_path):
 def test_probe_learning_two_steps(desktop_image):
     figures = run_bench("probe_learning", "--steps", "2", "--arms", "a,c", timeout=600)
     assert any(k.startswith("a_") for k in figures) and any(k.startswith("c_") for k in figures)
+
+
+def test_fuzz_wire_smoke():
+    figures = run_bench("fuzz_wire", "--cases", "500", timeout=120)
+    assert figures["cases"] == "500" and figures["crashes"] == "0" and figures["wrong_accepts"] == "0"
