@@ -22,8 +22,10 @@ from __future__ import annotations
 import asyncio
 import difflib
 import math
+import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from actors.desktop.controller_client import ControllerClient
+from actors.desktop.controller_client import ControllerClient, RequestRefused
 from arpo_async.tasks import Task
 
 UNTIL_TRIALS = 31  # OSWorld SetupController._execute_setup: at most 31 tries ...
@@ -130,18 +132,59 @@ async def _step_open(c: ControllerClient, p: dict) -> None:
     await c.launch(["xdg-open", path])
 
 
+UPLOAD_MAX_BYTES = 32 * 1024 * 1024
+"""Largest local file an ``upload_file`` step sends. With its multipart framing it fits the controller's request
+body limit (an eighth of the desktop's memory, at most 64 MiB: actors/desktop/fleet.py controller_env) for
+desktops of more than 256 MiB (the default is 512); a smaller desktop refuses it (413, a TaskSetupError). It also
+bounds what the actor holds in memory per upload."""
+
+
+def _read_upload_source(path: str, cap: int) -> bytes:
+    """The bytes of the regular file ``path`` on the actor host: TaskSetupError when it is anything else (a
+    folder, a device such as /dev/zero, a FIFO: opened without blocking) or holds more than ``cap`` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise TaskSetupError(f"upload_file: cannot read {path}: {exc}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise TaskSetupError(f"upload_file: {path} is not a regular file")
+        if st.st_size > cap:
+            raise TaskSetupError(f"upload_file: {path} has {st.st_size} bytes, more than the limit of {cap}")
+    except BaseException:
+        os.close(fd)
+        raise
+    with open(fd, "rb", buffering=0) as f:
+        data = bytearray()
+        while len(data) <= cap:  # read up to the cap even if the file grew since fstat
+            chunk = f.read(min(1024 * 1024, cap + 1 - len(data)))
+            if not chunk:
+                return bytes(data)
+            data += chunk
+        raise TaskSetupError(f"upload_file: {path} grew past the limit of {cap} bytes while it was read")
+
+
 async def _step_upload_file(c: ControllerClient, p: dict) -> None:
+    """OSWorld's upload_file: copies local files (on the actor host) into the desktop. Each must be a regular
+    file of at most UPLOAD_MAX_BYTES; anything else, an unreadable file or a controller that refuses the upload
+    (RequestRefused, e.g. over its body limit) is a TaskSetupError."""
     files = p.get("files")
     if not isinstance(files, list) or not files:
         raise TaskSetupError("upload_file: parameters need 'files': [{local_path, path}, ...]")
     for f in files:
         try:
-            data = await asyncio.to_thread(Path(f["local_path"]).read_bytes)
+            local, target = str(f["local_path"]), f["path"]
         except (KeyError, TypeError) as exc:
             raise TaskSetupError(f"upload_file: each file needs 'local_path' and 'path', got {f!r}") from exc
+        try:
+            data = await asyncio.to_thread(_read_upload_source, local, UPLOAD_MAX_BYTES)
         except OSError as exc:
-            raise TaskSetupError(f"upload_file: cannot read {f['local_path']}: {exc}") from exc
-        await c.upload(f["path"], data)
+            raise TaskSetupError(f"upload_file: cannot read {local}: {exc}") from exc
+        try:
+            await c.upload(target, data)
+        except RequestRefused as exc:
+            raise TaskSetupError(f"upload_file: the desktop refused {local} -> {target}: {exc}") from exc
 
 
 SetupStep = Callable[[ControllerClient, dict], Awaitable[None]]

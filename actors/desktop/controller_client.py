@@ -39,6 +39,15 @@ class DesktopError(Exception):
     """A desktop (container or its controller) failed or cannot be reached; the message has the cause."""
 
 
+class RequestRefused(DesktopError):
+    """The controller answered but refused the request with a 4xx status (``status``): too large a body or
+    file, not a regular file, a malformed request. The desktop itself may be fine."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class ControllerClient:
     """One desktop's controller.
 
@@ -81,8 +90,10 @@ class ControllerClient:
         except (aiohttp.ClientError, OSError) as exc:
             raise DesktopError(f"{method} {endpoint} to {self._where()}: {type(exc).__name__}: {exc}") from exc
         if status not in ok_statuses:
-            raise DesktopError(f"{method} {endpoint} to {self._where()}: HTTP {status}: "
-                               f"{body[:500].decode('utf-8', 'replace')}")
+            message = f"{method} {endpoint} to {self._where()}: HTTP {status}: {body[:500].decode('utf-8', 'replace')}"
+            if 400 <= status < 500:
+                raise RequestRefused(message, status)
+            raise DesktopError(message)
         return status, body, ctype
 
     def _where(self) -> str:
@@ -118,6 +129,8 @@ class ControllerClient:
 
         Returns OSWorld's shape ``{"status": "success"|"error", "output", "error", "returncode"}``; a
         command that fails or times out inside the desktop is a result (status "error"), not an exception.
+        Output and error keep at most 1 MiB each (the controller's ARPO_MAX_OUTPUT_MB); when bytes were dropped
+        the result also has ``"truncated": True`` and the full sizes in ``output_bytes`` and ``error_bytes``.
         ``setup`` selects /setup/execute (same behaviour, OSWorld's setup route). Raises DesktopError when
         the controller cannot be reached or does not answer within ``timeout`` + 10 s.
         """
@@ -139,12 +152,15 @@ class ControllerClient:
         return body.decode("utf-8", "replace")
 
     async def get_file(self, path: str) -> bytes | None:
-        """Bytes of a file inside the desktop, or None when it does not exist."""
+        """Bytes of a file inside the desktop, or None when it does not exist (or is a folder). Raises
+        RequestRefused when it is not a regular file (a device, a FIFO) or is over the controller's size limit
+        (ARPO_MAX_FILE_MB, set by the fleet from the container's memory)."""
         status, body, _ = await self._request("POST", "/file", data={"file_path": path}, ok_statuses=(200, 404))
         return None if status == 404 else body
 
     async def upload(self, path: str, data: bytes) -> None:
-        """Write ``data`` to ``path`` inside the desktop (parent folders are created)."""
+        """Write ``data`` to ``path`` inside the desktop (parent folders are created). Raises RequestRefused when
+        the request is over the controller's body limit (ARPO_MAX_BODY_MB) or ``path`` is not a regular file."""
         form = aiohttp.FormData()
         form.add_field("file_path", path)
         form.add_field("file_data", data, filename="upload", content_type="application/octet-stream")

@@ -2,9 +2,20 @@
 
 A desktop is one container of the ``arpo-desktop`` image: Xvfb + openbox + the apps under test + the
 OSWorld-API controller, listening on a Unix socket in a per-desktop host folder bind-mounted at /run/arpo.
-Containers run with no network, memory and PID limits, docker's init as PID 1 (reaps orphans), and labels
+Containers run with no network, memory (no swap beyond it) and PID limits, docker's init as PID 1 (reaps
+orphans), no Linux capability but CAP_SETGID (:data:`DESKTOP_CAPABILITIES`), no-new-privileges, and labels
 ``arpo.run=<run id>`` and ``arpo.role=desktop`` so one run's desktops can always be found and removed,
 even after a crash (:func:`remove_run_containers`).
+
+Socket folders: ``<socket_root>/<run>/<token>/``, every level a real folder owned by us with mode 0700 (a
+path someone else created first, or a symlink, is refused). Each desktop's folder is a small tmpfs mounted on
+the host with nosuid,nodev,noexec (:data:`SOCKET_TMPFS_OPTIONS`); the container's bind mount of it inherits
+those flags, so nothing the container's root writes there (a setuid file, a device node) means anything on
+the host, and it cannot fill the host's disk through it. Mounting needs root on the host (the actors run as
+root: the socket is 0660 root); without it the folder stays a plain 0700 folder and a warning is logged. The
+run's folder is removed with its last desktop.
+
+The controller's request limits are set from the memory limit (:func:`controller_env`).
 
 Invariants: :meth:`DesktopFleet.start` returns only a desktop whose controller answered /health; on any
 failure it removes what it created and raises DesktopError with the container's last log lines.
@@ -13,10 +24,16 @@ Socket paths stay short (< 100 bytes; the Unix limit is 108).
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
+import errno
 import json
+import logging
+import os
 import re
 import secrets
 import shutil
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +50,26 @@ RUN_LABEL = "arpo.run"
 ROLE = "desktop"
 MAX_SOCKET_PATH = 100
 REMOVAL_WAIT_S = 30.0  # how long to wait for a removal another request started
+DESKTOP_CAPABILITIES: tuple[str, ...] = ("SETGID",)
+"""Linux capabilities the desktop keeps (HostConfig.CapAdd after CapDrop ALL), found by starting from none and
+running tests/integration/test_desktop.py (every built-in task, the controller API, /reset):
+
+* SETGID: xterm, run as root, calls initgroups() (setgroups(2)) in its child before it starts the shell; without
+  the capability that fails with EPERM and the terminal closes at once ("Reason: spawn: initgroups() failed",
+  seen with strace), so the terminal tasks cannot start. It lets root in the container change its own group
+  ids, nothing more: every file there is root's, and no-new-privileges stops setgid programs from adding any.
+
+Nothing else is needed: Xvfb, openbox, the Tk apps, xdotool and the controller (screenshots, commands,
+uploads, /reset killing processes and restoring /root and /tmp) all run as root, so signals and files need no
+capability (owner = uid 0). What dropping the rest costs: root cannot read, write or delete past a file's mode
+(/reset restores boot modes first), chown, mknod, bind ports below 1024, use raw sockets (there is no network
+anyway) or setuid to another user. Add one here only with a test that needs it, and say why in this comment
+and in README ("What the desktops isolate")."""
+SOCKET_TMPFS_OPTIONS = "mode=0700,size=1m,nr_inodes=64"
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MNT_DETACH = 0x2, 0x4, 0x8, 0x2
+MIB = 1024 * 1024
+
+log = logging.getLogger("arpo.desktop.fleet")
 
 
 @dataclass
@@ -51,6 +88,91 @@ class Desktop:
 def _safe(text: str, limit: int) -> str:
     s = re.sub(r"[^a-zA-Z0-9_.-]", "-", text).strip("-.") or "run"
     return s[:limit]
+
+
+def controller_env(memory_mb: int) -> list[str]:
+    """The controller's request limits for a container of ``memory_mb`` MiB: the largest request body and the
+    largest file /file sends are each an eighth of the memory, at most 64 MiB (its own default), at least 1.
+    The controller's memory budget for all requests together is twice that, a quarter of the container."""
+    limit = max(1, min(64, memory_mb // 8))
+    return [f"ARPO_MAX_BODY_MB={limit}", f"ARPO_MAX_FILE_MB={limit}"]
+
+
+_libc: ctypes.CDLL | None = None
+
+
+def _c() -> ctypes.CDLL:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return _libc
+
+
+def _private_dir(path: Path) -> None:
+    """Create ``path`` (mode 0700) if missing and check it is a real folder owned by us, made 0700: a folder
+    or symlink another user planted under a shared root such as /tmp is refused (DesktopError)."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise DesktopError(f"cannot create socket folder {path}: {exc}") from exc
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise DesktopError(f"socket folder {path} is not a folder owned by uid {os.geteuid()} (a symlink or "
+                           "another user's); remove it or use another socket_root")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+
+
+def _check_root(path: Path) -> None:
+    """Create the socket root (0700, with parents) if missing; refuse one that is a symlink, is not ours, or
+    others may write to (they could swap our folders in it). An existing root's mode is left alone."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as exc:
+        raise DesktopError(f"cannot create socket root {path}: {exc}") from exc
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise DesktopError(f"socket root {path} must be a folder owned by uid {os.geteuid()} that no one else "
+                           f"may write to (mode {stat.S_IMODE(st.st_mode):o}, owner {st.st_uid}); use another "
+                           "socket_root")
+
+
+def _mount_socket_tmpfs(path: Path) -> bool:
+    """Mount a tmpfs with nosuid,nodev,noexec on ``path``; False when we may not mount (not root)."""
+    if os.path.ismount(path):
+        return True
+    rc = _c().mount(b"arpo-desktop", str(path).encode(), b"tmpfs", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV | _MS_NOEXEC),
+                    SOCKET_TMPFS_OPTIONS.encode())
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EPERM, errno.EACCES):
+        return False
+    raise DesktopError(f"cannot mount a tmpfs on socket folder {path}: {os.strerror(err)}")
+
+
+def _mounts_below(root: Path) -> list[str]:
+    """Mount points at or below ``root`` (deepest first), from /proc/self/mountinfo."""
+    prefix = str(root).rstrip("/")
+    found = []
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
+        if point == prefix or point.startswith(prefix + "/"):
+            found.append(point)
+    return sorted(found, key=len, reverse=True)
+
+
+def _remove_socket_dir(path: Path) -> None:
+    """Unmount (lazily) anything mounted at or below ``path`` and delete it."""
+    for point in _mounts_below(path):
+        _c().umount2(point.encode(), _MNT_DETACH)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 class DesktopFleet:
@@ -81,6 +203,7 @@ class DesktopFleet:
         self._own_docker = docker is None
         self._desktops: dict[str, Desktop] = {}
         self._run_dir = self.socket_root / _safe(run_id, 24)
+        self._warned_no_mount = False
 
     @property
     def docker(self) -> aiodocker.Docker:
@@ -95,17 +218,23 @@ class DesktopFleet:
 
     def _config(self, socket_dir: Path) -> dict:
         w, h = self.screen
+        memory = self.memory_mb * MIB
         return {
             "Image": self.image,
-            "Env": [f"ARPO_SCREEN={w}x{h}x24"],
+            "Env": [f"ARPO_SCREEN={w}x{h}x24", *controller_env(self.memory_mb)],
             "Labels": {RUN_LABEL: self.run_id, ROLE_LABEL: ROLE},
             "HostConfig": {
                 "NetworkMode": "none",
-                "Memory": self.memory_mb * 1024 * 1024,
+                "Memory": memory,
+                "MemorySwap": memory,  # equal to Memory: no swap on top of it
                 "PidsLimit": self.pids_limit,
                 "Init": True,
-                "Binds": [f"{socket_dir}:/run/arpo"],
-                "ShmSize": 64 * 1024 * 1024,
+                "CapDrop": ["ALL"],
+                "CapAdd": list(DESKTOP_CAPABILITIES),
+                "SecurityOpt": ["no-new-privileges"],
+                "Mounts": [{"Type": "bind", "Source": str(socket_dir), "Target": "/run/arpo",
+                            "BindOptions": {"Propagation": "rprivate"}}],
+                "ShmSize": 64 * MIB,
             },
         }
 
@@ -121,8 +250,7 @@ class DesktopFleet:
         if len(str(socket_dir / SOCKET_NAME)) > MAX_SOCKET_PATH:
             raise DesktopError(f"socket path {socket_dir / SOCKET_NAME} is longer than {MAX_SOCKET_PATH} "
                                "bytes; use a shorter socket_root")
-        socket_dir.mkdir(parents=True, exist_ok=True)
-        socket_dir.chmod(0o777)
+        self._make_socket_dir(socket_dir)
         t0 = time.monotonic()
         container = None
         try:
@@ -138,11 +266,33 @@ class DesktopFleet:
         except BaseException:
             if container is not None:
                 await self._delete(container.id)
-            shutil.rmtree(socket_dir, ignore_errors=True)
+            self._remove_socket_dir(socket_dir)
             raise
         desktop.ready_s = time.monotonic() - t0
         self._desktops[desktop.container_id] = desktop
         return desktop
+
+    def _make_socket_dir(self, socket_dir: Path) -> None:
+        """``<root>/<run>/<token>``: private folders (see the module doc), the last one a nosuid,nodev tmpfs."""
+        try:
+            _check_root(self.socket_root)
+            for folder in (self._run_dir, socket_dir):
+                _private_dir(folder)
+            if not _mount_socket_tmpfs(socket_dir) and not self._warned_no_mount:
+                self._warned_no_mount = True
+                log.warning("cannot mount a tmpfs on %s (not root?): desktop socket folders are plain 0700 "
+                            "folders, without nosuid,nodev", socket_dir)
+        except BaseException:
+            self._remove_socket_dir(socket_dir)
+            raise
+
+    def _remove_socket_dir(self, socket_dir: Path) -> None:
+        """Remove one desktop's socket folder, and the run's folder with its last desktop."""
+        _remove_socket_dir(socket_dir)
+        try:
+            self._run_dir.rmdir()
+        except OSError:
+            pass  # another desktop of this run (perhaps another process's) still has its folder there
 
     async def _create(self, socket_dir: Path, name: str):
         """POST /containers/create, shielded: cancelled mid-request, it lets the request finish (the engine
@@ -197,7 +347,7 @@ class DesktopFleet:
         self._desktops.pop(desktop.container_id, None)
         await desktop.controller.close()
         await self._delete(desktop.container_id)
-        shutil.rmtree(desktop.socket_dir, ignore_errors=True)
+        self._remove_socket_dir(desktop.socket_dir)
 
     async def remove_all(self) -> int:
         """Remove every container labelled with this run (not only those this object started).
@@ -208,7 +358,7 @@ class DesktopFleet:
             await d.controller.close()
         self._desktops.clear()
         n = await _remove_labelled(self.docker, self.run_id)
-        shutil.rmtree(self._run_dir, ignore_errors=True)
+        _remove_socket_dir(self._run_dir)
         return n
 
     async def close(self) -> None:
@@ -269,5 +419,5 @@ async def remove_run_containers(run_id: str | None = None, *, socket_root: Path 
     async with aiodocker.Docker() as docker:
         n = await _remove_labelled(docker, run_id)
     target = Path(socket_root) / _safe(run_id, 24) if run_id is not None else Path(socket_root)
-    shutil.rmtree(target, ignore_errors=True)
+    _remove_socket_dir(target)
     return n

@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
+import re
 import secrets
+import stat
 import time
 from collections.abc import Awaitable, Callable
 
@@ -17,9 +20,9 @@ import aiodocker
 import pytest
 from PIL import Image, ImageChops
 
-from actors.desktop.controller_client import ControllerClient, DesktopError
-from actors.desktop.fleet import DesktopFleet, remove_run_containers
-from actors.evaluation import TaskSetupError, evaluate, run_setup
+from actors.desktop.controller_client import ControllerClient, DesktopError, RequestRefused
+from actors.desktop.fleet import DESKTOP_CAPABILITIES, SOCKET_NAME, DesktopFleet, remove_run_containers
+from actors.evaluation import UPLOAD_MAX_BYTES, TaskSetupError, evaluate, run_setup
 from arpo_async.tasks import Task, load_tasks
 
 pytestmark = pytest.mark.docker
@@ -307,6 +310,224 @@ async def test_start_fails_with_logs_when_image_is_broken(desktop_image):
         labels = json.dumps({"label": [f"arpo.run={fleet.run_id}"]})
         async with aiodocker.Docker() as docker:
             assert await docker.containers.list(all="true", filters=labels) == []
+    finally:
+        await fleet.remove_all()
+        await fleet.close()
+
+
+# ---- hardening: the controller's limits, the container's lockdown -----------------------------------------------
+
+MIB = 1024 * 1024
+
+
+async def raw_request(desktop, head: bytes, body: bytes = b"") -> tuple[int, dict, dict]:
+    """Send bytes as they are (no client library fixing them up) to a desktop's controller and read its answer:
+    (status, JSON body, lower-cased headers)."""
+    reader, writer = await asyncio.open_unix_connection(str(desktop.socket_dir / SOCKET_NAME))
+    try:
+        writer.write(head + body)
+        await writer.drain()
+        async with asyncio.timeout(15):
+            status = int((await reader.readline()).split()[1])
+            headers = {}
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                key, _, value = line.decode("latin-1").partition(":")
+                headers[key.strip().lower()] = value.strip()
+            payload = await reader.readexactly(int(headers["content-length"]))
+    finally:
+        writer.close()
+    return status, json.loads(payload), headers
+
+
+async def assert_healthy(c: ControllerClient) -> None:
+    """The controller still answers /health (X up) and runs commands."""
+    assert await c.health()
+    assert (await c.execute(["echo", "alive"]))["output"] == "alive\n"
+
+
+@pytest.mark.parametrize("length, status", [("-1", 400), ("12abc", 400), (None, 411)],
+                         ids=["negative", "non-numeric", "missing"])
+async def test_controller_refuses_a_bad_content_length(fleet, length, status):
+    desktop = await fleet.start()
+    header = b"" if length is None else f"Content-Length: {length}\r\n".encode()
+    code, answer, headers = await raw_request(
+        desktop, b"POST /execute HTTP/1.1\r\nHost: d\r\nContent-Type: application/json\r\n" + header + b"\r\n",
+        b'{"command": ["true"]}')
+    assert code == status, answer
+    assert answer["status"] == "error" and "Content-Length" in answer["message"], answer
+    assert headers.get("connection") == "close"
+    await assert_healthy(desktop.controller)
+
+
+async def test_controller_refuses_an_oversized_content_length(fleet):
+    desktop = await fleet.start()
+    # a terabyte announced, nothing sent: refused at once from the header, nothing allocated or awaited
+    code, answer, _ = await raw_request(desktop, b"POST /setup/upload HTTP/1.1\r\nHost: d\r\n"
+                                                 b"Content-Type: multipart/form-data; boundary=x\r\n"
+                                                 b"Content-Length: 1000000000000\r\n\r\n")
+    assert code == 413 and "ARPO_MAX_BODY_MB" in answer["message"], answer
+    # a JSON body is held to the much smaller ARPO_MAX_JSON_MB (1 MiB): parsed, it takes ~30x its size
+    body = b"[" + b"{}," * 700000 + b"{}]"
+    code, answer, _ = await raw_request(desktop, b"POST /execute HTTP/1.1\r\nHost: d\r\n"
+                                                 b"Content-Type: application/json\r\n"
+                                                 b"Content-Length: %d\r\n\r\n" % len(body), body)
+    assert code == 413 and "ARPO_MAX_JSON_MB" in answer["message"], answer
+    await assert_healthy(desktop.controller)
+
+
+async def test_file_refuses_dev_zero_and_other_non_regular_files(fleet):
+    c = (await fleet.start()).controller
+    with pytest.raises(RequestRefused, match="not a regular file.*character device") as refused:
+        await c.get_file("/dev/zero")
+    assert refused.value.status == 400
+    await c.execute(["mkfifo", "/tmp/fifo"])
+    async with asyncio.timeout(10):  # opened without blocking: no writer needed for the answer
+        with pytest.raises(RequestRefused, match="FIFO"):
+            await c.get_file("/tmp/fifo")
+    assert await c.get_file("/tmp") is None  # a folder: 404, as before
+    await assert_healthy(c)
+
+
+async def test_file_refuses_a_regular_file_over_the_limit(fleet):
+    c = (await fleet.start()).controller
+    # sparse: 65 MiB long, no memory or disk used; the fleet's limit for a 512 MiB desktop is 64 MiB
+    assert (await c.execute(["truncate", "-s", "65M", "/tmp/big"]))["returncode"] == 0
+    with pytest.raises(RequestRefused, match="larger than.*ARPO_MAX_FILE_MB") as refused:
+        await c.get_file("/tmp/big")
+    assert refused.value.status == 413
+    assert (await c.execute(["truncate", "-s", "1M", "/tmp/big"]))["returncode"] == 0
+    assert await c.get_file("/tmp/big") == bytes(MIB)
+    await assert_healthy(c)
+
+
+async def test_execute_truncates_huge_output_and_says_so(fleet):
+    c = (await fleet.start()).controller
+    r = await c.execute("head -c 5000000 /dev/zero | tr '\\0' a; head -c 3000000 /dev/zero | tr '\\0' b >&2",
+                        shell=True)
+    assert r["status"] == "success" and r["returncode"] == 0, {k: r[k] for k in r if k not in ("output", "error")}
+    assert r["output"] == "a" * MIB and r["error"] == "b" * MIB
+    assert r["truncated"] is True and (r["output_bytes"], r["error_bytes"]) == (5000000, 3000000)
+    # endless output: read and dropped until the timeout, then the command is killed
+    r = await c.execute(["yes"], timeout=2)
+    assert r["status"] == "error" and "timed out" in r["error"] and r["truncated"] is True
+    assert len(r["output"]) == MIB and r["output_bytes"] > MIB
+    small = await c.execute(["echo", "hi"])
+    assert "truncated" not in small  # OSWorld's shape when nothing was dropped
+    await assert_healthy(c)
+
+
+async def test_a_command_that_exhausts_memory_is_killed_not_the_desktop(fleet):
+    desktop = await fleet.start()
+    c = desktop.controller
+    boot = await _processes(c)
+    r = await c.execute(["python3", "-c", "b = b'x' * (2 << 30)"], timeout=60)  # 2 GiB in a 512 MiB desktop
+    assert r["returncode"] != 0, r
+    await assert_healthy(c)
+    assert await _processes(c) == boot  # Xvfb, openbox, the controller and init all survived
+    assert (await _screen(c)).size == (1280, 720)
+
+
+async def test_reset_undoes_permission_changes_root_cannot_override(fleet):
+    """Without CAP_DAC_OVERRIDE root cannot delete inside a folder an episode made unreadable, nor rewrite a
+    read-only file: /reset puts boot modes back and opens up new folders before deleting them."""
+    c = (await fleet.start()).controller
+    bashrc = await c.get_file("/root/.bashrc")
+    mode = (await c.execute(["stat", "-c", "%a", "/root"]))["output"]
+    r = await c.execute("mkdir -p /tmp/locked/a && touch /tmp/locked/a/f && chmod 000 /tmp/locked/a /tmp/locked"
+                        " && echo hostile > /root/.bashrc && chmod 000 /root/.bashrc && chmod 500 /root /tmp",
+                        shell=True)
+    assert r["returncode"] == 0, r
+    counts = await c.reset()
+    assert counts["removed"] >= 1 and counts["restored"] >= 1, counts
+    assert await c.get_file("/root/.bashrc") == bashrc
+    assert (await c.execute(["stat", "-c", "%a", "/root"]))["output"] == mode
+    assert (await c.execute(["stat", "-c", "%a", "/tmp"]))["output"] == "1777\n"
+    assert (await c.execute(["test", "-e", "/tmp/locked"]))["returncode"] == 1
+
+
+async def test_desktop_container_is_locked_down(fleet):
+    desktop = await fleet.start()
+    c = desktop.controller
+    async with aiodocker.Docker() as docker:
+        info = await docker.containers.container(desktop.container_id).show()
+    host = info["HostConfig"]
+    assert "ALL" in host["CapDrop"]
+    assert sorted(host["CapAdd"] or []) == sorted(DESKTOP_CAPABILITIES) == ["SETGID"]  # for xterm: see fleet.py
+    assert "no-new-privileges" in host["SecurityOpt"]
+    assert host["MemorySwap"] == host["Memory"] == 512 * MIB
+    assert host["NetworkMode"] == "none"
+    assert {"ARPO_MAX_BODY_MB=64", "ARPO_MAX_FILE_MB=64"} <= set(info["Config"]["Env"])
+    [mount] = [m for m in info["Mounts"] if m["Destination"] == "/run/arpo"]
+    assert (mount["Type"], mount["Source"]) == ("bind", str(desktop.socket_dir))
+    # the host side: private folders, a nosuid,nodev tmpfs, a 0660 socket the actors (root) can still use
+    for folder in (desktop.socket_dir, desktop.socket_dir.parent):
+        st = os.lstat(folder)
+        assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid(), folder
+    flags = os.statvfs(desktop.socket_dir).f_flag
+    assert flags & os.ST_NOSUID and flags & os.ST_NODEV
+    assert stat.S_IMODE(os.stat(desktop.socket_dir / SOCKET_NAME).st_mode) == 0o660
+    assert await c.health()
+    # the container side: the same flags on /run/arpo, no capabilities, no new privileges
+    mountinfo = (await c.execute(["cat", "/proc/self/mountinfo"]))["output"]
+    [line] = [ln for ln in mountinfo.splitlines() if ln.split()[4] == "/run/arpo"]
+    options = set(re.split("[ ,]", line))
+    assert {"nosuid", "nodev", "noexec"} <= options, line
+    status = (await c.execute(["cat", "/proc/1/status", "/proc/self/status"]))["output"]
+    only_setgid = f"{1 << 6:016x}"  # CAP_SETGID is capability 6
+    assert re.findall(r"CapEff:\s*(\w+)", status) == [only_setgid] * 2
+    assert re.findall(r"CapBnd:\s*(\w+)", status) == [only_setgid] * 2
+    assert re.findall(r"NoNewPrivs:\s*(\d)", status) == ["1", "1"]
+    denied = await c.execute(["mknod", "/tmp/null", "c", "1", "3"])
+    assert denied["returncode"] != 0 and "Operation not permitted" in denied["error"]
+
+
+async def test_run_socket_folder_goes_with_the_runs_last_desktop(fleet):
+    first, second = await asyncio.gather(fleet.start(), fleet.start())
+    run_dir = first.socket_dir.parent
+    assert run_dir == second.socket_dir.parent and os.path.ismount(first.socket_dir)
+    await fleet.remove(first)
+    assert not first.socket_dir.exists() and run_dir.is_dir()
+    await fleet.remove(second)
+    assert not run_dir.exists()
+    assert not [ln for ln in open("/proc/self/mountinfo") if str(run_dir) in ln]  # nothing left mounted
+
+
+async def test_upload_file_source_over_the_cap_is_a_task_setup_error(fleet, tmp_path):
+    c = (await fleet.start()).controller
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as f:
+        f.truncate(UPLOAD_MAX_BYTES + 1)  # sparse: the cap is checked before anything is read
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    small = tmp_path / "small.txt"
+    small.write_bytes(b"hello desktop\n")
+    for source, reason in [(big, "more than the limit"), ("/dev/zero", "not a regular file"),
+                           (fifo, "not a regular file"), (tmp_path, "not a regular file"),
+                           (tmp_path / "missing", "cannot read")]:
+        step = {"type": "upload_file", "parameters": {"files": [{"local_path": str(source), "path": "/tmp/up"}]}}
+        async with asyncio.timeout(10):
+            with pytest.raises(TaskSetupError, match=reason):
+                await run_setup(c, [step])
+    assert await c.get_file("/tmp/up") is None
+    upload_small = {"type": "upload_file", "parameters": {"files": [{"local_path": str(small), "path": "/tmp/up"}]}}
+    await run_setup(c, [upload_small])
+    assert await c.get_file("/tmp/up") == b"hello desktop\n"
+    await assert_healthy(c)
+
+
+async def test_upload_over_a_small_desktops_body_limit_is_refused(desktop_image, tmp_path):
+    """A 256 MiB desktop's controller takes bodies up to 32 MiB (an eighth of its memory): a file at the actor's
+    own cap (32 MiB) plus its multipart framing is refused with 413, read and dropped, and becomes a TaskSetupError
+    that names the limit; the desktop goes on."""
+    fleet = DesktopFleet(desktop_image, run_id=f"test-{secrets.token_hex(3)}", memory_mb=256)
+    try:
+        c = (await fleet.start()).controller
+        source = tmp_path / "at-cap.bin"
+        source.write_bytes(b"z" * UPLOAD_MAX_BYTES)
+        step = {"type": "upload_file", "parameters": {"files": [{"local_path": str(source), "path": "/tmp/up"}]}}
+        with pytest.raises(TaskSetupError, match="refused.*HTTP 413.*ARPO_MAX_BODY_MB"):
+            await run_setup(c, [step])
+        await assert_healthy(c)
     finally:
         await fleet.remove_all()
         await fleet.close()

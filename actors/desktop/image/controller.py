@@ -3,7 +3,7 @@
 
 Runs INSIDE the desktop container with Debian's python3, the standard library and PIL only.
 It owns the X display ``$DISPLAY`` (started by entrypoint.sh) and serves, on the Unix socket
-``$ARPO_CONTROLLER_SOCKET`` (default /run/arpo/controller.sock, mode 0666, in a folder bind-mounted
+``$ARPO_CONTROLLER_SOCKET`` (default /run/arpo/controller.sock, mode 0660, in a folder bind-mounted
 from the host), the subset of OSWorld's ``desktop_env/server/main.py`` API that the actors use, with
 OSWorld's request and response shapes:
 
@@ -12,10 +12,16 @@ OSWorld's request and response shapes:
                                    default 85; ignored for PNG); 400 on a bad value
     POST /execute, /setup/execute {"command": list|str, "shell": bool, "timeout"?: s}
                                 -> {"status": "success", "output", "error", "returncode"}
-                                   or HTTP 500 {"status": "error", "message", "output", "error", "returncode"}
+                                   or HTTP 500 {"status": "error", "message", "output", "error", "returncode"};
+                                   ours: output and error keep at most MAX_OUTPUT_BYTES each, and a response
+                                   that lost bytes also has "truncated": true, "output_bytes", "error_bytes"
+                                   (the full sizes the command wrote)
     POST /setup/launch          {"command", "shell"} -> text; does not wait for the process
-    POST /file                  form file_path -> file bytes; 404 {"error": "File not found"}
-    POST /setup/upload          multipart file_path + file_data -> text
+    POST /file                  form file_path -> file bytes; 404 {"error": "File not found"} (also for a
+                                   folder); ours: 400 for anything but a regular file (a device, a FIFO, a
+                                   socket), 413 for a file over MAX_FILE_BYTES
+    POST /setup/upload          multipart file_path + file_data -> text; ours: 400 when file_path exists and is
+                                   not a regular file
     POST /screen_size           -> {"width", "height"}
     GET  /cursor_position       -> [x, y]
     GET  /platform              -> "Linux"
@@ -35,23 +41,48 @@ still running included, so call it only on a desktop no episode is using (Deskto
 State outside /root and /tmp (a file an agent wrote to /etc, say) is not
 restored: the pool bounds how many episodes a container serves (actors.desktop_max_episodes).
 
+Limits (ours; OSWorld's server has none). Every request body needs a Content-Length (411 without one, 400
+when it is not a plain non-negative integer or a Transfer-Encoding is sent, 413 above the limit); errors are
+JSON {"status": "error", "message"} and close the connection. Environment variables, in MiB (fractions allowed):
+
+    ARPO_MAX_BODY_MB    64  largest request body (a /setup/upload); JSON and url-encoded bodies: ARPO_MAX_JSON_MB
+    ARPO_MAX_JSON_MB     1  largest JSON or url-encoded request body (parsed into Python objects, ~30x its size)
+    ARPO_MAX_FILE_MB    64  largest file /file sends
+    ARPO_MAX_OUTPUT_MB   1  stdout and stderr kept by /execute, each (the rest is read and dropped)
+
+The fleet sets the body and file limits from the container's memory limit (an eighth of it, at most 64).
+Requests also share a memory budget (:data:`BUDGET_BYTES`, twice the larger of the body and file limits): a
+body, a file read or an /execute answer reserves its worst-case size first and waits (up to
+BUDGET_WAIT_S, then 503) while others hold it, so concurrent requests cannot add up past the container's memory.
+Commands run with oom_score_adj 1000, so when they exhaust the container's memory the kernel kills them, not
+the controller, Xvfb or openbox.
+
 Invariants: every request is handled on its own thread; commands run with DISPLAY set and in their own
 session so a timeout kills the whole process group; PID 1 is docker's init (tini), which reaps orphans.
+The desktop runs with no capability but CAP_SETGID (actors/desktop/fleet.py): root in here cannot override
+file modes, so /reset restores boot modes and opens up folders before deleting or rewriting in them.
 Set ARPO_CONTROLLER_TCP=host:port to listen on TCP instead (a container with a network).
 """
 from __future__ import annotations
 
+import base64
+import contextlib
 import ctypes
 import ctypes.util
 import email.parser
 import email.policy
+import errno
 import io
 import json
 import os
+import quopri
+import re
+import selectors
 import shlex
 import shutil
 import signal
 import socketserver
+import stat
 import subprocess
 import sys
 import threading
@@ -64,7 +95,76 @@ from PIL import ImageDraw, ImageGrab
 DISPLAY = os.environ.get("DISPLAY", ":0")
 SOCKET_PATH = os.environ.get("ARPO_CONTROLLER_SOCKET", "/run/arpo/controller.sock")
 DEFAULT_TIMEOUT_S = 120.0
-MAX_BODY_BYTES = 256 * 1024 * 1024
+MIB = 1024 * 1024
+
+
+def _env_mib(name: str, default: float) -> int:
+    """A size limit in bytes from the environment variable ``name`` (MiB, > 0, fractions allowed)."""
+    raw = os.environ.get(name, "").strip()
+    try:
+        mib = float(raw) if raw else default
+    except ValueError:
+        raise SystemExit(f"controller: {name}={raw!r} is not a number of MiB") from None
+    if not mib > 0 or mib != mib or mib == float("inf"):
+        raise SystemExit(f"controller: {name}={raw!r} must be a positive number of MiB")
+    return max(1, int(mib * MIB))
+
+
+MAX_BODY_BYTES = _env_mib("ARPO_MAX_BODY_MB", 64)
+MAX_JSON_BYTES = min(_env_mib("ARPO_MAX_JSON_MB", 1), MAX_BODY_BYTES)
+MAX_FILE_BYTES = _env_mib("ARPO_MAX_FILE_MB", 64)
+MAX_OUTPUT_BYTES = _env_mib("ARPO_MAX_OUTPUT_MB", 1)
+BUDGET_BYTES = 2 * max(MAX_BODY_BYTES, MAX_FILE_BYTES)
+"""Bytes all requests together may hold at once (bodies, files read, /execute answers): see Budget."""
+BUDGET_WAIT_S = 30.0
+JSON_EXPANSION = 32  # a JSON body of n bytes may parse into ~30 n bytes of Python objects ([{},{},...])
+BODY_EXPANSION = 2  # a multipart body is held twice: the body and the file bytes cut out of it
+ANSWER_EXPANSION = 16  # /execute: n captured bytes -> str (<= 4 n) + JSON (<= 6 n, \ufffd escapes) + its bytes
+IO_TIMEOUT_S = 120.0  # a connection idle (or a body stalled) this long is closed
+EXECUTE_DRAIN_S = 5.0  # after killing a timed-out command: how long to wait for its pipes to close
+MULTIPART_HEADER_MAX = 16 * 1024
+DRAIN_MAX_BYTES = 256 * MIB  # a refused body up to this size is read and dropped, so the client sees the answer
+
+class Budget:
+    """Bytes of memory requests may hold at once. :meth:`hold` reserves a request's worst case (clamped to the
+    whole budget, so any single request can run alone) and waits while others hold too much."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.held = 0
+        self._cond = threading.Condition()
+
+    @contextlib.contextmanager
+    def hold(self, n: int, wait_s: float = BUDGET_WAIT_S):
+        n = max(0, min(int(n), self.capacity))
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while self.held + n > self.capacity:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise HTTPError(503, f"controller busy: {self.held} of {self.capacity} bytes of its memory "
+                                         f"budget are held by other requests; try again")
+                self._cond.wait(left)
+            self.held += n
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.held -= n
+                self._cond.notify_all()
+
+
+class HTTPError(Exception):
+    """A request refused with ``status`` (4xx/5xx) and a message; answered as JSON, ``extra`` merged in."""
+
+    def __init__(self, status: int, message: str, **extra) -> None:
+        super().__init__(message)
+        self.status = status
+        self.extra = extra
+
+
+_budget = Budget(BUDGET_BYTES)
+
 
 # An arrow cursor, 12 x 19 px, tip at (0, 0): drawn white with a black outline at the pointer.
 _ARROW = [(0, 0), (0, 16), (4, 12), (7, 18), (9, 17), (6, 11), (11, 11)]
@@ -167,9 +267,11 @@ class BootState:
         self.paths: set[str] = set()
         self.home_dirs: list[str] = []  # folders under /root, parents first: recreated when an episode deleted them
         self.files: dict[str, bytes] = {}
+        self.modes: dict[str, int] = {}  # permission bits of every boot folder and of the files in self.files
         for root in RESET_ROOTS:
             for folder, dirs, files in os.walk(root):
                 self.paths.add(folder)
+                self.modes[folder] = stat.S_IMODE(os.lstat(folder).st_mode)
                 if folder.startswith("/root"):
                     self.home_dirs.append(folder)
                 for name in dirs + files:
@@ -180,6 +282,7 @@ class BootState:
                             and os.path.getsize(path) <= RESTORED_FILE_MAX_BYTES:
                         with open(path, "rb") as f:
                             self.files[path] = f.read()
+                        self.modes[path] = stat.S_IMODE(os.lstat(path).st_mode)
         self.pointer = pointer().position()
 
     def reset(self) -> dict:
@@ -224,9 +327,21 @@ class BootState:
                 raise RuntimeError(f"processes {sorted(alive)} survived SIGKILL for {RESET_KILL_DEADLINE_S:g} s")
             time.sleep(0.01)
 
+    def _restore_modes(self) -> None:
+        """Give boot folders and restored files their boot permission bits back (an episode may have made a
+        folder unwritable: without CAP_DAC_OVERRIDE root could then not delete in it)."""
+        for path, mode in self.modes.items():
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if not stat.S_ISLNK(st.st_mode) and stat.S_IMODE(st.st_mode) != mode:
+                os.chmod(path, mode)
+
     def _restore_files(self) -> tuple[int, int]:
         """Delete paths under RESET_ROOTS that did not exist at start; rewrite /root files that changed."""
         removed = restored = 0
+        self._restore_modes()
         for root in RESET_ROOTS:
             for folder, dirs, files in os.walk(root, topdown=True):
                 for name in list(dirs):
@@ -236,7 +351,7 @@ class BootState:
                         if os.path.islink(path):
                             os.unlink(path)
                         else:
-                            shutil.rmtree(path, ignore_errors=True)
+                            _rmtree(path)
                         removed += 1
                 for name in files:
                     path = os.path.join(folder, name)
@@ -253,10 +368,36 @@ class BootState:
                 same = False
             if not same:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
+                if os.path.lexists(path) and not os.path.islink(path):
+                    os.chmod(path, 0o600)  # it may have been made read-only
                 with open(path, "wb") as f:
                     f.write(data)
                 restored += 1
+        self._restore_modes()
         return removed, restored
+
+
+def _rmtree(path: str) -> None:
+    """Delete a folder tree. Root here has no CAP_DAC_OVERRIDE, so a folder an episode made unreadable or
+    unwritable (chmod 000) would stop shutil.rmtree: on failure give every folder below its owner's rwx and
+    try again; a tree that still survives makes the caller's next check (or the next reset) see it."""
+    shutil.rmtree(path, ignore_errors=True)
+    if not os.path.lexists(path):
+        return
+    stack = [path]
+    while stack:
+        folder = stack.pop()
+        try:
+            st = os.lstat(folder)
+            if not stat.S_ISDIR(st.st_mode):
+                continue
+            if st.st_mode & 0o700 != 0o700:
+                os.chmod(folder, stat.S_IMODE(st.st_mode) | 0o700)
+            with os.scandir(folder) as entries:
+                stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
+        except OSError:
+            continue
+    shutil.rmtree(path, ignore_errors=True)
 
 
 _boot: BootState | None = None  # set by serve() before the first request
@@ -303,33 +444,95 @@ def _normalise_command(command, shell: bool):
     return command
 
 
-def run_command(command, shell: bool, timeout: float) -> tuple[int, dict]:
-    """Run to completion in its own session; on timeout kill the whole process group."""
+def _deprioritise(pid: int) -> None:
+    """oom_score_adj 1000 for a command (its children inherit it): when the container runs out of memory the
+    kernel kills commands first, never the controller, Xvfb or openbox (raising needs no capability)."""
+    try:
+        with open(f"/proc/{pid}/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass  # it already exited
+
+
+def _capture(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytearray, bytearray, int, int, bool]:
+    """Read the command's stdout and stderr until both close or ``deadline`` (monotonic) passes, keeping the
+    first ``cap`` bytes of each and dropping the rest (still read, so the command never blocks on a full pipe).
+    Returns (out, err, bytes written to stdout, to stderr, whether the deadline passed first)."""
+    kept = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    total = {proc.stdout: 0, proc.stderr: 0}
+    timed_out = False
+    with selectors.DefaultSelector() as sel:
+        for pipe in kept:
+            sel.register(pipe, selectors.EVENT_READ)
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            for key, _ in sel.select(left):
+                chunk = os.read(key.fileobj.fileno(), 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                total[key.fileobj] += len(chunk)
+                room = cap - len(kept[key.fileobj])
+                if room > 0:
+                    kept[key.fileobj] += chunk[:room]
+    return kept[proc.stdout], kept[proc.stderr], total[proc.stdout], total[proc.stderr], timed_out
+
+
+def run_command(command, shell: bool, timeout: float, cap: int | None = None) -> tuple[int, dict]:
+    """Run to completion in its own session; on timeout kill the whole process group. Keeps at most ``cap``
+    bytes (default MAX_OUTPUT_BYTES) of stdout and of stderr; a response that lost bytes says so with
+    "truncated": true and the full sizes in "output_bytes" and "error_bytes"."""
+    cap = MAX_OUTPUT_BYTES if cap is None else cap
     command = _normalise_command(command, shell)
     try:
         proc = subprocess.Popen(command, shell=shell, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     except Exception as exc:  # noqa: BLE001 - reported to the caller in OSWorld's error shape
         return 500, {"status": "error", "message": str(exc), "output": "", "error": str(exc), "returncode": -1}
+    _deprioritise(proc.pid)
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        out, err = proc.communicate()
+        deadline = time.monotonic() + timeout
+        out, err, n_out, n_err, timed_out = _capture(proc, deadline, cap)
+        if not timed_out:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:  # the pipes closed but the command runs on
+                timed_out = True
+        if timed_out:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            # what the group wrote before it died; a process that left the group may hold the pipes: stop then
+            o2, e2, m_out, m_err, _ = _capture(proc, time.monotonic() + EXECUTE_DRAIN_S, cap)
+            out, err = (out + o2)[:cap], (err + e2)[:cap]
+            n_out, n_err = n_out + m_out, n_err + m_err
+            try:
+                proc.wait(timeout=EXECUTE_DRAIN_S)
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        proc.stdout.close()
+        proc.stderr.close()
+    extra = {}
+    if n_out > len(out) or n_err > len(err):
+        extra = {"truncated": True, "output_bytes": n_out, "error_bytes": n_err}
+    if timed_out:
         msg = f"command timed out after {timeout:g} s"
         return 500, {"status": "error", "message": msg, "output": out.decode("utf-8", "replace"),
-                     "error": err.decode("utf-8", "replace") + msg, "returncode": -9}
+                     "error": err.decode("utf-8", "replace") + msg, "returncode": -9, **extra}
     return 200, {"status": "success", "output": out.decode("utf-8", "replace"),
-                 "error": err.decode("utf-8", "replace"), "returncode": proc.returncode}
+                 "error": err.decode("utf-8", "replace"), "returncode": proc.returncode, **extra}
 
 
 def launch(command, shell: bool) -> None:
     command = _normalise_command(command, shell)
-    subprocess.Popen(command, shell=shell, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                     stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(command, shell=shell, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    _deprioritise(proc.pid)
 
 
 def find_windows(name: str, strict: bool) -> list[str]:
@@ -345,20 +548,127 @@ def _regex_escape(text: str) -> str:
 
 
 def parse_multipart(content_type: str, body: bytes) -> dict[str, bytes]:
-    """Form fields of a multipart/form-data body -> {name: raw bytes}."""
-    msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
+    """Form fields of a multipart/form-data body -> {name: raw bytes}; ValueError when it is malformed.
+
+    Cuts each part out of ``body`` once (the email package would hold several copies of a large upload);
+    only part headers go through the email package. Base64 and quoted-printable parts are decoded.
+    """
+    ctype = email.parser.BytesHeaderParser(policy=email.policy.HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n")
+    boundary = ctype.get_param("boundary", header="content-type")
+    if not boundary or not isinstance(boundary, str):
+        raise ValueError("multipart/form-data without a boundary")
+    delimiter = b"--" + boundary.encode("latin-1")
+    pos = body.find(delimiter)
+    if pos < 0:
+        raise ValueError("multipart body without its boundary")
     fields: dict[str, bytes] = {}
-    for part in msg.iter_parts():
-        name = part.get_param("name", header="content-disposition")
+    while True:
+        pos += len(delimiter)
+        if body.startswith(b"--", pos):  # the closing delimiter
+            return fields
+        line_end = body.find(b"\r\n", pos)  # the rest of the delimiter line (transport padding)
+        if line_end < 0:
+            raise ValueError("multipart part without headers")
+        start = line_end + 2
+        if body.startswith(b"\r\n", start):
+            raw_headers, data_start = b"", start + 2
+        else:
+            head_end = body.find(b"\r\n\r\n", start, start + MULTIPART_HEADER_MAX)
+            if head_end < 0:
+                raise ValueError("multipart part headers do not end (or exceed 16 KiB)")
+            raw_headers, data_start = body[start:head_end], head_end + 4
+        end = body.find(b"\r\n" + delimiter, data_start)
+        if end < 0:
+            raise ValueError("multipart body is not terminated by its boundary")
+        headers = email.parser.BytesHeaderParser(policy=email.policy.HTTP).parsebytes(raw_headers + b"\r\n\r\n")
+        name = headers.get_param("name", header="content-disposition")
         if name is not None:
-            fields[name] = part.get_payload(decode=True) or b""
-    return fields
+            data = body[data_start:end]
+            encoding = str(headers.get("content-transfer-encoding", "")).strip().lower()
+            if encoding == "base64":
+                data = base64.b64decode(data)
+            elif encoding == "quoted-printable":
+                data = quopri.decodestring(data)
+            fields[str(name)] = data
+        pos = end + 2
+
+
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def content_length(headers, method: str) -> int:
+    """The request's body length from its headers, checked; HTTPError (400, 411, 413) when it is missing for a
+    method with a body, is not a plain non-negative integer, disagrees with itself, or exceeds MAX_BODY_BYTES."""
+    if headers.get("Transfer-Encoding") is not None:
+        raise HTTPError(411 if headers.get("Content-Length") is None else 400,
+                        "Transfer-Encoding is not supported: send the body with a Content-Length")
+    values = headers.get_all("Content-Length") or []
+    if not values:
+        if method in ("POST", "PUT", "PATCH"):
+            raise HTTPError(411, f"{method} needs a Content-Length header (0 for no body)")
+        return 0
+    if len({v.strip() for v in values}) != 1:
+        raise HTTPError(400, f"conflicting Content-Length headers: {values}")
+    raw = values[0].strip()
+    if not _DIGITS.fullmatch(raw):
+        raise HTTPError(400, f"Content-Length must be a non-negative integer, got {raw[:40]!r}")
+    n = int(raw)
+    if n > MAX_BODY_BYTES:
+        raise HTTPError(413, f"request body of {n} bytes exceeds the controller's limit of {MAX_BODY_BYTES} bytes "
+                             "(ARPO_MAX_BODY_MB)")
+    return n
+
+
+def _is_form(ctype: str) -> bool:
+    return ctype.split(";", 1)[0].strip().lower() == "multipart/form-data"
+
+
+def read_regular_file(path: str, cap: int) -> bytearray:
+    """The bytes of the regular file at ``path`` (symlinks followed). HTTPError 404 when it does not exist or
+    is a folder, 400 when it is anything but a regular file (opened without blocking: a FIFO never stalls us),
+    413 when it holds more than ``cap`` bytes (checked before reading and again while reading)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        raise HTTPError(404, f"no such file: {path}", error="File not found") from None
+    except OSError as exc:
+        if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP):  # a Unix socket
+            raise HTTPError(400, f"not a regular file: {path} (a socket)", error="Not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise HTTPError(404, f"{path} is a folder, not a file", error="File not found")
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a character device" if stat.S_ISCHR(st.st_mode) else "a block device"
+                    if stat.S_ISBLK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+            raise HTTPError(400, f"not a regular file: {path} ({kind}); /file serves regular files only",
+                            error="Not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    with open(fd, "rb", buffering=0) as f:
+        too_big = HTTPError(413, f"{path} is larger than the controller's limit of {cap} bytes (ARPO_MAX_FILE_MB)",
+                            error="File too large")
+        if st.st_size > cap:
+            raise too_big
+        # st_size is 0 for /proc files and a file may grow while we read: read in chunks up to the cap
+        data = bytearray()
+        while True:
+            chunk = f.read(min(1024 * 1024, cap + 1 - len(data)))
+            if not chunk:
+                return data
+            data += chunk
+            if len(data) > cap:
+                raise too_big
 
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "arpo-controller/1"
     protocol_version = "HTTP/1.1"
+    timeout = IO_TIMEOUT_S  # set on the connection: an idle or stalled one is closed, its thread freed
 
     # --- plumbing -------------------------------------------------------------------------------
     def address_string(self) -> str:  # Unix-socket peers have no address
@@ -369,10 +679,8 @@ class Handler(BaseHTTPRequestHandler):
             sys.stderr.write("controller: " + (fmt % args) + "\n")
 
     def _body(self) -> bytes:
-        n = int(self.headers.get("Content-Length") or 0)
-        if n > MAX_BODY_BYTES:
-            raise ValueError(f"request body of {n} bytes exceeds {MAX_BODY_BYTES}")
-        return self.rfile.read(n) if n else b""
+        """The request body, read (and checked) by _dispatch before the endpoint runs."""
+        return self._raw
 
     def _json_body(self) -> dict:
         body = self._body()
@@ -384,14 +692,19 @@ class Handler(BaseHTTPRequestHandler):
     def _form(self) -> dict[str, bytes]:
         ctype = self.headers.get("Content-Type", "")
         body = self._body()
-        if ctype.startswith("multipart/form-data"):
-            return parse_multipart(ctype, body)
+        if _is_form(ctype):
+            try:
+                return parse_multipart(ctype, body)
+            except ValueError as exc:
+                raise HTTPError(400, f"bad multipart/form-data body: {exc}") from None
         return {k: v[0].encode() for k, v in urllib.parse.parse_qs(body.decode("utf-8")).items()}
 
-    def _send(self, code: int, body: bytes, ctype: str) -> None:
+    def _send(self, code: int, body: bytes | bytearray, ctype: str) -> None:
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 
@@ -401,18 +714,69 @@ class Handler(BaseHTTPRequestHandler):
     def _text(self, code: int, text: str) -> None:
         self._send(code, text.encode(), "text/plain; charset=utf-8")
 
+    def _refuse(self, code: int, message: str, **extra) -> None:
+        """A JSON error; closes the connection when the request's body was not read (it would be taken for the
+        next request)."""
+        if not self._body_read:
+            self.close_connection = True
+        self._json(code, {"status": "error", "message": message, **extra})
+
+    def _read_body(self, n: int) -> bytes:
+        data = self.rfile.read(n) if n else b""
+        if len(data) != n:
+            raise HTTPError(400, f"request body ended after {len(data)} of its {n} bytes")
+        self._body_read = True
+        return data
+
+    def _declared_length(self) -> int:
+        """The Content-Length as sent when it is a plain integer (even over the limit), else 0."""
+        raw = (self.headers.get("Content-Length") or "").strip()
+        return int(raw) if _DIGITS.fullmatch(raw) and self.headers.get("Transfer-Encoding") is None else 0
+
+    def _drain(self, n: int) -> None:
+        """Read and drop a refused body in small chunks (a client writing it would otherwise fail with a
+        broken pipe before it reads our answer); the connection is closed afterwards anyway."""
+        try:
+            while n > 0:
+                chunk = self.rfile.read(min(n, 65536))
+                if not chunk:
+                    break
+                n -= len(chunk)
+        except OSError:
+            pass
+
+    def release_body(self) -> None:
+        """Give the body's memory reservation back early (an endpoint that keeps nothing of it)."""
+        self._hold.close()
+
     def _dispatch(self, routes: dict) -> None:
         path = urllib.parse.urlsplit(self.path).path
         fn = routes.get(path)
-        if fn is None:
-            self._json(404, {"status": "error", "message": f"no route {self.command} {path}"})
-            return
+        self._raw, self._body_read, n = b"", False, 0
+        self._hold = contextlib.ExitStack()
         try:
-            fn(self)
+            with self._hold:
+                n = content_length(self.headers, self.command)
+                multipart = _is_form(self.headers.get("Content-Type", ""))
+                if n > MAX_JSON_BYTES and not multipart:
+                    raise HTTPError(413, f"a request body that is not multipart/form-data may have at most "
+                                         f"{MAX_JSON_BYTES} bytes (ARPO_MAX_JSON_MB); this one has {n}")
+                if fn is None:
+                    raise HTTPError(404, f"no route {self.command} {path}")
+                self._body_read = n == 0
+                self._hold.enter_context(_budget.hold(n * (BODY_EXPANSION if multipart else JSON_EXPANSION)))
+                self._raw = self._read_body(n)
+                fn(self)
+        except HTTPError as exc:
+            if not self._body_read and 0 < (n or self._declared_length()) <= DRAIN_MAX_BYTES:
+                self._drain(n or self._declared_length())
+            self._refuse(exc.status, str(exc), **exc.extra)
         except (BrokenPipeError, ConnectionResetError):
-            pass
+            self.close_connection = True
         except Exception as exc:  # noqa: BLE001 - every failure becomes a 500 with its message
-            self._json(500, {"status": "error", "message": f"{type(exc).__name__}: {exc}"})
+            self._refuse(500, f"{type(exc).__name__}: {exc}")
+        finally:
+            self._raw = b""
 
     def do_GET(self) -> None:
         self._dispatch(GET_ROUTES)
@@ -431,10 +795,13 @@ class Handler(BaseHTTPRequestHandler):
 
     def execute(self) -> None:
         data = self._json_body()
+        self.release_body()  # the command may run for minutes: hold no reservation meanwhile
         shell = bool(data.get("shell", False))
         timeout = float(data.get("timeout") or DEFAULT_TIMEOUT_S)
         code, obj = run_command(data.get("command"), shell, timeout)
-        self._json(code, obj)
+        captured = len(obj.get("output", "")) + len(obj.get("error", ""))
+        with _budget.hold(ANSWER_EXPANSION * captured):
+            self._json(code, obj)
 
     def launch(self) -> None:
         data = self._json_body()
@@ -455,12 +822,12 @@ class Handler(BaseHTTPRequestHandler):
             return
         path = os.path.expandvars(os.path.expanduser(form["file_path"].decode()))
         try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            self._json(404, {"error": "File not found"})
-            return
-        self._send(200, data, "application/octet-stream")
+            size = os.stat(path).st_size
+        except OSError:
+            size = 0  # read_regular_file says why
+        with _budget.hold(min(max(size, MIB), MAX_FILE_BYTES)):
+            data = read_regular_file(path, MAX_FILE_BYTES)
+            self._send(200, data, "application/octet-stream")
 
     def upload(self) -> None:
         form = self._form()
@@ -470,7 +837,18 @@ class Handler(BaseHTTPRequestHandler):
         path = os.path.expandvars(os.path.expanduser(form["file_path"].decode()))
         if os.path.dirname(path):
             os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
+        # O_NONBLOCK: opening a FIFO with no reader fails at once (ENXIO) instead of blocking this thread
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                raise HTTPError(400, f"cannot upload to {path}: not a regular file") from None
+            raise
+        with open(fd, "wb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise HTTPError(400, f"cannot upload to {path}: not a regular file")
+            os.set_blocking(fd, True)
+            f.truncate(0)
             f.write(form["file_data"])
         self._text(200, f"File Uploaded: {len(form['file_data'])} bytes")
 
@@ -574,7 +952,7 @@ def serve() -> None:
         except FileNotFoundError:
             pass
         server = UnixHTTPServer(tmp, Handler)
-        os.chmod(tmp, 0o666)
+        os.chmod(tmp, 0o660)  # root (the host's actors) only; the folder is 0700 besides
         os.rename(tmp, SOCKET_PATH)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     sys.stderr.write(f"controller: serving on {tcp or SOCKET_PATH} for display {DISPLAY} "
