@@ -64,7 +64,7 @@ async def hostile(endpoint: str, received: list) -> None:
 
 def test_hostile_peer_is_rejected_and_honest_training_goes_on(tmp_path, desktop_image, tiny_model):
     run_id = f"hostile-{uuid.uuid4().hex[:8]}"
-    config, url = write_config(tmp_path, tiny_model, desktop_image, run_id, "learner.steps=4",
+    config, url = write_config(tmp_path, tiny_model, desktop_image, run_id, "learner.steps=10",
                                "transport.peer_timeout_s=4.0", "actors.actors=2")
     endpoint = load_config(config, []).transport.endpoint
     metrics, status = tmp_path / "run" / "metrics.jsonl", tmp_path / "run" / "status.json"
@@ -73,7 +73,9 @@ def test_hostile_peer_is_rejected_and_honest_training_goes_on(tmp_path, desktop_
         wait_for(lambda: read_json(status).get("actors", 0) >= 1, 300, "the honest actors", alive)
         received: list[str] = []
         asyncio.run(hostile(endpoint, received))
-        wait_for(lambda: len(read_metrics(metrics)) >= 4, 300, "4 steps of honest training", alive)
+        learner_log = tmp_path / "logs" / "learner.log"
+        wait_for(lambda: "silent" in learner_log.read_text(), 120, "the silent hostile peer to be dropped", alive)
+        wait_for(lambda: len(read_metrics(metrics)) >= 10, 300, "10 steps of honest training", alive)
         procs.procs["learner"].wait(timeout=120)
         assert procs.procs["learner"].returncode == 0, tail(procs.log("learner"))
     assert received.count("reject") >= 4 and "assignment" in received

@@ -104,8 +104,10 @@ def test_actor_host_in_its_own_namespace_over_curve_and_a_token(tmp_path, deskto
             procs.start("learner", [PY, "-m", "learner.main", "--config", str(path),
                                     "--set", f'transport.curve_secret_key_file="{learner_secret}"',
                                     "--set", f'transport.curve_authorized_dir="{authorized}"'])
-            procs.start("actors", ["ip", "netns", "exec", ns, PY, "-m", "actors.main", "--config", str(path),
-                                   "--actor-id", "host-a",
+            # nsenter --net, not `ip netns exec`: that also gives the process a mount namespace of its own, where the
+            # tmpfs the fleet mounts on each desktop's socket folder would be invisible to dockerd
+            procs.start("actors", ["nsenter", f"--net=/var/run/netns/{ns}", PY, "-m", "actors.main",
+                                   "--config", str(path), "--actor-id", "host-a",
                                    "--set", f'transport.curve_secret_key_file="{host_secret}"',
                                    "--set", f'transport.curve_server_key_file="{learner_public}"'])
             metrics = tmp_path / "run" / "metrics.jsonl"
