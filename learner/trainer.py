@@ -318,9 +318,10 @@ class Trainer:
 
     def usable(self, samples: Sequence[TrainSample], proximal: Sequence[Sequence[float]] | None = None
                ) -> tuple[list[TrainSample], list[Sequence[float]] | None, list[str]]:
-        """Split off the samples that cannot be trained on: malformed ones (:func:`sample_problem`), ones longer
-        ones whose image pad tokens do not match their screenshots or whose
-        screenshots do not decode. Returns (kept samples, their proximal log-probs, one reason per dropped)."""
+        """Split off the samples that cannot be trained on: malformed ones (:func:`sample_problem`) and ones whose
+        screenshots do not decode or do not match their image pad tokens. (A sample longer than
+        ``max_tokens_per_microbatch`` is not dropped: the setting is wrong, and the step raises TrainerConfigError.)
+        Returns (kept samples, their proximal log-probs, one reason per dropped sample)."""
         kept, kept_prox, dropped = [], [] if proximal is not None else None, []
         for i, sample in enumerate(samples):
             problem = sample_problem(sample, None if proximal is None else proximal[i])
