@@ -48,6 +48,11 @@ class RequestRefused(DesktopError):
         self.status = status
 
 
+class NotSupported(RequestRefused):
+    """The desktop image lacks what the request needs (HTTP 501: no ffmpeg for recording in the default image,
+    no AT-SPI, no gsettings); the message names the package or image that has it. The desktop itself is fine."""
+
+
 class ControllerClient:
     """One desktop's controller.
 
@@ -91,6 +96,8 @@ class ControllerClient:
             raise DesktopError(f"{method} {endpoint} to {self._where()}: {type(exc).__name__}: {exc}") from exc
         if status not in ok_statuses:
             message = f"{method} {endpoint} to {self._where()}: HTTP {status}: {body[:500].decode('utf-8', 'replace')}"
+            if status == 501:
+                raise NotSupported(message, status)
             if 400 <= status < 500:
                 raise RequestRefused(message, status)
             raise DesktopError(message)
@@ -183,19 +190,109 @@ class ControllerClient:
         _, body, _ = await self._request("GET", "/platform")
         return body.decode().strip()
 
-    async def activate_window(self, window_name: str, *, strict: bool = False) -> bool:
-        """Raise and focus the first visible window whose title contains (or, when strict, equals)
-        ``window_name``. Returns False when there is no such window."""
+    async def activate_window(self, window_name: str, *, strict: bool = False, by_class: bool = False) -> bool:
+        """Raise and focus the first window whose title contains ``window_name`` (case-insensitive), or, when
+        strict, equals it (case-sensitive); with ``by_class`` match WM_CLASS ("res_name.res_class") instead of
+        the title (OSWorld's rules, those of wmctrl -a [-F] [-x]). Returns False when there is no such window."""
         status, _, _ = await self._request("POST", "/setup/activate_window", ok_statuses=(200, 404),
-                                           json={"window_name": window_name, "strict": strict})
+                                           json={"window_name": window_name, "strict": strict, "by_class": by_class})
         return status == 200
 
-    async def close_window(self, window_name: str, *, strict: bool = False) -> bool:
-        """Close every visible window whose title contains (or equals) ``window_name``. Returns False when
-        there is no such window."""
+    async def close_window(self, window_name: str, *, strict: bool = False, by_class: bool = False) -> bool:
+        """Close (gracefully, as wmctrl -c) the first window :meth:`activate_window` would pick. Returns False
+        when there is no such window."""
         status, _, _ = await self._request("POST", "/setup/close_window", ok_statuses=(200, 404),
-                                           json={"window_name": window_name, "strict": strict})
+                                           json={"window_name": window_name, "strict": strict, "by_class": by_class})
         return status == 200
+
+    async def accessibility_tree(self, *, timeout: float = 120.0) -> str:
+        """The desktop's AT-SPI accessibility tree as OSWorld's XML (root ``desktop-frame``; namespaces st, attr,
+        cp, ...; see actors/desktop/image/accessibility.py). Raises NotSupported where the image has no AT-SPI."""
+        _, body, _ = await self._request("GET", "/accessibility", timeout=timeout)
+        return str(self._json("/accessibility", body)["AT"])
+
+    async def terminal_output(self, *, timeout: float = 120.0) -> str | None:
+        """Text of the focused terminal in the active window (read through AT-SPI), or None when there is none.
+        Raises NotSupported where the image has no AT-SPI."""
+        _, body, _ = await self._request("GET", "/terminal", timeout=timeout)
+        return self._json("/terminal", body)["output"]
+
+    async def start_recording(self) -> None:
+        """Start recording the screen (ffmpeg x11grab, 30 fps H.264). Raises NotSupported where the image has
+        no ffmpeg (the default image; the osworld image has it) and RequestRefused when one already runs."""
+        await self._request("POST", "/start_recording", timeout=30.0)
+
+    async def end_recording(self) -> bytes:
+        """Stop the recording and return the MP4's bytes (at most the controller's file limit). Raises
+        RequestRefused when no recording runs."""
+        _, body, _ = await self._request("POST", "/end_recording", timeout=60.0)
+        return body
+
+    async def window_size(self, app_class_name: str) -> tuple[int, int] | None:
+        """(width, height) of the first window one of whose WM_CLASS parts equals ``app_class_name``
+        (case-insensitive), or None when there is none."""
+        status, body, _ = await self._request("POST", "/window_size", data={"app_class_name": app_class_name},
+                                              ok_statuses=(200, 404))
+        if status == 404:
+            return None
+        d = self._json("/window_size", body)
+        return int(d["width"]), int(d["height"])
+
+    async def desktop_path(self) -> str | None:
+        """The desktop folder (``$HOME/Desktop``), or None when it does not exist."""
+        status, body, _ = await self._request("POST", "/desktop_path", ok_statuses=(200, 404))
+        return None if status == 404 else str(self._json("/desktop_path", body)["desktop_path"])
+
+    async def wallpaper(self) -> bytes | None:
+        """Bytes of the wallpaper image (GNOME's picture-uri), or None when none is set. Raises NotSupported
+        where the image has no gsettings."""
+        status, body, _ = await self._request("POST", "/wallpaper", ok_statuses=(200, 404))
+        return None if status == 404 else body
+
+    async def change_wallpaper(self, path: str) -> None:
+        """Make the image file at ``path`` (inside the desktop) the wallpaper. Raises RequestRefused (404) when
+        it does not exist, NotSupported where the image has no gsettings."""
+        await self._request("POST", "/setup/change_wallpaper", json={"path": path})
+
+    async def list_directory(self, path: str) -> dict:
+        """OSWorld's directory tree of the folder ``path``: ``{"type": "directory", "name", "children"}`` with
+        ``{"type": "file", "name"}`` leaves (names sorted). Raises RequestRefused when it is not a folder."""
+        _, body, _ = await self._request("POST", "/list_directory", json={"path": path}, timeout=60.0)
+        return self._json("/list_directory", body)["directory_tree"]
+
+    async def open_file(self, path: str, *, window_name: str | None = None, timeout: float = 60.0) -> str:
+        """Open a file inside the desktop with its default app (xdg-open), or start the program ``path``, and
+        wait (up to ``timeout`` s) for a window whose title contains ``window_name`` (default: the file's name)
+        to appear, then activate it. Returns the controller's text. Raises RequestRefused (404) when neither a
+        file nor a program ``path`` exists, DesktopError when no window appears in time."""
+        payload: dict = {"path": path, "timeout_seconds": timeout}
+        if window_name:
+            payload["window_name"] = window_name
+        _, body, _ = await self._request("POST", "/setup/open_file", json=payload, timeout=timeout + EXECUTE_GRACE_S)
+        return body.decode("utf-8", "replace")
+
+    async def download_file(self, url: str, path: str, *, timeout: float = 200.0) -> str:
+        """Have the desktop itself download ``url`` to ``path`` (OSWorld's /setup/download_file). Desktops run
+        without a network, so this fails (DesktopError naming the cause) unless the URL is reachable from inside;
+        a task's ``download`` step fetches on the actor host and uploads instead."""
+        _, body, _ = await self._request("POST", "/setup/download_file", json={"url": url, "path": path},
+                                         timeout=timeout)
+        return body.decode("utf-8", "replace")
+
+    async def run_python(self, code: str) -> dict:
+        """Run Python ``code`` in the desktop (30 s limit). Returns OSWorld's answer ``{"status", "message",
+        "need_more", "output", "error", "return_code"}``; a timeout is a result with status "error"."""
+        _, body, _ = await self._request("POST", "/run_python", json={"code": code}, ok_statuses=(200, 500),
+                                         timeout=30 + EXECUTE_GRACE_S)
+        return self._json("/run_python", body)
+
+    async def run_bash_script(self, script: str, *, timeout: float = 30.0, working_dir: str | None = None) -> dict:
+        """Run a bash script in the desktop. Returns OSWorld's answer ``{"status", "output" (stdout and stderr
+        merged), "error": "", "returncode"}``; a timeout is a result with status "error"."""
+        _, body, _ = await self._request("POST", "/run_bash_script", ok_statuses=(200, 500),
+                                         json={"script": script, "timeout": timeout, "working_dir": working_dir},
+                                         timeout=timeout + EXECUTE_GRACE_S)
+        return self._json("/run_bash_script", body)
 
     async def health(self, *, timeout: float = 5.0) -> bool:
         """True when the controller answers and its X display is up; False otherwise (never raises

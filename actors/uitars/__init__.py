@@ -12,7 +12,8 @@ from actors.uitars.actions import (
 )
 from actors.uitars.grammar import action_regex
 from actors.uitars.prompt import Prompt, build_messages
-from actors.uitars.xdotool import UnsupportedActionError, to_commands, to_pyautogui
+from actors.uitars.pyautogui import to_pyautogui
+from actors.uitars.xdotool import UnsupportedActionError, to_commands
 
 __all__ = [
     "Action", "ActionParseError", "Parsed", "Prompt", "Size", "UnsupportedActionError", "action_regex",

@@ -1,4 +1,5 @@
-"""Actions -> commands that perform them inside a desktop: xdotool argv lists, or OSWorld pyautogui code.
+"""Actions -> xdotool argv lists that perform them inside a desktop (``actors.action_backend = "xdotool"``; the
+pyautogui backend, OSWorld's way, is actors/uitars/pyautogui.py).
 
 Role: pure translation; the desktop runs the commands (through the controller's ``/execute``, which takes an
 argv list, never a shell string). Nothing here executes anything.
@@ -19,10 +20,7 @@ Pointer actions are one xdotool process each: ``xdotool mousemove X-1 Y mousemov
 
 Coordinates are rounded to whole pixels. Keys use X keysym names. The commands need ``DISPLAY`` set in the
 environment they run in (the controller's). Measured costs: a click ~4 ms, a double click ~85 ms (xdotool sleeps
-``--delay`` after each of the two clicks), typing ~12 ms per character. Sources for the pyautogui mapping:
-UI-TARS ``parsing_response_to_pyautogui_code`` (click, doubleClick, right click, moveTo + dragTo, hotkey,
-write(interval=0.1) + press('enter') for a trailing newline, scroll(+-5, x, y)); OSWorld's special actions
-``DONE``, ``FAIL``, ``WAIT``.
+``--delay`` after each of the two clicks), typing ~12 ms per character.
 """
 
 from __future__ import annotations
@@ -141,69 +139,3 @@ def to_commands(action: Action, *, type_delay_ms: int = 12) -> list[list[str]]:
             commands.append(["xdotool", "key", "Return"])
         return commands
     raise UnsupportedActionError(f"unknown action kind {k!r}")
-
-
-_PYAUTOGUI_KEYS = {"win": "win", "esc": "esc", "capslock": "capslock", "print": "printscreen"}
-
-
-def to_pyautogui(action: Action) -> str:
-    """OSWorld's pyautogui code for ``action`` (for driving real OSWorld VMs), or ``DONE``/``FAIL``/``WAIT``.
-
-    Mapping as UI-TARS ``parsing_response_to_pyautogui_code`` (with ``input_swap=False``, as ARPO runs it):
-    click -> ``pyautogui.click(x, y, button='left')``; left_double -> ``doubleClick``; right_single ->
-    ``click(button='right')``; hover -> ``moveTo``; drag -> ``moveTo`` + ``dragTo(duration=1.0)``; hotkey ->
-    ``hotkey(*keys)``; type -> ``write(text, interval=0.1)`` (+ ``press('enter')`` for a trailing newline);
-    scroll up/down -> ``scroll(+-5, x=, y=)``, left/right -> ``hscroll(-+5, ...)``.
-    Raises:
-        UnsupportedActionError: unknown kind or missing field.
-    """
-    k = action.kind
-    if k == "finished":
-        return "DONE"
-    if k == "fail":
-        return "FAIL"
-    if k == "wait":
-        return "WAIT"
-
-    def xy(p: tuple[float, float] | None) -> str:
-        if p is None:
-            raise UnsupportedActionError(f"{k} needs a point: {action}")
-        return f"{round(p[0], 3)}, {round(p[1], 3)}"
-
-    lines = ["import pyautogui", "import time"]
-    if k == "click":
-        lines.append(f"pyautogui.click({xy(action.point)}, button='left')")
-    elif k == "left_double":
-        lines.append(f"pyautogui.doubleClick({xy(action.point)}, button='left')")
-    elif k == "right_single":
-        lines.append(f"pyautogui.click({xy(action.point)}, button='right')")
-    elif k == "hover":
-        lines.append(f"pyautogui.moveTo({xy(action.point)})")
-    elif k == "drag":
-        lines += [f"pyautogui.moveTo({xy(action.point)})", f"pyautogui.dragTo({xy(action.end_point)}, duration=1.0)"]
-    elif k in ("hotkey", "key_down", "key_up"):
-        keys = [" " if x == "space" else _PYAUTOGUI_KEYS.get(x, x) for x in action.keys]
-        if not keys:
-            raise UnsupportedActionError(f"{k} needs keys: {action}")
-        if k == "hotkey":
-            lines.append(f"pyautogui.hotkey({', '.join(repr(x) for x in keys)})")
-        else:
-            verb = "keyDown" if k == "key_down" else "keyUp"
-            lines += [f"pyautogui.{verb}({x!r})" for x in keys]
-    elif k == "type":
-        text = action.text or ""
-        body = text[:-1] if action.submits else text
-        if body:
-            lines += [f"pyautogui.write({body!r}, interval=0.1)", "time.sleep(0.5)"]
-        if action.submits:
-            lines.append("pyautogui.press('enter')")
-    elif k == "scroll":
-        at = f", x={round(action.point[0], 3)}, y={round(action.point[1], 3)}" if action.point else ""
-        amount = {"up": SCROLL_CLICKS, "down": -SCROLL_CLICKS, "left": -SCROLL_CLICKS, "right": SCROLL_CLICKS}
-        if action.direction not in amount:
-            raise UnsupportedActionError(f"scroll needs a direction: {action}")
-        fn = "scroll" if action.direction in ("up", "down") else "hscroll"
-        lines.append(f"pyautogui.{fn}({amount[action.direction]}{at})")
-    else:
-        raise UnsupportedActionError(f"unknown action kind {k!r}")
-    return "\n".join(lines)

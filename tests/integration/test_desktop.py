@@ -139,6 +139,10 @@ async def _screen(c: ControllerClient) -> Image.Image:
     return Image.open(io.BytesIO(await c.screenshot())).convert("RGB")
 
 
+BASE_PROCESSES = ["Xvfb", "at-spi-bus-laun", "dbus-daemon", "dbus-daemon", "docker-init", "openbox", "python3"]
+"""What runs in a booted desktop (ps comm names, sorted): the session D-Bus, and the AT-SPI bus with its own."""
+
+
 async def _processes(c: ControllerClient) -> list[str]:
     r = await c.execute(["ps", "-eo", "comm="])
     return sorted(name for name in r["output"].split() if name != "ps")
@@ -151,7 +155,7 @@ async def test_reset_returns_one_desktop_to_its_boot_state_after_every_builtin_t
     desktop = await fleet.start()
     c = desktop.controller
     boot_screen, boot_processes = await _screen(c), await _processes(c)
-    assert boot_processes == ["Xvfb", "docker-init", "openbox", "python3"]
+    assert boot_processes == BASE_PROCESSES
     for task_id in sorted(BUILTIN):
         task = BUILTIN[task_id]
         await run_setup(c, task.config)
@@ -177,7 +181,7 @@ async def test_reset_kills_stubborn_processes_restores_home_and_releases_keys(fl
     await xdo(c, "keydown", "Shift_L")
     counts = await c.reset()
     assert counts["killed"] >= 2 and counts["restored"] == 2 and counts["removed"] >= 2, counts
-    assert await _processes(c) == ["Xvfb", "docker-init", "openbox", "python3"]
+    assert await _processes(c) == BASE_PROCESSES
     assert await c.get_file("/root/.bashrc") == bashrc and await c.get_file("/root/.profile") is not None
     assert await c.get_file("/root/a/b/c") is None and await c.get_file("/tmp/x") is None
     assert await c.cursor_position() == (640, 360)  # where Xvfb put the pointer at boot
@@ -240,8 +244,8 @@ async def test_controller_api_shapes(fleet):
 
 async def test_setup_errors_are_task_setup_errors(fleet):
     c = (await fleet.start()).controller
-    with pytest.raises(TaskSetupError, match="unknown type 'download'"):
-        await run_setup(c, [{"type": "download", "parameters": {"files": []}}])
+    with pytest.raises(TaskSetupError, match="unknown type 'googledrive'"):
+        await run_setup(c, [{"type": "googledrive", "parameters": {"settings_file": "x"}}])
     with pytest.raises(TaskSetupError, match="not met"):
         await run_setup(c, [{"type": "execute", "parameters": {"command": ["false"], "until": {"returncode": 0}}}])
     with pytest.raises(TaskSetupError, match="no visible window"):

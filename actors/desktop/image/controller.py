@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """In-container desktop controller: OSWorld's controller HTTP API over a Unix socket.
 
-Runs INSIDE the desktop container with Debian's python3, the standard library and PIL only.
-It owns the X display ``$DISPLAY`` (started by entrypoint.sh) and serves, on the Unix socket
-``$ARPO_CONTROLLER_SOCKET`` (default /run/arpo/controller.sock, mode 0660, in a folder bind-mounted
-from the host), the subset of OSWorld's ``desktop_env/server/main.py`` API that the actors use, with
-OSWorld's request and response shapes:
+Runs INSIDE the desktop container with Debian's python3, the standard library, PIL and python3-xlib (and
+python3-pyatspi, run in a child process, for the accessibility routes). It owns the X display ``$DISPLAY``
+(started by entrypoint.sh) and serves, on the Unix socket ``$ARPO_CONTROLLER_SOCKET`` (default
+/run/arpo/controller.sock, mode 0660, in a folder bind-mounted from the host), OSWorld's
+``desktop_env/server/main.py`` API as OSWorld's own PythonController and SetupController call it
+(desktop_env/controllers/python.py, setup.py), with OSWorld's request and response shapes. Modules:
+limits.py (limits, budget, errors), processes.py (running commands), x11windows.py (windows, wmctrl's
+matching rules), accessibility.py (the AT-SPI tree), recording.py (ffmpeg), osworld_routes.py (the routes
+marked [o] below).
 
     GET  /screenshot            -> PNG bytes of the whole screen, cursor drawn in (compress_level 1);
                                    ours: optional query ?format=png|jpeg&quality=1..100 (JPEG quality,
@@ -25,21 +29,60 @@ OSWorld's request and response shapes:
     POST /screen_size           -> {"width", "height"}
     GET  /cursor_position       -> [x, y]
     GET  /platform              -> "Linux"
-    POST /setup/activate_window {"window_name", "strict"?} -> text (xdotool; 404 if no such window)
-    POST /setup/close_window    {"window_name", "strict"?} -> text
+    POST /setup/activate_window {"window_name", "strict"?, "by_class"?} -> text; the first window wmctrl -a would
+                                   pick (title contains the name, case-insensitive; strict: equals it,
+                                   case-sensitive; by_class: "res_name.res_class" of WM_CLASS instead of the
+                                   title; x11windows.py); ours: 404 when there is none (OSWorld answers 200)
+    POST /setup/close_window    {"window_name", "strict"?, "by_class"?} -> text; closes the first such window
+                                   gracefully (_NET_CLOSE_WINDOW, as wmctrl -c); ours: 404 when there is none
+[o] GET  /accessibility         -> {"AT": XML of the AT-SPI tree, built as OSWorld's server builds it
+                                   (accessibility.py)}; ours: 501 where pyatspi or the AT-SPI bus is missing
+[o] GET  /terminal              -> {"output": text of the focused terminal of the active window, or null,
+                                   "status": "success"}; 501 as /accessibility
+[o] POST /start_recording       -> {"status": "success", "message"}; 400 when one runs, 500 when ffmpeg fails
+                                   (ffmpeg x11grab into /tmp/recording.mp4; recording.py); ours: 501 where
+                                   ffmpeg is missing (the default image; the osworld image has it)
+[o] POST /end_recording         -> the MP4's bytes (video/mp4); 400 when none runs, 500 when it is empty
+[o] POST /window_size           form app_class_name -> {"width", "height"} of the first window with that
+                                   WM_CLASS part; 400 without the field; ours: 404 when none (OSWorld: 500)
+[o] POST /desktop_path          -> {"desktop_path": "$HOME/Desktop"}; 404 {"error"} when it does not exist
+[o] POST /wallpaper             -> the bytes of the file gsettings' org.gnome.desktop.background picture-uri
+                                   names (image/png); 404 when unset; ours: 501 where gsettings is missing
+[o] POST /list_directory        {"path"} -> {"directory_tree": {"type": "directory", "name", "children": [...,
+                                   {"type": "file", "name"}]}}; 400 {"error"} without a path or for a file;
+                                   ours: names sorted, symlink loops cut, 413 above 100000 entries
+[o] POST /setup/change_wallpaper {"path"} -> text; 400 without a path, 404 when the file is missing
+                                   (gsettings set ... picture-uri file://PATH); ours: 500 when gsettings fails
+[o] POST /setup/open_file       {"path", "window_name"?, "timeout_seconds"? (1800)} -> text once a window whose
+                                   title contains window_name (default: the file name, with or without its
+                                   extension) appears, then activated; an existing file opens with xdg-open,
+                                   else path must be a program on PATH (404 otherwise); 500 on timeout;
+                                   ours: waits at most 300 s, fails at once when the opener exits non-zero
+[o] POST /setup/download_file   {"url", "path"} -> text; 3 tries; 500 with the error (ours: it says that the
+                                   desktop has no network; http(s) only; at most MAX_BODY_BYTES)
+[o] POST /run_python            {"code"} -> {"status", "message", "need_more": false, "output", "error",
+                                   "return_code"} (python3 on a temporary file, 30 s; 500 on timeout)
+[o] POST /run_bash_script       {"script", "timeout"? (100), "working_dir"?} -> {"status", "output" (stdout and
+                                   stderr merged), "error": "", "returncode"}; 400 for a missing script or
+                                   folder, 500 on timeout
+[o] POST /execute_with_verification, /setup/execute_with_verification {"command", "shell", "verification"?:
+                                   {"window_exists"?, "command_success"?}, "max_wait_time"? (10),
+                                   "check_interval"? (1)} -> /execute's answer, + "verification": "passed",
+                                   "wait_time"; 500 "verification_failed" when not met in time
     GET  /health                -> {"status": "ok", "display"} once X answers, else 503 (ours)
     POST /reset                 -> {"status": "ok", "killed", "removed", "restored", "seconds"} (ours): puts the
                                    desktop back to its state when the controller started (see BootState),
                                    so one container can serve many episodes; 500 when it cannot
 
 In-place reset (ours; OSWorld reverts a VM snapshot instead): at start the controller records the
-desktop's base processes (PID 1, itself, Xvfb, openbox) and every path under /root and /tmp, with the bytes of
-/root's files. POST /reset kills every other process (apps, terminals and their children), deletes the paths
-that did not exist at start, rewrites /root's files that changed, releases modifier keys and mouse buttons and
-puts the pointer back where it was. It kills every process outside the base set, commands of other requests
-still running included, so call it only on a desktop no episode is using (DesktopPool resets released desktops).
-State outside /root and /tmp (a file an agent wrote to /etc, say) is not
-restored: the pool bounds how many episodes a container serves (actors.desktop_max_episodes).
+desktop's base processes (every process alive then: PID 1, itself, Xvfb, openbox, the session D-Bus and the
+AT-SPI bus) and every path under /root and /tmp, with the bytes of /root's files. POST /reset kills every
+other process (apps, terminals and their children), deletes the paths that did not exist at start, rewrites
+/root's files that changed, releases modifier keys and mouse buttons and puts the pointer back where it was; a
+screen recording is stopped and its file deleted. It kills every process outside the base set, commands of
+other requests still running included, so call it only on a desktop no episode is using (DesktopPool resets
+released desktops). State outside /root and /tmp (a file an agent wrote to /etc, say) is not restored: the
+pool bounds how many episodes a container serves (actors.desktop_max_episodes).
 
 Limits (ours; OSWorld's server has none). Every request body needs a Content-Length (411 without one, 400
 when it is not a plain non-negative integer or a Transfer-Encoding is sent, 413 above the limit); errors are
@@ -47,7 +90,8 @@ JSON {"status": "error", "message"} and close the connection. Environment variab
 
     ARPO_MAX_BODY_MB    64  largest request body (a /setup/upload); JSON and url-encoded bodies: ARPO_MAX_JSON_MB
     ARPO_MAX_JSON_MB     1  largest JSON or url-encoded request body (parsed into Python objects, ~30x its size)
-    ARPO_MAX_FILE_MB    64  largest file /file sends
+    ARPO_MAX_FILE_MB    64  largest file /file, /wallpaper and /end_recording send (and the recording's cap),
+                            and largest accessibility tree
     ARPO_MAX_OUTPUT_MB   1  stdout and stderr kept by /execute, each (the rest is read and dropped)
 
 The fleet sets the body and file limits from the container's memory limit (an eighth of it, at most 64).
@@ -77,8 +121,6 @@ import json
 import os
 import quopri
 import re
-import selectors
-import shlex
 import shutil
 import signal
 import socketserver
@@ -92,78 +134,15 @@ from http.server import BaseHTTPRequestHandler
 
 from PIL import ImageDraw, ImageGrab
 
-DISPLAY = os.environ.get("DISPLAY", ":0")
-SOCKET_PATH = os.environ.get("ARPO_CONTROLLER_SOCKET", "/run/arpo/controller.sock")
-DEFAULT_TIMEOUT_S = 120.0
-MIB = 1024 * 1024
+import osworld_routes
+import x11windows
+from limits import (
+    ANSWER_EXPANSION, BODY_EXPANSION, DEFAULT_TIMEOUT_S, DISPLAY, DRAIN_MAX_BYTES, IO_TIMEOUT_S, JSON_EXPANSION,
+    MAX_BODY_BYTES, MAX_FILE_BYTES, MAX_JSON_BYTES, MIB, MULTIPART_HEADER_MAX, SOCKET_PATH, HTTPError, budget,
+    read_regular_file,
+)
+from processes import launch, run_command
 
-
-def _env_mib(name: str, default: float) -> int:
-    """A size limit in bytes from the environment variable ``name`` (MiB, > 0, fractions allowed)."""
-    raw = os.environ.get(name, "").strip()
-    try:
-        mib = float(raw) if raw else default
-    except ValueError:
-        raise SystemExit(f"controller: {name}={raw!r} is not a number of MiB") from None
-    if not mib > 0 or mib != mib or mib == float("inf"):
-        raise SystemExit(f"controller: {name}={raw!r} must be a positive number of MiB")
-    return max(1, int(mib * MIB))
-
-
-MAX_BODY_BYTES = _env_mib("ARPO_MAX_BODY_MB", 64)
-MAX_JSON_BYTES = min(_env_mib("ARPO_MAX_JSON_MB", 1), MAX_BODY_BYTES)
-MAX_FILE_BYTES = _env_mib("ARPO_MAX_FILE_MB", 64)
-MAX_OUTPUT_BYTES = _env_mib("ARPO_MAX_OUTPUT_MB", 1)
-BUDGET_BYTES = 2 * max(MAX_BODY_BYTES, MAX_FILE_BYTES)
-"""Bytes all requests together may hold at once (bodies, files read, /execute answers): see Budget."""
-BUDGET_WAIT_S = 30.0
-JSON_EXPANSION = 32  # a JSON body of n bytes may parse into ~30 n bytes of Python objects ([{},{},...])
-BODY_EXPANSION = 2  # a multipart body is held twice: the body and the file bytes cut out of it
-ANSWER_EXPANSION = 16  # /execute: n captured bytes -> str (<= 4 n) + JSON (<= 6 n, \ufffd escapes) + its bytes
-IO_TIMEOUT_S = 120.0  # a connection idle (or a body stalled) this long is closed
-EXECUTE_DRAIN_S = 5.0  # after killing a timed-out command: how long to wait for its pipes to close
-MULTIPART_HEADER_MAX = 16 * 1024
-DRAIN_MAX_BYTES = 256 * MIB  # a refused body up to this size is read and dropped, so the client sees the answer
-
-class Budget:
-    """Bytes of memory requests may hold at once. :meth:`hold` reserves a request's worst case (clamped to the
-    whole budget, so any single request can run alone) and waits while others hold too much."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.held = 0
-        self._cond = threading.Condition()
-
-    @contextlib.contextmanager
-    def hold(self, n: int, wait_s: float = BUDGET_WAIT_S):
-        n = max(0, min(int(n), self.capacity))
-        deadline = time.monotonic() + wait_s
-        with self._cond:
-            while self.held + n > self.capacity:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise HTTPError(503, f"controller busy: {self.held} of {self.capacity} bytes of its memory "
-                                         f"budget are held by other requests; try again")
-                self._cond.wait(left)
-            self.held += n
-        try:
-            yield
-        finally:
-            with self._cond:
-                self.held -= n
-                self._cond.notify_all()
-
-
-class HTTPError(Exception):
-    """A request refused with ``status`` (4xx/5xx) and a message; answered as JSON, ``extra`` merged in."""
-
-    def __init__(self, status: int, message: str, **extra) -> None:
-        super().__init__(message)
-        self.status = status
-        self.extra = extra
-
-
-_budget = Budget(BUDGET_BYTES)
 
 
 # An arrow cursor, 12 x 19 px, tip at (0, 0): drawn white with a black outline at the pointer.
@@ -257,13 +236,13 @@ def _parent_and_state(pid: int) -> tuple[int, str] | None:
 class BootState:
     """The desktop as the controller found it at start: base processes, paths, and /root's file bytes.
 
-    Must be created before the first request is served (then the only processes are PID 1, the controller,
-    Xvfb and openbox, and no task has touched /root or /tmp).
+    Must be created before the first request is served: then the only processes are the base ones entrypoint.sh
+    started (PID 1, the controller, Xvfb, openbox, and where installed the session D-Bus and the AT-SPI bus),
+    and no task has touched /root or /tmp. Every process alive then is a base process.
     """
 
     def __init__(self) -> None:
-        me = os.getpid()
-        self.pids = {1, me} | {p for p in _pids() if (_parent_and_state(p) or (0, ""))[0] == me}
+        self.pids = _pids() | {1, os.getpid()}
         self.paths: set[str] = set()
         self.home_dirs: list[str] = []  # folders under /root, parents first: recreated when an episode deleted them
         self.files: dict[str, bytes] = {}
@@ -288,6 +267,7 @@ class BootState:
     def reset(self) -> dict:
         """Put the desktop back to this state; returns counts and seconds. RuntimeError when a process survives."""
         t0 = time.monotonic()
+        osworld_routes.on_reset()  # a running screen recording stops (its file is deleted below)
         killed = self._kill_others()
         removed, restored = self._restore_files()
         x, y = self.pointer
@@ -433,119 +413,6 @@ def x_is_up() -> bool:
         return False
 
 
-def _normalise_command(command, shell: bool):
-    """OSWorld's rules: a string without shell is shlex-split; '~/' arguments are expanded."""
-    if command is None:
-        command = "" if shell else []
-    if isinstance(command, str) and not shell:
-        command = shlex.split(command)
-    if isinstance(command, list):
-        command = [os.path.expanduser(a) if isinstance(a, str) and a.startswith("~/") else a for a in command]
-    return command
-
-
-def _deprioritise(pid: int) -> None:
-    """oom_score_adj 1000 for a command (its children inherit it): when the container runs out of memory the
-    kernel kills commands first, never the controller, Xvfb or openbox (raising needs no capability)."""
-    try:
-        with open(f"/proc/{pid}/oom_score_adj", "w") as f:
-            f.write("1000")
-    except OSError:
-        pass  # it already exited
-
-
-def _capture(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytearray, bytearray, int, int, bool]:
-    """Read the command's stdout and stderr until both close or ``deadline`` (monotonic) passes, keeping the
-    first ``cap`` bytes of each and dropping the rest (still read, so the command never blocks on a full pipe).
-    Returns (out, err, bytes written to stdout, to stderr, whether the deadline passed first)."""
-    kept = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-    total = {proc.stdout: 0, proc.stderr: 0}
-    timed_out = False
-    with selectors.DefaultSelector() as sel:
-        for pipe in kept:
-            sel.register(pipe, selectors.EVENT_READ)
-        while sel.get_map():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                break
-            for key, _ in sel.select(left):
-                chunk = os.read(key.fileobj.fileno(), 65536)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                total[key.fileobj] += len(chunk)
-                room = cap - len(kept[key.fileobj])
-                if room > 0:
-                    kept[key.fileobj] += chunk[:room]
-    return kept[proc.stdout], kept[proc.stderr], total[proc.stdout], total[proc.stderr], timed_out
-
-
-def run_command(command, shell: bool, timeout: float, cap: int | None = None) -> tuple[int, dict]:
-    """Run to completion in its own session; on timeout kill the whole process group. Keeps at most ``cap``
-    bytes (default MAX_OUTPUT_BYTES) of stdout and of stderr; a response that lost bytes says so with
-    "truncated": true and the full sizes in "output_bytes" and "error_bytes"."""
-    cap = MAX_OUTPUT_BYTES if cap is None else cap
-    command = _normalise_command(command, shell)
-    try:
-        proc = subprocess.Popen(command, shell=shell, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    except Exception as exc:  # noqa: BLE001 - reported to the caller in OSWorld's error shape
-        return 500, {"status": "error", "message": str(exc), "output": "", "error": str(exc), "returncode": -1}
-    _deprioritise(proc.pid)
-    try:
-        deadline = time.monotonic() + timeout
-        out, err, n_out, n_err, timed_out = _capture(proc, deadline, cap)
-        if not timed_out:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:  # the pipes closed but the command runs on
-                timed_out = True
-        if timed_out:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            # what the group wrote before it died; a process that left the group may hold the pipes: stop then
-            o2, e2, m_out, m_err, _ = _capture(proc, time.monotonic() + EXECUTE_DRAIN_S, cap)
-            out, err = (out + o2)[:cap], (err + e2)[:cap]
-            n_out, n_err = n_out + m_out, n_err + m_err
-            try:
-                proc.wait(timeout=EXECUTE_DRAIN_S)
-            except subprocess.TimeoutExpired:
-                pass
-    finally:
-        proc.stdout.close()
-        proc.stderr.close()
-    extra = {}
-    if n_out > len(out) or n_err > len(err):
-        extra = {"truncated": True, "output_bytes": n_out, "error_bytes": n_err}
-    if timed_out:
-        msg = f"command timed out after {timeout:g} s"
-        return 500, {"status": "error", "message": msg, "output": out.decode("utf-8", "replace"),
-                     "error": err.decode("utf-8", "replace") + msg, "returncode": -9, **extra}
-    return 200, {"status": "success", "output": out.decode("utf-8", "replace"),
-                 "error": err.decode("utf-8", "replace"), "returncode": proc.returncode, **extra}
-
-
-def launch(command, shell: bool) -> None:
-    command = _normalise_command(command, shell)
-    proc = subprocess.Popen(command, shell=shell, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    _deprioritise(proc.pid)
-
-
-def find_windows(name: str, strict: bool) -> list[str]:
-    """Visible window ids whose title contains ``name`` (or equals it when strict)."""
-    pattern = "^" + _regex_escape(name) + "$" if strict else _regex_escape(name)
-    res = subprocess.run(["xdotool", "search", "--onlyvisible", "--name", pattern],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=10, check=False)
-    return res.stdout.decode().split()
-
-
-def _regex_escape(text: str) -> str:
-    return "".join("\\" + c if c in ".^$*+?()[]{}|\\" else c for c in text)
-
 
 def parse_multipart(content_type: str, body: bytes) -> dict[str, bytes]:
     """Form fields of a multipart/form-data body -> {name: raw bytes}; ValueError when it is malformed.
@@ -623,46 +490,6 @@ def content_length(headers, method: str) -> int:
 def _is_form(ctype: str) -> bool:
     return ctype.split(";", 1)[0].strip().lower() == "multipart/form-data"
 
-
-def read_regular_file(path: str, cap: int) -> bytearray:
-    """The bytes of the regular file at ``path`` (symlinks followed). HTTPError 404 when it does not exist or
-    is a folder, 400 when it is anything but a regular file (opened without blocking: a FIFO never stalls us),
-    413 when it holds more than ``cap`` bytes (checked before reading and again while reading)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):
-        raise HTTPError(404, f"no such file: {path}", error="File not found") from None
-    except OSError as exc:
-        if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP):  # a Unix socket
-            raise HTTPError(400, f"not a regular file: {path} (a socket)", error="Not a regular file") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise HTTPError(404, f"{path} is a folder, not a file", error="File not found")
-        if not stat.S_ISREG(st.st_mode):
-            kind = ("a character device" if stat.S_ISCHR(st.st_mode) else "a block device"
-                    if stat.S_ISBLK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
-                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
-            raise HTTPError(400, f"not a regular file: {path} ({kind}); /file serves regular files only",
-                            error="Not a regular file")
-    except BaseException:
-        os.close(fd)
-        raise
-    with open(fd, "rb", buffering=0) as f:
-        too_big = HTTPError(413, f"{path} is larger than the controller's limit of {cap} bytes (ARPO_MAX_FILE_MB)",
-                            error="File too large")
-        if st.st_size > cap:
-            raise too_big
-        # st_size is 0 for /proc files and a file may grow while we read: read in chunks up to the cap
-        data = bytearray()
-        while True:
-            chunk = f.read(min(1024 * 1024, cap + 1 - len(data)))
-            if not chunk:
-                return data
-            data += chunk
-            if len(data) > cap:
-                raise too_big
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -764,7 +591,7 @@ class Handler(BaseHTTPRequestHandler):
                 if fn is None:
                     raise HTTPError(404, f"no route {self.command} {path}")
                 self._body_read = n == 0
-                self._hold.enter_context(_budget.hold(n * (BODY_EXPANSION if multipart else JSON_EXPANSION)))
+                self._hold.enter_context(budget.hold(n * (BODY_EXPANSION if multipart else JSON_EXPANSION)))
                 self._raw = self._read_body(n)
                 fn(self)
         except HTTPError as exc:
@@ -800,7 +627,7 @@ class Handler(BaseHTTPRequestHandler):
         timeout = float(data.get("timeout") or DEFAULT_TIMEOUT_S)
         code, obj = run_command(data.get("command"), shell, timeout)
         captured = len(obj.get("output", "")) + len(obj.get("error", ""))
-        with _budget.hold(ANSWER_EXPANSION * captured):
+        with budget.hold(ANSWER_EXPANSION * captured):
             self._json(code, obj)
 
     def launch(self) -> None:
@@ -825,7 +652,7 @@ class Handler(BaseHTTPRequestHandler):
             size = os.stat(path).st_size
         except OSError:
             size = 0  # read_regular_file says why
-        with _budget.hold(min(max(size, MIB), MAX_FILE_BYTES)):
+        with budget.hold(min(max(size, MIB), MAX_FILE_BYTES)):
             data = read_regular_file(path, MAX_FILE_BYTES)
             self._send(200, data, "application/octet-stream")
 
@@ -874,34 +701,31 @@ class Handler(BaseHTTPRequestHandler):
         self._body()
         self._json(200, _boot.reset())  # a failure (a process survived, a file cannot be restored) -> 500
 
-    def activate_window(self) -> None:
+    def _window(self) -> x11windows.Window | None:
+        """The window a /setup/activate_window or /setup/close_window request names (x11windows: wmctrl's rules
+        for strict and by_class); answers 400 itself and returns None when window_name is missing."""
         data = self._json_body()
         name = data.get("window_name")
         if not name:
             self._text(400, "window_name required")
-            return
-        ids = find_windows(name, bool(data.get("strict", False)))
-        if not ids:
-            self._text(404, f"Window {name} not found")
-            return
-        subprocess.run(["xdotool", "windowactivate", "--sync", ids[0]], timeout=10,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        self._text(200, "Window activated successfully")
+            return None
+        window = x11windows.find(DISPLAY, str(name), strict=bool(data.get("strict", False)),
+                                 by_class=bool(data.get("by_class", False)))
+        if window is None:
+            raise HTTPError(404, f"Window {name} not found")
+        return window
+
+    def activate_window(self) -> None:
+        window = self._window()
+        if window is not None:
+            x11windows.activate(window)
+            self._text(200, "Window activated successfully")
 
     def close_window(self) -> None:
-        data = self._json_body()
-        name = data.get("window_name")
-        if not name:
-            self._text(400, "window_name required")
-            return
-        ids = find_windows(name, bool(data.get("strict", False)))
-        if not ids:
-            self._text(404, f"Window {name} not found")
-            return
-        for wid in ids:
-            subprocess.run(["xdotool", "windowclose", wid], timeout=10,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        self._text(200, "Window closed successfully")
+        window = self._window()
+        if window is not None:
+            x11windows.close(DISPLAY, window)
+            self._text(200, "Window closed successfully.")
 
 
 GET_ROUTES = {
@@ -909,6 +733,7 @@ GET_ROUTES = {
     "/cursor_position": Handler.cursor_position,
     "/platform": Handler.platform,
     "/health": Handler.health,
+    **osworld_routes.GET_ROUTES,
 }
 POST_ROUTES = {
     "/execute": Handler.execute,
@@ -920,6 +745,7 @@ POST_ROUTES = {
     "/setup/activate_window": Handler.activate_window,
     "/setup/close_window": Handler.close_window,
     "/reset": Handler.reset,
+    **osworld_routes.POST_ROUTES,
 }
 
 
