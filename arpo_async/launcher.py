@@ -55,12 +55,12 @@ def prepare(config: RunConfig, say: Callable[[str], None]) -> RunConfig:
     from actors.desktop.build import build_image, image_exists, image_tag
     from arpo_async.model.init_model import create_tiny_model
 
-    image = config.actors.image or image_tag()
+    image = config.actors.image or image_tag(config.actors.image_profile)
     if not image_exists(image):
         if config.actors.image:
             raise RunError(f"desktop image {image} does not exist (build it, or leave actors.image empty)")
         say(f"building the desktop image {image} (first run only, a few minutes)")
-        build_image(log=say)
+        build_image(log=say, profile=config.actors.image_profile)
     model = config.model_path
     if not (model / "config.json").exists():
         if config.model:

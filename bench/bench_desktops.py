@@ -15,6 +15,11 @@ Measures, each with the real arpo-desktop image through DesktopFleet / DesktopPo
   less than ``--min-free-gb`` of host memory left; all must answer /health; RAM per desktop is the mean
   of the containers' cgroup memory usage (Docker stats ``memory_stats.usage``).
 
+``--profile osworld`` measures the osworld image instead (arpo-desktop-osworld, built when missing; desktops
+of ``--memory-mb``, default 2048): image size; start to first screenshot; RAM of an idle desktop and with
+LibreOffice Calc open (its window mapped, then ``--settle-s`` seconds); reset in place (POST /reset + /health)
+after each of ``--resets`` episodes that opened LibreOffice Calc.
+
 Every container carries this run's label and is removed in ``finally`` (also on Ctrl-C). Prints medians,
 then as its LAST line ``key=value`` figures. ``--quick`` runs a small smoke version (capacity cap 16).
 """
@@ -32,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import median, p95, result_line
 
-from actors.desktop.build import build_image
+from actors.desktop.build import build_image, image_size_mb
 from actors.desktop.fleet import Desktop, DesktopFleet
 from actors.desktop.pool import DesktopPool
 from actors.evaluation import run_setup
@@ -182,8 +187,61 @@ async def bench_capacity(fleet: DesktopFleet, cap: int, concurrency: int, min_fr
     return sum(healthy), (sum(mems) / len(mems) if mems else float("nan")), reason
 
 
+CALC_CLASS = "libreoffice-calc"  # WM_CLASS of LibreOffice Calc's document window (GTK3 UI)
+
+
+async def open_calc(d: Desktop, deadline_s: float = 180.0) -> float:
+    """Launch ``libreoffice --calc`` and wait (xdotool search --sync) for its window; returns seconds."""
+    t0 = time.perf_counter()
+    await d.controller.launch("libreoffice --calc", shell=True)
+    r = await d.controller.execute(f"timeout {deadline_s:g} xdotool search --sync --onlyvisible --class "
+                                   f"{CALC_CLASS}", shell=True, timeout=deadline_s + 10)
+    if r["returncode"] != 0:
+        raise RuntimeError(f"LibreOffice Calc showed no window within {deadline_s:g} s: {r}")
+    return time.perf_counter() - t0
+
+
+async def bench_osworld(image: str, args: argparse.Namespace) -> dict:
+    """The osworld image's figures (see the module doc)."""
+    fleet = DesktopFleet(image, f"bench-osworld-{secrets.token_hex(3)}", memory_mb=args.memory_mb)
+    try:
+        start = await bench_start(fleet, args.starts)
+        print(f"start to first screenshot: p50 {median(start):.2f} s, p95 {p95(start):.2f} s (n={len(start)})",
+              flush=True)
+        d = await fleet.start()
+        await d.controller.screenshot()
+        await asyncio.sleep(args.settle_s)  # let the idle desktop's memory settle; not a synchronisation
+        idle = await desktop_memory_mb(fleet, d)
+        calc_s = await open_calc(d)
+        await asyncio.sleep(args.settle_s)
+        calc = await desktop_memory_mb(fleet, d)
+        print(f"RAM: idle {idle:.0f} MiB, LibreOffice Calc open {calc:.0f} MiB (window after {calc_s:.1f} s)",
+              flush=True)
+        inplace = []
+        for i in range(args.resets):
+            if i:
+                await open_calc(d)
+            t0 = time.perf_counter()
+            await d.controller.reset()
+            if not await d.controller.health():
+                raise RuntimeError(f"desktop {d.name} is not healthy after /reset")
+            inplace.append(time.perf_counter() - t0)
+        print(f"reset in place after LibreOffice Calc (/reset + /health) p50 {median(inplace) * 1e3:.0f} ms "
+              f"(n={len(inplace)})", flush=True)
+        return {"image_mb": image_size_mb(image), "start_p50_s": median(start), "start_p95_s": p95(start),
+                "ram_idle_mb": idle, "ram_calc_mb": calc, "calc_window_s": calc_s,
+                "reset_inplace_p50_s": median(inplace)}
+    finally:
+        removed = await fleet.remove_all()
+        print(f"removed {removed} leftover containers of {fleet.run_id}", flush=True)
+        await fleet.close()
+
+
 async def main_async(args: argparse.Namespace) -> dict:
-    image = args.image or build_image(log=lambda line: print(f"[build] {line}", flush=True))
+    image = args.image or build_image(log=lambda line: print(f"[build] {line}", flush=True),
+                                      profile=args.profile)
+    if args.profile == "osworld":
+        return await bench_osworld(image, args)
     run_id = f"bench-desktops-{secrets.token_hex(3)}"
     fleet = DesktopFleet(image, run_id)
     big = DesktopFleet(image, run_id, screen=(1920, 1080))
@@ -232,7 +290,12 @@ async def main_async(args: argparse.Namespace) -> dict:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smoke run: few repetitions, capacity cap 16")
-    p.add_argument("--image", default="", help="desktop image (default: build / reuse arpo-desktop:<recipe>)")
+    p.add_argument("--image", default="", help="desktop image (default: build / reuse the profile's image)")
+    p.add_argument("--profile", choices=("default", "osworld"), default="default",
+                   help="which image to measure (osworld: image size, start, RAM with LibreOffice, reset)")
+    p.add_argument("--memory-mb", type=int, default=2048, help="desktop memory limit for --profile osworld")
+    p.add_argument("--settle-s", type=float, default=5.0,
+                   help="seconds before a RAM sample in --profile osworld (idle, and after Calc's window)")
     p.add_argument("--starts", type=int, default=10, help="desktops started one by one for start p50/p95")
     p.add_argument("--resets", type=int, default=10, help="resets measured, cold and warm")
     p.add_argument("--spares", type=int, default=2, help="warm spares for the warm reset")

@@ -3,7 +3,8 @@
 #   1. Debian packages: docker.io (the engine), debootstrap (builds the desktop image without a registry)
 #   2. the Docker engine, started in the background if it is not answering
 #   3. Python packages: torch 2.13.0 (CPU build), then this project with its test extras
-#   4. the desktop image arpo-desktop:<version>, built locally if missing
+#   4. the desktop image arpo-desktop:<version>, built locally if missing (not the ~2 GB osworld image: build
+#      it with `arpo desktop build --profile osworld`; its tests build it through the osworld_image fixture)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf '[bootstrap] %s\n' "$*"; }

@@ -21,6 +21,19 @@ def desktop_image() -> str:
 
 
 @pytest.fixture(scope="session")
+def osworld_image() -> str:
+    """Tag of the arpo-desktop-osworld image (OSWorld's apps and session), built first if missing: the apps
+    layer takes minutes and ~2 GB, so only tests that request this fixture (mark them ``osworld_image``) pay
+    for it; CI builds it then and not in scripts/bootstrap.sh. Fails (never skips) like ``desktop_image``."""
+    from actors.desktop.build import DesktopBuildError, build_image
+
+    try:
+        return build_image(profile="osworld", log=lambda line: print(f"[osworld build] {line}", flush=True))
+    except DesktopBuildError as exc:
+        pytest.fail(f"cannot provide the osworld desktop image: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """A tiny random Qwen2.5-VL policy folder, created once per test session."""
     from arpo_async.model.init_model import create_tiny_model
