@@ -8,18 +8,15 @@ from __future__ import annotations
 import pytest
 
 from actors.desktop.controller_client import ControllerClient, DesktopError
-from actors.evaluation import (
-    EvaluationError,
-    TaskSetupError,
+from actors.evaluation import EvaluationError, TaskSetupError, evaluate, run_setup
+from actors.osworld.native_metrics import (
     check_include_exclude,
     check_list,
     compare_text_file,
-    evaluate,
     exact_match,
     file_contains,
     fuzzy_match,
     literal_match,
-    run_setup,
 )
 from arpo_async.tasks import Task
 
@@ -88,12 +85,12 @@ async def test_metric_without_expected_gets_options(nowhere):
 
 
 async def test_unknown_names_are_clear_errors(nowhere):
-    with pytest.raises(EvaluationError, match="unknown metric 'compare_pptx_files'"):
-        await evaluate(nowhere, task("compare_pptx_files", rule("x")), None)
-    with pytest.raises(EvaluationError, match="unknown getter 'cloud_file'"):
-        await evaluate(nowhere, task("exact_match", {"type": "cloud_file"}, rule({"expected": 1})), None)
-    with pytest.raises(TaskSetupError, match="unknown type 'chrome_open_tabs'"):
-        await run_setup(nowhere, [{"type": "chrome_open_tabs", "parameters": {}}])
+    with pytest.raises(EvaluationError, match="unknown metric 'compare_videos'"):
+        await evaluate(nowhere, task("compare_videos", rule("x")), None)
+    with pytest.raises(EvaluationError, match="unknown getter 'googledrive_file'"):
+        await evaluate(nowhere, task("exact_match", {"type": "googledrive_file"}, rule({"expected": 1})), None)
+    with pytest.raises(TaskSetupError, match="unknown type 'googledrive'"):
+        await run_setup(nowhere, [{"type": "googledrive", "parameters": {}}])
 
 
 async def test_an_unreachable_desktop_is_a_desktop_error(nowhere):

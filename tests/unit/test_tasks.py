@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from actors.evaluation import GETTERS, METRICS, SETUP_STEPS
-from arpo_async.tasks import Task, TaskFormatError, load_task_file, load_tasks
+from arpo_async.tasks import Task, TaskFormatError, UnsupportedTask, load_task_file, load_tasks
 
 
 def minimal(**over) -> dict:
@@ -246,18 +246,18 @@ def test_dicts_from_the_wire_are_checked_the_same_way():
 
 @pytest.mark.parametrize("mutate, field, name", [
     (lambda d: d["config"].extend([{"type": "sleep", "parameters": {"seconds": 1}},
-                                   {"type": "download", "parameters": {"files": []}}]),
-     "config[2].type", "setup type 'download'"),
-    (lambda d: d["evaluator"].update(postconfig=[{"type": "chrome_open_tabs", "parameters": {}}]),
-     "evaluator.postconfig[0].type", "setup type 'chrome_open_tabs'"),
-    (lambda d: d["evaluator"].update(result={"type": "cloud_file", "path": "x"}),
-     "evaluator.result.type", "getter type 'cloud_file'"),
-    (lambda d: d["evaluator"].update(expected={"type": "vm_terminal_output"}),
-     "evaluator.expected.type", "getter type 'vm_terminal_output'"),
-    (lambda d: d["evaluator"].update(func="compare_table"), "evaluator.func", "metric func 'compare_table'"),
-    (lambda d: d["evaluator"].update(func=["exact_match", "compare_pptx_files"],
+                                   {"type": "login", "parameters": {}}]),
+     "config[2].type", "setup type 'login'"),
+    (lambda d: d["evaluator"].update(postconfig=[{"type": "googledrive", "parameters": {}}]),
+     "evaluator.postconfig[0].type", "setup type 'googledrive'"),
+    (lambda d: d["evaluator"].update(result={"type": "googledrive_file", "path": "x"}),
+     "evaluator.result.type", "getter type 'googledrive_file'"),
+    (lambda d: d["evaluator"].update(expected={"type": "accessibility_tree"}),
+     "evaluator.expected.type", "getter type 'accessibility_tree'"),
+    (lambda d: d["evaluator"].update(func="compare_videos"), "evaluator.func", "metric func 'compare_videos'"),
+    (lambda d: d["evaluator"].update(func=["exact_match", "compare_audios"],
                                      result=[{"type": "rule", "rules": 1}] * 2, expected=[None, None]),
-     "evaluator.func[1]", "metric func 'compare_pptx_files'"),
+     "evaluator.func[1]", "metric func 'compare_audios'"),
     (lambda d: d["evaluator"].update(func=["exact_match", "exact_match"],
                                      result=[{"type": "rule", "rules": 1}] * 2,
                                      expected=[None, {"type": "cache_file", "path": "x"}]),
@@ -271,6 +271,9 @@ def test_unknown_names_are_rejected_at_load_time(tmp_path, mutate, field, name):
         load_tasks(tmp_path)
     msg = str(err.value)
     assert msg.startswith(f"{p}: field '{field}': unknown {name} (supported: "), msg
+    assert isinstance(err.value, UnsupportedTask)  # machine-readable: kind and the missing part's name
+    assert err.value.kind == ("setup_type" if "setup" in name else "getter" if "getter" in name else "metric")
+    assert err.value.detail == name.split("'")[1]
     kind = SETUP_TYPES if "setup" in name else GETTER_TYPES if "getter" in name else METRIC_FUNCS
     assert msg.endswith(", ".join(sorted(kind)) + ")")
     # the dict alone is still a well-formed OSWorld task: the name check is the loader's (and opt-in here)

@@ -1,0 +1,94 @@
+"""Chromium's tabs through its DevTools HTTP endpoint, from inside the desktop.
+
+OSWorld drives Chrome over CDP with playwright from the host (desktop_env/controllers/setup.py
+``_chrome_open_tabs_setup`` / ``_chrome_close_tabs_setup``, getters/chrome.py ``get_open_tabs_info``), reaching the
+browser's ``--remote-debugging-port`` (tasks launch ``google-chrome --remote-debugging-port=1337`` and forward
+9222 to it with socat). Our desktops have no network and the host cannot reach the port, so
+:data:`TABS_SCRIPT` runs inside the desktop (Debian's python3, standard library only; through the controller's
+/execute) and uses the endpoint's plain HTTP routes: ``GET /json/list``, ``PUT /json/new?URL``,
+``GET /json/close/ID``. No websocket is needed for opening, closing and listing tabs.
+
+Semantics: ``open`` opens each URL in a new tab and, after the first, closes the tabs that were open before
+(OSWorld closes the context's first page, the browser's start tab); ``close`` closes, for each URL, the first
+tab whose URL matches (scheme, ``www.`` and a trailing slash ignored, as OSWorld's compare_urls does);
+``list`` returns ``[{"title", "url"}]`` of the open tabs, most recently active first. The script waits up to
+``wait_s`` (default 60) for the endpoint to answer, as OSWorld retries its connection 15 times.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from actors.desktop.controller_client import ControllerClient
+
+DEVTOOLS_PORTS = (9222, 1337)
+"""Ports tried in order: OSWorld's forwarded port, then the port its tasks launch Chrome with."""
+
+TABS_SCRIPT = r'''
+import json, sys, time, urllib.parse, urllib.request
+req = json.loads(sys.argv[1])
+def call(port, path, method="GET"):
+    r = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+    with urllib.request.urlopen(r, timeout=10) as resp:
+        body = resp.read()
+    return json.loads(body) if body.strip().startswith((b"[", b"{")) else body.decode()
+def norm(u):
+    p = urllib.parse.urlsplit(u)
+    host = p.netloc.lower()
+    host = host[4:] if host.startswith("www.") else host
+    return host + p.path.rstrip("/") + ("?" + p.query if p.query else "")
+deadline = time.monotonic() + req.get("wait_s", 60)
+port = None
+while port is None:
+    for p in req["ports"]:
+        try:
+            call(p, "/json/version")
+            port = p
+            break
+        except Exception:
+            pass
+    if port is None:
+        if time.monotonic() > deadline:
+            print(json.dumps({"error": "no Chrome DevTools endpoint on ports %s" % req["ports"]}))
+            sys.exit(3)
+        time.sleep(0.5)
+pages = lambda: [t for t in call(port, "/json/list") if t.get("type") == "page"]
+if req["op"] == "list":
+    print(json.dumps([{"title": t.get("title", ""), "url": t.get("url", "")} for t in pages()]))
+elif req["op"] == "open":
+    before = [t["id"] for t in pages()]
+    for i, url in enumerate(req["urls"]):
+        call(port, "/json/new?" + urllib.parse.quote(url, safe=":/?&=%#@+,;~"), "PUT")
+        if i == 0:
+            for tid in before:
+                call(port, "/json/close/" + tid)
+    print(json.dumps({"opened": len(req["urls"])}))
+elif req["op"] == "close":
+    closed = 0
+    for url in req["urls"]:
+        for t in pages():
+            if norm(t.get("url", "")) == norm(url):
+                call(port, "/json/close/" + t["id"])
+                closed += 1
+                break
+    print(json.dumps({"closed": closed}))
+'''
+
+
+class ChromeTabsError(Exception):
+    """The DevTools endpoint did not answer in time or the script failed; the message has the reason."""
+
+
+async def chrome_tabs(c: ControllerClient, op: str, urls: list[str] | None = None, *, wait_s: float = 60.0) -> Any:
+    """Run :data:`TABS_SCRIPT` in the desktop: ``op`` is ``open``/``close`` (with ``urls``) or ``list``.
+
+    Returns the script's JSON answer (for ``list``: ``[{"title", "url"}, ...]``). Raises ChromeTabsError when no
+    DevTools endpoint answers within ``wait_s`` seconds or the script fails; DesktopError when the desktop is gone.
+    """
+    arg = json.dumps({"op": op, "urls": urls or [], "ports": list(DEVTOOLS_PORTS), "wait_s": wait_s})
+    r = await c.execute(["python3", "-c", TABS_SCRIPT, arg], timeout=wait_s + 60)
+    out = (r.get("output") or "").strip().splitlines()
+    if r["status"] != "success" or r["returncode"] != 0 or not out:
+        detail = out[-1] if out else (r.get("error") or r.get("message") or "")[-500:]
+        raise ChromeTabsError(f"chrome {op}: {detail}")
+    return json.loads(out[-1])
