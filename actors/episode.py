@@ -26,12 +26,13 @@ import uuid
 from dataclasses import dataclass, field
 
 from actors.desktop.controller_client import ControllerClient, DesktopError
-from actors.evaluation import EvaluationError, TaskSetupError, evaluate, run_setup
+from actors.evaluation import EvaluationError, SetupContext, TaskSetupError, evaluate, run_setup
+from actors.osworld.downloads import DownloadCache
 from actors.policy_client import GenerationAborted, PolicyClient, PolicyRequestError, PolicyUnavailable
 from actors.uitars.actions import Action, ActionParseError, parse_reply
 from actors.uitars.grammar import action_regex
 from actors.uitars.prompt import build_messages
-from actors.uitars.xdotool import to_commands
+from actors.uitars import pyautogui, xdotool
 from arpo_async.config import ActorConfig
 from arpo_async.messages import Assignment, Outcome, Step, Trajectory
 from arpo_async.model.inputs import PromptEncoder
@@ -43,6 +44,8 @@ SUCCESS_SCORE = 0.5
 """An episode whose evaluator score reaches this is a SUCCESS."""
 RELATIVE_MAX = 999
 """Largest coordinate of ``coordinate_mode = "relative1000"`` (x / 1000 of the screen width; 3 digits)."""
+ACTION_BACKENDS = {"xdotool": xdotool.to_commands, "pyautogui": pyautogui.to_commands}
+"""``actors.action_backend`` -> Action -> argv lists run through the controller's /execute, in order."""
 
 
 @dataclass(frozen=True)
@@ -53,11 +56,14 @@ class EpisodeRunner:
         encoder: tokenizer + image-size logic of the policy (the same files the server and learner load).
         policy: client of the inference server(s).
         config: actor settings (step budget, sampling, screen size, history length).
+        downloads: where tasks' ``download`` setup steps and ``cloud_file`` getters fetch files from (default
+            ``DownloadCache()``; a run uses ``actors.osworld.downloads.run_download_cache``).
     """
 
     encoder: PromptEncoder
     policy: PolicyClient
     config: ActorConfig
+    downloads: DownloadCache = field(default_factory=DownloadCache)
     resized_size: tuple[int, int] = field(init=False)
     """(w, h) of a screenshot as the model sees it (Qwen2.5-VL smart_resize of the screen size)."""
     sampling_params: dict = field(init=False)
@@ -99,12 +105,12 @@ class EpisodeRunner:
             task = Task.from_dict(assignment.task, source=f"assignment {assignment.request_id}")
             t0 = time.perf_counter()
             async with asyncio.timeout(self.config.setup_timeout_s):
-                await run_setup(controller, task.config)
+                await run_setup(controller, task.config, SetupContext(self.downloads, task.id))
             traj.timings["setup_s"] = time.perf_counter() - t0
             last_action = await self._loop(controller, task, traj)
             t0 = time.perf_counter()
             async with asyncio.timeout(self.config.setup_timeout_s):
-                traj.score = float(await evaluate(controller, task, last_action))
+                traj.score = float(await evaluate(controller, task, last_action, self.downloads))
             traj.timings["evaluate_s"] = time.perf_counter() - t0
             traj.outcome = self._outcome(traj, last_action).value
         except (DesktopError, TaskSetupError, EvaluationError, TaskFormatError, TimeoutError) as e:
@@ -163,6 +169,7 @@ class EpisodeRunner:
             if action.kind == "fail":
                 return "FAIL"
             t0 = time.perf_counter()
+            to_commands = ACTION_BACKENDS[cfg.action_backend]
             for a in parsed.actions:
                 for command in to_commands(a):
                     async with asyncio.timeout(cfg.step_timeout_s):

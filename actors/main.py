@@ -26,6 +26,7 @@ from actors.desktop.pool import DesktopPool
 from actors.env_actor import EnvActor
 from actors.episode import EpisodeRunner
 from actors.link import LearnerLink
+from actors.osworld.downloads import run_download_cache
 from actors.policy_client import PolicyClient, RetryPolicy
 from arpo_async.config import ConfigError, RunConfig, load_config
 from arpo_async.model.inputs import PromptEncoder
@@ -41,7 +42,7 @@ async def run_actors(config: RunConfig, actor_id: str) -> None:
     encoder = PromptEncoder(config.model_path)
     policy = PolicyClient(list(ac.inference_urls), api_key=config.serve.api_key,
                           retry=RetryPolicy(attempts=ac.policy_attempts, max_delay_s=ac.policy_max_wait_s))
-    fleet = DesktopFleet(ac.image or image_tag(), config.resolved_run_id, screen=ac.screen_size,
+    fleet = DesktopFleet(ac.image or image_tag(ac.image_profile), config.resolved_run_id, screen=ac.screen_size,
                          memory_mb=ac.desktop_memory_mb, pids_limit=ac.desktop_pids)
     pool = DesktopPool(fleet, warm_spares=ac.warm_spares, max_concurrent_starts=ac.max_concurrent_starts,
                        start_attempts=ac.desktop_start_attempts, health_interval_s=ac.desktop_health_interval_s,
@@ -51,7 +52,12 @@ async def run_actors(config: RunConfig, actor_id: str) -> None:
     pump = SocketPump(dealer_socket(ctx, config.transport, actor_id), routed=False,
                       max_bytes=config.transport.max_message_bytes, on_message=lambda env: link.on_message(env))
     link = LearnerLink(pump, actor_id, ac.actors, config.transport)
-    runner = EpisodeRunner(encoder, policy, ac)
+    try:
+        downloads = run_download_cache(config.run_dir, config.learner.osworld_files, ac.download_max_mb,
+                                       ac.download_timeout_s)
+    except ValueError as exc:  # learner.osworld_files is not a folder
+        raise ConfigError(str(exc)) from exc
+    runner = EpisodeRunner(encoder, policy, ac, downloads)
     log.info("%s: %d actors -> learner %s, inference %s", actor_id, ac.actors, config.transport.endpoint,
              ", ".join(ac.inference_urls))
     try:

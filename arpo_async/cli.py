@@ -1,4 +1,5 @@
-"""The `arpo` command: `arpo run`, `arpo curve`, `arpo desktop build`, `arpo desktop clean`, `arpo init-model`."""
+"""The `arpo` command: `arpo run`, `arpo curve`, `arpo desktop build`, `arpo desktop clean`, `arpo tasks check`,
+`arpo init-model`, `arpo keys`."""
 
 from __future__ import annotations
 
@@ -33,8 +34,25 @@ def build_parser() -> argparse.ArgumentParser:
     dsub = desktop.add_subparsers(dest="desktop_command", required=True)
     build = dsub.add_parser("build", help="build arpo-desktop:<version> locally (no registry needed)")
     build.add_argument("--force", action="store_true", help="rebuild even if the image exists")
+    build.add_argument("--profile", choices=("default", "osworld"), default="default",
+                       help="default: the small image `arpo run` uses; osworld: OSWorld's apps and session "
+                            "(arpo-desktop-osworld, ~2 GB; use with actors.image_profile=\"osworld\")")
     clean = dsub.add_parser("clean", help="remove arpo desktop containers")
     clean.add_argument("--run-id", help="only this run's containers (default: all arpo desktops)")
+
+    tasks = sub.add_parser("tasks", help="task files: check which load, set up and evaluate")
+    tsub = tasks.add_subparsers(dest="tasks_command", required=True)
+    check = tsub.add_parser("check", help="load every task of a folder (OSWorld layout <domain>/<id>.json) and, "
+                                          "with --desktops N, set each up in a real desktop and evaluate it untouched")
+    check.add_argument("folder", type=Path, help="task folder, e.g. ../shared/osworld/examples")
+    check.add_argument("--desktops", type=int, default=0, help="desktops at a time (default 0: only load)")
+    check.add_argument("--profile", choices=("default", "osworld"), default="osworld",
+                       help="desktop image profile for --desktops (default osworld; built if missing)")
+    check.add_argument("--json", type=Path, help="also write every task's report as JSON here")
+    check.add_argument("--config", type=Path, help="run TOML file: learner.osworld_files (local mirror of "
+                                                   "OSWorld's files) and the download cap/timeout")
+    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config key (repeatable)")
 
     init = sub.add_parser("init-model", help="create a tiny random Qwen2.5-VL policy offline")
     init.add_argument("--out", type=Path, required=True, help="output folder")
@@ -90,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "desktop" and args.desktop_command == "build":
         from actors.desktop.build import DesktopBuildError, build_image
         try:
-            print(build_image(force=args.force))
+            print(build_image(force=args.force, profile=args.profile))
             return 0
         except DesktopBuildError as e:
             print(f"arpo desktop build: {e}", file=sys.stderr)
@@ -99,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         from actors.desktop.fleet import remove_run_containers
         print(f"removed {asyncio.run(remove_run_containers(args.run_id))} container(s)")
         return 0
+    if args.command == "tasks" and args.tasks_command == "check":
+        return _tasks_check(args)
     if args.command == "keys":
         try:
             public, secret = write_keys(args.out, args.name)
@@ -118,6 +138,35 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     return 2
+
+
+def _tasks_check(args: argparse.Namespace) -> int:
+    """`arpo tasks check`: print the per-domain table and every task's reason; 0 when it ran (whatever the
+    coverage), 1 when it could not (no such folder, the image cannot be built), 2 for a bad config."""
+    from actors.desktop.build import DesktopBuildError, build_image
+    from actors.osworld.downloads import run_download_cache
+    from actors.task_check import check_folder, format_report, write_json
+
+    try:
+        config = load_config(args.config, args.overrides)
+        downloads = run_download_cache(config.run_dir, config.learner.osworld_files,
+                                       config.actors.download_max_mb, config.actors.download_timeout_s)
+    except (ConfigError, ValueError) as e:
+        print(f"arpo tasks check: {e}", file=sys.stderr)
+        return 2
+    memory_mb = max(config.actors.desktop_memory_mb, 2048 if args.profile == "osworld" else 0)
+    try:
+        image = build_image(profile=args.profile) if args.desktops > 0 else None
+        reports = asyncio.run(check_folder(
+            args.folder, desktops=args.desktops, image=image, memory_mb=memory_mb, downloads=downloads,
+            progress=lambda r: print(r.progress_line(), flush=True)))
+    except (FileNotFoundError, ValueError, DesktopBuildError) as e:
+        print(f"arpo tasks check: {e}", file=sys.stderr)
+        return 1
+    print(format_report(reports, ran_desktops=args.desktops > 0))
+    if args.json:
+        write_json(reports, args.json)
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:

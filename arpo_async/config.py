@@ -75,6 +75,10 @@ class LearnerConfig:
 
     tasks: str = ""
     """Folder or file of OSWorld-format task JSON; empty = the built-in suite."""
+    osworld_files: str = ""
+    """Local mirror of OSWorld's task files (its file cache's layout, <domain>/<task id>/<file name>, or files
+    named by their Google Drive id), looked up before the network by `download` setup steps and `cloud_file`
+    getters, so a user who has them runs OSWorld's tasks offline; empty = none (actors.osworld.downloads)."""
     task_ids: tuple[str, ...] = ()
     """Restrict training to these task ids (or id prefixes, e.g. "grid4-"); empty = all tasks."""
     group_size: int = 4
@@ -292,7 +296,12 @@ class ActorConfig:
     desktop_pids: int = 256
     """Process limit per desktop container."""
     image: str = ""
-    """Desktop image; empty = arpo-desktop:<recipe version>, built by `arpo desktop build`."""
+    """Desktop image; empty = the image of image_profile at the recipe's version, built by `arpo desktop build
+    [--profile P]` (and by `arpo run` when missing)."""
+    image_profile: str = "default"
+    """Which desktop image to run when `image` is empty: "default" (arpo-desktop, small, the built-in Tk tasks)
+    or "osworld" (arpo-desktop-osworld: OSWorld's apps and user session, ~2 GB, for OSWorld's tasks; give its
+    desktops desktop_memory_mb >= 2048 for LibreOffice or chromium)."""
     policy_attempts: int = 6
     """Tries per /generate before the episode ends as ABORTED (exponential backoff between tries)."""
     policy_max_wait_s: float = 30.0
@@ -318,6 +327,16 @@ class ActorConfig:
     """Screenshot encoding from the desktop: "png" (lossless, OSWorld's) or "jpeg" (smaller, faster at 1080p)."""
     screenshot_quality: int = 85
     """JPEG quality 1..100 when screenshot_format is "jpeg" (ignored for PNG)."""
+    download_max_mb: float = 256.0
+    """Largest file a task's `download` step (or `cloud_file` getter) fetches from the network, MiB; files go
+    to a content-addressed cache under <run_dir>/cache/downloads (actors.osworld.downloads)."""
+    download_timeout_s: float = 300.0
+    """Deadline for one such network fetch, connect to last byte (seconds; OSWorld's is 300 per try)."""
+    action_backend: str = "xdotool"
+    """How actions are performed in the desktop: "xdotool" (one xdotool process per action, ~4 ms a click) or
+    "pyautogui" (OSWorld's way: ``python -c "import pyautogui; ..."`` per action, ~0.2 s of Python start-up plus
+    pyautogui's pauses; UI-TARS/OSWorld's mapping, actors/uitars/pyautogui.py). Trades speed for fidelity to
+    OSWorld-style agents."""
 
     def __post_init__(self) -> None:
         _require(self.actors >= 1, "actors.actors", "must be >= 1")
@@ -328,6 +347,12 @@ class ActorConfig:
         _require(self.desktop_max_episodes >= 1, "actors.desktop_max_episodes", "must be >= 1")
         _require(self.screenshot_format in ("png", "jpeg"), "actors.screenshot_format", "must be 'png' or 'jpeg'")
         _require(1 <= self.screenshot_quality <= 100, "actors.screenshot_quality", "must be in 1..100")
+        _require(self.download_max_mb > 0, "actors.download_max_mb", "must be > 0")
+        _require(self.download_timeout_s > 0, "actors.download_timeout_s", "must be > 0")
+        _require(self.action_backend in ("xdotool", "pyautogui"), "actors.action_backend",
+                 "must be 'xdotool' or 'pyautogui'")
+        _require(self.image_profile in ("default", "osworld"), "actors.image_profile",
+                 "must be 'default' or 'osworld'")
         _require(len(self.inference_urls) >= 1, "actors.inference_urls", "needs at least one URL")
         _require(self.max_steps >= 1, "actors.max_steps", "must be >= 1")
         _require(self.history_images >= 1, "actors.history_images", "must be >= 1")

@@ -1,0 +1,101 @@
+"""OSWorld coverage: how many tasks of a folder load, set up in a real desktop, and evaluate untouched.
+
+    python bench/osworld_coverage.py                         # ../shared/osworld/examples, loading only
+    python bench/osworld_coverage.py --desktops 2 --domains os,chrome,gimp,vlc --offline-only
+    python bench/osworld_coverage.py --quick                 # smoke: our own OSWorld-format tasks, 1 desktop
+
+Prints the per-domain table and one line per task that did not pass (the reason: needs network, app missing,
+getter or metric not implemented, setup failed with its error), then the key=value figures line:
+``tasks``, ``load``, ``setup``, ``evaluate`` (counts), ``load_frac``, ``evaluate_frac_offline`` (of the tasks
+that need no download) and ``minutes``. ``--json FILE`` keeps every task's report. Built on
+:mod:`actors.task_check` (the same code as ``arpo tasks check``).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from actors.osworld.downloads import run_download_cache  # noqa: E402
+from actors.task_check import TaskReport, check_folder, format_report, task_files, write_json  # noqa: E402
+from bench._common import result_line  # noqa: E402
+
+DEFAULT_DIR = ROOT.parent / "shared" / "osworld" / "examples"
+QUICK_DIR = ROOT / "tests" / "data" / "tasks" / "osworld"
+
+
+def needs_download(path: str) -> bool:
+    """True when the task file has a ``download`` step (setup or postconfig) or a ``cloud_file`` getter:
+    it cannot be set up on a machine without network unless ``learner.osworld_files`` mirrors its files."""
+    try:
+        task = json.loads(Path(path).read_text(encoding="utf-8"))
+        steps = list(task.get("config", [])) + list(task.get("evaluator", {}).get("postconfig", []))
+        getters = []
+        for key in ("result", "expected"):
+            value = task.get("evaluator", {}).get(key) or []
+            getters += value if isinstance(value, list) else [value]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return False
+    return any(isinstance(s, dict) and s.get("type") == "download" for s in steps) or \
+        any(isinstance(g, dict) and g.get("type") == "cloud_file" for g in getters)
+
+
+def _image(profile: str) -> str:
+    from actors.desktop.build import build_image
+    return build_image(profile=profile) if profile != "default" else build_image()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", nargs="?", type=Path, help=f"task folder (default {DEFAULT_DIR})")
+    parser.add_argument("--desktops", type=int, default=0, help="desktops at a time for setup+evaluate (0: load only)")
+    parser.add_argument("--domains", default="", help="comma-separated domains (sub-folders) to keep, e.g. os,vlc")
+    parser.add_argument("--offline-only", action="store_true", help="only tasks that need no download")
+    parser.add_argument("--profile", default="osworld", help="desktop image profile (default osworld)")
+    parser.add_argument("--json", type=Path, help="write every task's report here")
+    parser.add_argument("--osworld-files", default="", help="local mirror of OSWorld's files (learner.osworld_files)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smoke mode: {QUICK_DIR.relative_to(ROOT)} in 1 desktop of the default image")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.folder, args.desktops, args.profile = args.folder or QUICK_DIR, max(1, args.desktops), "default"
+    folder = args.folder or DEFAULT_DIR
+    files = task_files(folder)
+    domains = {d for d in args.domains.split(",") if d}
+    keep = {str(f) for f in files if (not domains or f.parent.name in domains)
+            and not (args.offline_only and needs_download(str(f)))}
+    image = _image(args.profile) if args.desktops > 0 else None
+
+    def progress(r: TaskReport) -> None:
+        print(r.progress_line(), flush=True)
+
+    t0 = time.monotonic()
+    memory_mb = 2048 if args.profile == "osworld" else 512
+    downloads = run_download_cache(ROOT / "runs" / "osworld-coverage", args.osworld_files)
+    reports = asyncio.run(check_folder(folder, desktops=args.desktops, image=image, memory_mb=memory_mb,
+                                       run_id="osworld-coverage", progress=progress, keep=keep,
+                                       downloads=downloads))
+    minutes = (time.monotonic() - t0) / 60
+    print(format_report(reports, ran_desktops=args.desktops > 0))
+    if args.json:
+        write_json(reports, args.json)
+    offline = [r for r in reports if not needs_download(r.path)]
+    figures: dict[str, float | int | str] = {
+        "tasks": len(reports), "load": sum(r.loaded for r in reports),
+        "setup": sum(r.stage in ("evaluate", "ok") for r in reports),
+        "evaluate": sum(r.stage == "ok" for r in reports),
+        "load_frac": sum(r.loaded for r in reports) / max(1, len(reports)),
+        "evaluate_frac_offline": sum(r.stage == "ok" for r in offline) / max(1, len(offline)),
+        "minutes": minutes}
+    print(result_line(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Task-set coverage (actors.task_check): load-time reasons per task and the per-domain table."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from actors.task_check import check_load, domain_table, format_report, setup_failure_kind, task_files
+from actors.osworld.setup import TaskSetupError
+
+GOOD = {"id": "t-ok", "instruction": "x", "config": [{"type": "execute", "parameters": {"command": "true"}}],
+        "evaluator": {"func": "exact_match", "result": {"type": "vm_command_line", "command": "echo hi"},
+                      "expected": {"type": "rule", "rules": {"expected": "hi"}}}}
+
+
+def _write(folder: Path, domain: str, name: str, content: str | dict) -> Path:
+    path = folder / domain / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+def test_each_file_gets_a_reason_kind_and_the_table_counts_by_domain(tmp_path):
+    _write(tmp_path, "os", "ok", GOOD)
+    _write(tmp_path, "os", "broken", "{not json")
+    _write(tmp_path, "chrome", "drive", {**GOOD, "id": "t-drive",
+                                         "config": [{"type": "googledrive", "parameters": {}}]})
+    _write(tmp_path, "chrome", "metric", {**GOOD, "id": "t-metric",
+                                          "evaluator": {**GOOD["evaluator"], "func": "no_such_metric"}})
+    _write(tmp_path, "vlc", "getter", {**GOOD, "id": "t-getter",
+                                       "evaluator": {**GOOD["evaluator"], "result": {"type": "no_such_getter"}}})
+    reports, tasks = check_load(task_files(tmp_path))
+    by_id = {r.task_id: r for r in reports}
+    assert set(by_id) == {"t-ok", "broken", "t-drive", "t-metric", "t-getter"}
+    assert by_id["t-ok"].loaded and by_id["t-ok"].reason is None and str(tmp_path / "os" / "ok.json") in tasks
+    assert (by_id["broken"].reason, by_id["t-drive"].reason, by_id["t-metric"].reason,
+            by_id["t-getter"].reason) == ("format", "setup_type", "metric", "getter")
+    assert "googledrive" in by_id["t-drive"].detail and "no_such_metric" in by_id["t-metric"].detail
+    table = {row["domain"]: row for row in domain_table(reports, ran_desktops=False)}
+    assert table["os"] == {"domain": "os", "tasks": 2, "load": 1}
+    assert table["chrome"]["load"] == 0 and table["all"] == {"domain": "all", "tasks": 5, "load": 1}
+    text = format_report(reports, ran_desktops=False)
+    assert "chrome/t-drive: load: setup_type" in text and "reasons:" in text
+
+
+def test_setup_failures_keep_the_kind_the_setup_step_gave():
+    assert setup_failure_kind(TaskSetupError("x", kind="needs_network")) == "needs_network"
+    assert setup_failure_kind(TaskSetupError("launch: vlc not installed", kind="app_missing")) == "app_missing"
+    assert setup_failure_kind(TaskSetupError("step 2 exited 1")) == "setup_failed"
+
+
+def test_missing_or_empty_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        task_files(tmp_path / "nope")
+    with pytest.raises(ValueError, match="no \\*.json"):
+        task_files(tmp_path)
