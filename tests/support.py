@@ -4,6 +4,7 @@ a run left, and polling with a deadline."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import selectors
@@ -91,3 +92,22 @@ async def until(predicate, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def local_http_server(routes: dict):
+    """Serve ``{path: async handler}`` (aiohttp GET routes) on 127.0.0.1 at a free port; yields the port and
+    stops the server on exit."""
+    from aiohttp import web
+
+    app = web.Application()
+    for path, handler in routes.items():
+        app.router.add_get(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield site._server.sockets[0].getsockname()[1]
+    finally:
+        await runner.cleanup()

@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 
 from actors.osworld.downloads import DownloadCache, DownloadError, run_download_cache
+from tests.support import local_http_server
 
 BODY = b"osworld fixture\n" * 100
 
@@ -34,19 +35,11 @@ async def server():
         await release.wait()
         return resp
 
-    app = web.Application()
-    app.router.add_get("/f.txt", f)
-    app.router.add_get("/big", big)
-    app.router.add_get("/stall", stall)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", hits
-    finally:
-        release.set()
-        await runner.cleanup()
+    async with local_http_server({"/f.txt": f, "/big": big, "/stall": stall}) as port:
+        try:
+            yield f"http://127.0.0.1:{port}", hits
+        finally:
+            release.set()
 
 
 async def test_fetch_stores_by_content_hash_and_fetches_once(server, tmp_path):

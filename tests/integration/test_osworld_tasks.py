@@ -19,6 +19,7 @@ from actors.desktop.controller_client import ControllerClient
 from actors.evaluation import SetupContext, TaskSetupError, evaluate, run_setup
 from actors.osworld.downloads import DownloadCache
 from arpo_async.tasks import Task, load_task_file
+from tests.support import local_http_server
 
 TASKS_DIR = Path(__file__).resolve().parents[1] / "data" / "tasks" / "osworld"
 NOTES = b"line one\nline two\n"
@@ -61,16 +62,8 @@ async def file_server():
         hits["n"] += 1
         return web.Response(body=NOTES)
 
-    app = web.Application()
-    app.router.add_get("/files/notes.txt", notes)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield site._server.sockets[0].getsockname()[1], hits
-    finally:
-        await runner.cleanup()
+    async with local_http_server({"/files/notes.txt": notes}) as port:
+        yield port, hits
 
 
 def load(task_id: str, port: int, tmp_path: Path) -> Task:

@@ -64,7 +64,7 @@ def test_arpo_run_embedded_default(tmp_path, desktop_image, tiny_model):
     killer.start()
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "arpo_async.cli", "run", "--out", str(run_dir), "--model", str(tiny_model),
+            [sys.executable, "-m", "arpo_cli.cli", "run", "--out", str(run_dir), "--model", str(tiny_model),
              "--set", "serve.port=31777", "--set", 'actors.inference_urls=["http://127.0.0.1:31777"]',
              "--set", "transport.endpoint=tcp://127.0.0.1:31778"],
             capture_output=True, text=True, timeout=1500)
@@ -100,7 +100,7 @@ def test_a_run_that_cannot_learn_says_why_and_fails_after_the_stall_timeout(tmp_
     (tasks / "impossible.json").write_text(json.dumps(task))
     run_dir = tmp_path / "stalled"
     proc = subprocess.run(
-        [sys.executable, "-m", "arpo_async.cli", "run", "--out", str(run_dir), "--model", str(tiny_model),
+        [sys.executable, "-m", "arpo_cli.cli", "run", "--out", str(run_dir), "--model", str(tiny_model),
          "--set", "serve.port=31787", "--set", 'actors.inference_urls=["http://127.0.0.1:31787"]',
          "--set", "transport.endpoint=tcp://127.0.0.1:31788", "--set", f'learner.tasks="{tasks}"',
          "--set", 'actors.grammar_actions=["click"]', "--set", "actors.max_steps=1",

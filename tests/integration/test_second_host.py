@@ -24,7 +24,7 @@ import zmq.asyncio
 import zmq.auth
 
 from arpo_async import codec
-from arpo_async.cli import write_keys
+from arpo_cli.cli import write_keys
 from arpo_async.config import dump_toml, load_config
 from arpo_async.messages import Hello
 from arpo_async.metrics import read_metrics

@@ -65,7 +65,7 @@ def test_trailing_means():
 
 
 def arpo_curve(folder: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "arpo_async.cli", "curve", "--out", str(folder)], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "arpo_cli.cli", "curve", "--out", str(folder)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
 

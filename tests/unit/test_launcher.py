@@ -1,4 +1,4 @@
-"""arpo run's watch over its children (arpo_async.launcher.check_children), with real child processes, and its
+"""arpo run's watch over its children (arpo_cli.launcher.check_children), with real child processes, and its
 progress line (from a real metrics.jsonl)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from arpo_async import launcher
+from arpo_cli import launcher
 from arpo_async.config import load_config
-from arpo_async.launcher import RunError, check_children, progress_line
+from arpo_cli.launcher import RunError, check_children, progress_line
 from arpo_async.metrics import MetricsWriter
 
 

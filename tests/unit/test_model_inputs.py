@@ -145,7 +145,7 @@ def test_hidden_size_gives_a_wider_policy_that_scores_tokens(tmp_path):
 
 def test_init_model_module_and_arpo_cli_share_one_parser(tmp_path):
     # `python -m arpo_async.model.init_model` is `arpo init-model`: same flags, same usage errors
-    for module in ("arpo_async.model.init_model", "arpo_async.cli init-model"):
+    for module in ("arpo_async.model.init_model", "arpo_cli.cli init-model"):
         proc = subprocess.run([sys.executable, "-m", *module.split(), "--out", str(tmp_path / "m"),
                                "--hidden-size", "96"], capture_output=True, text=True)
         assert proc.returncode == 2 and "multiple of 64, got 96" in proc.stderr, (module, proc.stderr)
