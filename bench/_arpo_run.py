@@ -23,7 +23,7 @@ def run_arpo(run_dir: Path, model: Path, overrides: list[str], minutes: float,
     The run is stopped with SIGTERM (arpo run then stops its children and removes its desktops).
     Output goes to ``<run_dir>.out``. Returns arpo run's exit code.
     """
-    args = [sys.executable, "-m", "arpo_async.cli", "run", "--out", str(run_dir), "--model", str(model)]
+    args = [sys.executable, "-m", "arpo_cli.cli", "run", "--out", str(run_dir), "--model", str(model)]
     for item in PORTS + overrides:
         args += ["--set", item]
     run_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -20,9 +20,11 @@ Invariant: the same seed gives the same tokenizer and the same weights.
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import shutil
+import sys
 from pathlib import Path
 
 from arpo_async.model.instructions import corpus_lines
@@ -308,13 +310,44 @@ def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False,
     return out_dir
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the flags of ``arpo init-model`` (``--out --seed --force --init-std --max-pixels --hidden-size``) to
+    ``parser`` and return it. One definition for both commands that create the tiny model: ``arpo init-model``
+    (arpo_cli.cli, a subparser) and ``python -m arpo_async.model.init_model`` (`main` below)."""
+    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the tokenizer corpus and the weights")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing folder")
+    parser.add_argument("--init-std", type=float, default=DEFAULT_INIT_STD,
+                        help="standard deviation of the random weights (initializer_range; "
+                             f"default {DEFAULT_INIT_STD})")
+    parser.add_argument("--max-pixels", type=int, default=TINY_MAX_PIXELS,
+                        help=f"largest image area the image processor keeps, in pixels (default {TINY_MAX_PIXELS}: "
+                             "15 image tokens for a 1280x720 screenshot)")
+    parser.add_argument("--hidden-size", type=int, default=DEFAULT_HIDDEN_SIZE,
+                        help=f"width of the text model, a multiple of 64 (default {DEFAULT_HIDDEN_SIZE})")
+    return parser
+
+
+def run_from_args(args: argparse.Namespace, prog: str = "arpo init-model") -> int:
+    """Create the model the parsed flags of `add_arguments` describe and print its folder. Returns the exit code:
+    0 done, 2 refused (the folder exists without ``--force``, or a bad ``--hidden-size``; the reason goes to
+    stderr prefixed with ``prog``)."""
+    try:
+        path = create_tiny_model(args.out, seed=args.seed, overwrite=args.force, init_std=args.init_std,
+                                 hidden_size=args.hidden_size, max_pixels=args.max_pixels)
+    except (FileExistsError, ValueError) as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m arpo_async.model.init_model ARGS`` is ``arpo init-model ARGS`` (`arpo_async.cli`, one parser)."""
-    import sys
-
-    from arpo_async.cli import main as arpo_main
-
-    return arpo_main(["init-model", *(sys.argv[1:] if argv is None else argv)])
+    """``python -m arpo_async.model.init_model ARGS`` is ``arpo init-model ARGS``: the same flags (`add_arguments`)
+    and the same handling (`run_from_args`)."""
+    parser = add_arguments(argparse.ArgumentParser(prog="python -m arpo_async.model.init_model",
+                                                   description="create a tiny random Qwen2.5-VL policy offline"))
+    return run_from_args(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -13,9 +13,12 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
+from arpo_async.config import ConfigError, load_config
+from arpo_async.config_doc import add_config_arguments
 from arpo_async.serve.app import build_app
 from arpo_async.serve.engine import LOGPROB_MODES, Engine
 from arpo_async.serve.scheduler import Scheduler
@@ -25,7 +28,7 @@ log = logging.getLogger("arpo_async.serve")
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """Command-line settings of arpo-serve."""
+    """The settings of one arpo-serve, resolved from its flags and the run file (`parse_args`)."""
 
     model: Path
     """Hugging Face checkpoint folder (e.g. from `arpo init-model`)."""
@@ -82,26 +85,58 @@ async def serve(config: ServeConfig, engine: Engine) -> None:
 
 
 def parse_args(argv: list[str] | None) -> ServeConfig:
-    p = argparse.ArgumentParser(prog="arpo-serve", description="CPU inference server with SGLang's HTTP API")
-    p.add_argument("--model", "--model-path", dest="model", type=Path, required=True)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--max-batch", type=int, default=16)
-    p.add_argument("--weight-version", default="0")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--logprob-mode", choices=LOGPROB_MODES, default="model")
-    p.add_argument("--jump-forward", action=argparse.BooleanOptionalAction, default=True,
-                   help="emit text the grammar forces as its canonical tokens instead of sampling it (default on)")
-    p.add_argument("--api-key", default=os.environ.get("ARPO_API_KEY", ""),
+    """The settings of one arpo-serve from its command line and the run file.
+
+    Precedence, highest first: a flag given on the command line (``--model --host --port --max-batch
+    --jump-forward --api-key``); then $ARPO_API_KEY for the API key; then the run file (``--config`` with
+    ``--set`` overrides: the ``serve`` section and the top-level ``model``, whose empty default means
+    ``<run_dir>/../tiny-model`` as for the learner); then the config defaults (arpo_async.config.ServeConfig).
+    ``--model`` is needed only when neither --config nor --set is given. Exits with status 2 (argparse's
+    usage error) for a bad run file, a missing model or ``--max-batch`` < 1.
+    """
+    p = argparse.ArgumentParser(
+        prog="arpo-serve", description="CPU inference server speaking SGLang's HTTP API (/generate, "
+        "/update_weights_from_disk, ...): the embedded policy server `arpo run` starts. Flags win over the run file.")
+    add_config_arguments(p, ("", "serve"))
+    p.add_argument("--model", "--model-path", dest="model", type=Path,
+                   help="Hugging Face checkpoint folder (default: the run file's model)")
+    p.add_argument("--host", help="address to bind (default: serve.host)")
+    p.add_argument("--port", type=int, help="TCP port (default: serve.port)")
+    p.add_argument("--max-batch", type=int, help="most requests decoded together (default: serve.max_batch)")
+    p.add_argument("--weight-version", default="0", help="initial weight version (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the server-level sampler (default 0)")
+    p.add_argument("--logprob-mode", choices=LOGPROB_MODES, default="model",
+                   help="model: the trainer's unmasked temperature-1 log-probs; sglang: SGLang's (default model)")
+    p.add_argument("--jump-forward", action=argparse.BooleanOptionalAction, default=None,
+                   help="emit text the grammar forces as its canonical tokens instead of sampling it "
+                        "(default: serve.jump_forward, on)")
+    p.add_argument("--api-key", default=os.environ.get("ARPO_API_KEY") or None,
                    help="require 'Authorization: Bearer KEY' on every route but GET /health, as SGLang's --api-key "
-                        "(default: $ARPO_API_KEY)")
+                        "(default: $ARPO_API_KEY, else serve.api_key)")
     p.add_argument("--weights-root", type=Path,
                    help="load weights (/update_weights_from_disk) only from folders under this one")
     a = p.parse_args(argv)
-    if a.max_batch < 1:
+    if a.model is None and a.config is None and not a.overrides:
+        p.error("--model or --config is required")
+    try:
+        run = load_config(a.config, a.overrides)
+    except ConfigError as e:
+        p.error(str(e))
+    model = a.model or run.model_path
+    if not (model / "config.json").is_file():
+        p.error(f"no model at {model} (a Hugging Face folder with config.json; --model or the run file's model)")
+    s = run.serve
+    config = ServeConfig(model, _given(a.host, s.host), _given(a.port, s.port), _given(a.max_batch, s.max_batch),
+                         a.weight_version, a.seed, a.logprob_mode, _given(a.jump_forward, s.jump_forward),
+                         _given(a.api_key, s.api_key), a.weights_root.resolve() if a.weights_root else None)
+    if config.max_batch < 1:
         p.error("--max-batch must be >= 1")
-    return ServeConfig(a.model, a.host, a.port, a.max_batch, a.weight_version, a.seed, a.logprob_mode,
-                       a.jump_forward, a.api_key, a.weights_root.resolve() if a.weights_root else None)
+    return config
+
+
+def _given(flag: Any, from_config: Any) -> Any:
+    """A flag's value when it was given (not None), else the run file's."""
+    return from_config if flag is None else flag
 
 
 def main(argv: list[str] | None = None) -> int:

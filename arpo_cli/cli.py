@@ -1,5 +1,7 @@
-"""The `arpo` command: `arpo run`, `arpo curve`, `arpo desktop build`, `arpo desktop clean`, `arpo tasks check`,
-`arpo init-model`, `arpo keys`."""
+"""The `arpo` command: `arpo run`, `arpo config show`, `arpo curve`, `arpo view`, `arpo desktop build`,
+`arpo desktop clean`, `arpo tasks check`, `arpo init-model`, `arpo keys`.
+
+Role: the command-line layer on top of arpo_async, actors and learner (none of them imports it)."""
 
 from __future__ import annotations
 
@@ -9,26 +11,54 @@ import sys
 from pathlib import Path
 
 from arpo_async.config import ConfigError, load_config
-from arpo_async.model.init_model import DEFAULT_HIDDEN_SIZE, DEFAULT_INIT_STD, TINY_MAX_PIXELS
+from arpo_async.config_doc import SECTIONS, add_config_arguments, render_toml
+from arpo_async.model import init_model
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="arpo", description="arpo-async: asynchronous ARPO for GUI agents")
+    parser = argparse.ArgumentParser(
+        prog="arpo", description="arpo-async: asynchronous ARPO (GRPO + success replay) for GUI agents on docker "
+                                 "desktops", epilog="Every key of the run file, with its value, default and meaning: "
+                                                    "`arpo config show`. Help of a command: `arpo COMMAND --help`.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run serve + learner + actors on this machine (the embedded default)")
-    run.add_argument("--config", type=Path, help="run TOML file (see arpo_async/config.py)")
-    run.add_argument("--out", type=Path, help="run folder (default runs/default)")
-    run.add_argument("--steps", type=int, help="optimizer steps before stopping (default 3)")
-    run.add_argument("--actors", type=int, help="desktops / EnvActors (default 8)")
-    run.add_argument("--model", type=Path, help="policy checkpoint (default: a tiny random model, created if missing)")
+    run = sub.add_parser("run", help="run serve + learner + actors on this machine (the embedded default)",
+                         description="Start arpo-serve, arpo-learner and arpo-actors on this machine with one run "
+                                     "file and watch them until the learner finishes.")
+    add_config_arguments(run, ("", *SECTIONS))
+    run.add_argument("--out", type=Path, help="run folder (sets run_dir; default runs/default)")
+    run.add_argument("--steps", type=int, help="optimizer steps before stopping (sets learner.steps; default 3)")
+    run.add_argument("--actors", type=int, help="desktops / EnvActors (sets actors.actors; default 8)")
+    run.add_argument("--model", type=Path, help="policy checkpoint (sets model; default: a tiny random model, "
+                                                 "created if missing)")
     run.add_argument("--resume", action="store_true",
                      help="continue the run in --out from its last checkpoint (its config.toml is the base config)")
-    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override any config key, e.g. --set learner.lr=1e-3 (repeatable)")
+
+    config = sub.add_parser("config", help="the run config: `arpo config show` lists every key")
+    csub = config.add_subparsers(dest="config_command", required=True)
+    show = csub.add_parser("show", help="print every config key with its value, default and docstring",
+                           description="Print the run config as commented TOML: every key with its docstring, its "
+                                       "value (after --config and --set) and its default. The output is itself a "
+                                       "run file: `arpo config show > run.toml`.")
+    add_config_arguments(show, ("", *SECTIONS))
+    show.add_argument("--section", action="append", choices=("top", *SECTIONS), metavar="SECTION",
+                      help=f"only these sections (repeatable; top = the top-level keys; one of top, "
+                           f"{', '.join(SECTIONS)})")
 
     curve = sub.add_parser("curve", help="draw RUN_DIR/curve.png from its metrics.jsonl (running or finished run)")
     curve.add_argument("--out", type=Path, required=True, metavar="RUN_DIR", help="the run folder")
+
+    view = sub.add_parser("view", help="write RUN_DIR/view.html: sampled episodes with screenshots and action marks",
+                          description="Write a static page (works offline) of the trajectories the learner sampled "
+                                      "into RUN_DIR/trajectories (learner.sample_trajectories, sample_disk_mb): per "
+                                      "episode the instruction, each step's screenshot with its click or drag drawn "
+                                      "on it, thought, action, reward, outcome, policy version and timings; and "
+                                      "success-rate and reward curves from metrics.jsonl.")
+    view.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run folder, e.g. runs/demo")
+    view.add_argument("--out", type=Path, help="the page file (default RUN_DIR/view.html)")
+    view.add_argument("--serve", action="store_true",
+                      help="also serve the page on http://127.0.0.1:PORT/ (re-rendered on each load) until Ctrl-C")
+    view.add_argument("--port", type=int, default=8765, help="port for --serve (default 8765; 0 = any free one)")
 
     desktop = sub.add_parser("desktop", help="the desktop image and containers")
     dsub = desktop.add_subparsers(dest="desktop_command", required=True)
@@ -49,22 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--profile", choices=("default", "osworld"), default="osworld",
                        help="desktop image profile for --desktops (default osworld; built if missing)")
     check.add_argument("--json", type=Path, help="also write every task's report as JSON here")
-    check.add_argument("--config", type=Path, help="run TOML file: learner.osworld_files (local mirror of "
-                                                   "OSWorld's files) and the download cap/timeout")
-    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config key (repeatable)")
+    add_config_arguments(check, ("", "learner", "actors"))  # learner.osworld_files, actors.download_*, memory
 
-    init = sub.add_parser("init-model", help="create a tiny random Qwen2.5-VL policy offline")
-    init.add_argument("--out", type=Path, required=True, help="output folder")
-    init.add_argument("--seed", type=int, default=0)
-    init.add_argument("--force", action="store_true", help="overwrite an existing folder")
-    init.add_argument("--init-std", type=float, default=DEFAULT_INIT_STD,
-                      help=f"standard deviation of the random weights (initializer_range; default {DEFAULT_INIT_STD})")
-    init.add_argument("--max-pixels", type=int, default=TINY_MAX_PIXELS,
-                      help=f"largest image area the image processor keeps, in pixels (default {TINY_MAX_PIXELS}: "
-                           "15 image tokens for a 1280x720 screenshot)")
-    init.add_argument("--hidden-size", type=int, default=DEFAULT_HIDDEN_SIZE,
-                      help=f"width of the text model, a multiple of 64 (default {DEFAULT_HIDDEN_SIZE})")
+    init_model.add_arguments(sub.add_parser("init-model", help="create a tiny random Qwen2.5-VL policy offline"))
     keys = sub.add_parser("keys", help="write a ZeroMQ CURVE key pair (the learner's, or an actor host's)")
     keys.add_argument("--out", type=Path, required=True, help="folder for NAME.key (public) and NAME.key_secret")
     keys.add_argument("--name", required=True, help="e.g. learner, or the actor host's name")
@@ -94,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "run":
         return _run(args)
+    if args.command == "config":
+        return _config_show(args)
     if args.command == "curve":
         from arpo_async.curve import CurveError, write_curve
         try:
@@ -105,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"arpo curve: {e}", file=sys.stderr)
             return 1
         return 0
+    if args.command == "view":
+        from arpo_async.viewer import view_main
+        return view_main(args.run_dir, out=args.out, serve=args.serve, port=args.port)
     if args.command == "desktop" and args.desktop_command == "build":
         from actors.desktop.build import DesktopBuildError, build_image
         try:
@@ -128,16 +150,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"public key {public} (give it to the peers)\nsecret key {secret} (keep it here)")
         return 0
     if args.command == "init-model":
-        from arpo_async.model.init_model import create_tiny_model
-        try:
-            path = create_tiny_model(args.out, seed=args.seed, overwrite=args.force, init_std=args.init_std,
-                                     hidden_size=args.hidden_size, max_pixels=args.max_pixels)
-            print(path)
-        except (FileExistsError, ValueError) as e:
-            print(f"arpo init-model: {e}", file=sys.stderr)
-            return 2
-        return 0
+        return init_model.run_from_args(args)
     return 2
+
+
+def _config_show(args: argparse.Namespace) -> int:
+    """`arpo config show`: the config after --config and --set as commented TOML on stdout; 0, or 2 for a bad
+    config (the reason on stderr)."""
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"arpo config show: {e}", file=sys.stderr)
+        return 2
+    sections = None if args.section is None else ["" if s == "top" else s for s in args.section]
+    print(render_toml(config, sections=sections), end="")
+    return 0
 
 
 def _tasks_check(args: argparse.Namespace) -> int:
@@ -171,7 +198,7 @@ def _tasks_check(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from actors.desktop.build import DesktopBuildError
-    from arpo_async.launcher import RunError, run_local
+    from arpo_cli.launcher import RunError, run_local
 
     overrides = list(args.overrides)
     if args.out is not None:

@@ -2,11 +2,12 @@
 
 Owns: the three child processes of a local run and their logs (``<run>/logs/{serve,learner,actors}.log``).
 Order: build the desktop image and the tiny model if missing -> write ``<run>/config.toml`` -> start
-arpo-serve and wait for /health -> start arpo-learner and arpo-actors -> show a live progress line from
-``status.json`` and ``metrics.jsonl`` and redraw ``<run>/curve.png`` every ``CURVE_EVERY_S`` -> when the learner
+arpo-serve and wait for /health -> start arpo-learner and arpo-actors -> show a progress line (arpo_cli.progress:
+live in a terminal, plain lines in a pipe) from ``status.json`` and ``metrics.jsonl`` and redraw ``<run>/curve.png`` every ``CURVE_EVERY_S`` -> when the learner
 exits, write summary.json and the final curve.png, stop the actors (SIGTERM, they remove their desktops; they may
 have exited already, once the learner said shutdown), then the server -> remove any container still labelled with
-this run. Exit code: the learner's (a curve that cannot be drawn is a warning, never an error).
+this run. Exit code: the learner's (a curve that cannot be drawn is a warning, never an error). A child that
+died is reported with its log's last lines (from its last traceback: see :func:`crash_excerpt`).
 Invariant: whatever ends the run (success, a crashed child, Ctrl-C), no container of this run is left.
 A run folder that already holds a run is refused unless ``resume`` is set: then the learner continues from
 the newest checkpoint in ``<run>/checkpoints`` (see learner.checkpoint) and metrics.jsonl keeps growing.
@@ -31,19 +32,18 @@ from typing import Callable
 from arpo_async.config import RunConfig, dump_toml
 from arpo_async.curve import CurveError, write_curve
 from arpo_async.metrics import read_metrics
+from arpo_cli.progress import ProgressDisplay, TrajectoryRate, open_display, progress_line
 
 log = logging.getLogger("arpo.run")
 
-PROGRESS_EVERY_S = 30.0
-"""The progress line is printed when it changes, and at least this often."""
 STOP_GRACE_S = 60.0
 """Seconds a child gets to exit after SIGTERM before it is killed."""
 LEARNER_EXIT_GRACE_S = 60.0
 """Seconds the learner gets to exit after arpo-actors exited 0 (which it does once the learner said shutdown)."""
 CURVE_EVERY_S = 60.0
 """While the run goes, ``<run>/curve.png`` is redrawn this often (seconds)."""
-TRAILING_SUCCESS_STEPS = 10
-"""The progress line's trailing success rate is the mean over this many last metrics records."""
+CRASH_LINES = 60
+"""A dead child's message quotes at most this many last lines of its log."""
 
 
 class RunError(RuntimeError):
@@ -84,7 +84,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: fl
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RunError(f"arpo-serve exited with {proc.returncode}; see {log_path}:\n{tail(log_path)}")
+            raise RunError(f"arpo-serve exited with {proc.returncode}; see {log_path}:\n{crash_excerpt(log_path)}")
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
                 if reply.status == 200:
@@ -96,10 +96,24 @@ def wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: fl
 
 
 def tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of the text file ``path`` ("" when it cannot be read)."""
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def crash_excerpt(path: Path, max_lines: int = CRASH_LINES, context: int = 2) -> str:
+    """What a dead child's log says about its death: from ``context`` lines before its last
+    ``Traceback (most recent call last):`` to the end (arpo_async.process logs a crash's traceback at ERROR),
+    at most the last ``max_lines`` lines; the last 15 lines when it holds no traceback; "" when unreadable."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last):" in line]
+    first = max(0, starts[-1] - context) if starts else len(lines) - 15
+    return "\n".join(lines[max(first, len(lines) - max_lines, 0):])
 
 
 def stop(proc: subprocess.Popen | None, grace_s: float = STOP_GRACE_S) -> None:
@@ -124,7 +138,7 @@ def check_children(learner: subprocess.Popen, actors: subprocess.Popen, serve: s
     """
     if serve.poll() is not None:
         raise RunError(f"arpo-serve exited with {serve.returncode}; see {logs / 'serve.log'}:\n"
-                       f"{tail(logs / 'serve.log')}")
+                       f"{crash_excerpt(logs / 'serve.log')}")
     code = actors.poll()
     if code is None:
         return
@@ -135,37 +149,7 @@ def check_children(learner: subprocess.Popen, actors: subprocess.Popen, serve: s
             return
         except subprocess.TimeoutExpired:
             why += f" and arpo-learner did not finish within {LEARNER_EXIT_GRACE_S:g} s"
-    raise RunError(f"arpo-actors {why}; see {logs / 'actors.log'}:\n{tail(logs / 'actors.log')}")
-
-
-def success_text(records: list[dict]) -> str:
-    """The progress line's success part: the last record's success rate and the mean over the last
-    ``TRAILING_SUCCESS_STEPS`` records, e.g. ``success 0.45 (last 10 steps 0.38)``; nan before the first step."""
-    rates = [r["success_rate"] for r in records[-TRAILING_SUCCESS_STEPS:] if r.get("success_rate") is not None]
-    last = records[-1].get("success_rate") if records else None
-    trailing = sum(rates) / len(rates) if rates else float("nan")
-    return (f"success {last if last is not None else float('nan'):.2f} "
-            f"(last {TRAILING_SUCCESS_STEPS} steps {trailing:.2f})")
-
-
-def progress_line(config: RunConfig, started: float) -> str:
-    """One line: step, version, trajectories, success rate (last step and trailing), loss, outcomes, elapsed time."""
-    records = read_metrics(config.run_path / "metrics.jsonl")
-    try:
-        status = json.loads((config.run_path / "status.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        status = {}
-    steps = config.learner.steps or "inf"
-    last = records[-1] if records else {}
-    outcomes = " ".join(f"{k.lower()}={v}" for k, v in sorted(status.get("outcomes", {}).items()))
-    baseline = status.get("baseline")
-    phase = (f"baseline pass {baseline['groups_recorded']}/{baseline['groups_planned']} groups | "
-             if baseline else "")
-    return (f"[{time.monotonic() - started:6.0f}s] {phase}step {len(records)}/{steps} "
-            f"version {status.get('policy_version', 0)} | trajectories {status.get('trajectories', 0)} "
-            f"running {status.get('running', 0)} | {success_text(records)} "
-            f"loss {last.get('loss') if last.get('loss') is not None else float('nan'):.4f} | {outcomes}"
-            + (f" | STALLED: {status['stall']}" if status.get("stall") else ""))
+    raise RunError(f"arpo-actors {why}; see {logs / 'actors.log'}:\n{crash_excerpt(logs / 'actors.log')}")
 
 
 def draw_curve(run: Path, *, quiet_if_empty: bool = False) -> Path | None:
@@ -207,8 +191,11 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def run_local(config: RunConfig, *, say: Callable[[str], None] = print, resume: bool = False) -> int:
+def run_local(config: RunConfig, *, display: ProgressDisplay | None = None, resume: bool = False) -> int:
     """Run serve + learner + actors on this machine until the learner finishes. Returns the exit code.
+
+    ``display``: where the progress line and messages go (default: arpo_cli.progress.open_display(), a live
+    line in a terminal, plain lines otherwise).
 
     ``resume``: continue the run in ``config.run_dir`` from its newest checkpoint (learner.steps counts all
     steps of the run, so raise it to train further). SIGTERM is handled like Ctrl-C: the children are stopped
@@ -216,11 +203,20 @@ def run_local(config: RunConfig, *, say: Callable[[str], None] = print, resume: 
 
     Raises:
         RunError: the folder holds a run and ``resume`` is False, or ``resume`` is set and it has no
-            checkpoint; a child process died (the message names its log).
+            checkpoint; a child process died (the message names its log and quotes its last lines).
     """
+    signal.signal(signal.SIGTERM, _interrupt)
+    display = open_display() if display is None else display
+    try:
+        return _run_local(config, display, resume)
+    finally:
+        display.close()
+
+
+def _run_local(config: RunConfig, display: ProgressDisplay, resume: bool) -> int:
     from actors.desktop.fleet import remove_run_containers
 
-    signal.signal(signal.SIGTERM, _interrupt)
+    say = display.say
     run = config.run_path
     if resume:
         from learner.checkpoint import checkpoint_folders
@@ -241,36 +237,30 @@ def run_local(config: RunConfig, *, say: Callable[[str], None] = print, resume: 
     started = time.monotonic()
     try:
         say(f"run folder {run}; logs in {logs}")
-        serve = spawn([py, "-m", "arpo_async.serve.main", "--model", config.model, "--host", config.serve.host,
-                       "--port", str(config.serve.port), "--max-batch", str(config.serve.max_batch),
-                       "--weight-version", "0", "--weights-root", str(run / "weights"),
-                       "--jump-forward" if config.serve.jump_forward else "--no-jump-forward"], logs / "serve.log",
-                      env={"ARPO_API_KEY": config.serve.api_key} if config.serve.api_key else None)
+        # arpo-serve reads model and [serve] from the run file, as the learner and the actors do.
+        serve = spawn([py, "-m", "arpo_async.serve.main", "--config", str(config_path), "--weight-version", "0",
+                       "--weights-root", str(run / "weights")], logs / "serve.log")
         wait_healthy(url, serve, logs / "serve.log")
         say(f"arpo-serve ready at {url}")
         learner = spawn([py, "-m", "learner.main", "--config", str(config_path)], logs / "learner.log")
         actors = spawn([py, "-m", "actors.main", "--config", str(config_path), "--actor-id", "local"],
                        logs / "actors.log")
-        last_state, last_said, last_drawn = "", 0.0, time.monotonic()
+        rate, last_drawn = TrajectoryRate(), time.monotonic()
         while learner.poll() is None:
             check_children(learner, actors, serve, logs)
-            line = progress_line(config, started)
-            state = line.split("]", 1)[1]
-            if state != last_state or time.monotonic() - last_said > PROGRESS_EVERY_S:
-                say(line)
-                last_state, last_said = state, time.monotonic()
+            display.update(progress_line(config, started, rate), time.monotonic())
             if time.monotonic() - last_drawn >= CURVE_EVERY_S:
                 draw_curve(run, quiet_if_empty=True)
                 last_drawn = time.monotonic()
             time.sleep(1.0)
-        say(progress_line(config, started))
+        display.update(progress_line(config, started, rate), time.monotonic(), force=True)
         write_summary(config, learner.returncode, url, time.monotonic() - started)
         curve = draw_curve(run)
         if curve is not None:
             say(f"learning curve in {curve}")
         if learner.returncode != 0:
             say(f"arpo-learner exited with {learner.returncode}; see {logs / 'learner.log'}:\n"
-                f"{tail(logs / 'learner.log')}")
+                f"{crash_excerpt(logs / 'learner.log')}")
         return learner.returncode
     finally:
         stop(actors)

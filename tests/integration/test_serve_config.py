@@ -1,0 +1,61 @@
+"""The real arpo-serve started with only a run file (`--config`), as `arpo run` starts it: the model and the
+[serve] section come from the file, a flag wins over it, and the file's API key guards the routes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from arpo_cli.launcher import spawn, stop, wait_healthy
+from tests.support import free_port
+
+
+def get(url: str, key: str = "") -> tuple[int, dict]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as e:
+        return e.code, {}
+
+
+@pytest.fixture
+def run_file(tmp_path, tiny_model) -> tuple[Path, int]:
+    port = free_port()
+    path = tmp_path / "run.toml"
+    path.write_text(f'model = "{tiny_model}"\n[serve]\nport = {port}\napi_key = "file-key"\nmax_batch = 2\n')
+    return path, port
+
+
+def test_serve_takes_model_port_and_key_from_the_run_file(run_file, tiny_model, tmp_path, monkeypatch):
+    monkeypatch.delenv("ARPO_API_KEY", raising=False)
+    path, port = run_file
+    log = tmp_path / "serve.log"
+    proc = spawn([sys.executable, "-m", "arpo_async.serve.main", "--config", str(path), "--weight-version", "7"], log)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc, log, timeout_s=120)
+        assert get(f"http://127.0.0.1:{port}/get_model_info")[0] == 401  # serve.api_key from the file
+        status, info = get(f"http://127.0.0.1:{port}/get_model_info", "file-key")
+        assert status == 200 and info["weight_version"] == "7" and Path(info["model_path"]) == Path(tiny_model)
+    finally:
+        stop(proc, grace_s=10)
+
+
+def test_a_flag_wins_over_the_run_file(run_file, tmp_path, monkeypatch):
+    monkeypatch.delenv("ARPO_API_KEY", raising=False)
+    path, _ = run_file
+    port = free_port()
+    log = tmp_path / "serve.log"
+    proc = spawn([sys.executable, "-m", "arpo_async.serve.main", "--config", str(path), "--port", str(port),
+                  "--api-key", "flag-key"], log)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc, log, timeout_s=120)
+        assert get(f"http://127.0.0.1:{port}/get_model_info", "file-key")[0] == 401
+        assert get(f"http://127.0.0.1:{port}/get_model_info", "flag-key")[0] == 200
+    finally:
+        stop(proc, grace_s=10)
