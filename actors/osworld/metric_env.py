@@ -35,10 +35,12 @@ REQUIREMENTS: tuple[str, ...] = (
     "pandas==2.2.3", "python-dateutil==2.9.0.post0", "six==1.16.0", "tzdata==2024.2",
     "scipy==1.14.1", "scikit-image==0.24.0", "networkx==3.4.2", "imageio==2.36.0", "tifffile==2024.9.20",
     "lazy_loader==0.4", "packaging==24.2", "ImageHash==4.3.1", "PyWavelets==1.7.0", "PyMuPDF==1.24.14",
+    "requests-toolbelt==1.0.0", "python-dotenv==1.0.1",
 )
 """Pinned libraries (installed ``--no-deps``; wheels where PyPI has them, odfpy is a pure-Python sdist): what
 OSWorld's metric modules general, utils, basic_os, chrome, vlc, gimp, vscode, docs, slides, table, pdf,
-thunderbird and others import and the supported metrics use."""
+thunderbird and others import and the supported metrics use; requests-toolbelt and python-dotenv are what
+OSWorld's host-side SetupController (desktop_env/controllers/setup.py) imports besides those."""
 
 PLACEHOLDER_MODULES: dict[str, str] = {
     "cv2": "OpenCV (image/video comparison metrics)",
@@ -49,6 +51,8 @@ PLACEHOLDER_MODULES: dict[str, str] = {
     "pdfplumber": "pdfplumber (PDF text metrics)",
     "easyocr": "EasyOCR (OCR-based document metrics)",
     "formulas": "formulas (spreadsheet formula evaluation)",
+    "playwright": "playwright (SetupController's chrome_open_tabs, login and other browser steps)",
+    "pydrive": "PyDrive (SetupController's googledrive step)",
 }
 """Top-level modules OSWorld's metric modules import but :data:`REQUIREMENTS` leaves out, with what needs them.
 The worker installs an import hook giving a placeholder for each (and its submodules); calling anything from one

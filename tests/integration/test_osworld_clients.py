@@ -20,15 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import functools
-import http.server
 import io
 import json
 import re
 import secrets
 import subprocess
-import threading
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -38,6 +34,7 @@ from PIL import Image
 from actors.desktop.controller_client import ControllerClient
 from actors.desktop.tcp_forward import TcpForward
 from actors.osworld import metric_env
+from tests.support import local_http_server, until
 
 OSWORLD = Path(__file__).resolve().parents[3] / "shared" / "osworld" / "examples"
 WORKER_DIR = Path(metric_env.__file__).resolve().parent
@@ -93,14 +90,14 @@ class OSWorldClients:
     """
 
     def __init__(self, python: Path, port: int, cache_dir: Path) -> None:
-        self.python, self.port, self.cache_dir = python, port, cache_dir
+        self.interpreter, self.port, self.cache_dir = python, port, cache_dir
 
     async def call(self, *calls: dict) -> list:
         """Run ``calls`` in one driver process; return their values. A failing call raises AssertionError
         naming OSWorld's exception."""
         request = {"port": self.port, "cache_dir": str(self.cache_dir), "calls": list(calls)}
         proc = await asyncio.create_subprocess_exec(
-            str(self.python), "-I", "-c", DRIVER, str(WORKER_DIR), json.dumps(metric_env.PLACEHOLDER_MODULES),
+            str(self.interpreter), "-I", "-c", DRIVER, str(WORKER_DIR), json.dumps(metric_env.PLACEHOLDER_MODULES),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=self.cache_dir)
         try:
             out, err = await asyncio.wait_for(proc.communicate(json.dumps(request).encode()), CLIENT_TIMEOUT_S)
@@ -137,16 +134,16 @@ class OSWorldClients:
         return value
 
 
-async def _until(predicate, timeout: float, what: str):
-    """Poll the async ``predicate`` every 0.1 s until it returns something truthy, and return that."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(0.1)
+async def _first(fetch, timeout: float, what: str):
+    """Poll the async ``fetch`` (tests.support.until) until it returns something truthy; return that."""
+    got = []
+
+    async def fetched():
+        value = await fetch()
+        got.append(value)
+        return bool(value)
+    await until(fetched, timeout, what)
+    return got[-1]
 
 
 async def _active_title(c: ControllerClient) -> str:
@@ -165,38 +162,26 @@ def _png(colour: tuple[int, int, int]) -> bytes:
     return out.getvalue()
 
 
-@pytest.fixture
-def file_server(tmp_path):
-    """A local HTTP server on 127.0.0.1 serving ``tmp_path/www``; yields ``(folder, base_url)``."""
-    www = tmp_path / "www"
-    www.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(www))
-    handler.log_message = lambda *_a: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield www, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 # ---- default image: every setup step type OSWorld's offline tasks use --------------------------------------
 
 @pytest.mark.docker
-async def test_setup_controller_runs_osworld_setup_steps(fleet, osworld_python, file_server, tmp_path):
+async def test_setup_controller_runs_osworld_setup_steps(fleet, osworld_python, tmp_path):
+    from aiohttp import web  # noqa: PLC0415
+
     c = (await fleet.start()).controller
-    www, base = file_server
     report = b"quarterly report\n" + secrets.token_bytes(64)
-    (www / "report.bin").write_bytes(report)
     red = _png((255, 0, 0))
-    (www / "red.png").write_bytes(red)
     local = tmp_path / "local.txt"
     local.write_bytes(b"uploaded by OSWorld's client\n")
     cache = tmp_path / "cache"
     cache.mkdir()
-    async with TcpForward(c.socket_path) as fwd:
+    files = {"/report.bin": report, "/red.png": red}
+
+    async def serve(request):
+        return web.Response(body=files[request.path])
+    async with local_http_server({path: serve for path in files}) as http_port, \
+            TcpForward(c.socket_path) as fwd:
+        base = f"http://127.0.0.1:{http_port}"
         clients = OSWorldClients(osworld_python, fwd.port, cache)
         await clients.setup([
             {"type": "download", "parameters": {"files": [
@@ -229,7 +214,7 @@ async def test_setup_controller_runs_osworld_setup_steps(fleet, osworld_python, 
 
         async def beta_closed():
             return await _windows_named(c, "^Beta Term$") == 0
-        await _until(beta_closed, 15, "close_window to close Beta Term")
+        await until(beta_closed, 15, "close_window to close Beta Term")
         assert await _windows_named(c, "^Alpha Term$") == 1
         assert await c.wallpaper() == red
 
@@ -241,9 +226,33 @@ async def test_setup_controller_runs_osworld_setup_steps(fleet, osworld_python, 
 
 # ---- osworld image: OSWorld's task configurations verbatim, the accessibility tree, recording -------------
 
-def _task(domain: str, task_id: str) -> dict:
-    """One of OSWorld's task files from ../shared/osworld/examples (Apache-2.0, see its LICENSE)."""
-    return json.loads((OSWORLD / domain / f"{task_id}.json").read_text())
+# Copied verbatim from OSWorld's task files (evaluation_examples/examples/<domain>/<id>.json, Apache-2.0; the
+# same files are in ../shared/osworld/examples), so that CI, which lacks that folder, runs them too.
+OS_13584542_CONFIG = [{"type": "execute", "parameters": {"command": [
+    "python", "-c", "import pyautogui; import time; pyautogui.click(960, 540); time.sleep(0.5);"]}}]
+OS_13584542_POSTCONFIG = [
+    {"type": "sleep", "parameters": {"seconds": 1}},
+    {"type": "execute", "parameters": {"command": [
+        "python", "-c", "import pyautogui; import time; time.sleep(0.5); pyautogui.hotkey('ctrl', 'alt', 't'); "
+        "time.sleep(0.5); pyautogui.write('stty size'); time.sleep(0.5); pyautogui.press('enter')"]}}]
+MULTI_APPS_F8369178_POSTCONFIG = [{"type": "execute", "parameters": {
+    "command": ["gsettings", "get", "org.gnome.desktop.interface", "gtk-theme"], "stdout": "gsettings.out"}}]
+CHROME_2AD9387A_CONFIG = [
+    {"type": "launch", "parameters": {"command": ["google-chrome", "--remote-debugging-port=1337"]}},
+    {"type": "launch", "parameters": {"command": ["socat", "tcp-listen:9222,fork", "tcp:localhost:1337"]}}]
+
+
+@pytest.mark.parametrize(("domain", "task_id", "part", "copy"), [
+    ("os", "13584542-872b-42d8-b299-866967b5c3ef", "config", OS_13584542_CONFIG),
+    ("os", "13584542-872b-42d8-b299-866967b5c3ef", "postconfig", OS_13584542_POSTCONFIG),
+    ("multi_apps", "f8369178-fafe-40c2-adc4-b9b08a125456", "postconfig", MULTI_APPS_F8369178_POSTCONFIG),
+    ("chrome", "2ad9387a-65d8-4e33-ad5b-7580065a27ca", "config", CHROME_2AD9387A_CONFIG)])
+def test_copied_task_configs_match_osworlds_files(domain, task_id, part, copy):
+    path = OSWORLD / domain / f"{task_id}.json"
+    if not path.exists():
+        pytest.skip(f"{OSWORLD} is not on this machine (it is outside the repository)")
+    task = json.loads(path.read_text())
+    assert (task["config"] if part == "config" else task["evaluator"]["postconfig"]) == copy
 
 
 @pytest.fixture
@@ -267,31 +276,36 @@ async def test_osworld_task_configs_run_unchanged(osworld_desktop, osworld_pytho
         clients = OSWorldClients(osworld_python, fwd.port, tmp_path)
         # os 13584542: a pyautogui click as setup; its evaluator's postconfig presses Ctrl+Alt+T (a GNOME
         # terminal opens), types `stty size` and reads the answer back with OSWorld's vm_terminal_output getter
-        task = _task("os", "13584542-872b-42d8-b299-866967b5c3ef")
-        await clients.setup(task["config"])
+        await clients.setup(OS_13584542_CONFIG)
         assert await c.cursor_position() == (960, 540)
-        await clients.setup(task["evaluator"]["postconfig"])
+        await clients.setup(OS_13584542_POSTCONFIG)
+
+        async def terminal_focused():
+            return await _active_title(c) == "Terminal"
+        await until(terminal_focused, 60, "the task's Ctrl+Alt+T to open a focused GNOME terminal")
+        # the task's keystrokes land only if the terminal was up within its 0.5 s sleeps (on a loaded machine it
+        # may not be): type the command again as OSWorld's agents act, through execute_python_command
+        await clients.python("execute_python_command", "pyautogui.write('stty size'); pyautogui.press('enter')")
 
         async def size_printed():
             out = await clients.python("get_terminal_output")
             return out and re.search(r"stty size\s*\n(\d+) (\d+)\s*\n", out)
-        rows, cols = map(int, (await _until(size_printed, 60, "`stty size` and its answer in the terminal")).groups())
+        rows, cols = map(int, (await _first(size_printed, 60, "`stty size` and its answer in the terminal")).groups())
         assert rows > 5 and cols > 20
 
         # multi_apps f8369178: the execute step's stdout lands in the client's cache folder
-        task = _task("multi_apps", "f8369178-fafe-40c2-adc4-b9b08a125456")
-        await clients.setup(task["evaluator"]["postconfig"])
+        await clients.setup(MULTI_APPS_F8369178_POSTCONFIG)
         theme = (await c.execute(["gsettings", "get", "org.gnome.desktop.interface", "gtk-theme"]))["output"]
         assert (tmp_path / "gsettings.out").read_text() == theme and theme.startswith("'")
 
         # chrome 2ad9387a: chromium on DevTools port 1337, forwarded to 9222 by socat
-        await clients.setup(_task("chrome", "2ad9387a-65d8-4e33-ad5b-7580065a27ca")["config"])
+        await clients.setup(CHROME_2AD9387A_CONFIG)
 
         async def devtools():
             r = await c.execute(["python", "-c", "import urllib.request; print(urllib.request.urlopen("
                                  "'http://localhost:9222/json/version', timeout=5).read().decode())"], timeout=20)
             return r["returncode"] == 0 and json.loads(r["output"])
-        version = await _until(devtools, 90, "chromium's DevTools on port 9222 through socat")
+        version = await _first(devtools, 90, "chromium's DevTools on port 9222 through socat")
         assert version["Browser"].startswith(("Chrome/", "HeadlessChrome/"))
 
 
@@ -316,12 +330,12 @@ async def test_python_controller_reads_a_real_gtk_app_and_records(osworld_deskto
 
         async def saved():
             return b"typed by pyautogui" in (await c.get_file("/root/Documents/notes.txt") or b"")
-        await _until(saved, 30, "gedit to save the typed text")
+        await until(saved, 30, "gedit to save the typed text")
 
         async def gedit_in_tree():
             root = ET.fromstring(await clients.python("get_accessibility_tree"))
             return [a for a in root if a.get("name") == "gedit"]
-        [app] = await _until(gedit_in_tree, 60, "gedit in OSWorld's accessibility tree")
+        [app] = await _first(gedit_in_tree, 60, "gedit in OSWorld's accessibility tree")
         names = [e.get("name") or "" for e in app.iter()]
         assert any("notes.txt" in n for n in names), names[:40]
 

@@ -57,4 +57,4 @@ def test_tables_agree_and_placeholders_are_not_installed():
     installed = {r.split("==")[0].lower() for r in REQUIREMENTS}
     assert not {"opencv-python", "librosa", "pyacoustid", "easyocr", "borb", "pdfplumber", "formulas"} & installed
     assert set(PLACEHOLDER_MODULES) == {"cv2", "librosa", "acoustid", "fastdtw", "borb", "pdfplumber", "easyocr",
-                                        "formulas"}
+                                        "formulas", "playwright", "pydrive"}
