@@ -8,7 +8,11 @@ browser's ``--remote-debugging-port`` (tasks launch ``google-chrome --remote-deb
 /execute) and uses the endpoint's plain HTTP routes: ``GET /json/list``, ``PUT /json/new?URL``,
 ``GET /json/close/ID``. No websocket is needed for opening, closing and listing tabs.
 
-Semantics: ``open`` opens each URL in a new tab and, after the first, closes the tabs that were open before
+Semantics: ``open`` first checks that every http(s) URL's host accepts a TCP connection from inside the desktop
+(OSWorld's playwright ``goto`` would load the page; a container has no network, so a website cannot load and the
+task cannot be what its author set up): an unreachable non-loopback host fails with kind ``needs_network``, an
+unreachable loopback one (nothing listens) with ``setup_failed``. It then opens each URL in a new tab and, after
+the first, closes the tabs that were open before
 (OSWorld closes the context's first page, the browser's start tab); ``close`` closes, for each URL, the first
 tab whose URL matches (scheme, ``www.`` and a trailing slash ignored, as OSWorld's compare_urls does);
 ``list`` returns ``[{"title", "url"}]`` of the open tabs, most recently active first. The script waits up to
@@ -21,12 +25,28 @@ from typing import Any
 
 from actors.desktop.controller_client import ControllerClient
 
+CHROME_DIRS = ("~/.config/google-chrome", "~/.config/chromium")
+"""The browser's user-data folders: OSWorld's (Google Chrome), then Debian Chromium's (the osworld image's
+google-chrome runs Chromium)."""
 DEVTOOLS_PORTS = (9222, 1337)
 """Ports tried in order: OSWorld's forwarded port, then the port its tasks launch Chrome with."""
 
 TABS_SCRIPT = r'''
-import json, sys, time, urllib.parse, urllib.request
+import ipaddress, json, socket, sys, time, urllib.parse, urllib.request
 req = json.loads(sys.argv[1])
+def unreachable(u):
+    p = urllib.parse.urlsplit(u)
+    if p.scheme not in ("http", "https") or not p.hostname:
+        return None
+    try:
+        socket.create_connection((p.hostname, p.port or (443 if p.scheme == "https" else 80)), timeout=5).close()
+        return None
+    except (OSError, ValueError) as exc:
+        try:
+            local = ipaddress.ip_address(p.hostname).is_loopback
+        except ValueError:
+            local = p.hostname == "localhost"
+        return ("setup_failed" if local else "needs_network", "%s: %s" % (u, exc))
 def call(port, path, method="GET"):
     r = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
     with urllib.request.urlopen(r, timeout=10) as resp:
@@ -56,6 +76,12 @@ pages = lambda: [t for t in call(port, "/json/list") if t.get("type") == "page"]
 if req["op"] == "list":
     print(json.dumps([{"title": t.get("title", ""), "url": t.get("url", "")} for t in pages()]))
 elif req["op"] == "open":
+    bad = [b for b in map(unreachable, req["urls"]) if b]
+    if bad:
+        kind = "needs_network" if any(k == "needs_network" for k, _ in bad) else "setup_failed"
+        print(json.dumps({"error": "cannot be reached from the desktop: " + "; ".join(m for _, m in bad),
+                          "kind": kind}))
+        sys.exit(4)
     before = [t["id"] for t in pages()]
     for i, url in enumerate(req["urls"]):
         call(port, "/json/new?" + urllib.parse.quote(url, safe=":/?&=%#@+,;~"), "PUT")
@@ -76,19 +102,31 @@ elif req["op"] == "close":
 
 
 class ChromeTabsError(Exception):
-    """The DevTools endpoint did not answer in time or the script failed; the message has the reason."""
+    """The DevTools endpoint did not answer in time, a URL to open cannot be reached, or the script failed; the
+    message has the reason and ``kind`` is ``needs_network`` (a website, unreachable without network) or
+    ``setup_failed``."""
+
+    def __init__(self, message: str, kind: str = "setup_failed") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 async def chrome_tabs(c: ControllerClient, op: str, urls: list[str] | None = None, *, wait_s: float = 60.0) -> Any:
     """Run :data:`TABS_SCRIPT` in the desktop: ``op`` is ``open``/``close`` (with ``urls``) or ``list``.
 
     Returns the script's JSON answer (for ``list``: ``[{"title", "url"}, ...]``). Raises ChromeTabsError when no
-    DevTools endpoint answers within ``wait_s`` seconds or the script fails; DesktopError when the desktop is gone.
+    DevTools endpoint answers within ``wait_s`` seconds, a URL to open cannot be reached (kind needs_network for a
+    website) or the script fails; DesktopError when the desktop is gone.
     """
     arg = json.dumps({"op": op, "urls": urls or [], "ports": list(DEVTOOLS_PORTS), "wait_s": wait_s})
     r = await c.execute(["python3", "-c", TABS_SCRIPT, arg], timeout=wait_s + 60)
     out = (r.get("output") or "").strip().splitlines()
     if r["status"] != "success" or r["returncode"] != 0 or not out:
-        detail = out[-1] if out else (r.get("error") or r.get("message") or "")[-500:]
-        raise ChromeTabsError(f"chrome {op}: {detail}")
+        detail, kind = out[-1] if out else (r.get("error") or r.get("message") or "")[-500:], "setup_failed"
+        try:
+            answer = json.loads(detail)
+            detail, kind = answer["error"], answer.get("kind", kind)
+        except (ValueError, KeyError, TypeError):
+            pass
+        raise ChromeTabsError(f"chrome {op}: {detail}", kind)
     return json.loads(out[-1])

@@ -5,8 +5,8 @@ app settings), so OSWorld's metrics can be applied to it unchanged.
 
 :data:`GETTERS` maps each type to an async ``(controller, config, EvalContext) -> value``. A getter that finds
 nothing returns what OSWorld's returns then (usually None; the Chrome preference getters return their
-defaults). Chrome's profile is looked for in ``~/.config/google-chrome`` (OSWorld's path) and then
-``~/.config/chromium``.
+defaults). Chrome's profile is the one the browser wrote (:func:`chrome_profile_dir`): ``~/.config/google-chrome``
+(OSWorld's path) or ``~/.config/chromium`` (Debian's Chromium, which the osworld image runs as google-chrome).
 """
 from __future__ import annotations
 
@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from actors.desktop.controller_client import ControllerClient
-from actors.osworld.chrome import ChromeTabsError, chrome_tabs
+from actors.osworld.chrome import CHROME_DIRS, ChromeTabsError, chrome_tabs
 from actors.osworld.downloads import DownloadCache, DownloadError
 
-CHROME_DIRS = ("~/.config/google-chrome", "~/.config/chromium")
 VLC_HTTP = ("127.0.0.1", 8080, "password")
 """VLC's web interface in the desktop: host, port, password (OSWorld's env.vlc_port and its fixed password)."""
 
@@ -172,15 +171,18 @@ async def get_vlc_playing_info(c: ControllerClient, config: dict, ctx: EvalConte
     return await _save(ctx, config["dest"], r["output"].encode())
 
 
+VIDEO_TYPES = ("3gp", "3gpp", "3gpp2", "avi", "divx", "dv", "fli", "flv", "mp2t", "mp4", "mp4v-es", "mpeg",
+    "mpeg-system", "msvideo", "ogg", "quicktime", "vnd.divx", "vnd.mpegurl", "vnd.rn-realvideo", "webm",
+    "x-anim", "x-avi", "x-flc", "x-fli", "x-flv", "x-m4v", "x-matroska", "x-mpeg", "x-mpeg-system",
+    "x-mpeg2", "x-ms-asf", "x-ms-asf-plugin", "x-ms-asx", "x-ms-wm", "x-ms-wmv", "x-ms-wmx", "x-ms-wvx",
+    "x-msvideo", "x-nsv", "x-ogm", "x-ogm+ogg", "x-theora", "x-theora+ogg")
+"""The ``video/<type>`` names OSWorld's get_default_video_player queries (getters/vlc.py), in its order."""
+
+
 async def get_default_video_player(c: ControllerClient, config: dict, ctx: EvalContext) -> str:
     """OSWorld get_default_video_player: the most common ``xdg-mime query default video/<ext>`` answer over
     OSWorld's list of video types; "unknown" when there is none."""
-    exts = ("3gp", "3gpp", "3gpp2", "avi", "divx", "dv", "fli", "flv", "mp2t", "mp4", "mp4v-es", "mpeg",
-            "mpeg-system", "msvideo", "ogg", "quicktime", "vnd.divx", "vnd.mpegurl", "vnd.rn-realvideo", "webm",
-            "x-anim", "x-avi", "x-flc", "x-fli", "x-flv", "x-m4v", "x-matroska", "x-mpeg", "x-mpeg-system",
-            "x-mpeg2", "x-ms-asf", "x-ms-asf-plugin", "x-ms-asx", "x-ms-wm", "x-ms-wmv", "x-ms-wmx", "x-ms-wvx",
-            "x-msvideo", "x-nsv", "x-ogm", "x-ogm+ogg", "x-theora", "x-theora+ogg")
-    script = ("for e in " + " ".join(exts)
+    script = ("for e in " + " ".join(VIDEO_TYPES)
               + "; do printf '%s\\037' \"$(xdg-mime query default video/$e 2>/dev/null)\"; done")
     r = await c.execute(script, shell=True, timeout=60)
     out = (r.get("output") or "") if r["status"] == "success" else ""
@@ -190,12 +192,19 @@ async def get_default_video_player(c: ControllerClient, config: dict, ctx: EvalC
 
 # ----------------------------------------------------------------------------------------------------- chrome
 
+async def chrome_profile_dir(c: ControllerClient) -> str:
+    """The browser's user-data folder in the desktop: the first of :data:`CHROME_DIRS` whose
+    ``Default/Preferences`` exists (only the browser writes that file: a setup step such as
+    update_browse_history may have created the other folder), else the first that exists, else OSWorld's."""
+    script = ('for f in Default/Preferences .; do for d in "$@"; do case "$d" in "~/"*) d="$HOME/${d#??}";; esac; '
+              '[ -e "$d/$f" ] && { echo "$d"; exit 0; }; done; done')  # the controller may have expanded ~ already
+    r = await c.execute(["sh", "-c", script, "sh", *CHROME_DIRS], timeout=10)
+    found = (r.get("output") or "").strip() if r["status"] == "success" else ""
+    return found or CHROME_DIRS[0]
+
+
 async def _chrome_file(c: ControllerClient, rel: str) -> bytes | None:
-    for base in CHROME_DIRS:
-        data = await c.get_file(f"{base}/{rel}")
-        if data is not None:
-            return data
-    return None
+    return await c.get_file(f"{await chrome_profile_dir(c)}/{rel}")
 
 
 async def _chrome_json(c: ControllerClient, rel: str) -> dict | None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from actors.desktop.controller_client import ControllerClient, DesktopError, RequestRefused
-from actors.osworld.chrome import ChromeTabsError, chrome_tabs
+from actors.osworld.chrome import CHROME_DIRS, ChromeTabsError, chrome_tabs
 from actors.osworld.downloads import DownloadCache, DownloadError
 
 UNTIL_TRIALS = 31  # at most 31 tries of an `until` step ...
@@ -205,8 +205,8 @@ def _opener_probe(path: str) -> str:
 
 async def _step_open(c: ControllerClient, p: dict, ctx: SetupContext) -> None:
     """OSWorld's open (server route /setup/open_file): open ``path`` in its default app and wait (up to
-    OPEN_WAIT_S) for a window whose title holds the file's name. TaskSetupError when the file does not exist
-    or no app for it is installed (kind app_missing)."""
+    OPEN_WAIT_S) for a window whose title holds the file's name or its stem (GIMP shows "[stem] (imported)"), and
+    raise it. TaskSetupError when the file does not exist or no app for it is installed (kind app_missing)."""
     path = p.get("path")
     if not path:
         raise TaskSetupError("open: parameters need 'path'")
@@ -223,9 +223,12 @@ async def _step_open(c: ControllerClient, p: dict, ctx: SetupContext) -> None:
     await c.launch([*opener.split(), full])
     deadline = time.monotonic() + OPEN_WAIT_S
     name = posixpath.basename(full)
+    stem = posixpath.splitext(name)[0]
+    names = [name] + ([f"[{stem}]"] if stem else [])  # GIMP titles an image "[stem] (imported)-1.0 (RGB ...)"
     while time.monotonic() < deadline:
-        if await c.activate_window(name):
-            return
+        for n in names:
+            if await c.activate_window(n):
+                return
         await asyncio.sleep(0.5)
 
 
@@ -305,7 +308,8 @@ async def _step_download(c: ControllerClient, p: dict, ctx: SetupContext) -> Non
 
 
 async def _tabs_step(c: ControllerClient, p: dict, op: str) -> None:
-    """chrome_open_tabs (``urls_to_open``) / chrome_close_tabs (``urls_to_close``) through actors.osworld.chrome."""
+    """chrome_open_tabs (``urls_to_open``) / chrome_close_tabs (``urls_to_close``) through actors.osworld.chrome;
+    a website the desktop cannot reach (it has no network) is a TaskSetupError of kind needs_network."""
     key = f"urls_to_{op}"
     urls = p.get(key)
     if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
@@ -313,7 +317,7 @@ async def _tabs_step(c: ControllerClient, p: dict, op: str) -> None:
     try:
         await chrome_tabs(c, op, urls)
     except ChromeTabsError as exc:
-        raise TaskSetupError(str(exc)) from exc
+        raise TaskSetupError(str(exc), exc.kind) from exc
 
 
 async def _step_chrome_open_tabs(c: ControllerClient, p: dict, ctx: SetupContext) -> None:
@@ -324,8 +328,10 @@ async def _step_chrome_close_tabs(c: ControllerClient, p: dict, ctx: SetupContex
     await _tabs_step(c, p, "close")
 
 
-CHROME_HISTORY_PATH = "~/.config/google-chrome/Default/History"
-"""Where update_browse_history writes (OSWorld's path on Linux x86)."""
+CHROME_HISTORY_PATH = "Default/History"
+"""Where update_browse_history writes, under each of actors.osworld.chrome.CHROME_DIRS (OSWorld writes
+~/.config/google-chrome/Default/History on Linux x86; Debian's Chromium, the osworld image's google-chrome,
+reads ~/.config/chromium: the step runs before the browser starts, so both get the file)."""
 HISTORY_SCHEMA = (
     "CREATE TABLE meta(key LONGVARCHAR NOT NULL UNIQUE PRIMARY KEY, value LONGVARCHAR)",
     "CREATE TABLE urls(id INTEGER PRIMARY KEY AUTOINCREMENT, url LONGVARCHAR, title LONGVARCHAR, "
@@ -374,7 +380,8 @@ async def _step_update_browse_history(c: ControllerClient, p: dict, ctx: SetupCo
     except (KeyError, TypeError, ValueError) as exc:
         raise TaskSetupError(f"update_browse_history: malformed history item: {exc!r}") from exc
     home = (await c.execute("printf %s \"$HOME\"", shell=True, timeout=10, setup=True))["output"] or "/root"
-    await c.upload(CHROME_HISTORY_PATH.replace("~", home, 1), data)
+    for base in CHROME_DIRS:
+        await c.upload(f"{base.replace('~', home, 1)}/{CHROME_HISTORY_PATH}", data)
 
 
 SetupStep = Callable[[ControllerClient, dict, SetupContext], Awaitable[None]]

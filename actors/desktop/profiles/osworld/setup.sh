@@ -8,7 +8,9 @@
 #   refuses to run as root without it, and its namespace sandbox cannot start under the container's seccomp
 #   profile without CAP_SYS_ADMIN; /dev/shm is 64 MiB, so it keeps shared memory in /tmp;
 # * sudo and vlc made to work for the root session (below);
-# * dconf system defaults: toolkit-accessibility on, so GTK apps join the AT-SPI tree.
+# * Ctrl+Alt+T opens gnome-terminal and plain text opens in gedit, as on Ubuntu (below);
+# * dconf system defaults: toolkit-accessibility on, so GTK apps join the AT-SPI tree;
+# * a sound sink at 50% volume and VLC's HTTP interface on, as in OSWorld's VM (below).
 set -eu
 mkdir -p /root /home
 ln -sfn /root /home/user
@@ -61,6 +63,17 @@ chmod 0755 /usr/local/bin/sudo
 # the session is root. The usual fix renames the imported symbol to getppid (same length, never 0 here).
 sed -i 's/geteuid/getppid/' /usr/bin/vlc
 
+# Ctrl+Alt+T opens a GNOME terminal, as on OSWorld's Ubuntu: many os tasks' setup and evaluator postconfig press
+# it through pyautogui, then type into the terminal and read it back with /terminal. Only this profile: the
+# default image's openbox has no key bindings.
+bind='<keybind key="C-A-t"><action name="Execute"><command>gnome-terminal</command></action></keybind>'
+sed -i "s#</openbox_config>#  <keyboard>$bind</keyboard>\n</openbox_config>#" /opt/arpo/openbox-rc.xml
+grep -q 'key="C-A-t"' /opt/arpo/openbox-rc.xml
+
+# Plain text opens in gedit, as on OSWorld's Ubuntu (otherwise xdg-open picks LibreOffice Writer, listed first
+# for text/plain in mimeinfo.cache).
+printf '[Default Applications]\ntext/plain=org.gnome.gedit.desktop\n' > /etc/xdg/mimeapps.list
+
 mkdir -p /etc/dconf/profile /etc/dconf/db/local.d
 printf 'user-db:user\nsystem-db:local\n' > /etc/dconf/profile/user
 cat > /etc/dconf/db/local.d/00-arpo <<'DCONF'
@@ -68,3 +81,25 @@ cat > /etc/dconf/db/local.d/00-arpo <<'DCONF'
 toolkit-accessibility=true
 DCONF
 dconf update
+
+# Sound: a null sink at 50% volume, the default (PulseAudio's own fallback sink starts at 100%, which would
+# make os/28cc3b7e, "turn the volume up to the max", score 1 before the agent does anything; OSWorld's VM does
+# not start at 100% either).
+mkdir -p /etc/pulse/default.pa.d
+cat > /etc/pulse/default.pa.d/arpo.pa <<'PULSE'
+load-module module-null-sink sink_name=arpo_null sink_properties=device.description=Speakers
+set-sink-volume arpo_null 32768
+set-default-sink arpo_null
+PULSE
+
+# VLC as OSWorld's VM has it: no privacy dialog at first start, and the HTTP interface on (port 8080, password
+# "password"), which OSWorld's vlc_playing_info getter reads.
+mkdir -p /root/.config/vlc
+cat > /root/.config/vlc/vlcrc <<'VLCRC'
+[qt]
+qt-privacy-ask=0
+[core]
+extraintf=http
+[lua]
+http-password=password
+VLCRC
