@@ -6,6 +6,9 @@ place for another episode, or removes it and boots a replacement; see DesktopPoo
 (held until acked). A desktop whose episode ended in ENV_ERROR (it died, timed out, or a setup or evaluator
 failed) is never reused: it is released with ``reusable=False`` and replaced by a fresh container.
 Invariant: the desktop is released in ``finally``, whatever ends the episode or the actor.
+
+The actor's work comes from a :class:`WorkSource`: in a run the ZeroMQ LearnerLink (actors.link); anything with
+the same four members (e.g. a local queue of Assignments with a trajectory list) drives it the same way.
 """
 
 from __future__ import annotations
@@ -13,12 +16,13 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from typing import Protocol
 
 from actors.desktop.controller_client import DesktopError
 from actors.desktop.fleet import Desktop
 from actors.desktop.pool import DesktopPool
 from actors.episode import EpisodeRunner
-from actors.link import LearnerLink
+from actors.sinks import TrajectorySink
 from arpo_async.messages import Assignment, Outcome, Trajectory
 
 log = logging.getLogger(__name__)
@@ -28,17 +32,33 @@ MAX_CONSECUTIVE_ACQUIRE_FAILURES = 3
 already retried the container start ``desktop_start_attempts`` times, so Docker is most likely broken."""
 
 
+class WorkSource(TrajectorySink, Protocol):
+    """What an EnvActor needs from its link to the learner (LearnerLink in a run).
+
+    Attributes:
+        actor_id: the process's id; an actor's id is ``<actor_id>/<index>``.
+        running: episodes in flight (the actor adds 1 while it runs one; LearnerLink reports it in heartbeats).
+    """
+
+    actor_id: str
+    running: int
+
+    async def request_work(self) -> Assignment | None:
+        """The next rollout to run; None when there is no more work (the actor returns)."""
+        ...
+
+
 class EnvActor:
     """One environment actor (see module docstring).
 
     Args:
         index: this actor's number within the process (for logs and trajectory ids).
-        link: the process's learner link (shared).
+        link: the process's learner link (shared): a LearnerLink, or any :class:`WorkSource`.
         pool: hands out booted desktops and removes used ones (shared).
         runner: runs one episode (shared, stateless).
     """
 
-    def __init__(self, index: int, link: LearnerLink, pool: DesktopPool, runner: EpisodeRunner) -> None:
+    def __init__(self, index: int, link: WorkSource, pool: DesktopPool, runner: EpisodeRunner) -> None:
         self.index = index
         self.link = link
         self.pool = pool

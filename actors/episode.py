@@ -15,6 +15,11 @@ Owns: the mapping from what happens in an episode to a Trajectory and its Outcom
 The reward always comes from the evaluator reading the desktop's real state after the episode, never from
 the actor's own bookkeeping. Sampled token ids, their behaviour log-probs and weight versions are recorded
 exactly as the server returned them (tokens in, tokens out).
+
+Without a learner: :meth:`EpisodeRunner.run_task` runs one episode of a task (a Task, a task dict or a
+built-in task id, :func:`load_task`) and hands the trajectory to a sink (actors.sinks); the policy may be any
+``actors.policy.Policy`` or async callable. Actions are performed by :func:`perform` (also used by
+actors.desktop_env.DesktopEnv), through the ``actors.action_backend`` executor.
 """
 
 from __future__ import annotations
@@ -24,19 +29,23 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
 
 from actors.desktop.controller_client import ControllerClient, DesktopError
 from actors.evaluation import EvaluationError, SetupContext, TaskSetupError, evaluate, run_setup
 from actors.osworld.downloads import DownloadCache
-from actors.policy_client import GenerationAborted, PolicyClient, PolicyRequestError, PolicyUnavailable
+from actors.policy import GenerateFn, Policy, as_policy
+from actors.sinks import TrajectorySink
 from actors.uitars.actions import Action, ActionParseError, parse_reply
 from actors.uitars.grammar import action_regex
 from actors.uitars.prompt import build_messages
 from actors.uitars import pyautogui, xdotool
 from arpo_async.config import ActorConfig
+from arpo_async.inference_client import GenerationAborted, PolicyRequestError, PolicyUnavailable
 from arpo_async.messages import Assignment, Outcome, Step, Trajectory
 from arpo_async.model.inputs import PromptEncoder
-from arpo_async.tasks import Task, TaskFormatError
+from arpo_async.tasks import BUILTIN_DIR, Task, TaskFormatError, load_task_file, load_tasks
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +63,15 @@ class EpisodeRunner:
 
     Args:
         encoder: tokenizer + image-size logic of the policy (the same files the server and learner load).
-        policy: client of the inference server(s).
+        policy: client of the inference server(s) (PolicyClient), or any ``actors.policy.Policy``, or an async
+            callable with ``Policy.generate``'s keyword arguments (wrapped by ``actors.policy.as_policy``).
         config: actor settings (step budget, sampling, screen size, history length).
         downloads: where tasks' ``download`` setup steps and ``cloud_file`` getters fetch files from (default
             ``DownloadCache()``; a run uses ``actors.osworld.downloads.run_download_cache``).
     """
 
     encoder: PromptEncoder
-    policy: PolicyClient
+    policy: Policy | GenerateFn
     config: ActorConfig
     downloads: DownloadCache = field(default_factory=DownloadCache)
     resized_size: tuple[int, int] = field(init=False)
@@ -74,7 +84,11 @@ class EpisodeRunner:
 
         Raises:
             ValueError: an unknown name in ``actors.grammar_actions`` or a bad bound.
+            TypeError: ``policy`` is neither a Policy nor an async callable (None is allowed for a runner used
+                only for its sampling parameters; it cannot run episodes).
         """
+        if self.policy is not None:
+            object.__setattr__(self, "policy", as_policy(self.policy))
         width, height = self.encoder.resized_size(*self.config.screen_size)
         object.__setattr__(self, "resized_size", (width, height))
         params = dict(self.config.sampling_params)
@@ -118,6 +132,35 @@ class EpisodeRunner:
         except (PolicyUnavailable, PolicyRequestError, GenerationAborted) as e:
             traj.outcome, traj.error = Outcome.ABORTED.value, f"{type(e).__name__}: {e}"
         traj.timings["episode_s"] = time.perf_counter() - started
+        return traj
+
+    async def run_task(self, controller: ControllerClient, task: Task | dict | str,
+                       sink: TrajectorySink | None = None, *, actor_id: str = "local", desktop: str = "",
+                       group_id: str = "", rollout_index: int = 0, policy_version: int = 0) -> Trajectory:
+        """Run one episode of ``task`` on a desktop without a learner; hand the trajectory to ``sink``.
+
+        Builds the Assignment a learner would send (request id ``local-<hex>``, group id ``group_id`` or the
+        task id, ``rollout_index``, ``policy_version``) and calls :meth:`run`. The desktop should be in its boot
+        state (a fresh container, or ``DesktopEnv.reset_desktop()``).
+
+        Args:
+            controller: the desktop's controller client.
+            task: a Task, an OSWorld task dict or a built-in task id / task file path (:func:`load_task`).
+            sink: where the trajectory goes (``actors.sinks``: ListSink, JsonlSink, or a LearnerLink); None = only
+                returned.
+        Returns:
+            The trajectory (also submitted to ``sink``); env and policy faults are its outcome, not exceptions.
+        Raises:
+            TaskFormatError: ``task`` is an unknown id, or an invalid task.
+            asyncio.CancelledError: cancelled (nothing is submitted).
+        """
+        resolved = load_task(task)
+        assignment = Assignment(request_id=f"local-{uuid.uuid4().hex[:12]}", task=resolved.to_dict(),
+                                group_id=group_id or resolved.id, rollout_index=rollout_index,
+                                policy_version=policy_version)
+        traj = await self.run(controller, assignment, actor_id, desktop)
+        if sink is not None:
+            await sink.submit(traj)
         return traj
 
     def _outcome(self, traj: Trajectory, last_action: str | None) -> Outcome:
@@ -168,16 +211,55 @@ class EpisodeRunner:
                 return "DONE"
             if action.kind == "fail":
                 return "FAIL"
-            t0 = time.perf_counter()
-            to_commands = ACTION_BACKENDS[cfg.action_backend]
-            for a in parsed.actions:
-                for command in to_commands(a):
-                    async with asyncio.timeout(cfg.step_timeout_s):
-                        result = await controller.execute(command, timeout=cfg.step_timeout_s)
-                    if result.get("returncode", 0) != 0:
-                        log.debug("action %s exited %s: %s", command, result.get("returncode"), result.get("error"))
-            step.act_s = time.perf_counter() - t0
+            step.act_s = await perform(controller, parsed.actions, backend=cfg.action_backend,
+                                       timeout_s=cfg.step_timeout_s)
         return None
+
+
+async def perform(controller: ControllerClient, actions: Sequence[Action], *, backend: str = "xdotool",
+                  timeout_s: float = 120.0) -> float:
+    """Perform ``actions`` in the desktop, in order, and return the seconds it took.
+
+    Each action becomes argv lists (``ACTION_BACKENDS[backend]``: actors.uitars.xdotool or .pyautogui) run
+    through the controller's /execute; ``finished``, ``fail`` and ``wait`` produce no command. A command that
+    exits non-zero is logged at DEBUG (the screenshot shows what happened), not raised.
+
+    Raises:
+        KeyError: an unknown ``backend``.
+        DesktopError: the controller is unreachable; TimeoutError: one command took over ``timeout_s``.
+    """
+    to_commands = ACTION_BACKENDS[backend]
+    t0 = time.perf_counter()
+    for a in actions:
+        for command in to_commands(a):
+            async with asyncio.timeout(timeout_s):
+                result = await controller.execute(command, timeout=timeout_s)
+            if result.get("returncode", 0) != 0:
+                log.debug("action %s exited %s: %s", command, result.get("returncode"), result.get("error"))
+    return time.perf_counter() - t0
+
+
+def load_task(task: Task | dict | str | Path) -> Task:
+    """A Task from a Task (returned as is), an OSWorld task dict, a task file path, or a built-in task id.
+
+    Raises:
+        TaskFormatError: an invalid dict or file, or a string that is neither a file nor a built-in id (the
+            message lists the built-in ids).
+        TypeError: any other type.
+    """
+    if isinstance(task, Task):
+        return task
+    if isinstance(task, dict):
+        return Task.from_dict(task, check_names=True)
+    if isinstance(task, (str, Path)):
+        if Path(task).is_file():
+            return load_task_file(task)
+        builtin = {t.id: t for t in load_tasks(BUILTIN_DIR)}
+        if str(task) in builtin:
+            return builtin[str(task)]
+        raise TaskFormatError(f"{str(task)!r} is neither a task file nor a built-in task id "
+                              f"(built-in: {', '.join(sorted(builtin))})")
+    raise TypeError(f"a task is a Task, a task dict, a file path or a built-in id; got {type(task).__name__}")
 
 
 def add_screenshot(screenshots: list[bytes], shot: bytes) -> int:

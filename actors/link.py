@@ -12,6 +12,9 @@ Invariants:
   ``resend_after_s`` (a full ROUTER queue drops replies silently); the learner answers a repeat with the same
   assignment, or keeps it waiting;
 - nothing here blocks an EnvActor except the bounded outbox (backpressure) and waiting for work.
+
+A LearnerLink is the run's ``actors.env_actor.WorkSource`` and an ``actors.sinks.TrajectorySink``
+(``EpisodeRunner.run_task(..., sink=link)`` sends a trajectory to the learner).
 """
 
 from __future__ import annotations

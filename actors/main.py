@@ -16,7 +16,6 @@ import logging
 import os
 import socket
 import sys
-from pathlib import Path
 
 import zmq.asyncio
 
@@ -27,8 +26,9 @@ from actors.env_actor import EnvActor
 from actors.episode import EpisodeRunner
 from actors.link import LearnerLink
 from actors.osworld.downloads import run_download_cache
-from actors.policy_client import PolicyClient, RetryPolicy
+from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.config import ConfigError, RunConfig, load_config
+from arpo_async.config_doc import add_config_arguments
 from arpo_async.model.inputs import PromptEncoder
 from arpo_async.process import run_until_signal, setup_logging
 from arpo_async.transport import SocketPump, dealer_socket
@@ -98,13 +98,13 @@ async def cancel_on_shutdown(link: LearnerLink, rollouts: list[asyncio.Task]) ->
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="arpo-actors", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, help="run TOML file (see arpo_async.config)")
+    parser = argparse.ArgumentParser(
+        prog="arpo-actors", description="Environment actors: N docker desktops, each running episodes the learner "
+        "hands out (policy replies from the inference servers) and sending the trajectories back over ZeroMQ.")
+    add_config_arguments(parser, ("", "actors", "transport", "learner", "serve"))
     parser.add_argument("--actors", type=int, help="EnvActors in this process (overrides actors.actors)")
     parser.add_argument("--actor-id", default=f"{socket.gethostname()}-{os.getpid()}",
                         help="this process's id (its ZeroMQ routing id); default host-pid")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key, e.g. --set actors.max_steps=10 (repeatable)")
     return parser.parse_args(argv)
 
 

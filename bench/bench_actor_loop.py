@@ -113,7 +113,7 @@ class FixedLatencyPolicy:
     """Quacks like PolicyClient.generate: waits ``latency_s``, returns a valid UI-TARS click."""
 
     def __init__(self, latency_s: float, output_ids: list[int]) -> None:
-        from actors.policy_client import Generation
+        from arpo_async.inference_client import Generation
 
         self._generation = Generation
         self.latency_s = latency_s

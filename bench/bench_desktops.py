@@ -89,7 +89,7 @@ async def bench_reset_pool(fleet: DesktopFleet, n: int, spares: int) -> list[flo
     """Seconds for release + acquire from a pool with ``spares`` warm spares (refilled between episodes; with
     0 spares the acquire waits for a boot while the used desktop is removed in the background)."""
     out = []
-    async with DesktopPool(fleet, warm_spares=spares) as pool:
+    async with DesktopPool(fleet, warm_spares=spares, max_episodes=1) as pool:  # a fresh container per episode
         await pool.wait_spares()
         d = await pool.acquire()
         for _ in range(n):

@@ -175,7 +175,7 @@ def time_ranks(model: Path, ranks: int, repeats: int, device: str, threads: int)
 
 async def time_publish(model: Path, repeats: int, work: Path) -> tuple[list[float], list[float]]:
     """Seconds of one publication to a real arpo-serve: disk (save + load) and distributed (gather + broadcast)."""
-    from actors.policy_client import PolicyClient
+    from arpo_async.inference_client import PolicyClient
     from arpo_cli.launcher import spawn, wait_healthy
     from learner.publisher import DistributedPublisher, WeightPublisher
     from learner.trainer import Trainer, TrainerConfig

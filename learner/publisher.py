@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from actors.policy_client import PolicyClient, PolicyRequestError, PolicyUnavailable
+from arpo_async.inference_client import PolicyClient, PolicyRequestError, PolicyUnavailable
 from arpo_async.weight_sync import WeightGroup, WeightGroupError, dtype_name
 
 log = logging.getLogger("arpo.learner.publish")
@@ -72,7 +72,7 @@ class WeightPublisher:
 
         Raises:
             PublishError: a server answered success=false; the message names it.
-            actors.policy_client.PolicyUnavailable: a server stayed unreachable.
+            arpo_async.inference_client.PolicyUnavailable: a server stayed unreachable.
         """
         started = time.perf_counter()
         path = str(self.folder(version).resolve())

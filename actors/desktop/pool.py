@@ -38,8 +38,12 @@ from typing import Self
 
 from actors.desktop.controller_client import DesktopError
 from actors.desktop.fleet import Desktop, DesktopFleet
+from arpo_async.config import ActorConfig
 
 log = logging.getLogger(__name__)
+
+_DEFAULTS = ActorConfig()
+"""The run config's defaults: a pool built without arguments behaves as ``arpo run`` configures it."""
 
 
 class DesktopPool:
@@ -47,6 +51,10 @@ class DesktopPool:
 
     Use as ``async with DesktopPool(fleet) as pool: d = await pool.acquire(); ...; await pool.release(d)``,
     or call :meth:`start` and :meth:`close` yourself. Must be used from one event loop.
+
+    Defaults of the arguments that are run-config keys (warm_spares, max_concurrent_starts, start_attempts =
+    ``actors.desktop_start_attempts``, health_interval_s = ``actors.desktop_health_interval_s``, max_episodes =
+    ``actors.desktop_max_episodes``) are that key's default in :class:`arpo_async.config.ActorConfig`.
 
     Args:
         fleet: starts and removes the containers (its ``start`` returns only healthy desktops).
@@ -62,9 +70,11 @@ class DesktopPool:
         reset_timeout_s: deadline of one /reset call (seconds); no answer in time = the desktop is replaced.
     """
 
-    def __init__(self, fleet: DesktopFleet, *, warm_spares: int = 2, max_concurrent_starts: int = 2,
-                 start_attempts: int = 3, retry_base_s: float = 1.0, retry_max_s: float = 10.0,
-                 health_interval_s: float = 10.0, health_timeout_s: float = 5.0, max_episodes: int = 1,
+    def __init__(self, fleet: DesktopFleet, *, warm_spares: int = _DEFAULTS.warm_spares,
+                 max_concurrent_starts: int = _DEFAULTS.max_concurrent_starts,
+                 start_attempts: int = _DEFAULTS.desktop_start_attempts, retry_base_s: float = 1.0,
+                 retry_max_s: float = 10.0, health_interval_s: float = _DEFAULTS.desktop_health_interval_s,
+                 health_timeout_s: float = 5.0, max_episodes: int = _DEFAULTS.desktop_max_episodes,
                  reset_timeout_s: float = 30.0) -> None:
         if warm_spares < 0 or max_concurrent_starts < 1 or start_attempts < 1 or max_episodes < 1:
             raise ValueError("need warm_spares >= 0, max_concurrent_starts >= 1, start_attempts >= 1 and "

@@ -34,7 +34,7 @@ from actors.desktop.pool import DesktopPool
 from actors.env_actor import EnvActor
 from actors.episode import EpisodeRunner
 from actors.link import LearnerLink
-from actors.policy_client import PolicyClient, RetryPolicy
+from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.config import ActorConfig, TransportConfig
 from arpo_async.messages import Outcome, Trajectory
 from arpo_async.model.inputs import PromptEncoder

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.policy_client import (
+from arpo_async.inference_client import (
     Generation,
     PolicyClient,
     PolicyRequestError,

@@ -41,7 +41,7 @@ async def fleet(desktop_image):
 
 
 async def test_warm_spare_is_handed_out_at_once_and_refilled(fleet):
-    async with DesktopPool(fleet, warm_spares=2, max_concurrent_starts=2) as pool:
+    async with DesktopPool(fleet, warm_spares=2, max_concurrent_starts=2, max_episodes=1) as pool:
         async with asyncio.timeout(BOOT_DEADLINE_S):
             await pool.wait_spares()
         spares = {d.container_id for d in pool.spares}

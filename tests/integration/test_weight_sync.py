@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from actors.policy_client import PolicyClient, RetryPolicy
+from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.model.init_model import create_tiny_model
 from arpo_async.model.inputs import PromptEncoder
 from learner.publisher import DistributedPublisher, WeightPublisher

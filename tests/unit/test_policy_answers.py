@@ -3,7 +3,7 @@ against the real arpo-serve in tests/integration/test_policy_client.py)."""
 
 import pytest
 
-from actors.policy_client import PolicyRequestError, _parse_generation
+from arpo_async.inference_client import PolicyRequestError, _parse_generation
 
 
 def _ok(n: int = 3, **meta) -> dict:

@@ -1,6 +1,7 @@
 """HTTP client for inference servers that speak SGLang's native API (SGLang itself, or arpo-serve).
 
-Role: all HTTP to inference servers lives here. Actors call ``generate``; the learner's weight publisher calls
+Role: all HTTP to inference servers lives here, in the shared contract, because both roles use it: actors call
+``generate`` (``PolicyClient`` is one implementation of ``actors.policy.Policy``); the learner's weight publisher calls
 ``pause_generation`` -> ``update_weights_from_disk`` -> ``continue_generation`` on each server directly
 (REFERENCE.md section 4: pause and weight calls never go through a router).
 
@@ -28,6 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import aiohttp
+
+from arpo_async.config import ActorConfig
+
+_ACTOR_DEFAULTS = ActorConfig()
+"""The run config's defaults (actors.policy_attempts, actors.policy_max_wait_s): the library uses the same."""
 
 SGLANG_INITIAL_VERSION = "default"
 """SGLang's ``weight_version`` before any update names one; read as policy version 0."""
@@ -69,12 +75,12 @@ class RetryPolicy:
     out server restarts at the price of actors waiting longer before reporting ABORTED.
     """
 
-    attempts: int = 8
-    """Tries per call, the first included (>= 1)."""
+    attempts: int = _ACTOR_DEFAULTS.policy_attempts
+    """Tries per call, the first included (>= 1); default: the run config's ``actors.policy_attempts``."""
     base_delay_s: float = 0.25
     """Wait after the first failure, seconds."""
-    max_delay_s: float = 4.0
-    """Cap on any single wait, seconds."""
+    max_delay_s: float = _ACTOR_DEFAULTS.policy_max_wait_s
+    """Cap on any single wait, seconds; default: the run config's ``actors.policy_max_wait_s``."""
     request_timeout_s: float = 600.0
     """Whole-request timeout for /generate, seconds (a long multi-image generation on a busy server)."""
     connect_timeout_s: float = 5.0
