@@ -17,8 +17,9 @@ def run_until_signal(coro: Coroutine[Any, Any, Any], name: str) -> int:
     """Run ``coro`` as the process's one event loop; SIGINT / SIGTERM cancel it so its ``finally`` blocks run.
 
     Returns:
-        0 when the coroutine finished or was stopped by a signal; 1 when it raised (the error is logged with
-        its type and message, and every sub-exception of an ExceptionGroup is listed).
+        0 when the coroutine finished or was stopped by a signal; 1 when it raised: the error is logged at
+        ERROR with its type, message and traceback (every sub-exception of an ExceptionGroup on its own), so
+        the process's log, and `arpo run`'s message that quotes the log's last lines, show where it failed.
     """
     log = logging.getLogger(name)
 
@@ -37,13 +38,18 @@ def run_until_signal(coro: Coroutine[Any, Any, Any], name: str) -> int:
         return asyncio.run(runner())
     except BaseExceptionGroup as group:
         for exc in _leaves(group):
-            log.error("%s failed: %s: %s", name, type(exc).__name__, exc)
-            log.debug("".join(traceback.format_exception(exc)))
+            _log_crash(log, name, exc)
         return 1
     except Exception as exc:  # noqa: BLE001 - the process boundary: report and exit non-zero
-        log.error("%s failed: %s: %s", name, type(exc).__name__, exc)
-        log.debug("".join(traceback.format_exception(exc)))
+        _log_crash(log, name, exc)
         return 1
+
+
+def _log_crash(log: logging.Logger, name: str, exc: BaseException) -> None:
+    """One ERROR record: the traceback first, then ``<name> failed: <type>: <message>`` as the last line (the
+    line a reader of the log's tail sees)."""
+    trace = "".join(traceback.format_exception(exc)).rstrip()
+    log.error("%s\n%s failed: %s: %s", trace, name, type(exc).__name__, exc)
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:

@@ -145,7 +145,7 @@ class LiveLine:
         self.live.start()
 
     def update(self, line: str, now: float, *, force: bool = False) -> None:
-        self.live.update(self._text(line, no_wrap=True, overflow="ellipsis"), refresh=True)
+        self.live.update(self._text(line), refresh=True)  # wraps on a narrow terminal; redrawn whole
 
     def say(self, text: str) -> None:
         self.console.print(self._text(text))

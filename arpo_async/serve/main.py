@@ -143,9 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `arpo-serve`."""
     config = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = Engine(config.model, seed=config.seed, weight_version=config.weight_version,
-                    logprob_mode=config.logprob_mode, jump_forward=config.jump_forward)
-    asyncio.run(serve(config, engine))
+    try:
+        engine = Engine(config.model, seed=config.seed, weight_version=config.weight_version,
+                        logprob_mode=config.logprob_mode, jump_forward=config.jump_forward)
+        asyncio.run(serve(config, engine))
+    except Exception as exc:  # noqa: BLE001 - the process boundary: traceback at ERROR, exit 1 (as run_until_signal)
+        logging.getLogger("arpo-serve").exception("arpo-serve failed: %s: %s", type(exc).__name__, exc)
+        return 1
     return 0
 
 

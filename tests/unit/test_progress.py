@@ -1,0 +1,83 @@
+"""`arpo run`'s progress display (arpo_cli.progress) and crash reports: plain lines are rate-limited, a live line
+is redrawn in place, and a real child process that crashes logs its traceback at ERROR, which
+arpo_cli.launcher.crash_excerpt quotes."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+from arpo_async.config import load_config
+from arpo_async.metrics import MetricsWriter
+from arpo_cli.launcher import crash_excerpt, spawn
+from arpo_cli.progress import LiveLine, PlainLines, TrajectoryRate, open_display, progress_line
+
+
+def test_trajectory_rate_is_per_minute_over_the_last_window():
+    rate = TrajectoryRate(window_s=60.0)
+    assert rate.add(0.0, 0) == 0.0  # one sample: no rate yet
+    assert rate.add(30.0, 10) == 20.0
+    assert rate.add(90.0, 40) == 30.0  # the sample at 0 s fell out: 30 trajectories in the last 60 s
+    assert rate.add(95.0, 0) == 0.0  # a restarted learner's total starts again: never negative
+
+
+def test_plain_lines_are_rate_limited_but_never_silent():
+    out = io.StringIO()
+    plain = PlainLines(out, every_s=5.0, heartbeat_s=30.0)
+    plain.update("[ 0s] step 0", now=0.0)
+    plain.update("[ 1s] step 0", now=1.0)  # unchanged
+    plain.update("[ 2s] step 1", now=2.0)  # changed, but too soon
+    plain.update("[ 6s] step 1", now=6.0)  # changed since the last printed line, 6 s later
+    plain.update("[40s] step 1", now=40.0)  # unchanged, but 34 s of silence
+    plain.update("[41s] step 2", now=41.0, force=True)  # the final line
+    assert out.getvalue().splitlines() == ["[ 0s] step 0", "[ 6s] step 1", "[40s] step 1", "[41s] step 2"]
+
+
+def test_a_live_line_is_redrawn_and_messages_stay():
+    out = io.StringIO()
+    live = LiveLine(out)
+    live.update("step 1/5 version 1", now=0.0)
+    live.say("arpo-serve ready")
+    live.update("step 2/5 version 2", now=1.0)
+    live.close()
+    text = out.getvalue()
+    assert "arpo-serve ready" in text and "step 2/5 version 2" in text
+    assert isinstance(open_display(io.StringIO()), PlainLines)  # not a terminal
+
+
+def test_progress_line_shows_rate_lag_and_desktops_busy(tmp_path):
+    config = load_config(None, [f'run_dir="{tmp_path}"', "learner.steps=5", "actors.actors=8"])
+    metrics = MetricsWriter(tmp_path / "metrics.jsonl")
+    metrics.write({"step": 1, "policy_version": 1, "trajectories": 8, "success_rate": 0.25, "reward_mean": 0.1,
+                   "loss": 0.0123, "replay_injections": 0, "staleness_mean": 0.5, "wall_s": 9.0})
+    metrics.close()
+    status = {"policy_version": 1, "trajectories": 10, "running": 5, "queues": {"actor_running": 6},
+              "outcomes": {"SUCCESS": 2, "FAILURE": 8}}
+    (tmp_path / "status.json").write_text(json.dumps(status))
+    rate = TrajectoryRate()
+    progress_line(config, started=0.0, rate=rate, now=0.0)
+    status["trajectories"] = 20
+    (tmp_path / "status.json").write_text(json.dumps(status))
+    line = progress_line(config, started=0.0, rate=rate, now=30.0)
+    assert "step 1/5 version 1 | trajectories 20 (20.0/min)" in line
+    assert "success 0.25 (last 10 steps 0.25) loss 0.0123 lag 0.50 | desktops 6/8 busy" in line
+    assert line.endswith("failure=8 success=2") and "\n" not in line
+
+
+def test_a_crashed_child_logs_its_traceback_at_error_and_the_excerpt_quotes_it(tmp_path):
+    log = tmp_path / "learner.log"
+    log.write_text("".join(f"earlier line {i}\n" for i in range(200)))
+    proc = spawn([sys.executable, "-m", "learner.main", "--set", f'run_dir="{tmp_path / "run"}"',
+                  "--set", 'learner.task_ids=["no-such-task"]', "--set", 'transport.endpoint="tcp://127.0.0.1:0"'],
+                 log)
+    assert proc.wait(timeout=300) == 1
+    text = log.read_text()
+    assert "arpo-learner ERROR Traceback (most recent call last):" in text
+    excerpt = crash_excerpt(log)
+    lines = excerpt.splitlines()
+    assert lines[:2] == ["earlier line 198", "earlier line 199"]  # 2 lines of context before the traceback
+    assert "Traceback (most recent call last):" in lines[2]
+    assert "in select_tasks" in excerpt
+    assert lines[-1] == "arpo-learner failed: ValueError: no task matches learner.task_ids=['no-such-task']"
+    assert crash_excerpt(tmp_path / "missing.log") == ""
