@@ -13,6 +13,9 @@ TOML layout (every section and key optional)::
     [serve]      port = 30000 ...
 
 CLI overrides use dotted keys: ``--set learner.lr=1e-3 --set actors.max_steps=5``.
+Every field needs an attribute docstring (the string right below it): `arpo config show` prints it as the key's
+documentation (arpo_async.config_doc reads them from this source) and tests/unit/test_config_show.py fails
+without one.
 """
 
 from __future__ import annotations
@@ -196,12 +199,19 @@ class LearnerConfig:
     """Write a resumable checkpoint to <run>/checkpoints every this many optimizer steps (0 = never)."""
     keep_checkpoints: int = 2
     """Checkpoints kept on disk (older ones are deleted after a new one is complete)."""
+    tensorboard: bool = True
+    """Also write every metrics.jsonl number to TensorBoard event files in <run>/tb/ (`tensorboard --logdir`)."""
     stratified: bool = True
     """Each optimizer step's groups cover distinct tasks where the ready groups allow it (the oldest group of
     each task first), so one step is not dominated by whichever task was drawn twice; false = oldest groups first."""
     mask_forced_tokens: bool = True
     """Leave tokens the action grammar forced (fixed text such as "Action: click(") out of the loss: they are not
     the policy's choice. Found from the tokens and the trajectory's grammar, alike for SGLang and arpo-serve."""
+    sample_trajectories: float = 0.05
+    """Fraction of received trajectories kept with their screenshots in <run>/trajectories for `arpo view` (chosen by
+    a hash of the trajectory id; 0 = none). Every task's first success is kept besides (learner.trajectory_sample)."""
+    sample_disk_mb: float = 200.0
+    """Disk budget of <run>/trajectories in MiB: beyond it the oldest samples are deleted (first successes never)."""
 
     def __post_init__(self) -> None:
         _require(self.schedule in ("async", "lockstep"), "learner.schedule", "must be 'async' or 'lockstep'")
@@ -247,6 +257,8 @@ class LearnerConfig:
         _require(self.task_revisit_every >= 0, "learner.task_revisit_every", "must be >= 0 (0 = never)")
         _require(0 <= self.task_revisit_prob <= 1, "learner.task_revisit_prob", "must be in [0, 1]")
         _require(self.keep_weights >= 1, "learner.keep_weights", "must be >= 1")
+        _require(0 <= self.sample_trajectories <= 1, "learner.sample_trajectories", "must be in [0, 1]")
+        _require(self.sample_disk_mb > 0, "learner.sample_disk_mb", "must be > 0")
 
     @property
     def batch_trajectories(self) -> int:
@@ -509,14 +521,15 @@ def dump_toml(config: RunConfig) -> str:
         if isinstance(value, dict):
             nested.append((key, value))
         else:
-            lines.append(f"{key} = {_toml_value(value)}")
+            lines.append(f"{key} = {toml_value(value)}")
     for section, values in nested:
         lines.append(f"\n[{section}]")
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in values.items())
+        lines.extend(f"{k} = {toml_value(v)}" for k, v in values.items())
     return "\n".join(lines) + "\n"
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """One value as a TOML literal (bool, int, float, str, list/tuple of these). Raises ConfigError otherwise."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -524,5 +537,5 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     raise ConfigError(f"cannot write {value!r} as TOML")

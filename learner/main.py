@@ -41,8 +41,9 @@ import torch
 import torch.distributed as dist
 import zmq.asyncio
 
-from actors.policy_client import PolicyClient
 from arpo_async.config import ConfigError, LearnerConfig, RunConfig, load_config
+from arpo_async.config_doc import add_config_arguments
+from arpo_async.inference_client import PolicyClient
 from arpo_async.process import run_until_signal, setup_logging
 from arpo_async.messages import Outcome
 from arpo_async.metrics import MetricsWriter
@@ -50,6 +51,7 @@ from arpo_async.tasks import Task, load_tasks
 from arpo_async.transport import SocketPump, exposure_warning, router_socket, start_authenticator
 from learner.batcher import Batcher, ScoredGroup, train_samples
 from learner.forced_tokens import ForcedTokens
+from learner.trajectory_sample import TrajectorySampler
 from learner.checkpoint import Checkpointer, capture, checkpoint_folders, reconcile_metrics, restore
 from learner.publisher import DistributedPublisher, WeightPublisher
 from learner.replay import ReplayBuffer, make_replay
@@ -137,14 +139,17 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
                       on_error=lambda p, r: service.on_bad(p, r, kind="handler"))
     service = LearnerService(pump, scheduler, admission, batcher, learner_id=learner_id, selector=selector,
                              vocab_size=trainer.model.config.text_config.vocab_size,
-                             peer_timeout_s=config.transport.peer_timeout_s)
+                             peer_timeout_s=config.transport.peer_timeout_s,
+                             sampler=TrajectorySampler(config.run_path / "trajectories", rate=lc.sample_trajectories,
+                                                       disk_mb=lc.sample_disk_mb))
     metrics: MetricsWriter | None = None
     try:
         forced = (ForcedTokens(config.model_path, trainer.model.config.text_config.vocab_size)
                   if lc.mask_forced_tokens else None)
         loop = TrainingLoop(service, trainer, publisher, checkpointer, replay, lc, forced=forced)
         await loop.resume(config.run_path / "metrics.jsonl")
-        metrics = loop.metrics = MetricsWriter(config.run_path / "metrics.jsonl")
+        metrics = loop.metrics = MetricsWriter(config.run_path / "metrics.jsonl",
+                                               tensorboard=config.run_path / "tb" if lc.tensorboard else None)
         log.info("learner %s on %s (%s): %d tasks, G=%d, B=%d, eta=%d, from step %d / version %d",
                  learner_id, config.transport.endpoint, lc.schedule, len(tasks), lc.group_size,
                  lc.batch_trajectories, lc.max_staleness, service.step, service.version)
@@ -511,7 +516,9 @@ def step_record(step: int, version: int, batch: list[ScoredGroup], stats: dict[s
                 **extra: Any) -> dict[str, Any]:
     """One metrics.jsonl record. success_rate (and task_success, family_success) is over every trainable
     trajectory received since the last training batch (``window``); staleness_* is the policy lag of the batch's
-    fresh rollouts (replayed successes are old by design and left out); ``extra`` adds schedule-level counters."""
+    fresh rollouts (replayed successes are old by design and left out); stage_s is p50/p95 of the window's per-stage
+    timings (arpo_async.stage_timings) and queues the service's queue depths now; ``extra`` adds schedule-level
+    counters."""
     rewards = [r for g in batch for r in g.rewards]
     lags = [lag for g in batch for lag in g.fresh_policy_lag] or [0]
     return {
@@ -530,15 +537,17 @@ def step_record(step: int, version: int, batch: list[ScoredGroup], stats: dict[s
         "task_selection": service.selector.stats() if service.selector is not None else {},
         "outcomes": dict(window.outcomes), "drops": dict(service.batcher.drops), "totals": dict(service.totals),
         "rejections": dict(service.rejections),
+        "stage_s": window.stages.summary(), "queues": service.queue_depths(),
         "wall_s": round(wall_s, 3), **extra,
     }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="arpo-learner", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, help="run TOML file (see arpo_async.config)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key, e.g. --set learner.steps=10 (repeatable)")
+    parser = argparse.ArgumentParser(
+        prog="arpo-learner", description="The GRPO learner: hands out rollouts to arpo-actors over ZeroMQ, trains "
+        "on their trajectories, publishes weights to the inference servers and writes <run_dir>/metrics.jsonl. "
+        "Under torchrun (`torchrun --nproc-per-node N -m learner.main ...`) it trains with N ranks.")
+    add_config_arguments(parser, ("", "learner", "transport", "actors", "serve"))
     return parser.parse_args(argv)
 
 

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from arpo_async.messages import (Ack, Assignment, Heartbeat, Hello, LearnerStatus, Outcome, Reject, Shutdown,
                                  Trajectory, WorkRequest)
+from arpo_async.stage_timings import StageTimings
 from arpo_async.tasks import Task
 from arpo_async.transport import Envelope, SocketPump
 from arpo_async.validation import (InvalidMessage, WireLimits, check_hello, check_trajectory,
@@ -35,6 +36,7 @@ from arpo_async.validation import (InvalidMessage, WireLimits, check_hello, chec
 from learner.batcher import Batcher
 from learner.scheduler import GroupScheduler
 from learner.task_selection import BaselinePass, TaskSelector, trainable_scores
+from learner.trajectory_sample import TrajectorySampler
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,8 @@ class WindowStats:
     """Task id -> outcome name -> trajectories received."""
     families: dict[str, str] = field(default_factory=dict)
     """Task id -> its family (``arpo_async.tasks.Task.family``), for every task counted."""
+    stages: StageTimings = field(default_factory=StageTimings)
+    """Stage timings of every trajectory received (metrics.jsonl ``stage_s``)."""
 
     def record(self, task: Task, outcome: str) -> None:
         """Count one received trajectory of ``task`` with ``outcome`` (an Outcome value)."""
@@ -75,6 +79,7 @@ class WindowStats:
         """The counts so far; this window starts again from zero."""
         taken, fresh = replace(self), WindowStats()
         self.outcomes, self.task_outcomes, self.families = fresh.outcomes, fresh.task_outcomes, fresh.families
+        self.stages = fresh.stages
         return taken
 
 
@@ -101,13 +106,17 @@ class LearnerService:
         batcher: scores complete groups.
         version: the current policy version (a resumed learner passes the checkpoint's).
         learner_id: this learner's id, announced in LearnerStatus; a new random one when None.
+        sampler: keeps a sample of received trajectories with their screenshots (learner.trajectory_sample).
     """
 
     def __init__(self, pump: SocketPump, scheduler: GroupScheduler, admission: Admission,
                  batcher: Batcher, *, version: int = 0, learner_id: str | None = None,
                  selector: TaskSelector | None = None, vocab_size: int | None = None,
-                 limits: WireLimits = WireLimits(), peer_timeout_s: float = 30.0) -> None:
+                 limits: WireLimits = WireLimits(), peer_timeout_s: float = 30.0,
+                 sampler: TrajectorySampler | None = None) -> None:
         self.pump = pump
+        self.sampler = sampler
+        """Keeps a sample of the trajectories with their screenshots for `arpo view` (None: none kept)."""
         self.peer_timeout_s = peer_timeout_s
         """A peer not heard from for this long (heartbeats come every transport.heartbeat_s) is forgotten: its
         waiting requests are dropped and its running rollouts handed out again at once."""
@@ -115,6 +124,8 @@ class LearnerService:
         """Rollout slots each peer announced in its Hello: the most requests it may have waiting or running."""
         self.assigned: dict[tuple[str, int], str] = {}
         """Running rollout (group id, rollout index) -> the peer it was handed to."""
+        self.actor_queues: dict[str, tuple[int, int, int]] = {}
+        """Peer -> (running, waiting, unacked) from its last Heartbeat (see :meth:`queue_depths`)."""
         self.vocab_size = vocab_size
         """The policy's vocabulary: token ids of trajectories must lie in [0, vocab_size) (None: not checked)."""
         self.limits = limits
@@ -164,6 +175,8 @@ class LearnerService:
             return
         if isinstance(message, Hello):
             self.peer_slots[peer] = message.slots
+        if isinstance(message, Heartbeat):
+            self.actor_queues[peer] = (message.running, message.waiting, message.unacked)
         if isinstance(message, (Hello, Heartbeat)):
             await self.pump.send(LearnerStatus(self.learner_id, self.version), peer)
         elif isinstance(message, WorkRequest):
@@ -281,7 +294,11 @@ class LearnerService:
             return
         self.totals["from_desktop"] += bool(traj.desktop)
         self.totals["desktop_busy_s"] += traj.timings.get("episode_s", 0.0)  # for desktop utilisation
-        self.window.record(self.scheduler.running_task(traj.group_id, traj.rollout_index), traj.outcome)
+        task = self.scheduler.running_task(traj.group_id, traj.rollout_index)
+        self.window.record(task, traj.outcome)
+        self.window.stages.add(traj)
+        if self.sampler is not None:
+            await self.sampler.offer(traj, task, step=self.step, version=self.version)
         self.totals[traj.outcome] += 1
         self.totals["trajectories"] += 1
         group = self.scheduler.on_trajectory(traj)
@@ -368,6 +385,17 @@ class LearnerService:
                 f"the last step, {flat} groups without a reward difference; nothing to learn from. Consider a "
                 "baseline pass (learner.baseline_k) or easier tasks")
 
+    def queue_depths(self) -> dict[str, int]:
+        """Queue depths now (metrics.jsonl ``queues``): the learner's ``waiting_requests`` (work requests not yet
+        admitted), ``running`` (rollouts out), ``ready_groups`` (scored groups not yet trained on), ``outbox``
+        (messages queued for the socket), and, summed over the actors heard from, their last Heartbeat's
+        ``actor_running``, ``actor_waiting`` and ``actor_unacked`` (trajectories not yet acked)."""
+        heard = [q for peer, q in self.actor_queues.items() if peer in self.actors]
+        return {"waiting_requests": len(self.waiting), "running": self.admission.running,
+                "ready_groups": len(self.batcher.ready), "outbox": self.pump.outbox.qsize(),
+                "actor_running": sum(q[0] for q in heard), "actor_waiting": sum(q[1] for q in heard),
+                "actor_unacked": sum(q[2] for q in heard)}
+
     def status(self) -> dict:
         """A snapshot for progress displays (written to <run>/status.json by the learner)."""
         return {"learner_id": self.learner_id, "policy_version": self.version, "stall": self.stall,
@@ -377,6 +405,7 @@ class LearnerService:
                 "waiting_requests": len(self.waiting), "actors": len(self.actors),
                 "outcomes": {k: v for k, v in self.totals.items() if k.isupper()},
                 "drops": dict(self.batcher.drops), "ready_groups": len(self.batcher.ready),
+                "queues": self.queue_depths(),
                 "totals": dict(self.totals), "wall_s": round(time.monotonic() - self.started, 3),
                 **({"baseline": {"groups_recorded": self.baseline.recorded_groups,
                                  "groups_planned": self.baseline.planned_groups}} if self.baseline else {})}

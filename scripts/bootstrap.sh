@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine (root, no GPU) for arpo-async; safe to run again (skips what is done).
-#   1. Debian packages: docker.io (the engine), debootstrap (builds the desktop image without a registry)
+#   1. Debian packages: docker.io (the engine), debootstrap (builds the desktop image without a registry),
+#      chromium (tests/integration/test_viewer.py renders `arpo view`'s page in headless Chromium)
 #   2. the Docker engine, started in the background if it is not answering
 #   3. Python packages: torch 2.13.0 (CPU build), then this project with its test extras
 #   4. the desktop image arpo-desktop:<version>, built locally if missing (not the ~2 GB osworld image: build
@@ -9,11 +10,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf '[bootstrap] %s\n' "$*"; }
 
-if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
-  say "installing docker.io and debootstrap"
+if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null || ! command -v chromium >/dev/null; then
+  say "installing docker.io, debootstrap and chromium"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq docker.io debootstrap >/dev/null
+  apt-get install -y -qq docker.io debootstrap chromium >/dev/null
 fi
 
 if ! docker info >/dev/null 2>&1; then
@@ -33,5 +34,5 @@ say "installing arpo-async and its test tools"
 command -v pyenv >/dev/null && pyenv rehash || true
 
 say "building the desktop image if missing"
-"$PY" -m arpo_async.cli desktop build
+"$PY" -m arpo_cli.cli desktop build
 say "ready"

@@ -1,0 +1,147 @@
+"""The trajectory viewer's page, from sample folders written by the learner's real sampler, and its server."""
+
+import asyncio
+import html.parser
+import json
+import re
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from arpo_async.messages import Outcome
+from arpo_async.viewer import ViewerError, curve_svg, make_server, marks_svg, render_page, write_page
+from learner.trajectory_sample import TrajectorySampler
+from tests.unit.test_trajectory_sample import TASK, trajectory
+
+
+class Elements(html.parser.HTMLParser):
+    """Counts start tags and classes; collects img sources and the text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: dict[str, int] = {}
+        self.classes: dict[str, int] = {}
+        self.images: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags[tag] = self.tags.get(tag, 0) + 1
+        attrs = dict(attrs)
+        for name in (attrs.get("class") or "").split():
+            self.classes[name] = self.classes.get(name, 0) + 1
+        if tag == "img":
+            self.images.append(attrs["src"])
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse(page: str) -> Elements:
+    parser = Elements()
+    parser.feed(page)
+    return parser
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    run = tmp_path / "demo"
+    sampler = TrajectorySampler(run / "trajectories", rate=1.0, disk_mb=10)
+    asyncio.run(sampler.offer(trajectory("win", Outcome.SUCCESS), TASK, step=1, version=1))
+    asyncio.run(sampler.offer(trajectory("lose"), TASK, step=2, version=2))
+    records = [{"step": s, "wall_s": 10.0 * s, "success_rate": r, "reward_mean": r, "policy_version": s}
+               for s, r in [(1, 0.25), (2, 0.5), (3, 0.75)]]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run
+
+
+def test_page_shows_episodes_screenshots_marks_and_curves(run_dir):
+    page = render_page(run_dir)
+    found = parse(page)
+    assert found.classes["episode"] == 2 and found.classes["step"] == 4
+    assert len(found.images) == 4 and all(src.startswith("trajectories/") for src in found.images)
+    assert all((run_dir / src).is_file() for src in found.images)
+    assert found.classes["mark-click"] == 2 and found.classes["mark-drag"] == 2
+    assert found.classes["curve"] == 2 and found.tags["polyline"] == 2
+    text = "".join(found.text)
+    assert "Click the red square." in text and "red is left" in text and "click(10,20)" in text
+    assert "first success" in text and "reward 1.00" in text and "policy v2" in text
+    assert not re.search(r'(src|href)="(https?:)?//', page) and "<script" not in page and "<link" not in page
+    # newest first
+    assert page.index('id="lose"') < page.index('id="win"')
+
+
+def test_marks_sit_in_screen_pixels(run_dir):
+    svg = marks_svg([{"kind": "click", "point": [10.0, 20.0]}, {"kind": "type", "point": None}], (64, 36))
+    assert 'viewBox="0 0 64 36"' in svg and 'cx="10.0" cy="20.0"' in svg and svg.count('class="mark ') == 1
+    assert marks_svg([{"kind": "hotkey", "point": None}], (64, 36)) == ""
+    assert marks_svg([{"kind": "click", "point": [1, 2]}], (0, 0)) == ""
+
+
+def test_text_from_the_run_is_escaped(tmp_path):
+    evil = TASK.__class__.from_dict({"id": "x-1", "instruction": "<script>alert(1)</script>", "config": [],
+                                     "evaluator": {"func": "infeasible"}})
+    sampler = TrajectorySampler(tmp_path / "trajectories", rate=1.0, disk_mb=10)
+    asyncio.run(sampler.offer(trajectory("t"), evil, step=0, version=0))
+    page = render_page(tmp_path)
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+def test_empty_or_missing_runs(tmp_path):
+    page = render_page(tmp_path)
+    assert "No sampled trajectories yet" in page and "no metrics.jsonl" in page
+    assert "no data" in curve_svg("x", [], [])
+    with pytest.raises(ViewerError, match="not a folder"):
+        render_page(tmp_path / "absent")
+    (tmp_path / "trajectories" / "broken").mkdir(parents=True)
+    (tmp_path / "trajectories" / "broken" / "record.json").write_text("{not json")
+    assert "skipped broken" in render_page(tmp_path)
+
+
+def test_page_written_elsewhere_links_back(run_dir, tmp_path):
+    (tmp_path / "pages").mkdir()
+    out = write_page(run_dir, tmp_path / "pages" / "demo.html")
+    images = parse(out.read_text()).images
+    assert images and all((out.parent / src).is_file() for src in images)
+    assert write_page(run_dir) == run_dir / "view.html"
+
+
+def test_server_serves_page_and_samples_only(run_dir):
+    server = make_server(run_dir, port=0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        page = urllib.request.urlopen(f"{base}/", timeout=10).read().decode()
+        src = parse(page).images[0]
+        assert urllib.request.urlopen(f"{base}/{src}", timeout=10).read() == (run_dir / src).read_bytes()
+        for path in ("/metrics.jsonl", "/trajectories/../metrics.jsonl"):
+            with pytest.raises(urllib.error.HTTPError) as denied:
+                urllib.request.urlopen(f"{base}{path}", timeout=10)
+            assert denied.value.code == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+    with pytest.raises(ViewerError, match="loopback"):
+        make_server(run_dir, port=0, host="0.0.0.0")
+
+
+def test_arpo_view_serve_command(run_dir):
+    """`arpo view RUN_DIR --serve --port 0`: writes the page, prints the URL, serves until stopped."""
+    proc = subprocess.Popen([sys.executable, "-m", "arpo_cli.cli", "view", str(run_dir), "--serve", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == str(run_dir / "view.html")
+        url = proc.stdout.readline().split()[1]  # "serving http://127.0.0.1:PORT/ (Ctrl-C stops)"
+        assert url.startswith("http://127.0.0.1:")
+        assert 'class="episode"' in urllib.request.urlopen(url, timeout=30).read().decode()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    bad = subprocess.run([sys.executable, "-m", "arpo_cli.cli", "view", str(run_dir / "absent")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "not a folder" in bad.stderr
