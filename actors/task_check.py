@@ -11,7 +11,8 @@ the folder (OSWorld's layout: ``examples/<domain>/<id>.json``, so the domain is 
    that neither the local mirror nor the network could serve), ``app_missing`` (a command the image lacks),
    else ``setup_failed``, with the step's error.
 3. **evaluate untouched**: :func:`actors.evaluation.evaluate` with no action taken (``last_action=None``),
-   as OSWorld scores an agent that did nothing. An error is ``eval_failed``; a score other than 0 is
+   as OSWorld scores an agent that did nothing. An error is ``needs_network`` / ``app_missing`` when that is
+   the cause (:func:`evaluate_failure_kind`), else ``eval_failed``; a score other than 0 is
    reported as ``scored_untouched`` (OSWorld's evaluator gives 0 to an untouched task, infeasible ones
    included: those score 1 only when the agent's last action is FAIL).
 
@@ -110,6 +111,15 @@ def setup_failure_kind(exc: BaseException) -> str:
     return "setup_failed"
 
 
+def evaluate_failure_kind(exc: BaseException) -> str:
+    """``needs_network`` or ``app_missing`` for an evaluation that failed for that reason (a postconfig step or
+    a ``cloud_file`` getter that needed a download, an app the image lacks), else ``eval_failed``."""
+    kind = getattr(exc, "kind", None)
+    if kind in ("needs_network", "app_missing"):
+        return kind
+    return "needs_network" if "needs network" in str(exc) else "eval_failed"
+
+
 def task_files(folder: str | Path) -> list[Path]:
     """Every ``*.json`` file under ``folder`` (recursively, sorted); raises FileNotFoundError when the folder
     does not exist and ValueError when it has none."""
@@ -165,7 +175,7 @@ async def _run_one(fleet: DesktopFleet, task: Task, report: TaskReport, download
             try:
                 score = await evaluate(desktop.controller, task, None, downloads)
             except (EvaluationError, TaskSetupError, DesktopError) as exc:
-                report.stage, report.reason, report.detail = "evaluate", "eval_failed", str(exc)
+                report.stage, report.reason, report.detail = "evaluate", evaluate_failure_kind(exc), str(exc)
                 return
             report.score = score
             if score != 0.0:

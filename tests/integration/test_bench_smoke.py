@@ -69,3 +69,10 @@ def test_probe_learning_two_steps(desktop_image):
 def test_fuzz_wire_smoke():
     figures = run_bench("fuzz_wire", "--cases", "500", timeout=120)
     assert figures["cases"] == "500" and figures["crashes"] == "0" and figures["wrong_accepts"] == "0"
+
+
+def test_osworld_coverage_quick():
+    """Our own OSWorld-format tasks in one default-image desktop: every one loads and gets a stage."""
+    figures = run_bench("osworld_coverage", "--quick", timeout=600)
+    assert int(figures["tasks"]) >= 7 and figures["load"] == figures["tasks"]
+    assert int(figures["evaluate"]) >= 1
