@@ -4,6 +4,7 @@ a run left, and polling with a deadline."""
 from __future__ import annotations
 
 import asyncio
+import html.parser
 import contextlib
 import json
 import os
@@ -111,3 +112,32 @@ async def local_http_server(routes: dict):
         yield site._server.sockets[0].getsockname()[1]
     finally:
         await runner.cleanup()
+
+
+class Elements(html.parser.HTMLParser):
+    """Counts start tags and classes; collects img sources and the text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: dict[str, int] = {}
+        self.classes: dict[str, int] = {}
+        self.images: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags[tag] = self.tags.get(tag, 0) + 1
+        attrs = dict(attrs)
+        for name in (attrs.get("class") or "").split():
+            self.classes[name] = self.classes.get(name, 0) + 1
+        if tag == "img":
+            self.images.append(attrs["src"])
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse_html(page: str) -> Elements:
+    """Parse an HTML page into an :class:`Elements` count."""
+    parser = Elements()
+    parser.feed(page)
+    return parser

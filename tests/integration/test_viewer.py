@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from arpo_async.viewer import make_server
-from tests.unit.test_viewer import Elements
+from tests.support import Elements
 
 pytestmark = pytest.mark.docker
 

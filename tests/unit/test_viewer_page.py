@@ -1,7 +1,6 @@
 """The trajectory viewer's page, from sample folders written by the learner's real sampler, and its server."""
 
 import asyncio
-import html.parser
 import json
 import re
 import subprocess
@@ -15,35 +14,8 @@ import pytest
 from arpo_async.messages import Outcome
 from arpo_async.viewer import ViewerError, curve_svg, make_server, marks_svg, render_page, write_page
 from learner.trajectory_sample import TrajectorySampler
+from tests.support import parse_html
 from tests.unit.test_trajectory_sample import TASK, trajectory
-
-
-class Elements(html.parser.HTMLParser):
-    """Counts start tags and classes; collects img sources and the text."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tags: dict[str, int] = {}
-        self.classes: dict[str, int] = {}
-        self.images: list[str] = []
-        self.text: list[str] = []
-
-    def handle_starttag(self, tag, attrs):
-        self.tags[tag] = self.tags.get(tag, 0) + 1
-        attrs = dict(attrs)
-        for name in (attrs.get("class") or "").split():
-            self.classes[name] = self.classes.get(name, 0) + 1
-        if tag == "img":
-            self.images.append(attrs["src"])
-
-    def handle_data(self, data):
-        self.text.append(data)
-
-
-def parse(page: str) -> Elements:
-    parser = Elements()
-    parser.feed(page)
-    return parser
 
 
 @pytest.fixture
@@ -60,7 +32,7 @@ def run_dir(tmp_path):
 
 def test_page_shows_episodes_screenshots_marks_and_curves(run_dir):
     page = render_page(run_dir)
-    found = parse(page)
+    found = parse_html(page)
     assert found.classes["episode"] == 2 and found.classes["step"] == 4
     assert len(found.images) == 4 and all(src.startswith("trajectories/") for src in found.images)
     assert all((run_dir / src).is_file() for src in found.images)
@@ -104,7 +76,7 @@ def test_empty_or_missing_runs(tmp_path):
 def test_page_written_elsewhere_links_back(run_dir, tmp_path):
     (tmp_path / "pages").mkdir()
     out = write_page(run_dir, tmp_path / "pages" / "demo.html")
-    images = parse(out.read_text()).images
+    images = parse_html(out.read_text()).images
     assert images and all((out.parent / src).is_file() for src in images)
     assert write_page(run_dir) == run_dir / "view.html"
 
@@ -116,7 +88,7 @@ def test_server_serves_page_and_samples_only(run_dir):
     base = f"http://127.0.0.1:{server.server_port}"
     try:
         page = urllib.request.urlopen(f"{base}/", timeout=10).read().decode()
-        src = parse(page).images[0]
+        src = parse_html(page).images[0]
         assert urllib.request.urlopen(f"{base}/{src}", timeout=10).read() == (run_dir / src).read_bytes()
         for path in ("/metrics.jsonl", "/trajectories/../metrics.jsonl"):
             with pytest.raises(urllib.error.HTTPError) as denied:
