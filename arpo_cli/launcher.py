@@ -199,7 +199,8 @@ def run_local(config: RunConfig, *, display: ProgressDisplay | None = None, resu
 
     ``resume``: continue the run in ``config.run_dir`` from its newest checkpoint (learner.steps counts all
     steps of the run, so raise it to train further). SIGTERM is handled like Ctrl-C: the children are stopped
-    and the run's containers removed.
+    and the run's containers removed; further Ctrl-C or SIGTERM during that cleanup are ignored, so it always
+    completes (children get SIGTERM, then SIGKILL after a grace period).
 
     Raises:
         RunError: the folder holds a run and ``resume`` is False, or ``resume`` is set and it has no
@@ -263,10 +264,16 @@ def _run_local(config: RunConfig, display: ProgressDisplay, resume: bool) -> int
                 f"{crash_excerpt(logs / 'learner.log')}")
         return learner.returncode
     finally:
-        stop(actors)
-        stop(learner)
-        stop(serve, grace_s=10)
-        removed = asyncio.run(remove_run_containers(config.resolved_run_id))
-        if removed:
-            say(f"removed {removed} leftover desktop container(s)")
-        say(f"done in {time.monotonic() - started:.0f} s; metrics in {run / 'metrics.jsonl'}")
+        # A second Ctrl-C (or SIGTERM) must not cut the cleanup short and leave children or containers behind.
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            stop(actors)
+            stop(learner)
+            stop(serve, grace_s=10)
+            removed = asyncio.run(remove_run_containers(config.resolved_run_id))
+            if removed:
+                say(f"removed {removed} leftover desktop container(s)")
+            say(f"done in {time.monotonic() - started:.0f} s; metrics in {run / 'metrics.jsonl'}")
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -6,9 +6,12 @@ the version the learner published, and leave no container behind.
 """
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -113,3 +116,48 @@ def test_a_run_that_cannot_learn_says_why_and_fails_after_the_stall_timeout(tmp_
     assert "StalledRun" in log and "learner.stall_timeout_s = 25 s" in log
     assert not read_metrics(run_dir / "metrics.jsonl")  # not a single optimizer step
     assert run_containers("stalled") == []
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """PIDs of live processes whose command line contains ``text``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline:
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_ctrl_c_twice_still_stops_every_child_and_container(tmp_path, desktop_image, tiny_model):
+    """A second SIGINT while the first one's cleanup runs (an impatient Ctrl-C) must not cut it short and leave
+    arpo-serve, the learner or a desktop behind."""
+    run_dir = tmp_path / "twice"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "arpo_cli.cli", "run", "--out", str(run_dir), "--model", str(tiny_model),
+         "--steps", "50", "--actors", "2", "--set", "serve.port=31787",
+         "--set", 'actors.inference_urls=["http://127.0.0.1:31787"]', "--set", "transport.endpoint=tcp://127.0.0.1:31788"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not run_containers("twice"):  # serve, learner and actors are up once desktops exist
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+            time.sleep(0.2)
+        actors = [pid for pid in _processes_mentioning(str(run_dir)) if pid in _processes_mentioning("actors.main")]
+        assert actors and len(_processes_mentioning(str(run_dir))) >= 3
+        proc.send_signal(signal.SIGINT)
+        while any(Path(f"/proc/{pid}").exists() for pid in actors):  # the cleanup has begun: actors first
+            assert time.monotonic() < deadline + 120
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)  # while it stops the learner and arpo-serve
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out[-3000:]
+    assert "done in" in out, out[-3000:]  # the cleanup ran to its end
+    assert _processes_mentioning(str(run_dir)) == []
+    assert run_containers("twice") == []
