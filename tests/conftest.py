@@ -52,3 +52,20 @@ async def fleet(desktop_image):
     finally:
         await f.remove_all()
         await f.close()
+
+
+OSWORLD_MEMORY_MB = 2048
+"""Memory of an osworld-image desktop in tests: enough for LibreOffice or chromium (actors.desktop_memory_mb)."""
+
+
+@pytest.fixture
+async def osworld_desktop(osworld_image):
+    """One fresh desktop of the osworld image (2 GiB, the fleet's hardening); removed afterwards."""
+    from actors.desktop.fleet import DesktopFleet
+
+    fleet = DesktopFleet(osworld_image, run_id=f"test-osw-{secrets.token_hex(3)}", memory_mb=OSWORLD_MEMORY_MB)
+    try:
+        yield await fleet.start()
+    finally:
+        await fleet.remove_all()
+        await fleet.close()

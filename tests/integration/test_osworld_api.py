@@ -295,19 +295,11 @@ async def test_osworld_python_controller_works_unchanged(fleet, osworld_python_c
 
 # ---- in the osworld image: AT-SPI content, terminal output, recording ---------------------------------------
 
-OSWORLD_MEMORY_MB = 2048
 
 
 @pytest.fixture
-async def osworld_controller(osworld_image):
-    from actors.desktop.fleet import DesktopFleet  # noqa: PLC0415
-
-    fleet = DesktopFleet(osworld_image, run_id=f"test-osapi-{osworld_image[-6:]}", memory_mb=OSWORLD_MEMORY_MB)
-    try:
-        yield (await fleet.start()).controller
-    finally:
-        await fleet.remove_all()
-        await fleet.close()
+def osworld_controller(osworld_desktop):
+    return osworld_desktop.controller
 
 
 @pytest.mark.osworld_image

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -29,7 +28,6 @@ from typing import Any
 import pytest
 
 from actors.desktop.controller_client import ControllerClient
-from actors.desktop.fleet import DesktopFleet
 from actors.evaluation import EvalContext, TaskSetupError, evaluate, run_setup
 from actors.osworld.getters import GETTERS, VIDEO_TYPES, chrome_profile_dir
 from arpo_async.tasks import Task, load_task_file
@@ -37,7 +35,6 @@ from arpo_async.tasks import Task, load_task_file
 pytestmark = [pytest.mark.docker, pytest.mark.osworld_image]
 
 TASKS_DIR = Path(__file__).resolve().parents[1] / "data" / "tasks" / "osworld_apps"
-OSWORLD_MEMORY_MB = 2048
 DEADLINE_S = 60.0
 
 
@@ -75,14 +72,9 @@ async def getter(c: ControllerClient, spec: dict, tmp_path: Path) -> Any:
 
 
 @pytest.fixture
-async def desktop(osworld_image):
-    """A fresh desktop of the osworld image (2 GiB, the fleet's hardening); removed afterwards."""
-    fleet = DesktopFleet(osworld_image, run_id=f"test-apps-{secrets.token_hex(3)}", memory_mb=OSWORLD_MEMORY_MB)
-    try:
-        yield (await fleet.start()).controller
-    finally:
-        await fleet.remove_all()
-        await fleet.close()
+def desktop(osworld_desktop):
+    """A fresh desktop of the osworld image (conftest's osworld_desktop): its controller."""
+    return osworld_desktop.controller
 
 
 # ---- chrome -----------------------------------------------------------------------------------------------------

@@ -38,7 +38,6 @@ from tests.support import local_http_server, until
 
 OSWORLD = Path(__file__).resolve().parents[3] / "shared" / "osworld" / "examples"
 WORKER_DIR = Path(metric_env.__file__).resolve().parent
-OSWORLD_MEMORY_MB = 2048
 CLIENT_TIMEOUT_S = 300.0
 
 # Runs in the OSWorld venv's interpreter (python -I: no arpo code on the path). argv: the folder of
@@ -253,19 +252,6 @@ def test_copied_task_configs_match_osworlds_files(domain, task_id, part, copy):
         pytest.skip(f"{OSWORLD} is not on this machine (it is outside the repository)")
     task = json.loads(path.read_text())
     assert (task["config"] if part == "config" else task["evaluator"]["postconfig"]) == copy
-
-
-@pytest.fixture
-async def osworld_desktop(osworld_image):
-    """One desktop of the osworld image (2 GiB, the fleet's hardening); removed afterwards."""
-    from actors.desktop.fleet import DesktopFleet  # noqa: PLC0415
-
-    fleet = DesktopFleet(osworld_image, run_id=f"test-oswc-{secrets.token_hex(3)}", memory_mb=OSWORLD_MEMORY_MB)
-    try:
-        yield await fleet.start()
-    finally:
-        await fleet.remove_all()
-        await fleet.close()
 
 
 @pytest.mark.docker

@@ -9,8 +9,6 @@
 """
 from __future__ import annotations
 
-import asyncio
-import secrets
 import time
 
 import pytest
@@ -18,10 +16,8 @@ import pytest
 from actors.desktop import build
 from actors.desktop.build import DesktopBuildError
 from actors.desktop.controller_client import ControllerClient
-from actors.desktop.fleet import DesktopFleet
 from arpo_async.config import ConfigError, load_config
 
-OSWORLD_MEMORY_MB = 2048
 APP_DEADLINE_S = 120.0
 
 
@@ -97,17 +93,6 @@ async def test_pyautogui_moves_the_pointer_in_the_default_image(fleet):
 
 
 # ---- osworld image --------------------------------------------------------------------------------------------
-
-@pytest.fixture
-async def osworld_desktop(osworld_image):
-    """One desktop of the osworld image with the fleet's hardening and 2 GiB; removed afterwards."""
-    fleet = DesktopFleet(osworld_image, run_id=f"test-osw-{secrets.token_hex(3)}", memory_mb=OSWORLD_MEMORY_MB)
-    try:
-        yield await fleet.start()
-    finally:
-        await fleet.remove_all()
-        await fleet.close()
-
 
 @pytest.mark.docker
 @pytest.mark.osworld_image
