@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -81,34 +80,16 @@ class TaskReport:
 
 
 def rejection_kind(exc: TaskFormatError) -> str:
-    """The kind of a load-time rejection: the exception's ``kind`` attribute where it has one (see
-    arpo_async.tasks), else ``setup_type``/``getter``/``metric`` read from the message, else ``format``."""
-    kind = getattr(exc, "kind", None)
-    if isinstance(kind, str) and kind:
-        return kind
-    text = str(exc)
-    for needle, name in (("setup type", "setup_type"), ("getter", "getter"), ("metric", "metric")):
-        if needle in text:
-            return name
-    return "format"
-
-
-_NETWORK = re.compile(r"network|download|urlopen|name resolution|getaddrinfo|unreachable|connect", re.I)
-_MISSING = re.compile(r"not found|no such file or directory|returncode.?127|exit(ed)? (status )?127", re.I)
+    """The kind of a load-time rejection: ``format`` for a malformed file, else the missing part's kind
+    (``setup_type``, ``getter``, ``metric``: arpo_async.tasks.UnsupportedTask)."""
+    return getattr(exc, "kind", "format") or "format"
 
 
 def setup_failure_kind(exc: BaseException) -> str:
-    """``needs_network``, ``app_missing`` or ``setup_failed`` for a failed setup (see the module docstring):
-    the exception's ``kind`` attribute where it has one, else read from its message."""
-    kind = getattr(exc, "kind", None)
-    if isinstance(kind, str) and kind:
-        return kind
-    text = str(exc)
-    if _NETWORK.search(text):
-        return "needs_network"
-    if _MISSING.search(text):
-        return "app_missing"
-    return "setup_failed"
+    """``needs_network``, ``app_missing`` or ``setup_failed`` for a failed setup: the kind the setup step gave
+    (actors.osworld.setup.TaskSetupError.kind); ``setup_failed`` for anything else (a desktop that stopped
+    answering)."""
+    return getattr(exc, "kind", "setup_failed") or "setup_failed"
 
 
 def evaluate_failure_kind(exc: BaseException) -> str:

@@ -23,6 +23,7 @@ from actors.uitars import pyautogui
 from actors.uitars.actions import Action
 from arpo_async.tasks import load_tasks
 from tests.integration.test_desktop import layout_with
+from tests.support import until
 
 pytestmark = pytest.mark.docker
 
@@ -31,22 +32,12 @@ ST = "https://accessibility.ubuntu.example.org/ns/state"
 OSWORLD_WHEEL = "desktop-env==1.0.2"
 
 
-async def _until(predicate, timeout: float, what: str) -> None:
-    """Poll the async ``predicate`` every 50 ms until it returns something truthy; fail naming ``what``."""
-    try:
-        async with asyncio.timeout(timeout):
-            while not await predicate():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-
-
 async def _xterm(c: ControllerClient, title: str, name: str, cls: str) -> None:
     await c.launch(["xterm", "-name", name, "-class", cls, "-T", title])
 
     async def focused():  # openbox focuses a new window once it maps it
         return await _active_title(c) == title
-    await _until(focused, 15, f"the xterm {title!r} to take the focus")
+    await until(focused, 15, f"the xterm {title!r} to take the focus")
 
 
 async def _active_title(c: ControllerClient) -> str:
@@ -85,7 +76,7 @@ async def test_window_routes_follow_wmctrl_rules(fleet):
     async def beta_gone():
         r = await c.execute(["xdotool", "search", "--name", "^Beta Term$"], timeout=10)
         return r["returncode"] != 0
-    await _until(beta_gone, 15, "Beta Term to close")
+    await until(beta_gone, 15, "Beta Term to close")
     assert await c.window_size("alphaclass") is not None
     assert not await c.close_window("BetaClass", by_class=True)
 
@@ -311,7 +302,7 @@ async def test_accessibility_tree_and_terminal_show_real_apps(osworld_controller
         root = ET.fromstring(await c.accessibility_tree())
         return [a for a in root if a.get("name") == "gnome-terminal-server"
                 and any(f.tag == "frame" and f.get(f"{{{ST}}}active") == "true" for f in a)]
-    await _until(terminal_in_tree, 90, "gnome-terminal's active frame in the AT-SPI tree")
+    await until(terminal_in_tree, 90, "gnome-terminal's active frame in the AT-SPI tree")
     [app] = await terminal_in_tree()
     frame = next(f for f in app if f.tag == "frame")
     assert frame.get("{https://accessibility.ubuntu.example.org/ns/component}size")  # showing: extents given
@@ -320,7 +311,7 @@ async def test_accessibility_tree_and_terminal_show_real_apps(osworld_controller
     async def printed():
         out = await c.terminal_output()
         return out is not None and "hello-42" in out
-    await _until(printed, 30, "the terminal output to show the command's result")
+    await until(printed, 30, "the terminal output to show the command's result")
 
 
 @pytest.mark.osworld_image
