@@ -87,7 +87,8 @@ def progress_line(config: RunConfig, started: float, rate: TrajectoryRate | None
     baseline = status.get("baseline")
     phase = (f"baseline pass {baseline['groups_recorded']}/{baseline['groups_planned']} groups | "
              if baseline else "")
-    return (f"[{now - started:6.0f}s] {phase}step {len(records)}/{steps} "
+    step = int(last.get("step") or len(records))  # optimizer steps: a record covers updates_per_batch of them
+    return (f"[{now - started:6.0f}s] {phase}step {step}/{steps} "
             f"version {version} | trajectories {trajectories}{per_min} | "
             f"{success_text(records)} loss {_number(last, 'loss'):.4f} lag {_number(last, 'staleness_mean'):.2f} | "
             f"desktops {busy}/{config.actors.actors} busy | {outcomes}"

@@ -65,6 +65,17 @@ def test_progress_line_shows_rate_lag_and_desktops_busy(tmp_path):
     assert line.endswith("failure=8 success=2") and "\n" not in line
 
 
+def test_progress_line_counts_optimizer_steps_when_a_batch_takes_several(tmp_path):
+    config = load_config(None, [f'run_dir="{tmp_path}"', "learner.steps=8", "learner.updates_per_batch=2"])
+    metrics = MetricsWriter(tmp_path / "metrics.jsonl")
+    for batch in (1, 2):  # two rollout batches of 2 optimizer steps each: versions 1, 2; steps 2, 4
+        metrics.write({"step": 2 * batch, "policy_version": batch, "updates": 2, "trajectories": 16,
+                       "success_rate": 0.5, "reward_mean": 0.5, "loss": 0.0, "replay_injections": 0,
+                       "staleness_mean": 0.0, "wall_s": 1.0})
+    metrics.close()
+    assert "step 4/8 version 2 |" in progress_line(config, started=0.0, now=1.0)
+
+
 def test_a_crashed_child_logs_its_traceback_at_error_and_the_excerpt_quotes_it(tmp_path):
     log = tmp_path / "learner.log"
     log.write_text("".join(f"earlier line {i}\n" for i in range(200)))
