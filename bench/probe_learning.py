@@ -1,4 +1,4 @@
-"""Learning probe: how many optimizer steps the learner's recipe needs on a button-grid family (sample efficiency).
+"""Learning probe: how many rollout batches the learner's recipe needs on a button-grid family (sample efficiency).
 
 bench_learning.py measures success against wall-clock time with the whole system (8 desktops, arpo-serve, the
 learner, all on the same 2 cores), so its figures mix two things: how fast the machine makes trajectories and
@@ -18,9 +18,10 @@ Usage:
   python bench/probe_learning.py --family grid4-green --arms a  # one task alone (no instruction to read)
   python bench/probe_learning.py --family tests/data/tasks/shapes --arms a  # another 4-button family (a folder)
 
-Prints one line per step and arm, and as its last line key=value figures: per arm the optimizer steps to the
+Prints one line per step and arm, and as its last line key=value figures: per arm the rollout batches to the
 target success (trailing mean of 5 steps; ``inf`` if never), the final success (mean of the last 10 steps) and
-the share of groups that were dropped for zero variance (no gradient).
+the share of groups that were dropped for zero variance (no gradient). A "step" of the probe is one rollout batch of
+``groups_per_step`` groups, trained with the arm's ``updates_per_batch`` optimizer steps (arm c: 2, as ARPO).
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ async def capture_scenes(config: RunConfig) -> list[Scene]:
 
 def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps: int, lag: int, *,
             advantage_sign: float = 1.0, log: Callable[[str], None] = print) -> list[dict]:
-    """Train a fresh copy of ``model`` for ``steps`` optimizer steps under ``arm``'s settings; one record per step.
+    """Train a fresh copy of ``model`` for ``steps`` rollout batches under ``arm``'s settings (each batch split into
+    ``learner.updates_per_batch`` optimizer steps, as the learner does); one record per batch.
 
     The recipe is the product's, from ``config``: the prompt style, the action grammar (coordinate format, forced
     text emitted as canonical tokens when ``serve.jump_forward``), the forced-token loss mask
@@ -136,11 +138,10 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
                       groups_per_step=lc.groups_per_step, format_reward_weight=lc.format_reward_weight,
                       stratified=lc.stratified)
     weights = collections.deque([copy.deepcopy(trainer.model.state_dict())], maxlen=lag + 1)
-    records, serial, order = [], 0, []
+    records, serial, order, version = [], 0, [], 0  # version: published weights, +1 per trained batch
     by_id = {s.task.id: s for s in scenes}
     params = SamplingParams.from_json(dict(runner.sampling_params))
     while len(records) < steps:
-        version = trainer.steps
         engine.model.load_state_dict(weights[0])  # the oldest kept: `lag` versions behind once warmed up
         sampled_version = version - (len(weights) - 1)
         groups = []
@@ -168,7 +169,8 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
         samples = train_samples(batch, forced)
         for sample in samples:
             sample.advantage *= advantage_sign
-        stats = trainer.train_batch(samples, minibatches=1) if samples else {}
+        stats = trainer.train_batch(samples, minibatches=min(lc.updates_per_batch, len(samples))) if samples else {}
+        version += bool(samples)
         weights.append(copy.deepcopy(trainer.model.state_dict()))
         scores = [x for xs in by_task.values() for x in xs]
         success = sum(scores) / len(scores)
@@ -220,7 +222,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="grid4 (4 buttons) or grid8 (8 buttons), one task id such as grid4-green, or a folder of "
                         "task files (all its tasks, e.g. tests/data/tasks/shapes)")
     p.add_argument("--arms", default="a,b,c", help="comma-separated arms of bench_learning.py")
-    p.add_argument("--steps", type=int, default=100, help="optimizer steps per arm")
+    p.add_argument("--steps", type=int, default=100,
+                   help="rollout batches per arm (each takes the arm's learner.updates_per_batch optimizer steps)")
     p.add_argument("--lag", type=int, default=1, help="policy versions behind for the async arms a and b")
     p.add_argument("--target", type=float, default=0.8, help="success rate for the steps-to-target figure")
     p.add_argument("--seed", type=int, default=0)
