@@ -46,9 +46,11 @@ from learner.main import select_tasks  # noqa: E402
 
 ARMS: dict[str, tuple[str, list[str]]] = {
     "a": ("async + correction + prioritized replay",
-          ['learner.schedule="async"', 'learner.correction="decoupled"', 'learner.replay_mode="prioritized"']),
+          ['learner.schedule="async"', 'learner.correction="decoupled"', 'learner.replay_mode="prioritized"',
+           "learner.updates_per_batch=2"]),
     "b": ("async, no replay",
-          ['learner.schedule="async"', 'learner.correction="decoupled"', 'learner.replay_mode="off"']),
+          ['learner.schedule="async"', 'learner.correction="decoupled"', 'learner.replay_mode="off"',
+           "learner.updates_per_batch=2"]),
     "c": ("lockstep, ARPO recipe",
           ['learner.schedule="lockstep"', 'learner.correction="arpo"', 'learner.replay_mode="arpo"',
            "learner.updates_per_batch=2"]),
@@ -56,7 +58,9 @@ ARMS: dict[str, tuple[str, list[str]]] = {
 """Arm c is ARPO's recipe where the paper fixes it: lockstep batches, no off-policy correction, ARPO's FIFO replay,
 2 optimizer steps per rollout batch, G = 8 (TASK_SETUP). Its batches of distinct tasks (learner.stratified) match
 ARPO's dataloader, which draws a batch's task ids without replacement. The learning rate (1e-6 for a 7B model) and
-the action grammar are not ARPO's: they are sized for the tiny policy, alike in every arm."""
+the action grammar are not ARPO's: they are sized for the tiny policy, alike in every arm. The async arms a and b
+take 2 optimizer steps per batch too (configs/grid4.toml does the same): in probe_learning.py's 3 seeds, arm a
+reached 80% at 104-114 batches with 2 and at 155 / never / never in 200 with 1 (bench/README.md)."""
 
 TASK_SETUP = ['actors.grammar_actions=["click"]', "actors.max_steps=1", "actors.max_thought_chars=1",
               "learner.group_size=8", "learner.groups_per_step=4", "learner.steps=100000"]

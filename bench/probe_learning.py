@@ -20,7 +20,8 @@ Usage:
 
 Prints one line per step and arm, and as its last line key=value figures: per arm the rollout batches to the
 target success (trailing mean of 5 steps; ``inf`` if never), the final success (mean of the last 10 steps) and
-the share of groups that were dropped for zero variance (no gradient). A "step" of the probe is one rollout batch of
+the share of groups that were dropped for zero variance (no gradient), and the optimizer steps per trained batch.
+A "step" of the probe is one rollout batch of
 ``groups_per_step`` groups, trained with the arm's ``updates_per_batch`` optimizer steps (arm c: 2, as ARPO).
 """
 
@@ -125,7 +126,8 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
             not learn).
         log: receives one progress line per step.
     Returns:
-        one ``{"step", "success", "task_success", "dropped_groups", "groups", "injected", "trained"}`` per step.
+        one ``{"step", "success", "task_success", "dropped_groups", "groups", "injected", "trained",
+        "optimizer_steps"}`` per batch (``trained``: whether it took an optimizer step; ``optimizer_steps``: how many).
     """
     lc, ac = config.learner, config.actors
     rng = random.Random(lc.seed)
@@ -176,7 +178,8 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
         success = sum(scores) / len(scores)
         records.append({"step": len(records), "success": success, "dropped_groups": dropped, "groups": len(groups),
                         "task_success": {t: sum(xs) / len(xs) for t, xs in by_task.items()},
-                        "injected": sum(g.injected for g in batch), "trained": bool(batch)})
+                        "injected": sum(g.injected for g in batch), "trained": bool(samples),
+                        "optimizer_steps": int(stats.get("optimizer_steps", 0))})
         recent = [r["success"] for r in records[-5:]]
         log(f"[{arm}] step {len(records) - 1:4d} success {success:.2f} trailing5 {sum(recent) / len(recent):.2f} "
             f"groups dropped {dropped}/{len(groups)} injected {records[-1]['injected']} "
@@ -258,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         figures[f"{arm}_final"] = sum(r["success"] for r in last) / len(last)
         figures[f"{arm}_zero_variance_share"] = (sum(r["dropped_groups"] for r in records)
                                                  / sum(r["groups"] for r in records))
+        trained = sum(r["trained"] for r in records)
+        if trained:  # left out when no batch had reward variance
+            figures[f"{arm}_steps_per_batch"] = sum(r["optimizer_steps"] for r in records) / trained
     print(result_line({k: fmt(v) if math.isfinite(v) else "inf" for k, v in figures.items()}))
     return 0
 

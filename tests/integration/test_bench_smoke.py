@@ -62,8 +62,10 @@ def test_bench_learning_one_short_arm(desktop_image, tmp_path):
 
 
 def test_probe_learning_two_steps(desktop_image):
-    figures = run_bench("probe_learning", "--steps", "2", "--arms", "a,c", timeout=600)
+    figures = run_bench("probe_learning", "--steps", "3", "--arms", "a,c", timeout=600)
     assert any(k.startswith("a_") for k in figures) and any(k.startswith("c_") for k in figures)
+    # each arm's batches take its updates_per_batch optimizer steps (a: 2, c: ARPO's 2), as in the learner
+    assert figures.get("a_steps_per_batch") == "2" and figures.get("c_steps_per_batch") == "2"
 
 
 def test_fuzz_wire_smoke():
