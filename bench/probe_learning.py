@@ -21,8 +21,8 @@ Usage:
 Prints one line per step and arm, and as its last line key=value figures: per arm the rollout batches to the
 target success (trailing mean of 5 steps; ``inf`` if never), the final success (mean of the last 10 steps) and
 the share of groups that were dropped for zero variance (no gradient), and the optimizer steps per trained batch.
-A "step" of the probe is one rollout batch of
-``groups_per_step`` groups, trained with the arm's ``updates_per_batch`` optimizer steps (arm c: 2, as ARPO).
+A "step" of the probe is one rollout batch
+of ``groups_per_step`` groups, trained with the arm's ``updates_per_batch`` optimizer steps (arm c: 2, as ARPO).
 """
 
 from __future__ import annotations

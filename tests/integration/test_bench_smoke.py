@@ -61,7 +61,7 @@ def test_bench_learning_one_short_arm(desktop_image, tmp_path):
     assert (tmp_path / "learning-grid4.png").is_file()
 
 
-def test_probe_learning_two_steps(desktop_image):
+def test_probe_learning_three_batches(desktop_image):
     figures = run_bench("probe_learning", "--steps", "3", "--arms", "a,c", timeout=600)
     assert any(k.startswith("a_") for k in figures) and any(k.startswith("c_") for k in figures)
     # each arm's batches take its updates_per_batch optimizer steps (a: 2, c: ARPO's 2), as in the learner
