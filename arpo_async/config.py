@@ -176,6 +176,12 @@ class LearnerConfig:
     """"distributed": "gloo", "nccl" or "auto" (nccl when learner.device is cuda, else gloo; arpo-serve takes gloo)."""
     sync_timeout_s: float = 120.0
     """"distributed": seconds a server may take to join or to receive the weights before it is skipped."""
+    sync_load_format: str = "tensors"
+    """"distributed": "tensors" (one broadcast per tensor) or "flattened_bucket" (SGLang's load_format: one flat
+    uint8 tensor per /update_weights_from_distributed request, fewer collectives)."""
+    verify_weights_every: int = 0
+    """After every this many publications, ask each server for its /weights_checker checksums and compare them
+    with the learner's own; a mismatch stops the learner with an error naming the server (0 = never)."""
     stall_warning_s: float = 300.0
     """When no optimizer step happened for this long although groups came back (every one without a reward
     difference), the log and the progress line say why (0 = never)."""
@@ -229,6 +235,9 @@ class LearnerConfig:
         _require(self.sync_backend in ("auto", "gloo", "nccl"), "learner.sync_backend",
                  "must be 'auto', 'gloo' or 'nccl'")
         _require(self.sync_timeout_s > 0, "learner.sync_timeout_s", "must be > 0")
+        _require(self.sync_load_format in ("tensors", "flattened_bucket"), "learner.sync_load_format",
+                 "must be 'tensors' or 'flattened_bucket'")
+        _require(self.verify_weights_every >= 0, "learner.verify_weights_every", "must be >= 0")
         _require(self.checkpoint_every >= 0, "learner.checkpoint_every", "must be >= 0 (0 = never)")
         _require(self.keep_checkpoints >= 1, "learner.keep_checkpoints", "must be >= 1")
         _require(self.group_size >= 2, "learner.group_size", "GRPO needs at least 2 rollouts per group")

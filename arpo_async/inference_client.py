@@ -457,15 +457,44 @@ class PolicyClient:
 
     async def update_weights_from_distributed(self, url: str, *, names: list[str], dtypes: list[str],
                                               shapes: list[list[int]], group_name: str,
-                                              weight_version: int | None, timeout_s: float = 600.0) -> dict:
+                                              weight_version: int | None, load_format: str | None = None,
+                                              timeout_s: float = 600.0) -> dict:
         """POST /update_weights_from_distributed once -> {success, message}; the tensors follow as broadcasts
-        from the learner while this request is open. ``weight_version`` None leaves the server's version as is
-        (every bucket but the last)."""
+        from the learner while this request is open (one per name, or one flat bucket with ``load_format =
+        "flattened_bucket"``). ``weight_version`` None leaves the server's version as is (every bucket but the
+        last). SGLang 0.5.23 loads it only inside a session (:meth:`begin_weight_update`)."""
         payload: dict[str, Any] = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
                                    "flush_cache": True, "abort_all_requests": False}
         if weight_version is not None:
             payload["weight_version"] = str(int(weight_version))
+        if load_format is not None:
+            payload["load_format"] = load_format
         return await self._post_once(f"{url.rstrip('/')}/update_weights_from_distributed", payload, timeout_s)
+
+    async def destroy_weights_update_group(self, url: str, group_name: str) -> dict:
+        """POST /destroy_weights_update_group {group_name} once -> {success, message} (success false when the
+        server has no such group)."""
+        return await self._post_once(f"{url.rstrip('/')}/destroy_weights_update_group", {"group_name": group_name},
+                                     self.retry.admin_timeout_s)
+
+    async def begin_weight_update(self, url: str) -> dict:
+        """POST /begin_weight_update {"selector": "all"} once -> {success, message}: open SGLang 0.5.23's
+        weight-update session (success false when one is already open)."""
+        return await self._post_once(f"{url.rstrip('/')}/begin_weight_update", {"selector": "all"},
+                                     self.retry.admin_timeout_s)
+
+    async def end_weight_update(self, url: str) -> dict:
+        """POST /end_weight_update {} once -> {success, message}: close the session (success false when none is
+        open)."""
+        return await self._post_once(f"{url.rstrip('/')}/end_weight_update", {}, self.retry.admin_timeout_s)
+
+    async def weights_checker(self, url: str, *, skip: Sequence[str] = ()) -> dict:
+        """POST /weights_checker {"action": "checksum"} -> SGLang's answer {success, message, ranks: [{checksums,
+        per_gpu_checksum, parallelism_info}], per_engine_checksum}; a refusal comes back with success false."""
+        payload: dict[str, Any] = {"action": "checksum"}
+        if skip:
+            payload["skip_tensor_list"] = list(skip)
+        return await self._post_json(f"{url.rstrip('/')}/weights_checker", payload, accept_failure_body=True)
 
     async def pause_generation(self, url: str, *, mode: str = "retract") -> dict:
         """POST /pause_generation {mode}. ``retract`` (default) puts running requests back in the queue and frees

@@ -130,7 +130,8 @@ class LeadTrainer:
     """Rank 0's handle on the trainer: each call is sent to every rank, then run here.
 
     Exposes the :class:`~learner.trainer.Trainer` methods the learner uses (``train_batch``, ``train_step``,
-    ``compute_logprobs``, ``save_weights``, ``full_state_dict``, ``save_checkpoint``, ``load_checkpoint``) and forwards attribute
+    ``compute_logprobs``, ``save_weights``, ``full_state_dict``, ``checkpoint_state_dict``, ``save_checkpoint``,
+    ``load_checkpoint``) and forwards attribute
     reads (``steps``, ``model``, ``checkpoint_name``...) to the local trainer. Calls are serialised (a lock), as
     the collectives of two calls must not interleave.
 
@@ -138,7 +139,7 @@ class LeadTrainer:
     """
 
     COMMANDS = ("train_batch", "train_step", "compute_logprobs", "save_weights", "full_state_dict",
-                "save_checkpoint", "load_checkpoint", "ping")
+                "checkpoint_state_dict", "save_checkpoint", "load_checkpoint", "ping")
 
     def __init__(self, trainer, group: RankGroup, timeout_s: float) -> None:
         self._trainer = trainer

@@ -254,9 +254,11 @@ def weight_publisher(config: RunConfig, client: PolicyClient) -> WeightPublisher
     """The publisher ``learner.weight_sync`` names (learner.publisher)."""
     lc, urls = config.learner, list(config.actors.inference_urls)
     if lc.weight_sync == "disk":
-        return WeightPublisher(client, urls, config.run_path / "weights", keep=lc.keep_weights)
+        return WeightPublisher(client, urls, config.run_path / "weights", keep=lc.keep_weights,
+                               verify_every=lc.verify_weights_every)
     return DistributedPublisher(client, urls, bucket_mb=lc.sync_bucket_mb, host=lc.sync_host, backend=sync_backend(lc),
-                                timeout_s=lc.sync_timeout_s)
+                                timeout_s=lc.sync_timeout_s, verify_every=lc.verify_weights_every,
+                                load_format=None if lc.sync_load_format == "tensors" else lc.sync_load_format)
 
 
 BASELINE_FILE = "baseline.json"

@@ -6,10 +6,13 @@ Two ways (``learner.weight_sync``), one interface (``publish_from(trainer, versi
   last ``keep`` are kept), then per server pause_generation -> update_weights_from_disk(model_path,
   weight_version) -> continue_generation (REFERENCE.md section 4, as slime and AReaL do it). A server that
   refuses the update raises PublishError, naming the server.
-- :class:`DistributedPublisher` ("distributed"): the full tensors (gathered from every rank's shards) go to
-  each server over a process group of its own (arpo_async.weight_sync, SGLang's ``/init_weights_update_group``
-  and ``/update_weights_from_distributed``), in buckets of ``bucket_mb``, between pause_generation and
-  continue_generation. Nothing touches the disk.
+- :class:`DistributedPublisher` ("distributed"): the full tensors (gathered from every rank's shards), under
+  checkpoint names, go to each server over a process group of its own (arpo_async.weight_sync, SGLang 0.5.23's
+  ``/init_weights_update_group``, ``/begin_weight_update``, ``/update_weights_from_distributed``,
+  ``/end_weight_update``), in buckets of ``bucket_mb``, between pause_generation and continue_generation.
+  Nothing touches the disk.
+
+Both can check what a server serves afterwards (``verify_every``; SGLang's ``/weights_checker``).
 
 Updating one server at a time keeps the others generating.
 """
@@ -18,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
 import shutil
 import socket
 import threading
@@ -28,7 +33,16 @@ from typing import Any
 import torch
 
 from arpo_async.inference_client import PolicyClient, PolicyRequestError, PolicyUnavailable
-from arpo_async.weight_sync import WeightGroup, WeightGroupError, dtype_name
+from arpo_async.weight_sync import (
+    FLATTENED_BUCKET,
+    WeightGroup,
+    WeightGroupError,
+    dtype_from_name,
+    dtype_name,
+    flatten_bucket,
+    tensor_checksum,
+)
+from learner.weight_check import WeightCheck, compare_checksums, served_checksums
 
 log = logging.getLogger("arpo.learner.publish")
 
@@ -51,17 +65,31 @@ class WeightPublisher:
         keep: how many published folders to keep (the server may still read the newest).
     """
 
-    def __init__(self, client: PolicyClient, urls: list[str], weights_root: Path, keep: int = 2) -> None:
+    def __init__(self, client: PolicyClient, urls: list[str], weights_root: Path, keep: int = 2,
+                 verify_every: int = 0) -> None:
         self._client = client
         self._urls = list(urls)
         self.weights_root = weights_root
         self._keep = keep
+        self.verify_every = verify_every
+        self.publications = 0
+        self.verified = 0
+        """Server checksum comparisons that agreed."""
 
     async def publish_from(self, trainer: Any, version: int) -> float:
         """Write the trainer's weights to ``folder(version)`` (every rank takes part in gathering them), then
-        :meth:`publish` them; returns the seconds :meth:`publish` took."""
+        :meth:`publish` them; returns the seconds :meth:`publish` took. Every ``verify_every``-th publication,
+        compares each server's checksums with the trainer's weights (:func:`verify_server`; raises
+        :class:`WeightsMismatch`)."""
         await asyncio.to_thread(trainer.save_weights, self.folder(version), overwrite=True)
-        return await self.publish(version)
+        seconds = await self.publish(version)
+        self.publications += 1
+        if self.verify_every > 0 and self.publications % self.verify_every == 0:
+            tensors = await asyncio.to_thread(trainer.checkpoint_state_dict)
+            for url in self._urls:
+                await verify_server(self._client, url, tensors, trainer)
+                self.verified += 1
+        return seconds
 
     def folder(self, version: int) -> Path:
         """Where the checkpoint of ``version`` is (to be) saved."""
@@ -94,14 +122,15 @@ class WeightPublisher:
                 shutil.rmtree(old, ignore_errors=True)
 
 
-def buckets(tensors: dict[str, torch.Tensor], bucket_bytes: int) -> list[list[str]]:
+def buckets(tensors: dict[str, torch.Tensor], bucket_bytes: int, *, aligned: bool = False) -> list[list[str]]:
     """Names of ``tensors`` in order, cut into consecutive runs of at most ``bucket_bytes`` bytes (a tensor larger
-    than that is a bucket of its own)."""
+    than that is a bucket of its own). ``aligned``: also cut where a tensor would start at a byte offset that is
+    not a multiple of its element size (SGLang refuses such a flattened bucket)."""
     out: list[list[str]] = []
     size = 0
     for name, tensor in tensors.items():
         nbytes = tensor.numel() * tensor.element_size()
-        if not out or size + nbytes > bucket_bytes:
+        if not out or size + nbytes > bucket_bytes or (aligned and size % tensor.element_size()):
             out.append([])
             size = 0
         out[-1].append(name)
@@ -141,9 +170,66 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+class WeightsMismatch(PublishError):
+    """A server's /weights_checker checksums differ from the learner's weights after a publication (it stops the
+    learner: every later version would be served wrong in the same way)."""
+
+
+def _served_dtype(info: dict, trainer: Any) -> torch.dtype:
+    """The dtype a server holds its weights in: ``dtype`` of /get_server_info (SGLang's --dtype; "auto" means the
+    checkpoint config's dtype)."""
+    name = str(info.get("dtype") or "auto")
+    if name == "auto":
+        config = getattr(getattr(trainer, "model", None), "config", None)
+        configured = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+        return configured if isinstance(configured, torch.dtype) else dtype_from_name(str(configured))
+    return dtype_from_name(name)
+
+
+def _hasher(info: dict):
+    """How the server hashes: on a CUDA server SGLang hashes with its own GPU kernel (mm_utils.tensor_hash), which
+    only sglang itself computes; on a CPU server, sha256 (arpo_async.weight_sync.tensor_checksum)."""
+    if str(info.get("device", "cpu")).startswith("cuda"):
+        try:
+            from sglang.srt.managers.mm_utils import tensor_hash
+        except ImportError as error:
+            raise PublishError("learner.verify_weights_every with a CUDA SGLang server needs sglang installed on "
+                               f"the learner (pip install 'arpo-async[gpu]') to hash as the server does: {error}")
+        return lambda t: f"{tensor_hash(t.cuda()):016x}"
+    return tensor_checksum
+
+
+async def verify_server(client: PolicyClient, url: str, tensors: dict[str, torch.Tensor], trainer: Any) -> WeightCheck:
+    """Compare ``url``'s /weights_checker checksums with ``tensors`` (checkpoint names, the weights just published).
+
+    Raises:
+        WeightsMismatch: a checksum differs, or no name could be compared (the message names the server).
+        PolicyUnavailable, PolicyRequestError: the server did not answer.
+    """
+    info = await client.server_info(url)
+    answer = await client.weights_checker(url)
+    try:
+        served = served_checksums(answer)
+    except ValueError as error:
+        raise WeightsMismatch(f"{url} /weights_checker: {error}") from error
+    check = await asyncio.to_thread(compare_checksums, served, tensors, _served_dtype(info, trainer), _hasher(info))
+    if not check.ok:
+        raise WeightsMismatch(f"{url} /weights_checker: {len(check.mismatched)} of {check.compared} weights differ "
+                              f"from the learner's after the publication (first: {check.mismatched[:5]}; "
+                              f"{check.skipped} names not comparable)")
+    log.info("%s serves the published weights: %d checksums agree (%d names not comparable)", url, check.compared,
+             check.skipped)
+    return check
+
+
 class DistributedPublisher:
     """Pushes the trainer's weights to each server over a weight group of its own (learner.weight_sync =
-    "distributed").
+    "distributed"), as SGLang 0.5.23 takes them (arpo_async.weight_sync).
+
+    Per server and publication: pause_generation (retract) -> begin_weight_update -> per bucket
+    update_weights_from_distributed + broadcast -> end_weight_update -> continue_generation, under checkpoint names
+    (Trainer.checkpoint_state_dict). Every ``verify_every``-th publication, each server's /weights_checker
+    checksums are compared with the published tensors (:func:`verify_server`).
 
     Args:
         client: HTTP client for the servers' admin endpoints.
@@ -152,32 +238,51 @@ class DistributedPublisher:
         host: the address the servers reach this learner at (``master_address``; learner.sync_host).
         backend: "gloo" (arpo-serve, CPU) or "nccl" (SGLang on GPUs).
         timeout_s: rendezvous and broadcast timeout per server.
+        load_format: None (one broadcast per tensor) or "flattened_bucket" (one flat uint8 tensor per bucket).
+        verify_every: compare checksums after every this many publications (0 = never).
 
-    Failure: a server that answers the join request with success = false raises :class:`SyncRejected` (the
-    learner stops: the backend or address is wrong for every version to come). A server that cannot be reached,
-    dies or times out mid-broadcast is dropped from its group (logged,
-    counted in ``failures``) and training goes on; at the next publication, once it answers /health again, a
-    new group is made and it receives the whole current weights. A restarted learner makes new groups (same
-    names: the server replaces its old one).
+    Failure (one log line naming the server and the call):
+    - a server that answers the join request with success = false raises :class:`SyncRejected` (the learner stops:
+      the backend or address is wrong for every version to come); a checksum mismatch raises
+      :class:`WeightsMismatch` (the learner stops);
+    - a server that cannot be reached, dies, times out mid-broadcast, or answers begin, an update or end with
+      success = false is skipped for this version (counted in ``failures``) and its group destroyed; at the next
+      publication, once it answers /health again, a new group (a new name: torch refuses a name twice in one
+      process) gets the whole current weights. A server that failed after its session began may hold part of the
+      new weights (SGLang loads bucket by bucket), so it is left paused until a whole publication succeeds on it;
+      a begin refused because a session is still open (a publication cut short) is answered with one
+      end_weight_update and one more begin.
     """
 
     def __init__(self, client: PolicyClient, urls: list[str], *, bucket_mb: float = 512.0,
-                 host: str = "127.0.0.1", backend: str = "gloo", timeout_s: float = 120.0) -> None:
+                 host: str = "127.0.0.1", backend: str = "gloo", timeout_s: float = 120.0,
+                 load_format: str | None = None, verify_every: int = 0) -> None:
+        if load_format not in (None, FLATTENED_BUCKET):
+            raise ValueError(f"load_format must be None or {FLATTENED_BUCKET!r}, got {load_format!r}")
         self._client = client
         self._urls = list(urls)
         self.bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
         self.host = host
         self.backend = backend
         self.timeout_s = timeout_s
+        self.load_format = load_format
+        self.verify_every = verify_every
         self._groups: dict[str, WeightGroup] = {}
+        self._joins = 0
+        self._token = f"{os.getpid()}-{secrets.token_hex(3)}"
+        self.publications = 0
         self.failures = 0
         """Server syncs that failed (the server was skipped for that version)."""
+        self.verified = 0
+        """Server checksum comparisons that agreed."""
 
     async def publish_from(self, trainer: Any, version: int) -> float:
         """Gather the full weights (every rank takes part), then sync each server; returns the seconds the
-        syncs took. Never raises for a server that fails (see the class docstring)."""
-        tensors = await asyncio.to_thread(trainer.full_state_dict)
+        syncs took. Raises only :class:`SyncRejected` and :class:`WeightsMismatch` (see the class docstring)."""
+        tensors = await asyncio.to_thread(trainer.checkpoint_state_dict)
         started = time.perf_counter()
+        self.publications += 1
+        verify = self.verify_every > 0 and self.publications % self.verify_every == 0
         for index, url in enumerate(self._urls):
             try:
                 await self._sync(index, url, tensors, version)
@@ -185,13 +290,23 @@ class DistributedPublisher:
                 raise
             except (WeightGroupError, PolicyUnavailable, PolicyRequestError, PublishError) as error:
                 self.failures += 1
-                self._groups.pop(url, None)
-                log.warning("weight sync of version %d to %s failed (%s); it gets the whole weights over a new "
+                self._drop(url)
+                log.warning("weight sync of version %d to %s failed: %s; it gets the whole weights over a new "
                             "group at the next publication once it answers", version, url, error)
+                continue
+            if verify:
+                await verify_server(self._client, url, tensors, trainer)
+                self.verified += 1
         return time.perf_counter() - started
 
+    def _drop(self, url: str) -> None:
+        group = self._groups.pop(url, None)
+        if group is not None:
+            group.destroy()
+
     async def _join(self, index: int, url: str) -> WeightGroup:
-        name = f"arpo-weights-{index}"
+        self._joins += 1
+        name = f"arpo-weights-{index}-{self._token}-{self._joins}"
         port = _free_port(self.host)
         joining = asyncio.create_task(self._client.init_weights_update_group(
             url, master_address=self.host, master_port=port, rank_offset=1, world_size=2, group_name=name,
@@ -199,9 +314,10 @@ class DistributedPublisher:
         joined = in_daemon_thread(WeightGroup.join, self.host, port, 0, 2, name, self.timeout_s, self.backend)
         await asyncio.wait([joining, joined], return_when=asyncio.FIRST_COMPLETED)
         if joining.done() and not joining.exception() and not joining.result().get("success", False):
-            raise SyncRejected(f"{url} refused weight group {name}: {joining.result().get('message')}; check "
-                               f"learner.sync_backend (sent {self.backend!r}) and learner.sync_host ({self.host!r}, "
-                               "the address the server must reach)")
+            raise SyncRejected(f"{url} init_weights_update_group refused group {name}: "
+                               f"{joining.result().get('message')}; check learner.sync_backend (sent "
+                               f"{self.backend!r}) and learner.sync_host ({self.host!r}, the address the server "
+                               "must reach)")
         try:
             group = await joined
         except WeightGroupError:
@@ -209,9 +325,20 @@ class DistributedPublisher:
             raise
         reply = await joining
         if not reply.get("success", False):
-            raise PublishError(f"{url} did not join weight group {name}: {reply.get('message', reply)}")
+            group.destroy()
+            raise PublishError(f"{url} init_weights_update_group did not join {name}: {reply.get('message', reply)}")
         self._groups[url] = group
         return group
+
+    async def _begin(self, url: str) -> None:
+        reply = await self._client.begin_weight_update(url)
+        if not reply.get("success", False):  # a session left open by a publication cut short: close it once
+            log.warning("%s begin_weight_update refused (%s); closing the open session and beginning again", url,
+                        reply.get("message"))
+            await self._client.end_weight_update(url)
+            reply = await self._client.begin_weight_update(url)
+        if not reply.get("success", False):
+            raise PublishError(f"{url} begin_weight_update answered success=false: {reply.get('message', reply)}")
 
     async def _sync(self, index: int, url: str, tensors: dict[str, torch.Tensor], version: int) -> None:
         group = self._groups.get(url)
@@ -219,26 +346,39 @@ class DistributedPublisher:
             if not await self._client.health(url):
                 raise PolicyUnavailable(f"{url} does not answer /health")
             group = await self._join(index, url)
-        parts = buckets(tensors, self.bucket_bytes)
         await self._client.pause_generation(url)
         try:
-            for k, names in enumerate(parts):
-                batch = [tensors[n].contiguous() for n in names]
-                request = asyncio.create_task(self._client.update_weights_from_distributed(
-                    url, names=names, dtypes=[dtype_name(t.dtype) for t in batch],
-                    shapes=[list(t.shape) for t in batch], group_name=group.name,
-                    weight_version=version if k == len(parts) - 1 else None, timeout_s=self.timeout_s + 30))
-                try:
-                    await asyncio.to_thread(group.broadcast, batch)
-                except WeightGroupError:
-                    request.cancel()
-                    raise
-                reply = await request
-                if not reply.get("success", False):
-                    raise PublishError(f"{url} did not load weight bucket {k + 1}/{len(parts)}: "
-                                       f"{reply.get('message', reply)}")
-        finally:
+            await self._begin(url)
+        except PublishError:  # nothing was loaded: the server goes on with its old weights
+            await self._client.continue_generation(url)
+            raise
+        try:
+            await self._send(url, group, tensors, version)
+        except BaseException:
+            log.error("%s may hold part of version %d: left paused until a whole publication succeeds on it", url,
+                      version)
+            raise
+        reply = await self._client.end_weight_update(url)
+        if not reply.get("success", False):
+            raise PublishError(f"{url} end_weight_update answered success=false: {reply.get('message', reply)}")
+        await self._client.continue_generation(url)
+
+    async def _send(self, url: str, group: WeightGroup, tensors: dict[str, torch.Tensor], version: int) -> None:
+        parts = buckets(tensors, self.bucket_bytes, aligned=self.load_format == FLATTENED_BUCKET)
+        for k, names in enumerate(parts):
+            batch = [tensors[n].contiguous() for n in names]
+            request = asyncio.create_task(self._client.update_weights_from_distributed(
+                url, names=names, dtypes=[dtype_name(t.dtype) for t in batch],
+                shapes=[list(t.shape) for t in batch], group_name=group.name,
+                weight_version=version if k == len(parts) - 1 else None, load_format=self.load_format,
+                timeout_s=self.timeout_s + 30))
+            payload = [flatten_bucket(batch)] if self.load_format == FLATTENED_BUCKET else batch
             try:
-                await self._client.continue_generation(url)
-            except (PolicyUnavailable, PolicyRequestError) as error:
-                log.warning("continue_generation on %s failed: %s", url, error)
+                await asyncio.to_thread(group.broadcast, payload)
+            except WeightGroupError:
+                request.cancel()
+                raise
+            reply = await request
+            if not reply.get("success", False):
+                raise PublishError(f"{url} update_weights_from_distributed answered success=false for bucket "
+                                   f"{k + 1}/{len(parts)}: {reply.get('message', reply)}")

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from arpo_async.model.checkpoint_names import tied_names, to_checkpoint_names
 from arpo_async.model.inputs import load_policy
 from learner.distributed import RankGroup, decoder_layers, shard_policy
 from learner.grpo import CORRECTION_MODES, corrected_token_loss
@@ -196,18 +197,6 @@ def resolve_device(name: str) -> torch.device:
         raise TrainerConfigError("learner.device = \"cuda\" but torch sees no CUDA device on this machine "
                                  f"(torch {torch.__version__}); use \"cpu\" or \"auto\"")
     return torch.device(name)
-
-
-def tied_names(model: torch.nn.Module) -> set[str]:
-    """Names of parameters that are another parameter under a second name (e.g. ``lm_head.weight`` when the
-    embeddings are tied); save_pretrained leaves them out, and so does a gathered full state dict."""
-    seen: set[int] = set()
-    tied = set()
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in seen:
-            tied.add(name)
-        seen.add(id(param))
-    return tied
 
 
 def sample_problem(sample: TrainSample, proximal: Sequence[float] | None = None) -> str | None:
@@ -636,13 +625,20 @@ class Trainer:
         the other ranks an empty dict (torch.distributed.checkpoint.state_dict, ``full_state_dict=True``).
         """
         if not self.group.sharded:
-            return {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
+            return {k: v.detach().to("cpu") for k, v in self.model.state_dict().items() if k not in self._tied}
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         full = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         prefix = "policy."
         named = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in full.items()}
         return {k: v for k, v in named.items() if k not in self._tied}
+
+    def checkpoint_state_dict(self) -> dict[str, torch.Tensor]:
+        """:meth:`full_state_dict` under checkpoint names (``model.layers...``, ``visual...``: what save_pretrained
+        writes and SGLang's ``load_weights`` matches; arpo_async.model.checkpoint_names). A collective like
+        :meth:`full_state_dict`; ranks other than 0 get an empty dict."""
+        full = self.full_state_dict()
+        return to_checkpoint_names(self.model, full) if full else {}
 
     # ------------------------------------------------------------------ checkpoints (model + optimizer)
 

@@ -5,8 +5,9 @@ to it or to the `Engine`. Bad requests get HTTP 400 with SGLang's error body ``{
 an engine failure gets 500 with the same shape; no traceback ever reaches a client.
 
 Routes (sglang python/sglang/srt/entrypoints/http_server.py): POST|PUT /generate, POST /update_weights_from_disk,
-POST /init_weights_update_group, POST /update_weights_from_distributed, POST /destroy_weights_update_group
-(arpo_async.weight_sync), POST /update_weight_version, GET /get_model_info, GET /get_weight_version, GET /get_server_info, GET /health,
+POST /init_weights_update_group, POST /begin_weight_update, POST /update_weights_from_distributed,
+POST /end_weight_update, POST /destroy_weights_update_group (arpo_async.weight_sync), GET|POST /weights_checker,
+POST /update_weight_version, GET /get_model_info, GET /get_weight_version, GET /get_server_info, GET /health,
 GET /health_generate, POST /pause_generation, POST /continue_generation, GET|POST /flush_cache,
 POST /abort_request.
 """
@@ -14,6 +15,7 @@ POST /abort_request.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import logging
@@ -35,13 +37,22 @@ from arpo_async.serve.protocol import (
     parse_generate,
 )
 from arpo_async.serve.scheduler import EngineFailure, Scheduler
-from arpo_async.weight_sync import WeightGroup, WeightGroupError, dtype_from_name
+from arpo_async.weight_sync import (
+    FLATTENED_BUCKET,
+    WeightGroup,
+    WeightGroupError,
+    bucket_layout,
+    dtype_from_name,
+    overall_checksum,
+    unflatten_bucket,
+)
 
 log = logging.getLogger(__name__)
 
 ENGINE_KEY = web.AppKey("engine", Engine)
 SCHEDULER_KEY = web.AppKey("scheduler", Scheduler)
 GROUPS_KEY = web.AppKey("weight_groups", dict)
+SESSION_KEY = web.AppKey("weight_session", dict)
 WEIGHTS_ROOT_KEY = web.AppKey("weights_root", object)
 
 
@@ -108,7 +119,9 @@ async def generate(request: web.Request) -> web.Response:
 
 async def update_weights_from_disk(request: web.Request) -> web.Response:
     """POST /update_weights_from_disk {model_path, load_format?, abort_all_requests?, weight_version?,
-    flush_cache?} -> {success, message, num_paused_requests}; 400 when the load fails."""
+    flush_cache?} -> {success, message, num_paused_requests}; 400 when the load fails, or when ``flush_cache``
+    (default true) meets queued requests while generation is not paused (the weights are loaded then, as in
+    SGLang 0.5.23)."""
     engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
     body = await _json_body(request)
     model_path = body.get("model_path")
@@ -126,6 +139,8 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
         if ok and version is not None:
             engine.weight_version = str(version)
             message += f" Weight version updated to {version}."
+        if ok and body.get("flush_cache", True) and not scheduler.flushable:
+            return False, FLUSH_REFUSED
         return ok, message
 
     ok, message = await scheduler.exclusive(load, abort_all=bool(body.get("abort_all_requests", False)))
@@ -138,91 +153,190 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
 WEIGHT_GROUP_TIMEOUT_S = 120.0
 """Seconds a weight-group rendezvous or broadcast may wait for the learner before it fails."""
 
+FLUSH_REFUSED = ("Weights were updated, but the cache was not flushed because requests are still running or "
+                 "queued. Retract or finish them, then call /flush_cache.")
+"""SGLang 0.5.23's answer when an update's flush_cache meets running or queued requests (generation not paused)."""
+
+SELECTORS = ("target", "draft", "all")
+
 
 def _groups(request: web.Request) -> dict[str, WeightGroup]:
     return request.app[GROUPS_KEY]
 
 
+def _answer(ok: bool, message: str, **extra) -> web.Response:
+    """SGLang's weight-route answer: {success, message} with 200, or 400 when success is false."""
+    return web.json_response({"success": ok, "message": message, **extra}, status=200 if ok else 400)
+
+
+def _selector(body: dict) -> str:
+    selector = body.get("selector", "all")
+    if selector not in SELECTORS:
+        raise RequestError(f"selector must be one of {SELECTORS}, got {selector!r}")
+    return selector
+
+
 async def init_weights_update_group(request: web.Request) -> web.Response:
     """POST /init_weights_update_group {master_address, master_port, rank_offset, world_size, group_name,
-    backend} -> {success, message}; joins the learner's weight group as rank ``rank_offset`` (gloo: this
-    server runs on CPU; backend "nccl" is refused with a message). 400 when the rendezvous fails."""
+    backend} -> {success, message}; joins the learner's weight group as rank ``rank_offset``, built as SGLang
+    builds it (arpo_async.weight_sync.init_custom_process_group; gloo: this server runs on CPU, backend "nccl"
+    is refused with a message). A name already in use here is refused, as torch refuses it in SGLang: the
+    learner destroys the old group or picks a new name. 400 when the rendezvous fails."""
     body = await _json_body(request)
     try:
         address, port = str(body["master_address"]), int(body["master_port"])
-        rank, world = int(body.get("rank_offset", 1)), int(body["world_size"])
+        rank, world = int(body["rank_offset"]), int(body["world_size"])
         name = str(body.get("group_name", "weight_update_group"))
     except (KeyError, TypeError, ValueError) as e:
         raise RequestError(f"init_weights_update_group needs master_address, master_port, rank_offset, "
                            f"world_size, group_name: {e}") from e
     backend = body.get("backend", "nccl")
     if backend != "gloo":
-        return web.json_response({"success": False, "message": f"arpo-serve runs on CPU and joins weight groups "
-                                  f"with gloo; backend {backend!r} is not available here (send backend='gloo')"},
-                                 status=400)
+        return _answer(False, f"arpo-serve runs on CPU and joins weight groups with gloo; backend {backend!r} is "
+                       "not available here (send backend='gloo')")
     if not 0 < rank < world:
         raise RequestError(f"rank_offset {rank} must be in [1, world_size={world})")
-    old = _groups(request).pop(name, None)
-    if old is not None:
-        log.info("weight group %s re-created", name)
+    if name in _groups(request):
+        return _answer(False, f"Failed to initialize custom process group: the group name {name!r} has already "
+                       "been created, please use a different group name.")
     try:
         group = await asyncio.to_thread(WeightGroup.join, address, port, rank, world, name, WEIGHT_GROUP_TIMEOUT_S)
     except WeightGroupError as e:
-        return web.json_response({"success": False, "message": str(e)}, status=400)
+        return _answer(False, f"Failed to initialize custom process group: {e}.")
     _groups(request)[name] = group
-    return web.json_response({"success": True, "message": f"Joined weight group {name} as rank {rank} of {world}."})
+    return _answer(True, "Succeeded to initialize custom process group.")
 
 
-async def update_weights_from_distributed(request: web.Request) -> web.Response:
-    """POST /update_weights_from_distributed {names, dtypes, shapes, group_name, flush_cache?,
-    abort_all_requests?, weight_version?} -> {success, message}: receive each tensor broadcast from rank 0 of
-    the group, in ``names`` order, and load them together while no batch runs; 400 on failure (the model is
-    unchanged and the group is dropped: the learner re-creates it)."""
-    engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
-    body = await _json_body(request)
+async def begin_weight_update(request: web.Request) -> web.Response:
+    """POST /begin_weight_update {selector} -> {success, message}: open a weight-update session (SGLang 0.5.23:
+    distributed and tensor updates load only inside one; a second begin answers success=false, 400)."""
+    body = await _json_body(request, required=False)
+    selector = _selector(body)
+    session = request.app[SESSION_KEY]
+    if session.get("open"):
+        return _answer(False, "a weight-update session is already open; call end_weight_update() first")
+    session.update(open=True, selector=selector, loaded=False)
+    return _answer(True, "Success")
+
+
+async def end_weight_update(request: web.Request) -> web.Response:
+    """POST /end_weight_update {} -> {success, message}: close the session (success=false, 400, when none is
+    open)."""
+    await _json_body(request, required=False)
+    session = request.app[SESSION_KEY]
+    if not session.get("open"):
+        return _answer(False, "no weight-update session is open; call begin_weight_update() first")
+    session.clear()
+    return _answer(True, "Success")
+
+
+def _receive_buffers(body: dict) -> tuple[list[str], list[torch.Tensor], torch.Tensor | None]:
+    """Names, the tensors to receive into, and (``load_format = "flattened_bucket"``) the one flat uint8 tensor
+    the broadcast fills, whose views the tensors are. Raises RequestError for a malformed body."""
     names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
     if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
             and len(names) == len(dtypes) == len(shapes) and names):
         raise RequestError("names, dtypes and shapes must be non-empty lists of equal length")
+    load_format = body.get("load_format")
     try:
-        buffers = [torch.empty([int(d) for d in shape], dtype=dtype_from_name(str(dtype)))
-                   for dtype, shape in zip(dtypes, shapes)]
+        torch_dtypes = [dtype_from_name(str(d)) for d in dtypes]
+        dims = [[int(d) for d in shape] for shape in shapes]
+        if load_format == FLATTENED_BUCKET:
+            flat = torch.empty(bucket_layout(torch_dtypes, dims)[-1][1], dtype=torch.uint8)
+            return [str(n) for n in names], unflatten_bucket(flat, torch_dtypes, dims), flat
+        if load_format is not None:
+            raise RequestError(f"unsupported load_format {load_format!r} (None or {FLATTENED_BUCKET!r})")
+        return [str(n) for n in names], [torch.empty(d, dtype=t) for t, d in zip(torch_dtypes, dims)], None
     except (TypeError, ValueError, RuntimeError) as e:
+        if isinstance(e, RequestError):
+            raise
         raise RequestError(f"bad dtypes or shapes: {e}") from e
+
+
+async def update_weights_from_distributed(request: web.Request) -> web.Response:
+    """POST /update_weights_from_distributed {names, dtypes, shapes, group_name, load_format?, flush_cache?,
+    abort_all_requests?, weight_version?, selector?} -> {success, message}, as SGLang 0.5.23 answers it:
+
+    - success=false unless a session is open (/begin_weight_update);
+    - receive each tensor broadcast from rank 0 of the group in ``names`` order, or one flat bucket
+      (``load_format = "flattened_bucket"``), then load them while no batch runs, all or nothing, by checkpoint
+      name (a name the checkpoint lacks fails the call; the model is unchanged);
+    - ``flush_cache`` (default true) fails the call after the load when requests are queued and generation is
+      not paused, as SGLang's cache flush does;
+    - a broadcast that fails drops the group (the learner re-creates it). 400 whenever success is false."""
+    engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
+    body = await _json_body(request)
+    names, buffers, flat = _receive_buffers(body)
+    _selector(body)
+    if not request.app[SESSION_KEY].get("open"):
+        return _answer(False, "update_weights_from_distributed must run between begin_weight_update() and "
+                       "end_weight_update()")
     name = str(body.get("group_name", "weight_update_group"))
     group = _groups(request).get(name)
     if group is None:
-        return web.json_response({"success": False, "message": f"no weight group {name!r}; call "
-                                  "/init_weights_update_group first"}, status=400)
+        return _answer(False, f"Failed to receive weights: group {name!r} not in {sorted(_groups(request))}. "
+                       "Please call `init_weights_update_group` first.")
     version = body.get("weight_version")
 
     def receive_and_load() -> tuple[bool, str]:  # while no batch runs: weights and version change together
-        group.broadcast(buffers)
-        ok, message = engine.load_tensors(dict(zip(map(str, names), buffers)))
-        if ok and version is not None:
+        group.broadcast([flat] if flat is not None else buffers)
+        ok, message = engine.load_tensors(dict(zip(names, buffers)))
+        if not ok:
+            return False, (f"Failed to update parameter online: {message}. The weights served are unchanged "
+                           "(arpo-serve loads all or nothing).")
+        if version is not None:
             engine.weight_version = str(version)
-            message += f" Weight version updated to {version}."
-        return ok, message
+        if body.get("flush_cache", True) and not scheduler.flushable:
+            return False, FLUSH_REFUSED
+        return True, "Succeeded to update parameter online."
 
     try:
         ok, message = await scheduler.exclusive(receive_and_load,
                                                 abort_all=bool(body.get("abort_all_requests", False)))
     except WeightGroupError as e:
-        _groups(request).pop(name, None)
-        return web.json_response({"success": False, "message": str(e)}, status=400)
-    if ok and version is not None:
-        scheduler.stats.weight_updates += 1
+        _groups(request).pop(name).destroy()
+        return _answer(False, f"Failed to receive weights: {e}")
+    if ok or message == FLUSH_REFUSED:
+        request.app[SESSION_KEY]["loaded"] = True
+        if version is not None:
+            scheduler.stats.weight_updates += 1
     log.info("weight bucket of %d tensors from group %s: %s", len(names), name, message)
-    return web.json_response({"success": ok, "message": message}, status=200 if ok else 400)
+    return _answer(ok, message)
 
 
 async def destroy_weights_update_group(request: web.Request) -> web.Response:
     """POST /destroy_weights_update_group {group_name} -> {success, message}."""
     body = await _json_body(request, required=False)
     name = str(body.get("group_name", "weight_update_group"))
-    found = _groups(request).pop(name, None) is not None
-    return web.json_response({"success": found, "message": f"weight group {name} destroyed" if found
-                              else f"no weight group {name!r}"}, status=200 if found else 400)
+    group = _groups(request).pop(name, None)
+    if group is None:
+        return _answer(False, "The group to be destroyed does not exist.")
+    group.destroy()
+    return _answer(True, "Succeeded to destroy custom process group.")
+
+
+async def weights_checker(request: web.Request) -> web.Response:
+    """GET|POST /weights_checker {action: "checksum", skip_tensor_list?, selector?} -> {success, message, ranks:
+    [{checksums: {name: 16 hex digits}, per_gpu_checksum, parallelism_info: [...]}], per_engine_checksum}, the
+    shape SGLang 0.5.23 answers (entrypoints/http_server.py ``check_weights``; hashes as its CPU path,
+    arpo_async.weight_sync.tensor_checksum). Names are checkpoint names (SGLang keys its own parameter names,
+    with q/k/v and gate/up fused). Only the "checksum" action exists here; others answer success=false."""
+    engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
+    body = await _json_body(request, required=False)
+    action = body.get("action", "checksum")
+    skip = body.get("skip_tensor_list") or []
+    _selector(body)
+    if not isinstance(skip, list) or not all(isinstance(x, str) for x in skip):
+        raise RequestError("skip_tensor_list must be a list of strings")
+    if action != "checksum":
+        return _answer(False, f"Unsupported action={action!r}: arpo-serve answers 'checksum' only")
+    checksums = await scheduler.exclusive(engine.checksums)
+    checksums = {k: v for k, v in checksums.items() if not any(pattern in k for pattern in skip)}
+    per_gpu = overall_checksum(checksums)
+    place = {"role": "target", "tp_rank": 0, "tp_size": 1, "dp_rank": 0, "dp_size": 1, "pp_rank": 0, "pp_size": 1,
+             "rank": 0, "size": 1}
+    ranks = [{"checksums": checksums, "per_gpu_checksum": per_gpu, "parallelism_info": [place]}]
+    return _answer(True, "Success.", ranks=ranks, per_engine_checksum=hashlib.sha256(per_gpu.encode()).hexdigest())
 
 
 async def update_weight_version(request: web.Request) -> web.Response:
@@ -254,11 +368,13 @@ async def get_weight_version(request: web.Request) -> web.Response:
 
 
 async def get_server_info(request: web.Request) -> web.Response:
-    """Server arguments plus ``internal_states`` (one entry: the scheduler's counters), as SGLang's."""
+    """Server arguments plus ``internal_states`` (one entry: the scheduler's counters), as SGLang's; ``dtype`` and
+    ``device`` as SGLang's server arguments name them (the learner's weight check reads both)."""
     engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
     return web.json_response({
         "model_path": str(engine.model_dir), "max_running_requests": scheduler.max_batch,
         "logprob_mode": engine.logprob_mode, "weight_version": engine.weight_version,
+        "dtype": str(next(engine.model.parameters()).dtype).split(".")[-1], "device": "cpu",
         "internal_states": [scheduler.internal_state()], "version": f"arpo-serve {arpo_async.__version__}",
     })
 
@@ -295,9 +411,9 @@ async def continue_generation(request: web.Request) -> web.Response:
 
 
 async def flush_cache(request: web.Request) -> web.Response:
-    """GET|POST /flush_cache: there is no prefix cache; succeeds only when idle, like SGLang's."""
-    scheduler = request.app[SCHEDULER_KEY]
-    idle = scheduler.running == 0 and scheduler.queue_depth == 0
+    """GET|POST /flush_cache: there is no prefix cache; succeeds only when SGLang's would (no running batch, and
+    nothing queued unless generation is paused), else 400."""
+    idle = request.app[SCHEDULER_KEY].flushable
     return web.Response(
         text="Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
              "requests, the operation will not be performed.)\n",
@@ -343,6 +459,7 @@ def build_app(engine: Engine, scheduler: Scheduler, *, api_key: str = "",
     app[ENGINE_KEY] = engine
     app[SCHEDULER_KEY] = scheduler
     app[GROUPS_KEY] = {}
+    app[SESSION_KEY] = {}
     r = app.router
     r.add_post("/generate", generate)
     r.add_put("/generate", generate)
@@ -351,6 +468,10 @@ def build_app(engine: Engine, scheduler: Scheduler, *, api_key: str = "",
     r.add_post("/init_weights_update_group", init_weights_update_group)
     r.add_post("/update_weights_from_distributed", update_weights_from_distributed)
     r.add_post("/destroy_weights_update_group", destroy_weights_update_group)
+    r.add_post("/begin_weight_update", begin_weight_update)
+    r.add_post("/end_weight_update", end_weight_update)
+    r.add_get("/weights_checker", weights_checker)
+    r.add_post("/weights_checker", weights_checker)
     r.add_get("/get_model_info", get_model_info)
     r.add_get("/get_weight_version", get_weight_version)
     r.add_get("/get_server_info", get_server_info)

@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from arpo_async.model.checkpoint_names import checkpoint_name_map
 from arpo_async.model.inputs import (
     ModelInputError,
     PromptEncoder,
@@ -43,6 +44,7 @@ from arpo_async.model.inputs import (
     pixel_inputs,
 )
 from arpo_async.serve.grammar import GrammarBackend, GrammarSpec
+from arpo_async.weight_sync import tensor_checksum
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +216,8 @@ class Engine:
         self._thread_guard = threading.Lock()
         self._pixel_cache: OrderedDict[bytes, dict] = OrderedDict()
         self._pixel_lock = threading.Lock()
+        self.checkpoint_names = checkpoint_name_map(self.model)
+        """Checkpoint name -> module name of every weight this engine serves (the names it loads by)."""
 
     # ------------------------------------------------------------ request preparation (any thread)
 
@@ -325,46 +329,42 @@ class Engine:
         return True, f"Succeeded to update model weights from {model_path}."
 
     def load_tensors(self, tensors: dict[str, "torch.Tensor"], *, complete: bool = False) -> tuple[bool, str]:
-        """Copy ``tensors`` (checkpoint names -> tensors) into the live model; all or nothing.
+        """Load ``tensors`` (checkpoint names -> tensors) into the live model; all or nothing.
 
+        Names are checkpoint names (``model.layers...``, ``visual...``: what save_pretrained writes), the only
+        names SGLang 0.5.23's Qwen2.5-VL ``load_weights`` loads; a module name such as
+        ``model.language_model.layers...`` is refused (SGLang would fail the update or skip it silently).
         ``complete``: every weight of the model must be among them (a whole checkpoint); otherwise any subset
-        (one bucket of a distributed update). Keys saved by transformers 4.x are mapped to this model's names.
-        Returns ``(success, message)``; on failure the model is unchanged.
+        (one bucket of a distributed update). Everything is checked and converted into new tensors first, then
+        copied in while no batch runs: on failure the model is unchanged.
+
+        Returns:
+            ``(success, message)``; the message names up to 5 unknown, missing or misshapen names.
         """
         with self._thread_guard:
             own = self.model.state_dict()
-            renamed: dict[str, torch.Tensor] = {}
-            unknown = []
-            for key, tensor in tensors.items():
-                name = _rename_key(key, own)
-                if name is None:
-                    unknown.append(key)
-                else:
-                    renamed[name] = tensor
-            tied = getattr(self.model.config, "tie_word_embeddings", False)
-            missing = ([k for k in own if k not in renamed and not (tied and k == "lm_head.weight")]
-                       if complete else [])
-            bad_shape = [k for k, v in renamed.items() if tuple(v.shape) != tuple(own[k].shape)]
+            unknown = [k for k in tensors if k not in self.checkpoint_names]
+            missing = [k for k in self.checkpoint_names if k not in tensors] if complete else []
+            bad_shape = [k for k, v in tensors.items() if k in self.checkpoint_names
+                         and tuple(v.shape) != tuple(own[self.checkpoint_names[k]].shape)]
             if unknown or missing or bad_shape:
-                return False, (f"checkpoint does not fit the model: unknown {unknown[:5]}, missing {missing[:5]}, "
+                hint = (" (module names; send checkpoint names as save_pretrained writes them)"
+                        if any(k.startswith(("model.language_model.", "model.visual.")) for k in unknown) else "")
+                return False, (f"weights do not fit the model: unknown {unknown[:5]}{hint}, missing {missing[:5]}, "
                                f"wrong shape {bad_shape[:5]}")
-            for name, tensor in renamed.items():
-                own[name].copy_(tensor.to(own[name].dtype))
-        return True, f"Succeeded to update {len(renamed)} weights."
+            staged = {self.checkpoint_names[k]: v.detach().to(own[self.checkpoint_names[k]].dtype, copy=True)
+                      for k, v in tensors.items()}
+            with torch.no_grad():
+                for name, tensor in staged.items():
+                    own[name].copy_(tensor)
+        return True, f"Succeeded to update {len(staged)} weights."
 
-
-def _rename_key(key: str, own: dict) -> str | None:
-    if key in own:
-        return key
-    candidates = []
-    if key.startswith("visual."):
-        candidates.append("model." + key)
-    if key.startswith("model.") and not key.startswith(("model.visual.", "model.language_model.")):
-        candidates.append("model.language_model." + key[len("model."):])
-    for c in candidates:
-        if c in own:
-            return c
-    return None
+    def checksums(self) -> dict[str, str]:
+        """SGLang's ``/weights_checker`` checksum of every served weight, keyed by checkpoint name
+        (arpo_async.weight_sync.tensor_checksum). Runs while no batch runs."""
+        with self._thread_guard:
+            own = self.model.state_dict()
+            return {ck: tensor_checksum(own[name]) for ck, name in self.checkpoint_names.items()}
 
 
 class _BatchRun:

@@ -96,6 +96,12 @@ class Scheduler:
     def running(self) -> int:
         return len(self._running)
 
+    @property
+    def flushable(self) -> bool:
+        """Whether SGLang would flush its cache now: no running batch, and nothing waiting unless generation is
+        paused (sglang 0.5.23 managers/scheduler.py ``flush_cache``: ``is_fully_idle(ignore_waiting=paused)``)."""
+        return not self._running and (not self._waiting or self._paused)
+
     def internal_state(self) -> dict:
         """Counters and queue depths for /get_server_info."""
         return {**asdict(self.stats), "queue_depth": self.queue_depth, "running_requests": self.running,

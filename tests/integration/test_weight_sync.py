@@ -18,8 +18,9 @@ import pytest
 from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.model.init_model import create_tiny_model
 from arpo_async.model.inputs import PromptEncoder
-from learner.publisher import DistributedPublisher, WeightPublisher
+from learner.publisher import DistributedPublisher, WeightPublisher, WeightsMismatch, verify_server
 from learner.trainer import Trainer, TrainerConfig
+from learner.weight_check import served_checksums
 from tests.rank_driver import batch, screenshot
 from tests.support import ServeProcess, free_port
 
@@ -116,9 +117,20 @@ async def test_weight_group_requests_are_checked(model_dir, tmp_path):
             assert status == 400 and body["success"] is False and "gloo" in body["message"]
             status, body = await post("/init_weights_update_group", {**init, "backend": "gloo", "rank_offset": 0})
             assert status == 400 and "rank_offset" in body["error"]["message"]
-            status, body = await post("/update_weights_from_distributed", {
-                "names": ["lm_head.weight"], "dtypes": ["float32"], "shapes": [[4, 4]], "group_name": "none"})
+            update = {"names": ["lm_head.weight"], "dtypes": ["float32"], "shapes": [[4, 4]], "group_name": "none"}
+            status, body = await post("/update_weights_from_distributed", update)  # SGLang 0.5.23: no session
+            assert status == 400 and body["success"] is False and "begin_weight_update" in body["message"]
+            status, body = await post("/end_weight_update", {})
+            assert status == 400 and body["success"] is False and "no weight-update session" in body["message"]
+            assert (await post("/begin_weight_update", {"selector": "all"})) == (200, {"success": True,
+                                                                                    "message": "Success"})
+            status, body = await post("/begin_weight_update", {"selector": "all"})
+            assert status == 400 and body["success"] is False and "already open" in body["message"]
+            status, body = await post("/update_weights_from_distributed", update)
             assert status == 400 and body["success"] is False and "init_weights_update_group" in body["message"]
+            status, body = await post("/update_weights_from_distributed", {**update, "load_format": "direct"})
+            assert status == 400 and "load_format" in body["error"]["message"]
+            assert (await post("/end_weight_update", {}))[0] == 200
             status, body = await post("/update_weights_from_distributed", {
                 "names": ["a", "b"], "dtypes": ["float32"], "shapes": [[1]], "group_name": "g"})
             assert status == 400 and "equal length" in body["error"]["message"]
@@ -138,3 +150,69 @@ def test_nccl_sync_without_cuda_names_the_key():
     with pytest.raises(ConfigError, match="learner.sync_backend"):
         sync_backend(lc)
     assert sync_backend(load_config(None, ['learner.weight_sync="distributed"']).learner) == "gloo"
+
+
+class ModuleNamed:
+    """A trainer that publishes transformers' module names (``model.language_model...``), as the learner did
+    before it sent checkpoint names: SGLang 0.5.23 cannot load them, so arpo-serve must refuse them."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.model = trainer.model
+
+    def checkpoint_state_dict(self) -> dict:
+        return self.trainer.full_state_dict()
+
+
+async def test_flattened_buckets_checksums_and_refused_names(model_dir, tmp_path):
+    trainer = Trainer(model_dir, TrainerConfig(lr=1e-2))
+    trainer.train_step(batch(model_dir, 0))
+    server = ServeProcess(model_dir, free_port(), tmp_path)
+    server.start()
+    retry = RetryPolicy(attempts=2, request_timeout_s=30.0, admin_timeout_s=30.0)
+    try:
+        async with PolicyClient([server.url], retry=retry) as client:
+            initial = served_checksums(await client.weights_checker(server.url))
+            assert set(initial) == set(trainer.checkpoint_state_dict())  # checkpoint names, every weight
+
+            flat = DistributedPublisher(client, [server.url], bucket_mb=0.05, timeout_s=20.0,
+                                        load_format="flattened_bucket", verify_every=1)
+            await flat.publish_from(trainer, 1)
+            assert (flat.failures, flat.verified) == (0, 1)
+            published = served_checksums(await client.weights_checker(server.url))
+            assert published != initial
+            assert (await scored(server.url, model_dir))[1] == "1"
+
+            # module names are refused and nothing of them is loaded; the server stays paused until a whole
+            # publication (which first closes the session left open) succeeds
+            trainer.train_step(batch(model_dir, 1))
+            refused = DistributedPublisher(client, [server.url], bucket_mb=0.05, timeout_s=20.0)
+            await refused.publish_from(ModuleNamed(trainer), 2)
+            assert refused.failures == 1
+            assert served_checksums(await client.weights_checker(server.url)) == published
+            info = await client.server_info(server.url)
+            assert info["internal_states"][0]["paused"] is True and info["weight_version"] == "1"
+            await flat.publish_from(trainer, 2)
+            assert (flat.failures, flat.verified) == (0, 2)
+            assert (await scored(server.url, model_dir))[1] == "2"
+
+            # a server whose weights differ from the learner's stops the learner, naming the server
+            tampered = trainer.checkpoint_state_dict()
+            name = next(iter(tampered))
+            tampered[name] = tampered[name] + 1.0
+            with pytest.raises(WeightsMismatch, match=f"{server.url}.*{name}"):
+                await verify_server(client, server.url, tampered, trainer)
+    finally:
+        server.stop()
+
+
+def test_weight_group_names_are_single_use_as_in_torch():
+    """Both ends build groups with SGLang's init_custom_process_group; torch refuses a group name twice in one
+    process, so the publisher names each new group afresh and destroys the old one."""
+    from arpo_async.weight_sync import WeightGroup, WeightGroupError
+
+    group = WeightGroup.join("127.0.0.1", free_port(), 0, 1, "single-use", 20.0)
+    with pytest.raises(WeightGroupError, match="single-use"):
+        WeightGroup.join("127.0.0.1", free_port(), 0, 1, "single-use", 5.0)
+    group.destroy()
+    WeightGroup.join("127.0.0.1", free_port(), 0, 1, "single-use", 5.0).destroy()

@@ -1,0 +1,96 @@
+"""Checking what a server serves after a weight sync: its /weights_checker checksums against the learner's tensors.
+
+A server answers ``/weights_checker {"action": "checksum"}`` with a checksum per weight it serves (SGLang 0.5.23
+utils/weight_checker.py; arpo-serve answers the same shape). arpo-serve keys them by checkpoint name. SGLang keys
+them by its own parameter names, which for Qwen2.5-VL fuse what the checkpoint keeps apart (models/qwen2_5_vl.py
+``load_weights``, one tensor-parallel rank): ``...self_attn.qkv_proj`` is q, k and v concatenated along dim 0,
+``...mlp.gate_up_proj`` is gate then up (visual blocks too), and a vision block's ``attn.qkv`` is
+``attn.qkv_proj``. :func:`expected_checksum` computes the learner's checksum under either kind of name; names it
+cannot compute (buffers, another architecture's fused names) are left out of the comparison and counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from arpo_async.weight_sync import tensor_checksum
+
+__all__ = ["WeightCheck", "compare_checksums", "expected_checksum", "served_checksums"]
+
+Hasher = Callable[[torch.Tensor], str]
+
+
+def _fused(name: str, tensors: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    if ".qkv_proj." in name:
+        if name.startswith("visual."):
+            return tensors.get(name.replace(".attn.qkv_proj.", ".attn.qkv."))
+        parts = [tensors.get(name.replace(".qkv_proj.", f".{p}_proj.")) for p in "qkv"]
+    elif ".gate_up_proj." in name:
+        parts = [tensors.get(name.replace(".gate_up_proj.", f".{p}_proj.")) for p in ("gate", "up")]
+    else:
+        return None
+    return torch.cat(parts, dim=0) if all(p is not None for p in parts) else None
+
+
+def expected_checksum(name: str, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
+                      hasher: Hasher = tensor_checksum) -> str | None:
+    """The checksum a server should report for ``name``, from the learner's ``tensors`` (checkpoint names) cast
+    to the server's ``dtype``; None when ``name`` is neither a checkpoint name nor one of SGLang's fused names
+    built from them."""
+    tensor = tensors.get(name)
+    if tensor is None:
+        tensor = _fused(name, tensors)
+    return None if tensor is None else hasher(tensor.to(dtype))
+
+
+def served_checksums(answer: dict) -> dict[str, str]:
+    """Name -> checksum from a /weights_checker answer (every rank's ``checksums`` merged).
+
+    Raises:
+        ValueError: the answer is not success, or has no ``ranks`` with ``checksums``.
+    """
+    if not answer.get("success"):
+        raise ValueError(f"weights_checker answered success=false: {answer.get('message', answer)}")
+    ranks = answer.get("ranks")
+    if not isinstance(ranks, list) or not ranks:
+        raise ValueError("weights_checker answer has no 'ranks'")
+    merged: dict[str, str] = {}
+    for rank in ranks:
+        checksums = rank.get("checksums") if isinstance(rank, dict) else None
+        if not isinstance(checksums, dict):
+            raise ValueError("a weights_checker rank has no 'checksums' map")
+        merged.update({str(k): str(v) for k, v in checksums.items()})
+    return merged
+
+
+@dataclass(frozen=True)
+class WeightCheck:
+    """The outcome of one comparison: names compared, names that differ (sorted), names the learner could not
+    compute (left out)."""
+
+    compared: int
+    mismatched: list[str]
+    skipped: int
+
+    @property
+    def ok(self) -> bool:
+        return self.compared > 0 and not self.mismatched
+
+
+def compare_checksums(served: dict[str, str], tensors: dict[str, torch.Tensor], dtype: torch.dtype,
+                      hasher: Hasher = tensor_checksum) -> WeightCheck:
+    """Compare a server's checksums with the learner's ``tensors`` (checkpoint names) cast to ``dtype``.
+    ``compared`` 0 (no name in common) is not ok: nothing was checked."""
+    mismatched, compared, skipped = [], 0, 0
+    for name, checksum in served.items():
+        expected = expected_checksum(name, tensors, dtype, hasher)
+        if expected is None:
+            skipped += 1
+            continue
+        compared += 1
+        if expected != checksum:
+            mismatched.append(name)
+    return WeightCheck(compared, sorted(mismatched), skipped)
