@@ -61,7 +61,7 @@ def init_custom_process_group(*, backend: str, init_method: str, world_size: int
                               timeout: datetime.timedelta) -> "dist.ProcessGroup":
     """A process group apart from the default one, built exactly as SGLang's ``init_custom_process_group``
     (sglang 0.5.23 python/sglang/srt/utils/common.py, itself after verl and OpenRLHF) builds it, so that both
-    ends meet: torch's ``rendezvous(init_method, rank, world_size)`` (a TCPStore, rank 0 hosting it), then
+    ends meet: torch's ``rendezvous(init_method, rank, world_size)`` (a TCPStore, rank 0 hosting it; see below), then
     ``PrefixStore(group_name, store)``, then ``_new_process_group_helper(world_size, rank, [], backend, store,
     group_name=group_name)``, which prefixes the keys again; group ranks equal their ranks in the group.
 
@@ -69,18 +69,24 @@ def init_custom_process_group(*, backend: str, init_method: str, world_size: int
         init_method: ``"tcp://ADDR:PORT"``.
         group_name: unique within this process (torch refuses a name already created here).
 
+    One departure, which changes no key: the store is made as ``rendezvous`` makes it outside torchrun
+    (``TCPStore(host, port, world_size, is_master=rank == 0, multi_tenant=True)``, torch's ``_create_c10d_store``).
+    Under torchrun (``TORCHELASTIC_USE_AGENT_STORE``) ``rendezvous`` would make rank 0 a client of a store that
+    nobody hosts at ``init_method`` (verl and slime run their trainers under Ray, where this never arises), and
+    the learner's rank 0 runs under torchrun.
+
     Raises:
         ValueError, RuntimeError, torch.distributed.DistError: the rendezvous timed out or the name is taken.
     """
-    from torch.distributed.distributed_c10d import (
-        Backend,
-        PrefixStore,
-        _new_process_group_helper,
-        _world,
-        rendezvous,
-    )
+    from urllib.parse import urlparse
 
-    store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world
+
+    where = urlparse(init_method)
+    if where.scheme != "tcp" or where.hostname is None or where.port is None:
+        raise ValueError(f"init_method must be tcp://ADDR:PORT, got {init_method!r}")
+    store = dist.TCPStore(host_name=where.hostname, port=where.port, world_size=world_size, is_master=rank == 0,
+                          timeout=timeout, multi_tenant=True)
     store.set_timeout(timeout)
     store = PrefixStore(group_name, store)
     group, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), store, group_name=group_name,

@@ -293,3 +293,27 @@ async def test_image_pad_mismatch_and_bad_checkpoint_get_400(server, prompt, tmp
         assert status == 400 and "image_pad" in out["error"]["message"]
         status, out = await _post(s, f"{server}/update_weights_from_disk", {"model_path": str(tmp_path)})
         assert status == 400 and out["success"] is False and "safetensors" in out["message"]
+
+
+async def test_flush_cache_is_refused_while_requests_run_and_allowed_when_paused(server, prompt):
+    """SGLang 0.5.23 (managers/scheduler.py flush_cache): refused while a batch runs or requests wait, unless
+    generation is paused; a retract pause lets the flush (and so a weight update's flush) through."""
+    body = {"input_ids": prompt["input_ids"], "image_data": prompt["image_data"],
+            "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
+    async with aiohttp.ClientSession() as s:
+        long = asyncio.create_task(_post(s, f"{server}/generate", body))
+        async with asyncio.timeout(DEADLINE_S):
+            while (await _server_state(s, server))["running_requests"] < 1:
+                await asyncio.sleep(0.02)
+        async with s.post(f"{server}/flush_cache") as resp:
+            assert resp.status == 400
+        queued = asyncio.create_task(_post(s, f"{server}/generate", {**body, "sampling_params": {"max_new_tokens": 2}}))
+        await _wait_for_queue(s, server, 1)
+        assert (await _post(s, f"{server}/pause_generation", {"mode": "retract"}))[0] == 200
+        assert (await _server_state(s, server))["queue_depth"] == 1  # waiting, not aborted
+        async with s.post(f"{server}/flush_cache") as resp:
+            assert resp.status == 200
+        assert (await _post(s, f"{server}/continue_generation"))[0] == 200
+        for task in (long, queued):
+            status, out = await task
+            assert status == 200 and out["meta_info"]["finish_reason"]["type"] == "length"
