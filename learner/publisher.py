@@ -305,13 +305,16 @@ class DistributedPublisher:
             group.destroy()
 
     async def _join(self, index: int, url: str) -> WeightGroup:
+        """A new group with ``url``: this learner is rank 0, the server's tensor-parallel ranks are 1..tp_size
+        (SGLang: rank_offset + tp_rank; ``tp_size`` from /get_server_info, 1 when it does not say)."""
         self._joins += 1
         name = f"arpo-weights-{index}-{self._token}-{self._joins}"
+        world = 1 + int((await self._client.server_info(url)).get("tp_size") or 1)
         port = _free_port(self.host)
         joining = asyncio.create_task(self._client.init_weights_update_group(
-            url, master_address=self.host, master_port=port, rank_offset=1, world_size=2, group_name=name,
+            url, master_address=self.host, master_port=port, rank_offset=1, world_size=world, group_name=name,
             backend=self.backend, timeout_s=self.timeout_s + 30))
-        joined = in_daemon_thread(WeightGroup.join, self.host, port, 0, 2, name, self.timeout_s, self.backend)
+        joined = in_daemon_thread(WeightGroup.join, self.host, port, 0, world, name, self.timeout_s, self.backend)
         await asyncio.wait([joining, joined], return_when=asyncio.FIRST_COMPLETED)
         if joining.done() and not joining.exception() and not joining.result().get("success", False):
             raise SyncRejected(f"{url} init_weights_update_group refused group {name}: "

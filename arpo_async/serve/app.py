@@ -374,7 +374,7 @@ async def get_server_info(request: web.Request) -> web.Response:
     return web.json_response({
         "model_path": str(engine.model_dir), "max_running_requests": scheduler.max_batch,
         "logprob_mode": engine.logprob_mode, "weight_version": engine.weight_version,
-        "dtype": str(next(engine.model.parameters()).dtype).split(".")[-1], "device": "cpu",
+        "dtype": str(next(engine.model.parameters()).dtype).split(".")[-1], "device": "cpu", "tp_size": 1,
         "internal_states": [scheduler.internal_state()], "version": f"arpo-serve {arpo_async.__version__}",
     })
 
