@@ -1,0 +1,70 @@
+"""How the distributed publisher meets a server that does not play along: a session left open by a publication cut
+short (closed once, then the publication goes through), and a server that says it joined the weight group but
+never does (the rendezvous times out; that server is skipped with one log line and the learner goes on)."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from arpo_async.inference_client import PolicyClient, RetryPolicy
+from arpo_async.model.init_model import create_tiny_model
+from learner.publisher import DistributedPublisher
+from learner.trainer import Trainer, TrainerConfig
+from tests.support import ServeProcess, free_port
+
+RETRY = RetryPolicy(attempts=1, request_timeout_s=30.0, admin_timeout_s=30.0)
+
+
+async def test_a_session_left_open_is_closed_once_and_the_publication_goes_through(tmp_path, caplog):
+    model = create_tiny_model(tmp_path / "policy", seed=0)
+    trainer = Trainer(model, TrainerConfig(lr=1e-2))
+    server = ServeProcess(model, free_port(), tmp_path)
+    server.start()
+    try:
+        async with PolicyClient([server.url], retry=RETRY) as client:
+            assert (await client.begin_weight_update(server.url))["success"] is True  # a learner died here
+            publisher = DistributedPublisher(client, [server.url], timeout_s=20.0, verify_every=1)
+            with caplog.at_level(logging.WARNING, logger="arpo.learner.publish"):
+                await publisher.publish_from(trainer, 7)
+            assert (publisher.failures, publisher.verified) == (0, 1)
+            assert "begin_weight_update refused (a weight-update session is already open" in caplog.text
+            info = await client.server_info(server.url)
+            assert info["weight_version"] == "7" and info["internal_states"][0]["paused"] is False
+            assert (await client.end_weight_update(server.url))["success"] is False  # the session was closed
+    finally:
+        server.stop()
+
+
+async def test_a_server_that_never_joins_is_skipped_after_the_rendezvous_timeout(tmp_path, caplog):
+    model = create_tiny_model(tmp_path / "policy", seed=0)
+    trainer = Trainer(model, TrainerConfig(lr=1e-2))
+    calls: list[str] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        calls.append(request.path)
+        if request.path == "/get_server_info":
+            return web.json_response({"tp_size": 1})
+        if request.path == "/health":
+            return web.Response()
+        return web.json_response({"success": True, "message": "Succeeded to initialize custom process group."})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with PolicyClient([url], retry=RETRY) as client:
+            publisher = DistributedPublisher(client, [url], timeout_s=3.0)
+            with caplog.at_level(logging.WARNING, logger="arpo.learner.publish"):
+                await publisher.publish_from(trainer, 1)  # returns: a server never stops the learner
+        assert publisher.failures == 1
+        assert "/begin_weight_update" not in calls and "/update_weights_from_distributed" not in calls
+        [line] = [r.getMessage() for r in caplog.records if "weight sync of version 1" in r.getMessage()]
+        assert url in line and "cannot join weight group" in line
+    finally:
+        await runner.cleanup()
