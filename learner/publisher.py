@@ -20,6 +20,7 @@ Updating one server at a time keeps the others generating.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import secrets
@@ -34,6 +35,7 @@ import torch
 
 from arpo_async.inference_client import PolicyClient, PolicyRequestError, PolicyUnavailable
 from arpo_async.weight_sync import (
+    DTYPE_NAMES,
     FLATTENED_BUCKET,
     WeightGroup,
     WeightGroupError,
@@ -176,14 +178,17 @@ class WeightsMismatch(PublishError):
 
 
 def _served_dtype(info: dict, trainer: Any) -> torch.dtype:
-    """The dtype a server holds its weights in: ``dtype`` of /get_server_info (SGLang's --dtype; "auto" means the
-    checkpoint config's dtype)."""
-    name = str(info.get("dtype") or "auto")
-    if name == "auto":
-        config = getattr(getattr(trainer, "model", None), "config", None)
-        configured = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
-        return configured if isinstance(configured, torch.dtype) else dtype_from_name(str(configured))
-    return dtype_from_name(name)
+    """The dtype a server holds its weights in: ``dtype`` of /get_server_info (SGLang's --dtype). "auto" resolves
+    as SGLang 0.5.23 resolves it (configs/model_config.py ``_get_and_verify_dtype``): the checkpoint's config
+    dtype, except that a float32 checkpoint is served in float16 (bfloat16 for Gemma)."""
+    name = str(info.get("dtype") or "auto").lower()
+    if name != "auto":
+        return dtype_from_name(name)
+    config = json.loads((Path(trainer.model_dir) / "config.json").read_text())
+    configured = DTYPE_NAMES.get(str(config.get("dtype") or config.get("torch_dtype") or "float32"), torch.float32)
+    if configured == torch.float32:
+        return torch.bfloat16 if str(config.get("model_type", "")).startswith("gemma") else torch.float16
+    return configured
 
 
 def _hasher(info: dict):

@@ -5,7 +5,7 @@ utils/weight_checker.py; arpo-serve answers the same shape). arpo-serve keys the
 them by its own parameter names, which for Qwen2.5-VL fuse what the checkpoint keeps apart (models/qwen2_5_vl.py
 ``load_weights``, one tensor-parallel rank): ``...self_attn.qkv_proj`` is q, k and v concatenated along dim 0,
 ``...mlp.gate_up_proj`` is gate then up (visual blocks too), and a vision block's ``attn.qkv`` is
-``attn.qkv_proj``. :func:`expected_checksum` computes the learner's checksum under either kind of name; names it
+``attn.qkv_proj``. :func:`expected_checksums` computes the learner's checksum under either kind of name; names it
 cannot compute (buffers, another architecture's fused names) are left out of the comparison and counted.
 """
 
@@ -18,7 +18,7 @@ import torch
 
 from arpo_async.weight_sync import tensor_checksum
 
-__all__ = ["WeightCheck", "compare_checksums", "expected_checksum", "served_checksums"]
+__all__ = ["WeightCheck", "compare_checksums", "expected_checksums", "served_checksums"]
 
 Hasher = Callable[[torch.Tensor], str]
 
@@ -35,15 +35,30 @@ def _fused(name: str, tensors: dict[str, torch.Tensor]) -> torch.Tensor | None:
     return torch.cat(parts, dim=0) if all(p is not None for p in parts) else None
 
 
-def expected_checksum(name: str, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
-                      hasher: Hasher = tensor_checksum) -> str | None:
-    """The checksum a server should report for ``name``, from the learner's ``tensors`` (checkpoint names) cast
-    to the server's ``dtype``; None when ``name`` is neither a checkpoint name nor one of SGLang's fused names
-    built from them."""
+VOCAB_PADDING = 64
+"""SGLang pads the rows of ``embed_tokens`` and ``lm_head`` to a multiple of this with zeros
+(layers/vocab_parallel_embedding.py ``DEFAULT_VOCAB_PADDING_SIZE``); its checksum covers the padded tensor."""
+
+
+def expected_checksums(name: str, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
+                       hasher: Hasher = tensor_checksum) -> tuple[str, ...]:
+    """The checksums a server may report for ``name``, from the learner's ``tensors`` (checkpoint names) cast to
+    the server's ``dtype``: the tensor's own, and for a vocabulary matrix whose rows are not a multiple of
+    :data:`VOCAB_PADDING` also the zero-padded one SGLang holds. Empty when ``name`` is neither a checkpoint name
+    nor one of SGLang's fused names built from them."""
     tensor = tensors.get(name)
     if tensor is None:
         tensor = _fused(name, tensors)
-    return None if tensor is None else hasher(tensor.to(dtype))
+    if tensor is None:
+        return ()
+    tensor = tensor.to(dtype)
+    out = (hasher(tensor),)
+    rows = tensor.shape[0] if tensor.dim() == 2 else 0
+    if name.endswith(("embed_tokens.weight", "lm_head.weight")) and rows % VOCAB_PADDING:
+        padded = torch.zeros((rows + VOCAB_PADDING - rows % VOCAB_PADDING, tensor.shape[1]), dtype=dtype)
+        padded[:rows] = tensor
+        out += (hasher(padded),)
+    return out
 
 
 def served_checksums(answer: dict) -> dict[str, str]:
@@ -86,11 +101,11 @@ def compare_checksums(served: dict[str, str], tensors: dict[str, torch.Tensor], 
     ``compared`` 0 (no name in common) is not ok: nothing was checked."""
     mismatched, compared, skipped = [], 0, 0
     for name, checksum in served.items():
-        expected = expected_checksum(name, tensors, dtype, hasher)
-        if expected is None:
+        expected = expected_checksums(name, tensors, dtype, hasher)
+        if not expected:
             skipped += 1
             continue
         compared += 1
-        if expected != checksum:
+        if checksum not in expected:
             mismatched.append(name)
     return WeightCheck(compared, sorted(mismatched), skipped)

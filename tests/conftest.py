@@ -69,3 +69,15 @@ async def osworld_desktop(osworld_image):
     finally:
         await fleet.remove_all()
         await fleet.close()
+
+
+@pytest.fixture(scope="session")
+def sglang_python():
+    """Path of the python of the cached SGLang 0.5.23 test environment (tests/sglang_env.py), built first if missing
+    (about a minute). Fails (never skips) with the import error and the missing package when it cannot be built."""
+    from tests.sglang_env import SGLangEnvError, ensure_sglang_env
+
+    try:
+        return ensure_sglang_env(log=lambda line: print(f"[sglang env] {line}", flush=True))
+    except SGLangEnvError as exc:
+        pytest.fail(f"cannot provide the SGLang test environment: {exc}", pytrace=False)

@@ -356,10 +356,16 @@ async def update_weight_version(request: web.Request) -> web.Response:
 
 
 async def get_model_info(request: web.Request) -> web.Response:
+    """GET /get_model_info: the keys SGLang 0.5.23's http_server.py answers with."""
     engine = request.app[ENGINE_KEY]
+    config = engine.model.config
     return web.json_response({
-        "model_path": str(engine.model_dir), "tokenizer_path": str(engine.model_dir), "is_generation": True,
-        "preferred_sampling_params": None, "weight_version": engine.weight_version,
+        "model_path": str(engine.model_dir), "served_model_name": str(engine.model_dir),
+        "tokenizer_path": str(engine.model_dir), "is_generation": True, "preferred_sampling_params": None,
+        "weight_version": engine.weight_version, "load_format": "auto", "reasoning_parser": None,
+        "tool_call_parser": None, "disaggregation_mode": "null", "has_image_understanding": True,
+        "has_audio_understanding": False, "model_type": config.model_type,
+        "architectures": list(getattr(config, "architectures", None) or [type(engine.model).__name__]),
     })
 
 
@@ -368,11 +374,17 @@ async def get_weight_version(request: web.Request) -> web.Response:
 
 
 async def get_server_info(request: web.Request) -> web.Response:
-    """Server arguments plus ``internal_states`` (one entry: the scheduler's counters), as SGLang's; ``dtype`` and
-    ``device`` as SGLang's server arguments name them (the learner's weight check reads both)."""
+    """Server arguments plus ``internal_states`` (one entry: the scheduler's counters), with the keys SGLang 0.5.23's
+    build_server_info gives; ``dtype``, ``device`` and ``tp_size`` as SGLang's server arguments name them (the
+    learner's weight sync and check read them). There is no KV cache: ``max_total_num_tokens`` is the most tokens a
+    full batch can hold (max_batch x the model's context length)."""
     engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
+    host, port = (request.transport.get_extra_info("sockname") or ("", 0))[:2] if request.transport else ("", 0)
     return web.json_response({
-        "model_path": str(engine.model_dir), "max_running_requests": scheduler.max_batch,
+        "model_path": str(engine.model_dir), "served_model_name": str(engine.model_dir),
+        "tokenizer_path": str(engine.model_dir), "host": host, "port": port, "incremental_streaming_output": False,
+        "disaggregation_mode": "null", "max_total_num_tokens": scheduler.max_batch * engine.max_context_tokens,
+        "max_running_requests": scheduler.max_batch,
         "logprob_mode": engine.logprob_mode, "weight_version": engine.weight_version,
         "dtype": str(next(engine.model.parameters()).dtype).split(".")[-1], "device": "cpu", "tp_size": 1,
         "internal_states": [scheduler.internal_state()], "version": f"arpo-serve {arpo_async.__version__}",

@@ -207,6 +207,7 @@ class Engine:
         self.logprob_mode = logprob_mode
         self.jump_forward = jump_forward
         self.vocab_size = int(self.model.config.text_config.vocab_size)
+        self.max_context_tokens = int(self.model.config.text_config.max_position_embeddings)
         self.end_token_ids = tuple(self.encoder.eos_token_ids)
         self.pad_id = self.end_token_ids[-1]
         self.grammars = GrammarBackend(

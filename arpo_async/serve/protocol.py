@@ -138,12 +138,15 @@ def generate_response(req: GenerateInput, result: GenerationResult, input_ids: l
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": len(result.output_ids),
         "cached_tokens": 0,
+        "num_retractions": 0,
+        "reasoning_tokens": 0,
         "weight_version": result.weight_version,
         "e2e_latency": e2e_latency,
     }
     if req.return_logprob:
         text = decode_token if req.return_text_in_logprobs else (lambda _id: None)
         meta["output_token_logprobs"] = [[lp, t, text(t)] for lp, t in zip(result.output_logprobs, result.output_ids)]
+        meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])
         start = max(req.logprob_start_len, 0)
         meta["input_token_logprobs"] = [
             [lp, t, text(t)] for lp, t in zip(result.input_logprobs, input_ids[start:])
