@@ -187,13 +187,22 @@ class EpisodeRunner:
                                     style=cfg.prompt_style)
             image_indices = [shot_of_step[i] for i in prompt.image_indices]
             prompt_ids = self.encoder.encode(prompt.messages, [cfg.screen_size] * len(image_indices))
+            # The learner trains on prompt_ids (pads expanded); the server gets one pad per image and expands it
+            # to the same ids (PromptEncoder.collapse_image_pads says why SGLang needs this form).
             gen = await self.policy.generate(
-                input_ids=prompt_ids, images=[traj.screenshots[i] for i in image_indices],
+                input_ids=self.encoder.collapse_image_pads(prompt_ids),
+                images=[traj.screenshots[i] for i in image_indices],
                 sampling_params=self.sampling_params, rid=f"{traj.trajectory_id}-{len(traj.steps)}",
                 episode_id=traj.trajectory_id)
             if gen.finish_reason == "abort":  # the server gave up on it: not a reply the policy chose
                 raise GenerationAborted(f"{gen.url} aborted request {traj.trajectory_id}-{len(traj.steps)} after "
                                         f"{len(gen.output_ids)} tokens")
+            if gen.prompt_tokens and gen.prompt_tokens != len(prompt_ids):  # it ran other ids than we would train on
+                raise GenerationAborted(f"{gen.url} ran a prompt of {gen.prompt_tokens} tokens for request "
+                                        f"{traj.trajectory_id}-{len(traj.steps)}, the learner would train on "
+                                        f"{len(prompt_ids)}: its image pad counts differ (is every screenshot "
+                                        f"{cfg.screen_size[0]}x{cfg.screen_size[1]}, actors.screen_width/height, "
+                                        "and min/max pixels one value in preprocessor_config.json?)")
             step = Step(prompt_ids=prompt_ids, image_indices=image_indices, output_ids=gen.output_ids,
                         logprobs=gen.logprobs, versions=gen.token_versions, text=gen.text, action="",
                         generate_s=gen.latency_s, observe_s=observe_s)

@@ -26,7 +26,8 @@ from arpo_async.inference_client import Generation
 class Policy(Protocol):
     """Anything the episode loop can ask for a reply (see the module docstring).
 
-    ``generate`` gets the prompt as token ids with image pad tokens expanded (length P), one PNG/JPEG per image
+    ``generate`` gets the prompt as token ids with one ``<|image_pad|>`` per image (the form SGLang's /generate
+    takes; ``PromptEncoder.expand_image_pads`` gives the ids the learner trains on), one PNG/JPEG per image
     in the prompt (in prompt order), SGLang sampling params (``max_new_tokens``, ``temperature``, ``regex``...),
     a request id unique per step and the episode id (the same for every step of one episode). It returns a
     Generation whose ``text`` is a UI-TARS reply (``Thought: ...\\nAction: click(start_box='(x,y)')``).
@@ -77,7 +78,7 @@ class CallablePolicy:
         if isinstance(answer, Generation):
             return answer
         if isinstance(answer, str):
-            return text_generation(answer, prompt_tokens=len(input_ids))
+            return text_generation(answer)  # prompt_tokens 0: not counted by a server
         raise TypeError(f"policy {self.fn!r} returned {type(answer).__name__}; expected a Generation or the "
                         f"reply text (str)")
 

@@ -118,7 +118,8 @@ class Generation:
             only when weights changed mid-request and the server reported ``weight_versions`` spans.
         finish_reason: ``"stop"``, ``"length"`` or ``"abort"`` (the server gave up on the request: the
             caller decides; it is not the policy's fault).
-        prompt_tokens: prompt length in tokens as the server counted it (image tokens expanded).
+        prompt_tokens: prompt length in tokens as the server counted it (image tokens expanded; 0 when no server
+            counted it, e.g. a local embedded policy).
         latency_s: seconds of the successful HTTP attempt.
         attempts: HTTP attempts made (1 when no retry was needed).
         url: the server that answered.
@@ -361,8 +362,9 @@ class PolicyClient:
                        rid: str, episode_id: str) -> Generation:
         """Sample one reply on the episode's server.
 
-        Posts SGLang's /generate with ``input_ids`` (image pad tokens already expanded, as the trainer sees
-        them), ``image_data`` (one data URI per image placeholder, in prompt order), ``sampling_params``,
+        Posts SGLang's /generate with ``input_ids`` (one ``<|image_pad|>`` per image: SGLang 0.5.23 expands each
+        from its own image processing to the ids the trainer sees, and refuses ids already expanded;
+        PromptEncoder.collapse_image_pads), ``image_data`` (one data URI per image placeholder, in prompt order), ``sampling_params``,
         ``return_logprob=True`` and ``logprob_start_len=-1``: in SGLang -1 puts the log-prob window at the end
         of the prompt, so only output tokens get log-probs (no prompt log-probs computed or sent).
 

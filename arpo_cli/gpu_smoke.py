@@ -1,7 +1,8 @@
 """The GPU smoke test's driver (scripts/gpu_smoke.sh): our learner against a running SGLang server, 3 steps.
 
-Each step samples a group of replies to one fixed screenshot prompt from the server (``/generate`` with expanded
-``input_ids``, ``image_data`` and ``return_logprob``, as the actors send it), computes the trainer's own
+Each step samples a group of replies to one fixed screenshot prompt from the server (``/generate`` with
+``input_ids`` holding one image pad per image, ``image_data`` and ``return_logprob``, as the actors send it; the
+trainer gets the expanded ids), computes the trainer's own
 log-probs of the same tokens, trains one optimizer step on the group, publishes the new weights with
 ``learner.weight_sync = "distributed"`` (SGLang's group, session and checkpoint names) and
 ``learner.verify_weights_every = 1`` (the server's /weights_checker checksums against the learner's), and checks
@@ -54,7 +55,8 @@ async def smoke(url: str, model: Path, *, device: str, backend: str, steps: int,
                                          verify_every=1)
         worst = 0.0
         for step in range(1, steps + 1):
-            replies = [await client.generate(input_ids=prompt, images=[image], rid=f"smoke-{step}-{i}",
+            replies = [await client.generate(input_ids=encoder.collapse_image_pads(prompt), images=[image],
+                                             rid=f"smoke-{step}-{i}",
                                              episode_id="smoke", sampling_params={"max_new_tokens": 16,
                                                                                   "temperature": 1.0})
                        for i in range(group)]

@@ -227,6 +227,22 @@ class PromptEncoder:
         out += ids[start:]
         return out
 
+    def collapse_image_pads(self, ids: list[int]) -> list[int]:
+        """The inverse of `expand_image_pads`: each run of consecutive ``<|image_pad|>`` ids becomes one id.
+
+        This is the prompt form SGLang's ``/generate`` takes with ``input_ids`` + ``image_data`` (actors send it;
+        arpo-serve takes both forms). SGLang 0.5.23 keeps these ids verbatim and replaces the i-th
+        ``<|image_pad|>`` by its own pad count for image i (``SGLANG_MM_AVOID_RETOKENIZE``, on by default), which
+        equals `image_token_count` of the image's real size (same smart_resize, same min/max pixels from
+        preprocessor_config.json), so it runs exactly ``encode``'s ids, the ids the learner trains on, as long as
+        ``encode`` was given the screenshots' real sizes (tests/integration/test_sglang_prompt_ids.py). Sent
+        already expanded, SGLang refuses the request (with transformers 5.24: "The total number of <|image_pad|>
+        tokens ... should be the same as the number of images"; with 5.19, its pinned version, the processor
+        raises StopIteration in a worker thread and the request is never answered).
+        """
+        pad = self.image_pad_id
+        return [t for i, t in enumerate(ids) if t != pad or i == 0 or ids[i - 1] != pad]
+
     def encode(self, messages: list[dict], image_sizes: list[tuple[int, int]]) -> list[int]:
         """Prompt token ids for HF chat-format ``messages`` with the generation prompt appended.
 

@@ -84,7 +84,7 @@ async def test_callable_policy_adapts_async_functions_and_refuses_the_rest():
 
     gen = await CallablePolicy(replies).generate(input_ids=[1, 2, 3], images=[], sampling_params={}, rid="r",
                                                  episode_id="e")
-    assert gen.text == "Action: finished()" and gen.output_ids == [] and gen.prompt_tokens == 3
+    assert gen.text == "Action: finished()" and gen.output_ids == [] and gen.prompt_tokens == 0  # no server counted
 
     async def generation(**kw):
         return text_generation("Action: wait()")
