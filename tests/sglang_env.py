@@ -7,7 +7,8 @@ types in ``managers/io_struct.py``, ``utils/common.init_custom_process_group``, 
 CPU torch and transformers) under a cache folder (default ``~/.cache/arpo/sglang-env``, or ``$ARPO_SGLANG_ENV``),
 installs ``sglang==0.5.23`` there with ``--no-deps`` plus only the pinned packages in :data:`REQUIREMENTS`
 (found by trial: install, import :data:`CHECK_MODULES`, repeat), then imports :data:`CHECK_MODULES` with the new
-interpreter and fails with the import error and the missing package's name if one does not import.
+interpreter and fails with the import error and the missing package's name if one does not import (the cache,
+lock and marker mechanics are :mod:`arpo_async.pinned_venv`'s).
 
 torchvision: SGLang imports it at module level (``multimodal/internvl_utils.py`` via ``configs/__init__.py``, so
 even ``io_struct`` needs it; ``processors/qwen_vl.py`` directly). PyPI has only CUDA builds of it, whose C++
@@ -25,14 +26,13 @@ versions); a change rebuilds. Concurrent builders are serialised by a lock file.
 """
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import importlib.metadata
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from arpo_async import pinned_venv
 
 SGLANG_PACKAGE = "sglang==0.5.23"
 """The SGLang release REFERENCE.md section 4 was read from (pyproject's ``gpu`` extra pins the same)."""
@@ -135,30 +135,17 @@ def _shared_versions() -> str:
 
 
 def _fingerprint() -> str:
-    text = "\n".join((SGLANG_PACKAGE, *REQUIREMENTS, *CHECK_MODULES, TORCHVISION_HOOK, _shared_versions()))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return pinned_venv.fingerprint(SGLANG_PACKAGE, *REQUIREMENTS, *CHECK_MODULES, TORCHVISION_HOOK, _shared_versions())
 
 
 def env_python(env_dir: Path | None = None) -> Path:
     """The interpreter of the environment at ``env_dir`` (default :data:`DEFAULT_ENV_DIR`); it may not exist."""
-    return Path(env_dir or DEFAULT_ENV_DIR) / "bin" / "python"
+    return pinned_venv.env_python(Path(env_dir or DEFAULT_ENV_DIR))
 
 
 def is_ready(env_dir: Path | None = None) -> bool:
     """True when the environment exists and was built (and checked) from the current requirements."""
-    root = Path(env_dir or DEFAULT_ENV_DIR)
-    marker = root / MARKER
-    return env_python(root).exists() and marker.exists() and marker.read_text().strip() == _fingerprint()
-
-
-def _run(cmd: list[str], log) -> None:
-    log(" ".join(cmd))
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired as exc:
-        raise SGLangEnvError(f"{' '.join(cmd[:6])} ...: no result within {BUILD_TIMEOUT_S:g} s") from exc
-    if proc.returncode != 0:
-        raise SGLangEnvError(f"{' '.join(cmd[:6])} ... failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return pinned_venv.is_ready(Path(env_dir or DEFAULT_ENV_DIR), MARKER, _fingerprint())
 
 
 def check_imports(python: Path) -> None:
@@ -197,28 +184,20 @@ def ensure_sglang_env(env_dir: Path | None = None, *, base_python: str = sys.exe
         SGLangEnvError: the venv or a pip install failed (with pip's error), or a module of :data:`CHECK_MODULES`
             does not import (with the import error and the missing package's name).
     """
-    root = Path(env_dir or DEFAULT_ENV_DIR)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f".{root.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if is_ready(root):
-            return env_python(root)
-        if root.exists():
-            shutil.rmtree(root)
-        _run([base_python, "-m", "venv", "--system-site-packages", str(root)], log)
-        python = env_python(root)
-        pip = [str(python), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "--no-input",
-               "--prefer-binary"]
-        _run([*pip, *REQUIREMENTS], log)
-        _run([*pip, SGLANG_PACKAGE], log)
-        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        (Path(site) / "arpo_torchvision_cpu.py").write_text(TORCHVISION_HOOK)
-        (Path(site) / "arpo_torchvision_cpu.pth").write_text("import arpo_torchvision_cpu\n")
-        log(f"checking that {', '.join(CHECK_MODULES)} import")
-        check_imports(python)
-        (root / MARKER).write_text(_fingerprint() + "\n")
-        return python
+    return pinned_venv.build(Path(env_dir or DEFAULT_ENV_DIR), marker=MARKER, expected=_fingerprint(),
+                             installs=(REQUIREMENTS, (SGLANG_PACKAGE,)), base_python=base_python,
+                             error=SGLangEnvError, timeout_s=BUILD_TIMEOUT_S, log=log, system_site_packages=True,
+                             finish=lambda python: _finish(python, log))
+
+
+def _finish(python: Path, log) -> None:
+    """Install :data:`TORCHVISION_HOOK` in the new environment's site-packages, then :func:`check_imports`."""
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (Path(site) / "arpo_torchvision_cpu.py").write_text(TORCHVISION_HOOK)
+    (Path(site) / "arpo_torchvision_cpu.pth").write_text("import arpo_torchvision_cpu\n")
+    log(f"checking that {', '.join(CHECK_MODULES)} import")
+    check_imports(python)
 
 
 if __name__ == "__main__":

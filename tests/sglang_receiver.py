@@ -270,19 +270,16 @@ async def serve(receiver: Receiver, port: int) -> None:
     async def health(_request):
         return web.Response(status=200)
 
-    async def init_group(request):
-        req, refused = await decoded(request, io.InitWeightsUpdateGroupReqInput)
-        if refused:
-            return refused
-        out = await in_scheduler(receiver.manager.init_weights_update_group, req)
-        return answer(out.success, out.message)
-
-    async def begin(request):
-        req, refused = await decoded(request, io.BeginWeightUpdateReqInput)
-        if refused:
-            return refused
-        out = await in_scheduler(receiver.begin, req)
-        return answer(out.success, out.message)
+    def relay(req_type, method):
+        """A handler decoding the body as ``req_type``, running ``method(req)`` in the scheduler and answering with
+        its success and message."""
+        async def handler(request):
+            req, refused = await decoded(request, req_type)
+            if refused:
+                return refused
+            out = await in_scheduler(method, req)
+            return answer(out.success, out.message)
+        return handler
 
     async def update(request):
         req, refused = await decoded(request, io.UpdateWeightsFromDistributedReqInput)
@@ -293,13 +290,6 @@ async def serve(receiver: Receiver, port: int) -> None:
         if out.success and req.weight_version is not None:  # tokenizer_control_mixin.update_weights_from_distributed
             message += f" Weight version updated to {req.weight_version}."
         return answer(out.success, message)
-
-    async def end(request):
-        req, refused = await decoded(request, io.EndWeightUpdateReqInput)
-        if refused:
-            return refused
-        out = await in_scheduler(receiver.end, req)
-        return answer(out.success, out.message)
 
     async def weights_checker(request):
         if request.method == "POST" and (await request.read()).strip():
@@ -352,10 +342,11 @@ async def serve(receiver: Receiver, port: int) -> None:
 
     app = web.Application(client_max_size=1 << 30)
     app.router.add_get("/health", health)
-    app.router.add_post("/init_weights_update_group", init_group)
-    app.router.add_post("/begin_weight_update", begin)
+    app.router.add_post("/init_weights_update_group",
+                        relay(io.InitWeightsUpdateGroupReqInput, receiver.manager.init_weights_update_group))
+    app.router.add_post("/begin_weight_update", relay(io.BeginWeightUpdateReqInput, receiver.begin))
     app.router.add_post("/update_weights_from_distributed", update)
-    app.router.add_post("/end_weight_update", end)
+    app.router.add_post("/end_weight_update", relay(io.EndWeightUpdateReqInput, receiver.end))
     app.router.add_route("*", "/weights_checker", weights_checker)
     app.router.add_post("/pause_generation", pause)
     app.router.add_post("/continue_generation", resume)

@@ -48,30 +48,45 @@ class ServeProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "arpo_async.serve.main", "--model", str(self.model), "--port", str(self.port)],
                 stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + self.start_timeout_s
-        buf = b""
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            while b"arpo-serve ready" not in buf:
-                left = deadline - time.monotonic()
-                if left <= 0 or self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError(f"arpo-serve did not become ready (logs in {self.log_dir}); stdout: {buf!r}")
-                if sel.select(timeout=left):
-                    buf += os.read(self.proc.stdout.fileno(), 4096)
+        ready, seen = read_until(self.proc, b"arpo-serve ready", self.start_timeout_s)
+        if not ready:
+            self.stop()
+            raise RuntimeError(f"arpo-serve did not become ready (logs in {self.log_dir}); stdout: {seen!r}")
 
     def stop(self) -> None:
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
-        self.proc.stdout.close()
+        stop_process(self.proc, 30.0)
         self.proc = None
+
+
+def read_until(proc: subprocess.Popen, marker: bytes, timeout_s: float) -> tuple[bool, bytes]:
+    """Read ``proc``'s stdout pipe until ``marker`` appears; returns (found, what was read). Not found when the
+    process exits or ``timeout_s`` passes first."""
+    deadline = time.monotonic() + timeout_s
+    seen = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while marker not in seen:
+            left = deadline - time.monotonic()
+            if left <= 0 or proc.poll() is not None:
+                return False, seen
+            if sel.select(timeout=left):
+                seen += os.read(proc.stdout.fileno(), 4096)
+    return True, seen
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM ``proc``, SIGKILL it after ``timeout_s``, wait for it and close its stdout pipe."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout_s)
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 async def labelled(run_id: str) -> list[str]:
@@ -110,6 +125,24 @@ async def local_http_server(routes: dict):
     await site.start()
     try:
         yield site._server.sockets[0].getsockname()[1]
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def catch_all_http_server(handler, *, max_body: int = 1 << 28):
+    """Serve every method and path with ``handler`` (an aiohttp handler) on 127.0.0.1 at a free port; yields the
+    base URL and stops the server on exit. For peers that record or misbehave on purpose."""
+    from aiohttp import web
+
+    app = web.Application(client_max_size=max_body)
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
     finally:
         await runner.cleanup()
 

@@ -4,9 +4,10 @@ OSWorld publishes its evaluators as the PyPI package ``desktop-env`` (1.0.2). It
 transformers 4.35, so it cannot share the training environment: :func:`ensure_env` creates a virtualenv under a
 cache folder (default ``~/.cache/arpo/osworld-env``, or ``$ARPO_OSWORLD_ENV``), installs ``desktop-env`` there
 with ``--no-deps`` and only the pinned libraries in :data:`REQUIREMENTS` that the supported metric modules use
-(from PyPI). Libraries that the metric modules import but the supported metrics never call (audio,
-video, OCR, PDF rendering) are not installed: :mod:`actors.osworld.metric_worker` puts a placeholder module in
-their place (:data:`PLACEHOLDER_MODULES`) that raises a clear error if a metric does call into it.
+(from PyPI), with :mod:`arpo_async.pinned_venv`. Libraries that the metric modules import but the supported
+metrics never call (audio, video, OCR, PDF rendering) are not installed: :mod:`actors.osworld.metric_worker` puts
+a placeholder module in their place (:data:`PLACEHOLDER_MODULES`) that raises a clear error if a metric does call
+into it.
 
 Build it ahead of time with ``python -m actors.osworld.metric_env`` (about a minute, ~150 MB); otherwise the first
 evaluation that needs an OSWorld metric builds it. A marker file records what was installed; a changed
@@ -14,13 +15,11 @@ evaluation that needs an OSWorld metric builds it. A marker file records what wa
 """
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
+
+from arpo_async import pinned_venv
 
 OSWORLD_PACKAGE = "desktop-env==1.0.2"
 """OSWorld's published package (its evaluators' source: desktop_env/evaluators/metrics/*.py)."""
@@ -59,6 +58,7 @@ The worker installs an import hook giving a placeholder for each (and its submod
 raises ``MissingLibrary`` naming the library, so only the metrics that need it fail, with that reason."""
 
 DEFAULT_ENV_DIR = Path(os.environ.get("ARPO_OSWORLD_ENV") or Path.home() / ".cache" / "arpo" / "osworld-env")
+MARKER = "arpo-osworld-env.txt"
 BUILD_TIMEOUT_S = 900.0
 
 
@@ -67,29 +67,17 @@ class MetricEnvError(RuntimeError):
 
 
 def _fingerprint() -> str:
-    return hashlib.sha256("\n".join((OSWORLD_PACKAGE, *REQUIREMENTS)).encode()).hexdigest()[:16]
+    return pinned_venv.fingerprint(OSWORLD_PACKAGE, *REQUIREMENTS)
 
 
 def env_python(env_dir: Path | None = None) -> Path:
     """The interpreter of the environment at ``env_dir`` (default :data:`DEFAULT_ENV_DIR`); it may not exist."""
-    return Path(env_dir or DEFAULT_ENV_DIR) / "bin" / "python"
+    return pinned_venv.env_python(Path(env_dir or DEFAULT_ENV_DIR))
 
 
 def is_ready(env_dir: Path | None = None) -> bool:
     """True when the environment exists and was built from the current :data:`REQUIREMENTS`."""
-    root = Path(env_dir or DEFAULT_ENV_DIR)
-    marker = root / "arpo-osworld-env.txt"
-    return env_python(root).exists() and marker.exists() and marker.read_text().strip() == _fingerprint()
-
-
-def _run(cmd: list[str], log) -> None:
-    log(" ".join(cmd))
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired as exc:
-        raise MetricEnvError(f"{cmd[2:5]}: no result within {BUILD_TIMEOUT_S:g} s") from exc
-    if proc.returncode != 0:
-        raise MetricEnvError(f"{' '.join(cmd[:6])} ... failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return pinned_venv.is_ready(Path(env_dir or DEFAULT_ENV_DIR), MARKER, _fingerprint())
 
 
 def ensure_env(env_dir: Path | None = None, *, base_python: str = sys.executable, log=lambda _msg: None) -> Path:
@@ -102,21 +90,9 @@ def ensure_env(env_dir: Path | None = None, *, base_python: str = sys.executable
     Raises:
         MetricEnvError: the venv or a pip install failed (the message has pip's error).
     """
-    root = Path(env_dir or DEFAULT_ENV_DIR)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f".{root.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if is_ready(root):
-            return env_python(root)
-        if root.exists():
-            shutil.rmtree(root)
-        _run([base_python, "-m", "venv", str(root)], log)
-        pip = [str(env_python(root)), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
-               "--no-input", "--prefer-binary"]
-        _run([*pip, *REQUIREMENTS], log)
-        _run([*pip, OSWORLD_PACKAGE], log)
-        (root / "arpo-osworld-env.txt").write_text(_fingerprint() + "\n")
-        return env_python(root)
+    return pinned_venv.build(Path(env_dir or DEFAULT_ENV_DIR), marker=MARKER, expected=_fingerprint(),
+                             installs=(REQUIREMENTS, (OSWORLD_PACKAGE,)), base_python=base_python,
+                             error=MetricEnvError, timeout_s=BUILD_TIMEOUT_S, log=log)
 
 
 if __name__ == "__main__":

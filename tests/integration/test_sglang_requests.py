@@ -26,7 +26,7 @@ from arpo_async.config import ActorConfig
 from arpo_async.inference_client import PolicyClient, RetryPolicy, image_data_uri
 from arpo_async.model.inputs import PromptEncoder
 from tests.rank_driver import screenshot
-from tests.support import ServeProcess, free_port
+from tests.support import ServeProcess, catch_all_http_server, free_port
 
 RECEIVER = Path(__file__).resolve().parents[1] / "sglang_receiver.py"
 
@@ -79,14 +79,7 @@ async def test_every_request_body_decodes_into_sglang_types(sglang_python, tiny_
                             [(320, 180)])
 
     recorder = Recorder()
-    app = web.Application(client_max_size=1 << 28)
-    app.router.add_route("*", "/{tail:.*}", recorder.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    url = f"http://127.0.0.1:{port}"
-    try:
+    async with catch_all_http_server(recorder.handle) as url:
         async with PolicyClient([url], retry=RetryPolicy(attempts=1, request_timeout_s=30.0,
                                                          admin_timeout_s=30.0)) as client:
             await client.generate(input_ids=prompt, images=[screenshot("red")], sampling_params=constrained,
@@ -115,8 +108,6 @@ async def test_every_request_body_decodes_into_sglang_types(sglang_python, tiny_
             for mode in ("retract", "abort", "in_place"):
                 await client.pause_generation(url, mode=mode)
             await client.continue_generation(url)
-    finally:
-        await runner.cleanup()
 
     paths = {r["path"] for r in recorder.requests}
     assert paths == {"/generate", "/health", "/get_server_info", "/get_model_info", "/update_weights_from_disk",

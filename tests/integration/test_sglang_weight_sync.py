@@ -15,10 +15,7 @@ CPU and ``WeightChecker``.
 from __future__ import annotations
 
 import os
-import selectors
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import aiohttp
@@ -32,7 +29,7 @@ from arpo_async.model.init_model import create_tiny_model
 from learner.publisher import DistributedPublisher
 from learner.trainer import Trainer, TrainerConfig
 from tests.rank_driver import batch
-from tests.support import free_port
+from tests.support import free_port, read_until, stop_process
 
 RECEIVER = Path(__file__).resolve().parents[1] / "sglang_receiver.py"
 
@@ -50,28 +47,14 @@ class Receiver:
                                           str(self.port), "--out", str(out), "--dtype", dtype],
                                          stdout=subprocess.PIPE, stderr=err,
                                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + start_timeout_s
-        seen = b""
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            while b"sglang-receiver ready" not in seen:
-                left = deadline - time.monotonic()
-                if left <= 0 or self.proc.poll() is not None:
-                    self.stop()
-                    tail = log.read_text(errors="replace")[-3000:]
-                    raise RuntimeError(f"the SGLang receiver did not become ready; stdout {seen!r}; stderr:\n{tail}")
-                if sel.select(timeout=left):
-                    seen += os.read(self.proc.stdout.fileno(), 4096)
+        ready, seen = read_until(self.proc, b"sglang-receiver ready", start_timeout_s)
+        if not ready:
+            self.stop()
+            tail = log.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"the SGLang receiver did not become ready; stdout {seen!r}; stderr:\n{tail}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=20)
-        self.proc.stdout.close()
+        stop_process(self.proc, 20.0)
 
     async def state(self) -> dict:
         async with aiohttp.ClientSession() as session:

@@ -12,7 +12,7 @@ from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.model.init_model import create_tiny_model
 from learner.publisher import DistributedPublisher
 from learner.trainer import Trainer, TrainerConfig
-from tests.support import ServeProcess, free_port
+from tests.support import ServeProcess, catch_all_http_server, free_port
 
 RETRY = RetryPolicy(attempts=1, request_timeout_s=30.0, admin_timeout_s=30.0)
 
@@ -50,21 +50,12 @@ async def test_a_server_that_never_joins_is_skipped_after_the_rendezvous_timeout
             return web.Response()
         return web.json_response({"success": True, "message": "Succeeded to initialize custom process group."})
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    url = f"http://127.0.0.1:{port}"
-    try:
+    async with catch_all_http_server(answer) as url:
         async with PolicyClient([url], retry=RETRY) as client:
             publisher = DistributedPublisher(client, [url], timeout_s=3.0)
             with caplog.at_level(logging.WARNING, logger="arpo.learner.publish"):
                 await publisher.publish_from(trainer, 1)  # returns: a server never stops the learner
-        assert publisher.failures == 1
-        assert "/begin_weight_update" not in calls and "/update_weights_from_distributed" not in calls
-        [line] = [r.getMessage() for r in caplog.records if "weight sync of version 1" in r.getMessage()]
-        assert url in line and "cannot join weight group" in line
-    finally:
-        await runner.cleanup()
+    assert publisher.failures == 1
+    assert "/begin_weight_update" not in calls and "/update_weights_from_distributed" not in calls
+    [line] = [r.getMessage() for r in caplog.records if "weight sync of version 1" in r.getMessage()]
+    assert url in line and "cannot join weight group" in line
