@@ -1,13 +1,20 @@
 """The prompt ids SGLang 0.5.23 runs are the prompt ids the learner trains on (issue item 2(d)).
 
-Each scenario runs real episodes of our actors (``EpisodeRunner.run_task``: ``build_messages``, ``PromptEncoder``,
-``PolicyClient``) against a local HTTP server that records each ``/generate`` body exactly as sent and answers
-with scripted replies (several steps, so later prompts hold earlier replies, box tokens re-added; replies of
-constrained configs match the actors' own action grammar). Every recorded body then goes through SGLang's own
-request preprocessing (tests/sglang_prompt_driver.py, in the SGLang test environment: ``QwenVLImageProcessor``
-built as SGLang's tokenizer process builds it, ``process_mm_data_async`` on the body's ``input_ids`` and
-``image_data``), and the ids SGLang would run must equal, token for token, the step's ``Step.prompt_ids`` (what
-the learner trains on), with SGLang's image grids equal to our ``smart_resize``.
+Each scenario runs a real episode of our actors (``EpisodeRunner.run_task``: ``build_messages``, ``PromptEncoder``,
+``PolicyClient``) on a real desktop container (``DesktopEnv``, one per screen size, shared by the scenarios and put
+back to its boot state between episodes) running the built-in grid4-green task's app (its setup and evaluator; the
+instruction is replaced by one with quotes and apostrophes), so screenshots (PNG or JPEG) come from the real
+controller and the scripted clicks, typing and keys land on a real app. Only the inference server is a stand-in:
+a local HTTP server that records each ``/generate`` body exactly as sent and answers with scripted replies (several
+steps, so later prompts hold earlier replies, box tokens re-added; replies of constrained configs match the actors'
+own action grammar) and with ``meta_info.prompt_tokens`` as SGLang counts it: the received ids with each
+``<|image_pad|>`` expanded for its image's real size. So every step passes the actors' prompt-length guard
+(actors/episode.py: a count other than ``len(Step.prompt_ids)`` ends the episode ABORTED,
+``test_a_wrong_prompt_count_aborts_the_episode``), and SGLang's own ids must have that length too. Every recorded
+body then goes through SGLang's own request preprocessing (tests/sglang_prompt_driver.py, in the SGLang test
+environment: ``QwenVLImageProcessor`` built as SGLang's tokenizer process builds it, ``process_mm_data_async`` on
+the body's ``input_ids`` and ``image_data``), and the ids SGLang would run must equal, token for token, the step's
+``Step.prompt_ids`` (what the learner trains on), with SGLang's image grids equal to our ``smart_resize``.
 
 Scenarios: the actor settings of ``arpo_async/config.py``'s defaults, configs/grid4.toml, examples/run-default.toml
 and examples/uitars-1.5-7b.toml (``max_steps`` raised to 4 for multi-step prompts), with the image processor
@@ -18,6 +25,9 @@ pixel keys (Qwen2-VL's defaults 3136 / 1003520) and one with ``size`` only (max 
 other SGLang settings: ``SGLANG_MM_AVOID_RETOKENIZE=0`` (SGLang decodes the ids and tokenizes the text again) and
 ``--mm-preprocess-cache-size-mb 64`` (its cached-artifact path).
 
+Scenarios of different screen sizes run at the same time (one desktop each); those of one size run one after
+the other on its desktop.
+
 What SGLang needs (found here): one ``<|image_pad|>`` per image (``PromptEncoder.collapse_image_pads``; the actors
 send that). Sent with the pads already expanded, SGLang's processor refuses the request
 (``test_expanded_pads_are_refused``).
@@ -26,23 +36,30 @@ send that). Sent with the pads already expanded, SGLang's processor refuses the 
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
 import re
+import secrets
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 from aiohttp import web
-from PIL import Image, ImageDraw
+from PIL import Image
 
-from actors.episode import EpisodeRunner
+from actors.desktop_env import DesktopEnv
+from actors.episode import EpisodeRunner, load_task
 from actors.uitars.prompt import build_messages
-from arpo_async.config import load_config
+from arpo_async.config import ActorConfig, load_config
 from arpo_async.inference_client import PolicyClient, RetryPolicy
-from arpo_async.model.inputs import PromptEncoder
-from tests.support import free_port
+from arpo_async.messages import Outcome
+from arpo_async.model.inputs import ModelInputError, PromptEncoder
+from tests.support import catch_all_http_server, labelled
+
+pytestmark = pytest.mark.docker
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "tests" / "sglang_prompt_driver.py"
@@ -85,7 +102,7 @@ CONSTRAINED_REPLIES = [
     "Thought: click the Star button\nAction: click(start_box='(045,730)')",
     "Thought: a\nAction: click(start_box='(999,000)')",
     "Thought: type the file name\nAction: type(content='report final\\n')",
-    "Thought: b\nAction: click(start_box='(512,007)')",
+    "Thought: b\nAction: click(start_box='(750,507)')",  # the grid4 app's Yellow button
     "Thought: scroll the list\nAction: scroll(start_box='(100,900)', direction='down')",
     "Thought: save it\nAction: hotkey(key='ctrl s')",
 ]
@@ -97,75 +114,67 @@ FREE_REPLIES = [  # unconstrained UI-TARS-1.5 replies: absolute coordinates, fre
 ]
 INSTRUCTION = ("Open the file menu and save the document as 'report final.odt' in ~/Documents "
                "(don't overwrite).")
+TASK = "grid4-green"
+"""The built-in task whose setup (the button-grid app) and evaluator each episode runs on its desktop."""
+SCREENS = sorted({s[3] for s in SCENARIOS})
 
 
-def _screenshot(size: tuple[int, int], step: int, fmt: str) -> bytes:
-    image = Image.new("RGB", size, (20 + 40 * step, 90, 160))
-    draw = ImageDraw.Draw(image)
-    w, h = size
-    draw.rectangle([w // 8 + 20 * step, h // 6, w // 2, h // 2], fill=(240, 240 - 30 * step, 40))
-    draw.text((10, 10), f"step {step}", fill="white")
-    out = io.BytesIO()
-    image.save(out, format="PNG" if fmt == "png" else "JPEG", quality=85)
-    return out.getvalue()
-
-
-class FakeDesktop:
-    """What EpisodeRunner asks of a desktop: screenshots (a new picture each step) and command execution."""
-
-    def __init__(self, size: tuple[int, int]) -> None:
-        self.size, self.shots = size, 0
-
-    async def screenshot(self, format: str = "png", quality: int = 85) -> bytes:
-        self.shots += 1
-        return _screenshot(self.size, self.shots, format)
-
-    async def execute(self, command, *, shell: bool = False, timeout: float = 120, setup: bool = False) -> dict:
-        return {"returncode": 0, "output": "", "error": ""}
+def image_size(data_uri: str) -> tuple[int, int]:
+    """(width, height) of a ``data:image/...;base64,...`` screenshot as a client sends it."""
+    return Image.open(io.BytesIO(base64.b64decode(data_uri.split(",", 1)[1]))).size
 
 
 class ScriptedServer:
-    """Records each /generate body as sent and answers with the next scripted reply."""
+    """Records each /generate body as sent and answers with the next scripted reply, counting the prompt as
+    SGLang does (``meta_info.prompt_tokens``: the ids with each single ``<|image_pad|>`` expanded for its image's
+    real size, plus ``prompt_token_error``); ids whose pads do not match the images are refused with HTTP 400,
+    as SGLang's processor refuses them."""
 
-    def __init__(self, replies: list[str], encoder: PromptEncoder) -> None:
-        self.replies, self.encoder, self.bodies = replies, encoder, []
+    def __init__(self, replies: list[str], encoder: PromptEncoder, prompt_token_error: int = 0) -> None:
+        self.replies, self.encoder, self.error = replies, encoder, prompt_token_error
+        self.bodies: list[dict] = []
+        self.prompt_tokens: list[int] = []  # what it answered, per body
 
     async def handle(self, request: web.Request) -> web.Response:
+        if request.method != "POST" or request.path != "/generate":  # the only request the actors send
+            return web.json_response({"error": {"message": f"no {request.method} {request.path} here"}}, status=404)
         body = json.loads(await request.read())
         self.bodies.append(body)
+        try:
+            sizes = [image_size(uri) for uri in body.get("image_data") or []]
+            prompt_tokens = len(self.encoder.expand_image_pads(body["input_ids"], sizes)) + self.error
+        except ModelInputError as exc:
+            return web.json_response({"error": {"message": f"refused like SGLang: {exc}"}}, status=400)
+        self.prompt_tokens.append(prompt_tokens)
         text = self.replies[(len(self.bodies) - 1) % len(self.replies)]
         ids = self.encoder.tokenize(text) + [self.encoder.eos_token_ids[0]]
         return web.json_response({"text": text, "output_ids": ids, "meta_info": {
             "id": body["rid"], "finish_reason": {"type": "stop", "matched": ids[-1]},
-            "prompt_tokens": 0, "completion_tokens": len(ids), "cached_tokens": 0, "weight_version": "0",
-            "e2e_latency": 0.01, "output_token_logprobs": [[-0.5, t, None] for t in ids]}})
+            "prompt_tokens": prompt_tokens, "completion_tokens": len(ids), "cached_tokens": 0,
+            "weight_version": "0", "e2e_latency": 0.01, "output_token_logprobs": [[-0.5, t, None] for t in ids]}})
 
 
-async def _run_episode(model_dir: Path, config_file: str | None, screen: tuple[int, int], overrides: list[str]):
-    """Run one STEPS-step episode with the config's actor settings; returns (/generate bodies, trajectory)."""
-    actors = load_config(ROOT / config_file if config_file else None,
-                         [f"actors.max_steps={STEPS}", f"actors.screen_width={screen[0]}",
-                          f"actors.screen_height={screen[1]}", *overrides]).actors
+def actor_settings(config_file: str | None, screen: tuple[int, int], overrides: list[str]) -> ActorConfig:
+    """The config's actor settings with ``max_steps`` = STEPS and the given screen."""
+    return load_config(ROOT / config_file if config_file else None,
+                       [f"actors.max_steps={STEPS}", f"actors.screen_width={screen[0]}",
+                        f"actors.screen_height={screen[1]}", *overrides]).actors
+
+
+async def _run_episode(env: DesktopEnv, model_dir: Path, actors: ActorConfig, *, prompt_token_error: int = 0):
+    """Run one episode of TASK (instruction INSTRUCTION) on ``env``'s desktop, put back to its boot state first,
+    against a ScriptedServer; returns (the server, the trajectory)."""
     encoder = PromptEncoder(model_dir)
     regex = EpisodeRunner(encoder, None, actors).sampling_params.get("regex")
     replies = ([r for r in CONSTRAINED_REPLIES if re.fullmatch(regex, r)] if regex else FREE_REPLIES)
     assert len(replies) >= 2, f"no scripted reply matches the actors' grammar {regex!r}"
-    server = ScriptedServer(replies, encoder)
-    app = web.Application(client_max_size=1 << 28)
-    app.router.add_post("/generate", server.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    task = {"id": "sglang-prompt-ids", "instruction": INSTRUCTION, "config": [], "evaluator": {"func": "infeasible"}}
-    try:
-        async with PolicyClient([f"http://127.0.0.1:{port}"],
-                                retry=RetryPolicy(attempts=1, request_timeout_s=60.0)) as client:
-            traj = await EpisodeRunner(encoder, client, actors).run_task(FakeDesktop(screen), task)
-    finally:
-        await runner.cleanup()
-    assert not traj.error and len(traj.steps) == STEPS == len(server.bodies), (traj.outcome, traj.error)
-    return server.bodies, traj, actors
+    server = ScriptedServer(replies, encoder, prompt_token_error)
+    task = {**load_task(TASK).to_dict(), "instruction": INSTRUCTION}
+    async with catch_all_http_server(server.handle) as url:
+        async with PolicyClient([url], retry=RetryPolicy(attempts=1, request_timeout_s=60.0)) as client:
+            traj = await EpisodeRunner(encoder, client, actors).run_task(await env.reset_desktop(), task,
+                                                                         desktop=env.desktop.name)
+    return server, traj
 
 
 def _model_variants(tiny_model: Path, root: Path) -> dict[str, Path]:
@@ -208,30 +217,71 @@ def first_difference(encoder: PromptEncoder, ours: list[int], theirs: list[int])
             f"SGLang {tok(theirs, n)}; text before it: {context!r}")
 
 
-@pytest.fixture(scope="module")
-def episodes(sglang_python, tiny_model, tmp_path_factory):
-    """Every scenario's episode, and SGLang's prompt ids for each of its requests (one driver run)."""
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def desktops(desktop_image):
+    """One real desktop (DesktopEnv, the default image) per screen size of SCENARIOS, started together, shared by
+    the module's episodes; every container is removed at the end, whatever happened."""
+    token = secrets.token_hex(3)
+    envs = {screen: DesktopEnv(ActorConfig(image=desktop_image, screen_width=screen[0], screen_height=screen[1]),
+                               run_id=f"t-sgl-{token}-{screen[0]}x{screen[1]}")
+            for screen in SCREENS}
+    try:
+        started = await asyncio.gather(*(env.__aenter__() for env in envs.values()), return_exceptions=True)
+        failed = [r for r in started if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+        yield envs
+    finally:
+        for env in envs.values():
+            await env.__aexit__(None, None, None)
+        left = [c for env in envs.values() for c in await labelled(env.fleet.run_id)]
+        assert not left, f"desktop containers left running: {left}"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def episodes(desktops, sglang_python, tiny_model, tmp_path_factory):
+    """Every scenario's episode on the desktop of its screen size, and SGLang's prompt ids for each of its
+    requests (one driver run)."""
     root = tmp_path_factory.mktemp("sglang-prompt-ids")
     models = _model_variants(Path(tiny_model), root)
-    runs, cases = {}, []
+
+    async def run_screen(screen):  # one desktop: its scenarios one after the other
+        out = {}
+        for name, config_file, variant, size, overrides, _ in SCENARIOS:
+            if size == screen:
+                actors = actor_settings(config_file, screen, overrides)
+                t0 = time.perf_counter()
+                server, traj = await _run_episode(desktops[screen], models[variant], actors)
+                print(f"{name}: {traj.outcome} in {time.perf_counter() - t0:.1f} s")
+                assert not traj.error and len(traj.steps) == STEPS == len(server.bodies), (name, traj.outcome,
+                                                                                           traj.error)
+                out[name] = (models[variant], server, traj, actors)
+        return out
+
+    t0 = time.perf_counter()
+    parts = await asyncio.gather(*(run_screen(screen) for screen in SCREENS), return_exceptions=True)
+    for part in parts:  # every desktop's episodes have ended (none runs on during teardown): report the first fault
+        if isinstance(part, BaseException):
+            raise part
+    runs = {name: run for part in parts for name, run in part.items()}
+    print(f"{len(runs)} episodes on {len(SCREENS)} desktops in {time.perf_counter() - t0:.1f} s")
+    cases = []
     for name, config_file, variant, screen, overrides, sglang in SCENARIOS:
-        bodies, traj, actors = asyncio.run(_run_episode(models[variant], config_file, screen, overrides))
-        runs[name] = (models[variant], bodies, traj, actors)
         cases += [{"name": f"{name}/{i}", "model_dir": str(models[variant]), "body": body, **sglang}
-                  for i, body in enumerate(bodies)]
+                  for i, body in enumerate(runs[name][1].bodies)]
     # what the actors sent before: the same prompts with the pads already expanded
     for name in ("run-default", "uitars-1920"):
-        model_dir, bodies, traj, _ = runs[name]
+        model_dir, server, traj, _ = runs[name]
         cases.append({"name": f"{name}/expanded", "model_dir": str(model_dir),
-                      "body": {**bodies[-1], "input_ids": traj.steps[-1].prompt_ids}})
+                      "body": {**server.bodies[-1], "input_ids": traj.steps[-1].prompt_ids}})
     # plain text that SGLang's Qwen-VL placeholder regex also takes for an image: its legacy "<image>" sentinel
     encoder = PromptEncoder(tiny_model)
     prompt = build_messages("Insert an <image> tag.", [], history_images=2, style="compact")
     cases.append({"name": "image-sentinel", "model_dir": str(tiny_model),
-                  "body": {**runs["run-default"][1][0],
+                  "body": {**runs["run-default"][1].bodies[0],
                            "input_ids": encoder.collapse_image_pads(encoder.encode(prompt.messages, [(1280, 720)]))}})
     t0 = time.perf_counter()
-    results = run_sglang(sglang_python, cases, root)
+    results = await asyncio.to_thread(run_sglang, sglang_python, cases, root)
     print(f"SGLang preprocessed {len(cases)} requests in {time.perf_counter() - t0:.1f} s")
     return runs, results
 
@@ -239,13 +289,20 @@ def episodes(sglang_python, tiny_model, tmp_path_factory):
 @pytest.mark.parametrize("scenario", [s[0] for s in SCENARIOS])
 def test_sglang_runs_the_ids_we_train_on(episodes, scenario):
     runs, results = episodes
-    model_dir, bodies, traj, actors = runs[scenario]
+    model_dir, server, traj, actors = runs[scenario]
     encoder = PromptEncoder(model_dir)
     w, h = encoder.resized_size(*actors.screen_size)
     assert len({len(s.image_indices) for s in traj.steps}) > 1 or actors.history_images == 1
-    for i, (body, step) in enumerate(zip(bodies, traj.steps)):
+    magic = {"png": b"\x89PNG", "jpeg": b"\xff\xd8\xff"}[actors.screenshot_format]
+    assert all(shot.startswith(magic) and Image.open(io.BytesIO(shot)).size == actors.screen_size
+               for shot in traj.screenshots), "screenshots are not the desktop's, in the configured format"
+    for i, (body, step) in enumerate(zip(server.bodies, traj.steps)):
         got = results[f"{scenario}/{i}"]
         assert got["error"] is None, f"step {i}: SGLang refused the request: {got['error']}\n{got['log']}"
+        # the count the server answered (and the actors checked) is SGLang's prompt length
+        assert server.prompt_tokens[i] == len(got["input_ids"]) == len(step.prompt_ids), (
+            f"step {i}: answered prompt_tokens {server.prompt_tokens[i]}, SGLang {len(got['input_ids'])}, "
+            f"ours {len(step.prompt_ids)}")
         assert got["image_grid_thw"] == [[1, h // 14, w // 14]] * len(step.image_indices), (
             f"step {i}: SGLang's image grids {got['image_grid_thw']} differ from our smart_resize ({w}x{h})")
         assert got["input_ids"] == step.prompt_ids, f"step {i}: " + first_difference(
@@ -288,3 +345,19 @@ def test_collapse_is_the_inverse_of_expand(tiny_model):
     assert collapsed == encoder.tokenize(encoder.render(prompt.messages))
     assert collapsed.count(encoder.image_pad_id) == 3 and encoder.expand_image_pads(collapsed, sizes) == ids
     assert encoder.collapse_image_pads([]) == [] and encoder.collapse_image_pads(collapsed) == collapsed
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_wrong_prompt_count_aborts_the_episode(desktops, tiny_model):
+    """A server whose ``meta_info.prompt_tokens`` differs from the ids the learner would train on (here one token
+    more than SGLang's count; everything else as in the "defaults" scenario) ends the episode ABORTED at its first
+    step: no step recorded, nothing trained on, the error naming both counts."""
+    actors = actor_settings(None, (1280, 720), [])
+    server, traj = await _run_episode(desktops[(1280, 720)], Path(tiny_model), actors, prompt_token_error=1)
+    assert traj.outcome == Outcome.ABORTED.value and traj.steps == [] and len(server.bodies) == 1, (
+        traj.outcome, traj.error, len(traj.steps))
+    ours = len(PromptEncoder(tiny_model).expand_image_pads(
+        server.bodies[0]["input_ids"], [image_size(u) for u in server.bodies[0]["image_data"]]))
+    assert server.prompt_tokens == [ours + 1]
+    assert traj.error.startswith("GenerationAborted:") and f"prompt of {ours + 1} tokens" in traj.error \
+        and f"would train on {ours}:" in traj.error, traj.error
