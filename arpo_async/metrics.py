@@ -1,6 +1,7 @@
 """Run metrics: one JSON object per line in ``<run_dir>/metrics.jsonl``, mirrored to TensorBoard.
 
-Owns: the file format of metrics.jsonl and its TensorBoard mirror. Each optimizer step appends one object with
+Owns: the file format of metrics.jsonl and its TensorBoard mirror. Each trained batch (``learner.updates_per_batch``
+optimizer steps; its ``step`` counts optimizer steps) appends one object with
 at least step, policy_version, trajectories, success_rate, reward_mean, loss, replay_injections,
 staleness_mean and wall_s (see learner.main.step_record for the full list). Lines are flushed as written, so a
 reader (`arpo run`'s progress line, a notebook) always sees whole steps; a torn last line after a crash is

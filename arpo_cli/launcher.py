@@ -178,9 +178,11 @@ def server_weight_version(url: str, api_key: str = "") -> str | None:
 
 
 def write_summary(config: RunConfig, exit_code: int, url: str, wall_s: float) -> dict:
-    """Write ``<run>/summary.json``: exit code, steps, the last published version and what the server reports."""
+    """Write ``<run>/summary.json``: exit code, optimizer steps (the last metrics record's ``step``; a record is one
+    trained batch of ``learner.updates_per_batch`` steps), the last published version and what the server
+    reports."""
     records = read_metrics(config.run_path / "metrics.jsonl")
-    summary = {"exit_code": exit_code, "steps": len(records),
+    summary = {"exit_code": exit_code, "steps": records[-1]["step"] if records else 0,
                "policy_version": records[-1]["policy_version"] if records else 0,
                "server_weight_version": server_weight_version(url, config.serve.api_key), "wall_s": round(wall_s, 1)}
     (config.run_path / "summary.json").write_text(json.dumps(summary, indent=2))

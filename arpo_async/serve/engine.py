@@ -2,8 +2,9 @@
 
 Role: owns the model, its image processor, the grammar backend and the weight version. ``generate_batch`` runs a
 whole batch of prepared requests to completion with its own decode loop (left-padded prefill with explicit
-M-RoPE positions from `arpo_async.model.inputs`, then one token per step with a KV cache); ``load_weights``
-swaps weights in place. Both are blocking and must be called from one worker thread, never concurrently (the
+M-RoPE positions from `arpo_async.model.inputs`, then one token per step with a KV cache); ``load_weights`` (a
+checkpoint folder) and ``load_tensors`` (named tensors) check every name and shape, then copy the new weights in,
+all or nothing. Both are blocking and must be called from one worker thread, never concurrently (the
 scheduler guarantees that), so a request never sees its weights change: every token of a result carries the
 same ``weight_version``.
 

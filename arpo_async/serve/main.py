@@ -82,6 +82,7 @@ async def serve(config: ServeConfig, engine: Engine) -> None:
             scheduler_task.cancel()
     finally:
         await runner.cleanup()
+    log.info("stopped by signal; cleaned up")
 
 
 def parse_args(argv: list[str] | None) -> ServeConfig:

@@ -81,6 +81,7 @@ def test_arpo_run_embedded_default(tmp_path, desktop_image, tiny_model):
     assert all(set(REQUIRED_KEYS) <= set(r) for r in records)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["server_weight_version"] == "3"  # arpo-serve loaded what the learner published
+    assert (summary["steps"], summary["policy_version"], summary["exit_code"]) == (3, 3, 0)
     status = json.loads((run_dir / "status.json").read_text())
     assert status["from_desktop"] == status["trajectories"] > 0  # every trajectory ran in a container
     assert killed, "the test never found a desktop to kill"

@@ -105,3 +105,20 @@ def test_draw_curve_warns_and_never_raises(tmp_path, caplog):
     (run / "curve.png" / "blocked").rmdir()
     (run / "curve.png").rmdir()
     assert launcher.draw_curve(run) == run / "curve.png"
+
+
+def test_summary_counts_optimizer_steps_not_records(tmp_path):
+    """With 2 optimizer steps per batch, metrics.jsonl holds one record per batch; summary.json's steps counts
+    optimizer steps (the last record's step), as learner.steps does."""
+    config = load_config(None, [f'run_dir="{tmp_path}"', "learner.updates_per_batch=2"])
+    metrics = MetricsWriter(tmp_path / "metrics.jsonl")
+    for batch in (1, 2, 3):
+        metrics.write({"step": 2 * batch, "policy_version": batch, "trajectories": 4, "success_rate": 0.5,
+                       "reward_mean": 0.0, "loss": 0.5, "replay_injections": 0, "staleness_mean": 0.0,
+                       "wall_s": float(batch)})
+    metrics.close()
+    summary = launcher.write_summary(config, 0, "http://127.0.0.1:9", wall_s=1.0)
+    assert (summary["steps"], summary["policy_version"], summary["server_weight_version"]) == (6, 3, None)
+    (tmp_path / "empty").mkdir()  # a run that failed before its first batch
+    assert launcher.write_summary(load_config(None, [f'run_dir="{tmp_path / "empty"}"']), 1, "http://127.0.0.1:9",
+                                  wall_s=0.0)["steps"] == 0
