@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from arpo_async.messages import Trajectory
 
 TRAJECTORY_STAGES = {"reset": "reset_s", "setup": "setup_s", "evaluate": "evaluate_s", "episode": "episode_s"}
@@ -33,8 +35,8 @@ STEP_STAGES = {"screenshot": "observe_s", "generate": "generate_s", "execute": "
 
 
 def percentile(values: list[float], q: float) -> float:
-    """The ``q``-th percentile (0 <= q <= 100) of ``values`` with linear interpolation between the two nearest
-    ranks (numpy.percentile's default "linear" method: position (n - 1) * q / 100 of the sorted values).
+    """The ``q``-th percentile (0 <= q <= 100) of ``values``: ``numpy.percentile`` (its default "linear" method,
+    position (n - 1) * q / 100 of the sorted values), as a float.
 
     Raises:
         ValueError: ``values`` is empty or ``q`` is outside [0, 100].
@@ -43,11 +45,7 @@ def percentile(values: list[float], q: float) -> float:
         raise ValueError("percentile of no values")
     if not 0 <= q <= 100:
         raise ValueError(f"percentile q={q} is outside [0, 100]")
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    return float(np.percentile(values, q))
 
 
 @dataclass

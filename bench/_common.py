@@ -13,6 +13,8 @@ import random
 import statistics
 from typing import Iterable
 
+from arpo_async.stage_timings import percentile as stage_percentile
+
 
 def median(values: Iterable[float]) -> float:
     """Median of ``values`` (NaN when empty)."""
@@ -21,14 +23,10 @@ def median(values: Iterable[float]) -> float:
 
 
 def percentile(values: Iterable[float], q: float) -> float:
-    """The ``q``-th percentile (0..100) of ``values`` by linear interpolation between closest ranks (NumPy's
-    default "linear" method); NaN when empty."""
-    data = sorted(values)
-    if not data:
-        return math.nan
-    pos = (len(data) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+    """The ``q``-th percentile (0..100) of ``values`` (arpo_async.stage_timings.percentile: numpy's); NaN when
+    empty."""
+    data = list(values)
+    return stage_percentile(data, q) if data else math.nan
 
 
 def p95(values: Iterable[float]) -> float:

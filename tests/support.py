@@ -96,7 +96,7 @@ async def labelled(run_id: str) -> list[str]:
     return [c.id for c in found]
 
 
-async def until(predicate, timeout: float, what: str) -> None:
+async def until(predicate, timeout: float = 5.0, what: str = "the condition") -> None:
     """Poll ``predicate`` (sync or async) every 50 ms until true; fail naming ``what`` at the deadline."""
     deadline = time.monotonic() + timeout
     while True:

@@ -7,7 +7,6 @@ draws only the valuable tasks).
 """
 
 import asyncio
-import socket
 import uuid
 from contextlib import asynccontextmanager
 
@@ -27,16 +26,12 @@ from learner.scheduler import GroupScheduler
 from learner.service import LearnerService
 from learner.staleness import StalenessManager
 from learner.task_selection import BaselinePass, TaskSelector
+from tests.support import free_port, until
 
 TASK = Task.from_dict({"id": "grid4-red", "instruction": "click red", "config": [],
                        "evaluator": {"func": "exact_match", "result": {"type": "vm_file", "path": "/r"},
                                      "expected": {"type": "rule", "rules": {"expected": "red"}}}})
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -78,12 +73,6 @@ def trajectory(assignment, outcome="SUCCESS", score=1.0) -> Trajectory:
     step = Step([1, 2, 3], [0], [4, 5], [-0.1, -0.2], [0, 0], "Thought: a\nAction: wait()", "wait()")
     return Trajectory(uuid.uuid4().hex, "actor-1/0", assignment.task["id"], assignment.group_id,
                       assignment.rollout_index, outcome, score, True, [step], [b"\x89PNG" * 2000])
-
-
-async def until(predicate, timeout=5.0):
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 async def test_work_flows_and_admission_holds_requests_back(transport):

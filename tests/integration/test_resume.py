@@ -15,7 +15,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,16 +41,12 @@ from learner.scheduler import GroupScheduler
 from learner.service import LearnerService
 from learner.staleness import StalenessManager
 from learner.trainer import Trainer, TrainerConfig
+from tests.support import free_port
 
 PY = sys.executable
 EPISODE_LINE = re.compile(r"actor \S+ (\S+)/(\S+) #(\d+): ([A-Z_]+) ")
 """An EnvActor's log line for one finished episode: task id, group id, rollout index, outcome."""
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tail(path: Path, lines: int = 40) -> str:

@@ -9,7 +9,6 @@ import base64
 import io
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from PIL import Image
 
 from arpo_async.model.init_model import create_tiny_model
 from arpo_async.model.inputs import PromptEncoder, load_policy, token_logprobs
+from tests.support import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ACTION_REGEX = (
@@ -30,11 +30,6 @@ ACTION_REGEX = (
 )
 DEADLINE_S = 60
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _png(size=(1280, 720), color=(200, 30, 30)) -> bytes:
@@ -51,7 +46,7 @@ def model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(model_dir):
     """Base URL of a running arpo-serve; waits for its ready line (deadline), stops it afterwards."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "arpo_async.serve.main", "--model", str(model_dir), "--port", str(port),

@@ -3,7 +3,6 @@ so progress comes as plain lines; afterwards `<run>/tb/` must hold, per TensorBo
 numbers of metrics.jsonl, including the per-step stage timings and queue depths. A run whose learner crashes
 must quote that crash's traceback in `arpo run`'s own output."""
 
-import socket
 import subprocess
 import sys
 
@@ -11,16 +10,12 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from arpo_async.metrics import flatten_numbers, read_metrics
+from tests.support import free_port
 
 pytestmark = pytest.mark.docker
 
 STAGES = {"reset", "setup", "screenshot", "generate", "execute", "evaluate", "episode"}
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def arpo_run(run_dir, model, *overrides: str, timeout_s: float = 900) -> subprocess.CompletedProcess:

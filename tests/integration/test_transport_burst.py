@@ -3,7 +3,6 @@ messages than the outbox holds and the callback replies to each, every reply sti
 (a callback waiting for outbox room that only the pump itself could make used to deadlock the pump)."""
 
 import asyncio
-import socket
 
 import zmq
 import zmq.asyncio
@@ -12,12 +11,8 @@ from arpo_async import codec
 from arpo_async.config import TransportConfig
 from arpo_async.messages import Heartbeat, LearnerStatus
 from arpo_async.transport import OUTBOX_SIZE, SocketPump, router_socket
+from tests.support import free_port
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_replies_to_a_burst_larger_than_the_outbox_all_go_out_in_order():

@@ -43,6 +43,7 @@ def test_the_walker_sees_lazy_and_relative_imports(tmp_path):
     ("arpo_async", {"actors", "learner", "arpo_cli"}),
     ("actors", {"learner", "arpo_cli"}),
     ("learner", {"actors", "arpo_cli"}),
+    ("tests/unit", {"bench"}),  # unit tests test the product, not a benchmark's code
 ])
 def test_dependency_arrows_point_to_arpo_async_only(package, forbidden):
     assert violations(package, forbidden) == []

@@ -47,7 +47,9 @@ def running():
 
 
 def test_all_running_is_fine(logs, running):
-    check_children(running(), running(), running(), logs)
+    children = [running(), running(), running()]
+    assert check_children(*children, logs) is None  # no RunError
+    assert all(child.poll() is None for child in children)  # and nobody was waited for or stopped
 
 
 def test_dead_server_is_an_error_naming_its_log(logs, running):

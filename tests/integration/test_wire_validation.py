@@ -1,4 +1,5 @@
-"""Codec + validation against hostile and corrupt trajectories (arpo_async.validation, bench/fuzz_wire.py)."""
+"""Codec + validation against hostile and corrupt trajectories (arpo_async.validation, bench/fuzz_wire.py); an
+integration test because it drives the fuzzer in bench/ (tests/unit imports no benchmark)."""
 
 from __future__ import annotations
 
