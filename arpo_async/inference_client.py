@@ -22,13 +22,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import random
 import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import aiohttp
+import tenacity
 
 from arpo_async.config import ActorConfig
 
@@ -96,13 +96,14 @@ class RetryPolicy:
         if min(self.request_timeout_s, self.connect_timeout_s, self.admin_timeout_s) <= 0:
             raise ValueError("timeouts must be > 0")
 
-    def cap(self, failures: int) -> float:
-        """The longest wait after the ``failures``-th consecutive failure (1-based), seconds."""
-        return min(self.base_delay_s * 2 ** (failures - 1), self.max_delay_s)
-
-    def delay(self, failures: int) -> float:
-        """Seconds to wait after the ``failures``-th consecutive failure: uniform in [0, :meth:`cap`]."""
-        return random.uniform(0.0, self.cap(failures))
+    def retrying(self) -> tenacity.AsyncRetrying:
+        """tenacity's retry loop for this policy: up to ``attempts`` tries of a call that raises ``_Retryable``,
+        waiting uniform in [0, min(base_delay_s * 2**(i-1), max_delay_s)] after the i-th failure
+        (``wait_random_exponential``: full jitter); the last failure is re-raised."""
+        return tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(self.attempts),
+            wait=tenacity.wait_random_exponential(multiplier=self.base_delay_s, max=self.max_delay_s),
+            retry=tenacity.retry_if_exception_type(_Retryable), reraise=True)
 
 
 @dataclass(frozen=True)
@@ -331,18 +332,16 @@ class PolicyClient:
 
     async def _call(self, method: str, url: str, *, body: bytes | None = None,
                     timeout_s: float | None = None) -> tuple[Any, float, int]:
-        """_once with retries -> (answer, seconds of the successful attempt, attempts)."""
-        last = ""
-        for attempt in range(1, self.retry.attempts + 1):
-            try:
-                answer, elapsed = await self._once(method, url, body=body,
-                                                   timeout_s=timeout_s or self.retry.admin_timeout_s)
-                return answer, elapsed, attempt
-            except _Retryable as exc:
-                last = str(exc)
-            if attempt < self.retry.attempts:
-                await asyncio.sleep(self.retry.delay(attempt))
-        raise PolicyUnavailable(f"{url} unavailable after {self.retry.attempts} attempts: {last}")
+        """_once with retries (:meth:`RetryPolicy.retrying`) -> (answer, seconds of the successful attempt,
+        attempts). Raises PolicyUnavailable after the last retryable failure, PolicyRequestError at once."""
+        try:
+            async for attempt in self.retry.retrying():  # ends after a success; a final failure is re-raised
+                with attempt:
+                    answer, elapsed = await self._once(method, url, body=body,
+                                                       timeout_s=timeout_s or self.retry.admin_timeout_s)
+        except _Retryable as exc:
+            raise PolicyUnavailable(f"{url} unavailable after {self.retry.attempts} attempts: {exc}") from exc
+        return answer, elapsed, attempt.retry_state.attempt_number
 
     async def _post_json(self, url: str, payload: dict, *, accept_failure_body: bool = False) -> dict:
         """POST a small JSON body (admin calls). With ``accept_failure_body``, a 4xx answer whose JSON carries
