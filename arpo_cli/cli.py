@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "config":
         return _config_show(args)
     if args.command == "curve":
-        from arpo_async.curve import CurveError, write_curve
+        from arpo_cli.curve import CurveError, write_curve
         try:
             print(write_curve(args.out))
         except CurveError as e:  # nothing to draw
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     if args.command == "view":
-        from arpo_async.viewer import view_main
+        from arpo_cli.viewer import view_main
         return view_main(args.run_dir, out=args.out, serve=args.serve, port=args.port)
     if args.command == "desktop" and args.desktop_command == "build":
         from actors.desktop.build import DesktopBuildError, build_image

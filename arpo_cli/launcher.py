@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from arpo_async.config import RunConfig, dump_toml
-from arpo_async.curve import CurveError, write_curve
+from arpo_cli.curve import CurveError, write_curve
 from arpo_async.metrics import read_metrics
 from arpo_cli.progress import ProgressDisplay, TrajectoryRate, open_display, progress_line
 
@@ -153,7 +153,7 @@ def check_children(learner: subprocess.Popen, actors: subprocess.Popen, serve: s
 
 
 def draw_curve(run: Path, *, quiet_if_empty: bool = False) -> Path | None:
-    """Write ``<run>/curve.png`` (arpo_async.curve.write_curve); returns its path, or None when it could not be
+    """Write ``<run>/curve.png`` (arpo_cli.curve.write_curve); returns its path, or None when it could not be
     drawn. Never raises: a failure is logged as a warning (``quiet_if_empty``: not when no step is recorded yet,
     the normal state early in a run)."""
     try:

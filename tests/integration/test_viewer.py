@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from arpo_async.viewer import make_server
+from arpo_cli.viewer import make_server
 from tests.support import Elements
 
 pytestmark = pytest.mark.docker

@@ -1,4 +1,4 @@
-"""The learning curve of a run folder (arpo_async.curve) and `arpo curve --out DIR`, on real files."""
+"""The learning curve of a run folder (arpo_cli.curve) and `arpo curve --out DIR`, on real files."""
 
 import subprocess
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from arpo_async.curve import CurveError, trailing_means, write_curve
+from arpo_cli.curve import CurveError, trailing_means, write_curve
 from arpo_async.metrics import MetricsWriter
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from arpo_async.messages import Outcome
-from arpo_async.viewer import ViewerError, curve_svg, make_server, marks_svg, render_page, write_page
+from arpo_cli.viewer import ViewerError, curve_svg, make_server, marks_svg, render_page, write_page
 from learner.trajectory_sample import TrajectorySampler
 from tests.support import parse_html
 from tests.unit.test_trajectory_sample import TASK, trajectory

@@ -4,7 +4,7 @@ Owns: the page. It reads ``<run>/trajectories/*/record.json`` (written by the le
 record's fields are listed in learner/trajectory_sample.py) and ``<run>/metrics.jsonl``, and shows:
 
 - a run summary: steps, policy version, samples by outcome, and success-rate and reward curves against the
-  optimizer step (inline SVG: raw values as dots, the trailing mean of arpo_async.curve as a line);
+  optimizer step (inline SVG: raw values as dots, the trailing mean of arpo_cli.curve as a line);
 - per episode (newest first): the instruction, outcome, reward, policy versions, timings, and per step the
   screenshot the step acted on with its click / drag / scroll point drawn over it (an SVG overlay whose viewBox
   is the screen in pixels, so the marks follow the image's scaling), the thought and the action text.
@@ -26,7 +26,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from arpo_async.curve import CurveError, TRAILING_STEPS, load_records, series, trailing_means
+from arpo_cli.curve import CurveError, TRAILING_STEPS, load_records, series, trailing_means
 
 PAGE_FILE = "view.html"
 SAMPLES_DIR = "trajectories"
