@@ -149,7 +149,7 @@ class CompletionLogprobs(torch.nn.Module):
         policy: a Qwen2.5-VL / Qwen2-VL ``ForConditionalGeneration`` (``arpo_async.model.inputs.load_policy``).
         chunk_tokens: completion rows projected to the vocabulary at once (fp32 logits of ``chunk_tokens x V``).
 
-    The value equals ``arpo_async.model.inputs.token_logprobs`` (the policy's full forward, fp32 log-softmax) for
+    The value equals one plain full forward of the policy with an fp32 log-softmax (tests/reference_logprobs.py) for
     each sample alone, and what arpo-serve and SGLang report as ``output_token_logprobs`` at temperature 1.
     """
 

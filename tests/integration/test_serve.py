@@ -20,7 +20,8 @@ import torch
 from PIL import Image
 
 from arpo_async.model.init_model import create_tiny_model
-from arpo_async.model.inputs import PromptEncoder, load_policy, token_logprobs
+from arpo_async.model.inputs import PromptEncoder, load_policy
+from tests.reference_logprobs import token_logprobs
 from tests.support import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

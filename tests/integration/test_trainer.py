@@ -11,7 +11,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from arpo_async.model.init_model import create_tiny_model
-from arpo_async.model.inputs import PromptEncoder, load_policy, token_logprobs
+from arpo_async.model.inputs import PromptEncoder, load_policy
 from learner.trainer import (
     Trainer,
     TrainerConfig,
@@ -20,6 +20,7 @@ from learner.trainer import (
     TrainerInputError,
     TrainSample,
 )
+from tests.reference_logprobs import token_logprobs
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ from arpo_async.model.inputs import (
     load_policy,
     pixel_inputs,
     smart_resize,
-    token_logprobs,
 )
+from tests.reference_logprobs import token_logprobs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
