@@ -403,7 +403,7 @@ class ServeConfig:
     max_batch: int = 16
     """Largest batch of concurrent /generate requests decoded together."""
     jump_forward: bool = True
-    """Emit text the action grammar forces as its canonical tokens instead of sampling it (arpo_async.serve.engine)."""
+    """Emit text the action grammar forces as its canonical tokens instead of sampling it (arpo_serve.engine)."""
     api_key: str = ""
     """Bearer token the inference servers require (arpo-serve / SGLang --api-key); actors and the learner send it.
     Empty = none (then keep the servers on a private network)."""

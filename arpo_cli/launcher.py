@@ -241,7 +241,7 @@ def _run_local(config: RunConfig, display: ProgressDisplay, resume: bool) -> int
     try:
         say(f"run folder {run}; logs in {logs}")
         # arpo-serve reads model and [serve] from the run file, as the learner and the actors do.
-        serve = spawn([py, "-m", "arpo_async.serve.main", "--config", str(config_path), "--weight-version", "0",
+        serve = spawn([py, "-m", "arpo_serve.main", "--config", str(config_path), "--weight-version", "0",
                        "--weights-root", str(run / "weights")], logs / "serve.log")
         wait_healthy(url, serve, logs / "serve.log")
         say(f"arpo-serve ready at {url}")

@@ -184,7 +184,7 @@ async def time_publish(model: Path, repeats: int, work: Path) -> tuple[list[floa
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    serve = spawn([sys.executable, "-m", "arpo_async.serve.main", "--model", str(model), "--port", str(port)],
+    serve = spawn([sys.executable, "-m", "arpo_serve.main", "--model", str(model), "--port", str(port)],
                   work / "serve.log")
     try:
         await asyncio.to_thread(wait_healthy, url, serve, work / "serve.log")

@@ -51,7 +51,7 @@ from actors.uitars.prompt import build_messages  # noqa: E402
 from arpo_async.config import RunConfig, load_config  # noqa: E402
 from arpo_async.messages import Outcome, Step, Trajectory  # noqa: E402
 from arpo_async.model.inputs import PromptEncoder  # noqa: E402
-from arpo_async.serve.engine import Engine, SamplingParams  # noqa: E402
+from arpo_serve.engine import Engine, SamplingParams  # noqa: E402
 from bench._arpo_run import ROOT, ensure_model  # noqa: E402
 from bench._common import fmt, result_line  # noqa: E402
 from bench.bench_learning import ARMS, TASK_SETUP, task_selection  # noqa: E402

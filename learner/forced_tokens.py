@@ -1,6 +1,6 @@
 """Loss masks for the learner: which sampled tokens the action grammar forced (they are not the policy's choice).
 
-Owns: one xgrammar backend for the policy's tokenizer (`arpo_async.serve.grammar.GrammarBackend`, compiled
+Owns: one xgrammar backend for the policy's tokenizer (`arpo_async.grammar.GrammarBackend`, compiled
 grammars cached per distinct regex). ``loss_mask`` turns a reply's output ids and the regex it was generated
 under (``Trajectory.grammar``) into a per-token mask, True where the token counts in the loss.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from arpo_async.model.inputs import PromptEncoder
-from arpo_async.serve.grammar import GrammarBackend, GrammarError, GrammarSpec
+from arpo_async.grammar import GrammarBackend, GrammarError, GrammarSpec
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ MODEL="$WORK/tiny-model"
 LOG="$WORK/server.log"
 if [[ $DRY == 1 ]]; then
   say "dry run: arpo-serve in SGLang's place, learner on the CPU (gloo)"
-  "$PY" -m arpo_async.serve.main --model "$MODEL" --host 127.0.0.1 --port "$PORT" >"$LOG" 2>&1 &
+  "$PY" -m arpo_serve.main --model "$MODEL" --host 127.0.0.1 --port "$PORT" >"$LOG" 2>&1 &
   DEVICE=cpu
 else
   "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \

@@ -1,6 +1,6 @@
 """Reference log-probs for tests: one plain full forward pass of the policy per reply.
 
-The product computes log-probs in two optimised places, arpo-serve's decode loop (arpo_async.serve.engine) and the
+The product computes log-probs in two optimised places, arpo-serve's decode loop (arpo_serve.engine) and the
 trainer's chunked forward (learner.policy_forward); tests compare both with this plain computation, which uses the
 same model inputs (arpo_async.model.inputs) and nothing else.
 """

@@ -28,7 +28,7 @@ def free_port() -> int:
 
 
 class ServeProcess:
-    """The real arpo-serve (`python -m arpo_async.serve.main`) as a child process on a fixed port.
+    """The real arpo-serve (`python -m arpo_serve.main`) as a child process on a fixed port.
 
     ``start`` returns once it printed its ready line and raises RuntimeError (naming the log folder) when it exits
     or is not ready within ``start_timeout_s``; ``stop`` sends SIGTERM (SIGKILL after 30 s). ``starts`` counts
@@ -46,7 +46,7 @@ class ServeProcess:
         self.starts += 1
         with open(self.log_dir / f"serve-{self.port}-{self.starts}.log", "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "arpo_async.serve.main", "--model", str(self.model), "--port", str(self.port)],
+                [sys.executable, "-m", "arpo_serve.main", "--model", str(self.model), "--port", str(self.port)],
                 stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         ready, seen = read_until(self.proc, b"arpo-serve ready", self.start_timeout_s)
         if not ready:

@@ -157,7 +157,7 @@ def running_job(tmp_path: Path, config: Path, url: str, model: Path, run_id: str
     ``learner``: the learner's command line (default: one process, ``python -m learner.main``)."""
     procs = Processes(tmp_path / "logs")
     try:
-        procs.start("serve", [PY, "-m", "arpo_async.serve.main", "--model", str(model),
+        procs.start("serve", [PY, "-m", "arpo_serve.main", "--model", str(model),
                               "--port", url.rsplit(":", 1)[1], "--weight-version", "0"])
         wait_for(lambda: healthy(url), 180, "arpo-serve /health", lambda: procs.check_alive("serve"))
         procs.start("learner", learner or [PY, "-m", "learner.main", "--config", str(config)])

@@ -98,7 +98,7 @@ def test_actor_host_in_its_own_namespace_over_curve_and_a_token(tmp_path, deskto
         path.write_text(dump_toml(config))
         procs = Processes(tmp_path / "logs")
         try:
-            procs.start("serve", [PY, "-m", "arpo_async.serve.main", "--model", str(tiny_model), "--host", host_ip,
+            procs.start("serve", [PY, "-m", "arpo_serve.main", "--model", str(tiny_model), "--host", host_ip,
                                   "--port", str(serve_port), "--api-key", token])
             wait_for(lambda: healthy(url), 180, "arpo-serve /health", lambda: procs.check_alive("serve"))
             procs.start("learner", [PY, "-m", "learner.main", "--config", str(path),

@@ -50,7 +50,7 @@ def server(model_dir):
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "arpo_async.serve.main", "--model", str(model_dir), "--port", str(port),
+        [sys.executable, "-m", "arpo_serve.main", "--model", str(model_dir), "--port", str(port),
          "--max-batch", "16", "--seed", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO_ROOT,
     )

@@ -36,7 +36,7 @@ def test_serve_takes_model_port_and_key_from_the_run_file(run_file, tiny_model, 
     monkeypatch.delenv("ARPO_API_KEY", raising=False)
     path, port = run_file
     log = tmp_path / "serve.log"
-    proc = spawn([sys.executable, "-m", "arpo_async.serve.main", "--config", str(path), "--weight-version", "7"], log)
+    proc = spawn([sys.executable, "-m", "arpo_serve.main", "--config", str(path), "--weight-version", "7"], log)
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc, log, timeout_s=120)
         assert get(f"http://127.0.0.1:{port}/get_model_info")[0] == 401  # serve.api_key from the file
@@ -51,7 +51,7 @@ def test_a_flag_wins_over_the_run_file(run_file, tmp_path, monkeypatch):
     path, _ = run_file
     port = free_port()
     log = tmp_path / "serve.log"
-    proc = spawn([sys.executable, "-m", "arpo_async.serve.main", "--config", str(path), "--port", str(port),
+    proc = spawn([sys.executable, "-m", "arpo_serve.main", "--config", str(path), "--port", str(port),
                   "--api-key", "flag-key"], log)
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc, log, timeout_s=120)

@@ -15,7 +15,7 @@ import pytest
 
 from arpo_async.config import ActorConfig, LearnerConfig, RunConfig, ServeConfig, TransportConfig, load_config
 from arpo_async.config_doc import SECTIONS, describe, field_docs, render_toml
-from arpo_async.serve.main import parse_args as serve_args
+from arpo_serve.main import parse_args as serve_args
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION_CLASSES = {"": RunConfig, "transport": TransportConfig, "learner": LearnerConfig, "actors": ActorConfig,
@@ -119,7 +119,7 @@ def test_run_default_example_is_the_library_default():
     ("arpo_cli.cli run", ("[transport]", "[learner]", "[actors]", "[serve]")),
     ("arpo_cli.cli config show", ("[learner]",)),
     ("arpo_cli.cli tasks check", ("[learner]", "[actors]")),
-    ("arpo_async.serve.main", ("[serve]",)),
+    ("arpo_serve.main", ("[serve]",)),
     ("learner.main", ("[learner]", "[transport]", "[actors]", "[serve]")),
     ("actors.main", ("[actors]", "[transport]", "[learner]", "[serve]")),
 ])

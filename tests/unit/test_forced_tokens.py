@@ -12,7 +12,7 @@ from PIL import Image
 from actors.uitars.grammar import action_regex
 from actors.uitars.prompt import build_messages
 from arpo_async.model.inputs import PromptEncoder
-from arpo_async.serve.engine import Engine, SamplingParams
+from arpo_serve.engine import Engine, SamplingParams
 from learner.forced_tokens import ForcedTokens
 
 REGEX = action_regex(max_x=999, max_y=999, fixed_width=True, actions=("click",), max_thought_chars=8)

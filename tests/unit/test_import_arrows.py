@@ -1,7 +1,7 @@
 """The dependency arrows between the packages, read from the source with ast (every import, lazy ones inside
-functions included): actors/ and learner/ may import arpo_async; arpo_async imports neither them nor the
-command-line layer arpo_cli; learner/ does not import actors/ (the inference client both use is
-arpo_async.inference_client); nothing but arpo_cli imports arpo_cli."""
+functions included): actors/, learner/ and arpo_serve/ may import arpo_async; arpo_async imports none of them nor
+the command-line layer arpo_cli; learner/ does not import actors/ (the inference client both use is
+arpo_async.inference_client); nothing but arpo_cli imports arpo_serve or arpo_cli."""
 
 from __future__ import annotations
 
@@ -40,9 +40,10 @@ def test_the_walker_sees_lazy_and_relative_imports(tmp_path):
 
 
 @pytest.mark.parametrize(("package", "forbidden"), [
-    ("arpo_async", {"actors", "learner", "arpo_cli", "matplotlib"}),
-    ("actors", {"learner", "arpo_cli", "matplotlib"}),  # an actor host draws no curves
-    ("learner", {"actors", "arpo_cli"}),
+    ("arpo_async", {"actors", "learner", "arpo_cli", "arpo_serve", "matplotlib"}),
+    ("actors", {"learner", "arpo_cli", "arpo_serve", "matplotlib"}),  # an actor host draws no curves
+    ("learner", {"actors", "arpo_cli", "arpo_serve"}),
+    ("arpo_serve", {"actors", "learner", "arpo_cli"}),  # the inference server is a process of its own
     ("tests/unit", {"bench"}),  # unit tests test the product, not a benchmark's code
 ])
 def test_dependency_arrows_point_to_arpo_async_only(package, forbidden):

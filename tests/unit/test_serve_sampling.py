@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arpo_async.serve.engine import RequestError, SamplingParams, _sample
+from arpo_serve.engine import RequestError, SamplingParams, _sample
 
 
 def test_sampling_params_from_sglang_json():

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Callable, TypeVar
 
-from arpo_async.serve.engine import Engine, GenerationResult, PreparedRequest
+from arpo_serve.engine import Engine, GenerationResult, PreparedRequest
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

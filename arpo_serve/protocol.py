@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from arpo_async.serve.engine import GenerationResult, RequestError, SamplingParams
+from arpo_serve.engine import GenerationResult, RequestError, SamplingParams
 
 
 @dataclass(frozen=True)

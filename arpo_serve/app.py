@@ -27,16 +27,16 @@ from aiohttp import web
 
 import arpo_async
 from arpo_async.model.inputs import ModelInputError
-from arpo_async.serve.engine import Engine, PreparedRequest, RequestError, SamplingParams
-from arpo_async.serve.grammar import GrammarError
-from arpo_async.serve.protocol import (
+from arpo_serve.engine import Engine, PreparedRequest, RequestError, SamplingParams
+from arpo_async.grammar import GrammarError
+from arpo_serve.protocol import (
     GenerateInput,
     decode_image_data,
     error_body,
     generate_response,
     parse_generate,
 )
-from arpo_async.serve.scheduler import EngineFailure, Scheduler
+from arpo_serve.scheduler import EngineFailure, Scheduler
 from arpo_async.weight_sync import (
     FLATTENED_BUCKET,
     WeightGroup,

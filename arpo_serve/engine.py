@@ -44,7 +44,7 @@ from arpo_async.model.inputs import (
     load_policy,
     pixel_inputs,
 )
-from arpo_async.serve.grammar import GrammarBackend, GrammarSpec
+from arpo_async.grammar import GrammarBackend, GrammarSpec
 from arpo_async.weight_sync import tensor_checksum
 
 log = logging.getLogger(__name__)

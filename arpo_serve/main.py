@@ -19,11 +19,11 @@ from aiohttp import web
 
 from arpo_async.config import ConfigError, load_config
 from arpo_async.config_doc import add_config_arguments
-from arpo_async.serve.app import build_app
-from arpo_async.serve.engine import LOGPROB_MODES, Engine
-from arpo_async.serve.scheduler import Scheduler
+from arpo_serve.app import build_app
+from arpo_serve.engine import LOGPROB_MODES, Engine
+from arpo_serve.scheduler import Scheduler
 
-log = logging.getLogger("arpo_async.serve")
+log = logging.getLogger("arpo_serve")
 
 
 @dataclass(frozen=True)
