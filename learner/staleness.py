@@ -12,7 +12,8 @@ where ``accepted`` counts trajectories the learner has kept (in trained batches 
 So no trajectory can be trained more than eta versions after the version it started from; eta = 0 is the
 synchronous schedule. Dropped trajectories (zero-variance groups, ENV_ERROR) are not counted as accepted.
 
-:class:`LockstepAdmission`, the lockstep schedule (ARPO's synchronous loop): at most one rollout batch in flight.
+:class:`LockstepAdmission`, the lockstep schedule (ARPO's synchronous loop), counts the same way and admits at most one
+rollout batch in flight.
 """
 
 from __future__ import annotations
@@ -63,43 +64,21 @@ class StalenessManager:
         self.accepted = max(0, self.accepted - count)
 
 
-class LockstepAdmission:
-    """Admission for the lockstep schedule (ARPO's synchronous loop), with StalenessManager's interface.
+@dataclass
+class LockstepAdmission(StalenessManager):
+    """Admission for the lockstep schedule (ARPO's synchronous loop): StalenessManager's counting, another capacity.
 
     The batch boundary is the scheduler's group budget: the training loop opens one rollout batch of
     ``groups_per_step`` groups, every slot of them (re-issues included) is admitted, and nothing else until the
     batch has come back and been trained. This class only guarantees that no more than one batch of
-    ``batch_size`` rollouts is ever in flight, and counts like StalenessManager does.
+    ``batch_size`` rollouts is ever in flight; ``max_staleness`` plays no part.
 
     Args:
         batch_size: rollouts per rollout batch, groups_per_step x G (> 0).
     """
 
-    def __init__(self, batch_size: int) -> None:
-        if batch_size <= 0:
-            raise ValueError(f"need batch_size > 0, got {batch_size}")
-        self.batch_size = batch_size
-        self.accepted = 0
-        self.running = 0
+    max_staleness: int = 0
 
     def capacity(self, version: int) -> int:
         """How many more rollouts may start now (``version`` plays no part in lockstep)."""
         return max(0, self.batch_size - self.running)
-
-    def can_admit(self, version: int) -> bool:
-        return self.capacity(version) > 0
-
-    def on_start(self) -> None:
-        """A rollout was handed out."""
-        self.running += 1
-
-    def on_finish(self, accepted: bool) -> None:
-        """A rollout came back (or expired); ``accepted`` when the learner keeps it for training."""
-        if self.running <= 0:
-            raise RuntimeError("on_finish without a running rollout")
-        self.running -= 1
-        self.accepted += accepted
-
-    def on_discard(self, count: int) -> None:
-        """``count`` accepted trajectories were dropped later (e.g. a zero-variance group)."""
-        self.accepted = max(0, self.accepted - count)
