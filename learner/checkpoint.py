@@ -148,11 +148,6 @@ class Checkpointer:
         self.root = Path(root)
         self.keep = keep
 
-    def latest(self) -> Path | None:
-        """The newest complete checkpoint folder, or None."""
-        folders = checkpoint_folders(self.root)
-        return folders[-1] if folders else None
-
     def save(self, step: int, trainer: Trainer, state: dict[str, Any], meta: dict[str, Any]) -> Path:
         """Write checkpoint ``step`` atomically (blocking: call in a thread) and prune old ones.
 
