@@ -5,7 +5,8 @@ it was taken after) holding:
 
 - ``trainer.pt``: model + AdamW state + the trainer's step count (learner.trainer_checkpoint);
   with several ranks ``trainer.dcp`` instead, a torch.distributed.checkpoint folder of every rank's shards;
-- ``learner.pt``: ``torch.save`` of plain data (loaded with ``weights_only=True``, never unpickled code):
+- ``learner.pt``: ``torch.save`` of plain data and Outcome members (loaded with ``weights_only=True`` and only
+  :class:`~arpo_async.messages.Outcome` allowed besides, never unpickled code):
   the learner service's state (policy version, step, totals, drop counters, scheduler order and task
   statistics, admitted-trajectory count), the replay buffer (each stored trajectory as wire-codec frames), the
   state of any extra component (e.g. task selection), and the Python, NumPy and torch RNG states;
@@ -35,7 +36,7 @@ import numpy as np
 import torch
 
 from arpo_async import codec
-from arpo_async.messages import Trajectory
+from arpo_async.messages import Outcome, Trajectory
 from arpo_async.metrics import MetricsWriter, read_metrics
 from learner.service import LearnerService
 from learner.trainer import Trainer
@@ -197,7 +198,8 @@ class Checkpointer:
         for folder in reversed(checkpoint_folders(self.root)):
             try:
                 meta = json.loads((folder / "meta.json").read_text())
-                state = torch.load(folder / "learner.pt", map_location="cpu", weights_only=True)
+                with torch.serialization.safe_globals([Outcome]):  # the service counts trajectories by Outcome
+                    state = torch.load(folder / "learner.pt", map_location="cpu", weights_only=True)
                 if state.get("schema") != SCHEMA:
                     raise CheckpointError(f"schema {state.get('schema')!r}, expected {SCHEMA}")
                 trainer.load_checkpoint(folder / checkpoint_name(trainer))

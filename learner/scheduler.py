@@ -188,14 +188,14 @@ class GroupScheduler:
             raise KeyError(f"no running rollout {key}")
         del self._running[key]
         group = self._groups[traj.group_id]
-        retry = not Outcome(traj.outcome).trainable and group.attempts[traj.rollout_index] <= self._max_retries
+        retry = not traj.outcome.trainable and group.attempts[traj.rollout_index] <= self._max_retries
         if retry:
             self._reissue.append(key)
             return None
         group.results[traj.rollout_index] = traj
         stats = self.task_stats[group.task.id]
         stats["trajectories"] += 1
-        stats["successes"] += traj.outcome == Outcome.SUCCESS.value
+        stats["successes"] += traj.outcome is Outcome.SUCCESS
         if group.complete:
             stats["completed"] += 1
             del self._groups[group.group_id]
@@ -224,7 +224,7 @@ class GroupScheduler:
 
     def pending_trainable(self) -> int:
         """Trainable trajectories held in incomplete groups (they are lost if the learner stops now)."""
-        return sum(Outcome(t.outcome).trainable for g in self._groups.values() for t in g.results.values())
+        return sum(t.outcome.trainable for g in self._groups.values() for t in g.results.values())
 
     def state_dict(self) -> dict:
         """Task order, its RNG, the group counter and per-task statistics, as plain lists, dicts and numbers."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import msgpack
 import pytest
 
-from arpo_async.messages import Step, Trajectory
+from arpo_async.messages import Outcome, Step, Trajectory
 from arpo_async.tasks import Task
 from learner.batcher import Batcher, train_samples
 from learner.checkpoint import decode_trajectory, encode_trajectory
@@ -409,7 +409,7 @@ def _scheduled_group(index: int, outcomes: list[tuple[float, bool]], version: in
     for i, (score, format_ok) in enumerate(outcomes):
         traj = _real_traj(f"g{index}-r{i}", score, (version,))
         traj.group_id, traj.rollout_index, traj.format_ok = group.group_id, i, format_ok
-        traj.outcome = "SUCCESS" if score > 0.5 else "FAILURE"
+        traj.outcome = Outcome.SUCCESS if score > 0.5 else Outcome.FAILURE
         group.results[i] = traj
     return group
 
