@@ -59,6 +59,7 @@ def save_weights(trainer: Trainer, out_dir: Path, *, overwrite: bool = False) ->
     to a temporary sibling folder and renamed to ``out_dir``.
 
     Args:
+        trainer: the learner.trainer.Trainer whose policy is written (its ``model_dir`` gives the processor files).
         out_dir: the folder to create.
         overwrite: replace an existing ``out_dir`` (the old folder is moved aside, then deleted).
 
