@@ -102,7 +102,7 @@ class EnvActor:
             reset_s = time.perf_counter() - t0
             traj = await self.runner.run(desktop.controller, assignment, self.actor_id, desktop.name)
             traj.timings["reset_s"] = reset_s
-            reusable = traj.outcome != Outcome.ENV_ERROR.value
+            reusable = traj.outcome is not Outcome.ENV_ERROR
             return traj
         finally:
             self.link.running -= 1
@@ -112,12 +112,12 @@ class EnvActor:
     def _no_desktop(self, assignment: Assignment, error: DesktopError) -> Trajectory:
         return Trajectory(
             trajectory_id=uuid.uuid4().hex, actor_id=self.actor_id, task_id=str(assignment.task.get("id", "")),
-            group_id=assignment.group_id, rollout_index=assignment.rollout_index, outcome=Outcome.ENV_ERROR.value,
+            group_id=assignment.group_id, rollout_index=assignment.rollout_index, outcome=Outcome.ENV_ERROR,
             score=0.0, format_ok=True, steps=[], screenshots=[], error=f"DesktopError: {error}",
             assigned_version=assignment.policy_version)
 
     def _log(self, traj: Trajectory) -> None:
-        level = logging.WARNING if traj.outcome in (Outcome.ENV_ERROR.value, Outcome.ABORTED.value) else logging.INFO
+        level = logging.WARNING if not traj.outcome.trainable else logging.INFO
         log.log(level, "actor %s %s/%s #%d: %s score=%.2f steps=%d %.1fs %s", self.actor_id, traj.task_id,
                 traj.group_id, traj.rollout_index, traj.outcome, traj.score, len(traj.steps),
                 traj.timings.get("episode_s", 0.0), traj.error)

@@ -111,7 +111,7 @@ class EpisodeRunner:
         """
         traj = Trajectory(
             trajectory_id=uuid.uuid4().hex, actor_id=actor_id, task_id=str(assignment.task.get("id", "")),
-            group_id=assignment.group_id, rollout_index=assignment.rollout_index, outcome=Outcome.ABORTED.value,
+            group_id=assignment.group_id, rollout_index=assignment.rollout_index, outcome=Outcome.ABORTED,
             score=0.0, format_ok=True, steps=[], screenshots=[], assigned_version=assignment.policy_version,
             desktop=desktop, grammar=self.sampling_params.get("regex", ""))
         started = time.perf_counter()
@@ -126,11 +126,11 @@ class EpisodeRunner:
             async with asyncio.timeout(self.config.setup_timeout_s):
                 traj.score = float(await evaluate(controller, task, last_action, self.downloads))
             traj.timings["evaluate_s"] = time.perf_counter() - t0
-            traj.outcome = self._outcome(traj, last_action).value
+            traj.outcome = self._outcome(traj, last_action)
         except (DesktopError, TaskSetupError, EvaluationError, TaskFormatError, TimeoutError) as e:
-            traj.outcome, traj.error = Outcome.ENV_ERROR.value, f"{type(e).__name__}: {e or 'deadline passed'}"
+            traj.outcome, traj.error = Outcome.ENV_ERROR, f"{type(e).__name__}: {e or 'deadline passed'}"
         except (PolicyUnavailable, PolicyRequestError, GenerationAborted) as e:
-            traj.outcome, traj.error = Outcome.ABORTED.value, f"{type(e).__name__}: {e}"
+            traj.outcome, traj.error = Outcome.ABORTED, f"{type(e).__name__}: {e}"
         traj.timings["episode_s"] = time.perf_counter() - started
         return traj
 

@@ -3,7 +3,8 @@
 A message travels as a ZeroMQ multipart message: frame 0 is a msgpack map
 ``{"type": str, "schema": int, "body": map}``; frames 1..n hold raw blobs (screenshots and other bytes
 fields of at least ``BLOB_MIN_BYTES``), referenced from the body by msgpack ExtType(1, frame index).
-Integer lists travel as little-endian int32 arrays (ExtType 2), float lists as float64 arrays (ExtType 3).
+Integer lists travel as little-endian int32 arrays (ExtType 2), float lists as float64 arrays (ExtType 3);
+a string enum field (Trajectory.outcome) as its value, and decodes only to one of its members.
 Never pickle; never base64.
 
 Every decoder enforces a maximum total size and frame count, rejects unknown types and schema versions,
@@ -14,6 +15,7 @@ corrupt message therefore costs one WireError, never a crash or a half-built obj
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import typing
 from typing import Any
@@ -140,6 +142,8 @@ def _value_to_wire(value: Any, hint: Any, blobs: list[bytes], name: str) -> Any:
         return [_value_to_wire(v, bytes, blobs, name) for v in value]
     if origin is list and dataclasses.is_dataclass(args[0]):
         return [_to_wire(v, _hints(args[0]), blobs) for v in value]
+    if isinstance(hint, type) and issubclass(hint, enum.StrEnum):
+        return _member(hint, value, name).value
     if hint is bytes and isinstance(value, (bytes, bytearray, memoryview)) and len(value) >= BLOB_MIN_BYTES:
         blobs.append(bytes(value))
         return msgpack.ExtType(_EXT_BLOB, (len(blobs) - 1).to_bytes(4, "little"))
@@ -154,6 +158,16 @@ def _packed(values: list, code: str, name: str) -> bytes:
     except struct.error as e:
         kind = "int32 integers" if code == "i" else "numbers"
         raise WireError(f"{name}: values must be {kind} ({e})") from None
+
+
+def _member(hint: type[enum.StrEnum], value: Any, path: str) -> enum.StrEnum:
+    """``value`` as a member of the string enum ``hint`` (a member, or a string naming one)."""
+    if not isinstance(value, str):
+        raise WireError(f"{path}: expected str, got {type(value).__name__}")
+    try:
+        return hint(value)
+    except ValueError:
+        raise WireError(f"{path}: {value[:40]!r} is not a {hint.__name__} (one of {[m.value for m in hint]})") from None
 
 
 def _from_wire(cls: type, data: Any, path: str) -> Any:
@@ -198,6 +212,8 @@ def _check(value: Any, hint: Any, path: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise WireError(f"{path}: expected an integer, got {type(value).__name__}")
         return value
+    if isinstance(hint, type) and issubclass(hint, enum.StrEnum):
+        return _member(hint, value, path)
     if hint in (str, bytes, bool):
         if not isinstance(value, hint):
             raise WireError(f"{path}: expected {hint.__name__}, got {type(value).__name__}")

@@ -2,7 +2,8 @@
 
 Owns: the message dataclasses, the trajectory record and the Outcome enum.
 Invariants: every message has a ``TYPE`` (its wire ``type``); fields hold only msgpack-native values
-(int, float, str, bytes, bool, lists and dicts of them, nested message dataclasses); screenshots are raw
+(int, float, str, bytes, bool, lists and dicts of them, nested message dataclasses) or a string enum (Outcome,
+which travels as its value); screenshots are raw
 bytes; token ids and log-probs are plain lists on the message and packed arrays on the wire (see codec).
 Bumping SCHEMA_VERSION is required for any change a peer of the previous version would misread.
 """
@@ -16,8 +17,10 @@ from typing import ClassVar
 SCHEMA_VERSION = 1
 
 
-class Outcome(str, enum.Enum):
-    """How an episode ended. ENV_ERROR and ABORTED are never the agent's fault and never enter training."""
+class Outcome(enum.StrEnum):
+    """How an episode ended. ENV_ERROR and ABORTED are never the agent's fault and never enter training.
+
+    A StrEnum: a member equals, formats and serialises (JSON, msgpack) as its value, the name on the wire."""
 
     SUCCESS = "SUCCESS"
     """The evaluator scored the final desktop state as solved."""
@@ -68,8 +71,9 @@ class Trajectory:
     task_id: str
     group_id: str
     rollout_index: int
-    outcome: str
-    """An Outcome value."""
+    outcome: Outcome
+    """How the episode ended; the wire carries its value (a string naming the member). A string naming a member is
+    accepted when the trajectory is built and turned into the member."""
     score: float
     """Evaluator score in [0, 1] from the desktop's real state (0 when not evaluated)."""
     format_ok: bool
@@ -88,9 +92,8 @@ class Trajectory:
     """The regex the replies were constrained by (SGLang's ``sampling_params.regex``; "" = unconstrained). The
     learner finds the tokens this grammar forced from it and leaves them out of the loss."""
 
-    @property
-    def outcome_enum(self) -> Outcome:
-        return Outcome(self.outcome)
+    def __post_init__(self) -> None:
+        self.outcome = Outcome(self.outcome)  # ValueError for a string that names no Outcome
 
 
 @dataclass

@@ -119,7 +119,7 @@ def check_trajectory(traj: Trajectory, *, vocab_size: int | None, version: int |
     for i, step in enumerate(traj.steps):
         where = f"steps[{i}]"
         n = len(step.output_ids)
-        if n == 0 and Outcome(traj.outcome).trainable:
+        if n == 0 and traj.outcome.trainable:
             _fail("lengths", f"{where}.output_ids is empty")
         if len(step.logprobs) != n or len(step.versions) != n:
             _fail("lengths", f"{where}: {n} output ids, {len(step.logprobs)} log-probs, {len(step.versions)} "

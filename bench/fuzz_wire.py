@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import msgpack  # noqa: E402
 
 from arpo_async import codec  # noqa: E402
-from arpo_async.messages import Step, Trajectory  # noqa: E402
+from arpo_async.messages import Outcome, Step, Trajectory  # noqa: E402
 from arpo_async.validation import InvalidMessage, check_trajectory  # noqa: E402
 from bench._common import result_line  # noqa: E402
 
@@ -141,7 +141,7 @@ def mutations(rng: random.Random, traj: Trajectory) -> tuple[str, Any, bool | No
         traj.rollout_index = rng.choice([-1, 2**40])
         return "rollout_index", traj, False
     if kind == 19:  # valid variations
-        traj.outcome = rng.choice(["ENV_ERROR", "ABORTED", "POLICY_ERROR"])
+        traj.outcome = rng.choice([Outcome.ENV_ERROR, Outcome.ABORTED, Outcome.POLICY_ERROR])
         traj.score = 0.0
         return "valid_outcomes", traj, True
     if kind == 20:

@@ -204,9 +204,9 @@ def score_reply(group: Group, k: int, prompt_ids: list[int], result, scene: Scen
         point = parse_reply(result.text, resized_size=runner.resized_size, screen_size=ac.screen_size,
                             coordinate_mode=ac.coordinate_mode).action.point
         if point is not None and scene.hit(*point):
-            traj.score, traj.outcome = 1.0, Outcome.SUCCESS.value
+            traj.score, traj.outcome = 1.0, Outcome.SUCCESS
     except ActionParseError:
-        traj.format_ok, traj.outcome = False, Outcome.POLICY_ERROR.value
+        traj.format_ok, traj.outcome = False, Outcome.POLICY_ERROR
     return traj
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-from arpo_async.messages import Outcome, Trajectory
+from arpo_async.messages import Trajectory
 from learner.forced_tokens import ForcedTokens
 from learner.grpo import compute_reward, group_advantages, is_zero_variance
 from learner.replay import ReplayBuffer
@@ -81,7 +81,7 @@ class Batcher:
         """Score one complete group at policy ``version``; None when the whole group was dropped."""
         kept: list[Trajectory] = []
         for traj in group.trajectories():
-            if not Outcome(traj.outcome).trainable:
+            if not traj.outcome.trainable:
                 self.drops[traj.outcome.lower()] += 1
             elif policy_lag(traj, version) > self._eta:
                 self.drops["stale"] += 1

@@ -3,9 +3,10 @@
 Owns the layout of ``<run>/checkpoints/``. One checkpoint is one folder ``step-<NNNNNN>`` (the optimizer step
 it was taken after) holding:
 
-- ``trainer.pt``: model + AdamW state + the trainer's step count (:meth:`learner.trainer.Trainer.save_checkpoint`);
+- ``trainer.pt``: model + AdamW state + the trainer's step count (learner.trainer_checkpoint);
   with several ranks ``trainer.dcp`` instead, a torch.distributed.checkpoint folder of every rank's shards;
-- ``learner.pt``: ``torch.save`` of plain data (loaded with ``weights_only=True``, never unpickled code):
+- ``learner.pt``: ``torch.save`` of plain data and Outcome members (loaded with ``weights_only=True`` and only
+  :class:`~arpo_async.messages.Outcome` allowed besides, never unpickled code):
   the learner service's state (policy version, step, totals, drop counters, scheduler order and task
   statistics, admitted-trajectory count), the replay buffer (each stored trajectory as wire-codec frames), the
   state of any extra component (e.g. task selection), and the Python, NumPy and torch RNG states;
@@ -35,10 +36,11 @@ import numpy as np
 import torch
 
 from arpo_async import codec
-from arpo_async.messages import Trajectory
+from arpo_async.messages import Outcome, Trajectory
 from arpo_async.metrics import MetricsWriter, read_metrics
 from learner.service import LearnerService
 from learner.trainer import Trainer
+from learner.trainer_checkpoint import checkpoint_name
 
 log = logging.getLogger(__name__)
 
@@ -147,11 +149,6 @@ class Checkpointer:
         self.root = Path(root)
         self.keep = keep
 
-    def latest(self) -> Path | None:
-        """The newest complete checkpoint folder, or None."""
-        folders = checkpoint_folders(self.root)
-        return folders[-1] if folders else None
-
     def save(self, step: int, trainer: Trainer, state: dict[str, Any], meta: dict[str, Any]) -> Path:
         """Write checkpoint ``step`` atomically (blocking: call in a thread) and prune old ones.
 
@@ -169,7 +166,7 @@ class Checkpointer:
         tmp = self.root / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
-            trainer.save_checkpoint(tmp / trainer.checkpoint_name)
+            trainer.save_checkpoint(tmp / checkpoint_name(trainer))
             torch.save(state, tmp / "learner.pt")
             summary = {**meta, "step": step, "trainer_steps": trainer.steps, "saved_at": time.time()}
             (tmp / "meta.json").write_text(json.dumps(summary, indent=1, default=_json_default))
@@ -201,10 +198,11 @@ class Checkpointer:
         for folder in reversed(checkpoint_folders(self.root)):
             try:
                 meta = json.loads((folder / "meta.json").read_text())
-                state = torch.load(folder / "learner.pt", map_location="cpu", weights_only=True)
+                with torch.serialization.safe_globals([Outcome]):  # the service counts trajectories by Outcome
+                    state = torch.load(folder / "learner.pt", map_location="cpu", weights_only=True)
                 if state.get("schema") != SCHEMA:
                     raise CheckpointError(f"schema {state.get('schema')!r}, expected {SCHEMA}")
-                trainer.load_checkpoint(folder / trainer.checkpoint_name)
+                trainer.load_checkpoint(folder / checkpoint_name(trainer))
                 return folder, state, meta
             except Exception as error:  # noqa: BLE001 - torch/pickle/json raise many types; listed below
                 errors.append(f"{folder.name}: {type(error).__name__}: {error}")

@@ -132,7 +132,7 @@ class LeadTrainer:
     Exposes the :class:`~learner.trainer.Trainer` methods the learner uses (``train_batch``, ``train_step``,
     ``compute_logprobs``, ``save_weights``, ``full_state_dict``, ``checkpoint_state_dict``, ``save_checkpoint``,
     ``load_checkpoint``) and forwards attribute
-    reads (``steps``, ``model``, ``checkpoint_name``...) to the local trainer. Calls are serialised (a lock), as
+    reads (``steps``, ``model``, ``group``...) to the local trainer. Calls are serialised (a lock), as
     the collectives of two calls must not interleave.
 
     Raises (from any call): RankGroupError when another rank is gone (the command and the error are named).

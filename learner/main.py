@@ -55,9 +55,9 @@ from learner.trajectory_sample import TrajectorySampler
 from learner.checkpoint import Checkpointer, capture, checkpoint_folders, reconcile_metrics, restore
 from learner.publisher import DistributedPublisher, WeightPublisher
 from learner.replay import ReplayBuffer, make_replay
-from learner.scheduler import GroupScheduler, LockstepAdmission
+from learner.scheduler import GroupScheduler
 from learner.service import LearnerService, WindowStats
-from learner.staleness import StalenessManager
+from learner.staleness import LockstepAdmission, StalenessManager
 from learner.task_selection import BaselinePass, TaskSelector
 from learner.distributed import LeadTrainer, RankGroupError, follow, init_ranks, leave, torchrun_world
 from learner.trainer import Trainer, TrainerConfig, TrainerConfigError, TrainerInputError, resolve_device

@@ -188,14 +188,14 @@ class GroupScheduler:
             raise KeyError(f"no running rollout {key}")
         del self._running[key]
         group = self._groups[traj.group_id]
-        retry = not Outcome(traj.outcome).trainable and group.attempts[traj.rollout_index] <= self._max_retries
+        retry = not traj.outcome.trainable and group.attempts[traj.rollout_index] <= self._max_retries
         if retry:
             self._reissue.append(key)
             return None
         group.results[traj.rollout_index] = traj
         stats = self.task_stats[group.task.id]
         stats["trajectories"] += 1
-        stats["successes"] += traj.outcome == Outcome.SUCCESS.value
+        stats["successes"] += traj.outcome is Outcome.SUCCESS
         if group.complete:
             stats["completed"] += 1
             del self._groups[group.group_id]
@@ -224,7 +224,7 @@ class GroupScheduler:
 
     def pending_trainable(self) -> int:
         """Trainable trajectories held in incomplete groups (they are lost if the learner stops now)."""
-        return sum(Outcome(t.outcome).trainable for g in self._groups.values() for t in g.results.values())
+        return sum(t.outcome.trainable for g in self._groups.values() for t in g.results.values())
 
     def state_dict(self) -> dict:
         """Task order, its RNG, the group counter and per-task statistics, as plain lists, dicts and numbers."""
@@ -254,45 +254,3 @@ class GroupScheduler:
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"malformed scheduler state: {type(error).__name__}: {error}") from error
         self._rng, self._order, self._next_group, self.task_stats = rng, order, next_group, stats
-
-
-class LockstepAdmission:
-    """Admission for the lockstep schedule (ARPO's synchronous loop), with StalenessManager's interface.
-
-    The batch boundary is the scheduler's group budget: the training loop opens one rollout batch of
-    ``groups_per_step`` groups, every slot of them (re-issues included) is admitted, and nothing else until the
-    batch has come back and been trained. This class only guarantees that no more than one batch of
-    ``batch_size`` rollouts is ever in flight, and counts like StalenessManager does.
-
-    Args:
-        batch_size: rollouts per rollout batch, groups_per_step x G (> 0).
-    """
-
-    def __init__(self, batch_size: int) -> None:
-        if batch_size <= 0:
-            raise ValueError(f"need batch_size > 0, got {batch_size}")
-        self.batch_size = batch_size
-        self.accepted = 0
-        self.running = 0
-
-    def capacity(self, version: int) -> int:
-        """How many more rollouts may start now (``version`` plays no part in lockstep)."""
-        return max(0, self.batch_size - self.running)
-
-    def can_admit(self, version: int) -> bool:
-        return self.capacity(version) > 0
-
-    def on_start(self) -> None:
-        """A rollout was handed out."""
-        self.running += 1
-
-    def on_finish(self, accepted: bool) -> None:
-        """A rollout came back (or expired); ``accepted`` when the learner keeps it for training."""
-        if self.running <= 0:
-            raise RuntimeError("on_finish without a running rollout")
-        self.running -= 1
-        self.accepted += accepted
-
-    def on_discard(self, count: int) -> None:
-        """``count`` accepted trajectories were dropped later (e.g. a zero-variance group)."""
-        self.accepted = max(0, self.accepted - count)

@@ -72,9 +72,7 @@ def _check_pool(tasks: Sequence[T], task_id: Callable[[T], str]) -> list[str]:
 def trainable_scores(group: Any) -> list[float]:
     """Evaluator scores of a complete :class:`learner.scheduler.Group`'s trainable trajectories (ENV_ERROR and
     ABORTED left out): what :meth:`TaskSelector.record_group` and :meth:`BaselinePass.record_group` take."""
-    from arpo_async.messages import Outcome
-
-    return [float(t.score) for t in group.trajectories() if Outcome(t.outcome).trainable]
+    return [float(t.score) for t in group.trajectories() if t.outcome.trainable]
 
 
 def baseline_plan(tasks: Sequence[T], k: int) -> list[tuple[T, int]]:

@@ -17,70 +17,39 @@ the weights have not changed yet, so these are exactly the pre-update log-probs 
 (ARPO: 2 optimizer steps per rollout batch), which is where the clip against pi_prox acts.
 
 Invariants: the loss is computed only on tokens the policy generated (``output_ids``), on exactly the ids the
-sampler produced; the policy runs without dropout (eval mode) so its log-probs are comparable to the sampler's;
-weight folders are written to a temporary sibling and renamed into place, so a reader never sees half a folder.
+sampler produced; the policy runs without dropout (eval mode) so its log-probs are comparable to the sampler's.
+
+Not here: exporting the weights for inference servers (learner.weights_export) and the trainer's checkpoint
+files (learner.trainer_checkpoint); the Trainer keeps one-line methods for the calls that must reach every rank
+(see the end of :class:`Trainer`). The error types live in learner.trainer_errors and are re-exported here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
 import math
-import os
-import shutil
 import time
-import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from arpo_async.model.checkpoint_names import tied_names, to_checkpoint_names
+from arpo_async.model.checkpoint_names import tied_names
 from arpo_async.model.inputs import load_policy
+from learner import trainer_checkpoint, weights_export
 from learner.distributed import RankGroup, decoder_layers, shard_policy
 from learner.grpo import CORRECTION_MODES, corrected_token_loss
 from learner.microbatch import MicroBatchBudgetError, step_plan
 from learner.policy_forward import CompletionLogprobs, PixelCache, check_pad_id, collate, image_pad_problem
+from learner.trainer_errors import TrainerConfigError, TrainerError, TrainerInputError
 
 log = logging.getLogger("arpo.learner.trainer")
 
 __all__ = ["TrainSample", "Trainer", "TrainerConfig", "TrainerConfigError", "TrainerError", "TrainerInputError"]
-
-# Files besides the weights that make a checkpoint folder loadable by transformers, arpo-serve and SGLang:
-# tokenizer, chat template and image/video processor configs. Copied from the source model folder when present.
-_PROCESSOR_FILES: tuple[str, ...] = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.json",
-    "chat_template.jinja",
-    "preprocessor_config.json",
-    "video_preprocessor_config.json",
-    "processor_config.json",
-)
-
-_CHECKPOINT_SCHEMA = 1
-
-
-class TrainerError(RuntimeError):
-    """Base class of the trainer's errors (also raised for file-system conflicts when saving)."""
-
-
-class TrainerConfigError(TrainerError, ValueError):
-    """A TrainerConfig field is out of range."""
-
-
-class TrainerInputError(TrainerError, ValueError):
-    """A batch or sample cannot be trained on (empty, mismatched lengths, non-finite numbers)."""
 
 
 @dataclass
@@ -269,7 +238,8 @@ class Trainer:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             for layer in decoder_layers(self.model):  # transformers checkpoints only modules in train mode
                 layer.train()  # Qwen2.5-VL decoder layers have no dropout (attention_dropout 0), so this is exact
-        self._tied = tied_names(self.model)
+        self.tied = tied_names(self.model)
+        """Names of weights tied to another one (left out of exported weights, as save_pretrained does)."""
         self.module = CompletionLogprobs(self.model, config.logprob_chunk_tokens)
         self.bf16 = config.dtype == "bfloat16"
         if self.group.sharded:
@@ -569,181 +539,27 @@ class Trainer:
         )
         return result
 
-    # ------------------------------------------------------------------ weights for inference servers
+    # ------------------------------------------------------------------ weight export and checkpoint I/O
+    # Implemented in learner.weights_export and learner.trainer_checkpoint. They stay callable as methods because
+    # each is a collective under torchrun and learner.distributed.LeadTrainer forwards a call to every rank by
+    # method name (its COMMANDS); the learner holds a Trainer or a LeadTrainer and calls both the same way.
 
     def save_weights(self, out_dir: Path, *, overwrite: bool = False) -> Path:
-        """Write the current weights as a complete Hugging Face checkpoint folder, atomically.
-
-        The folder holds ``config.json``, ``generation_config.json``, ``model.safetensors`` (``save_pretrained``,
-        safetensors) and the tokenizer, chat-template and processor files copied from the source model folder,
-        so SGLang's ``/update_weights_from_disk``, ``arpo-serve`` and ``load_policy`` can load it. It is written
-        to a temporary sibling folder and renamed to ``out_dir``.
-
-        Args:
-            out_dir: the folder to create.
-            overwrite: replace an existing ``out_dir`` (the old folder is moved aside, then deleted).
-
-        Returns:
-            ``out_dir`` as a Path.
-
-        With several ranks every rank must call it (the full tensors are gathered from the shards); rank 0
-        writes the folder, the others only take part in the gather.
-
-        Raises:
-            TrainerError: ``out_dir`` exists and ``overwrite`` is False.
-        """
-        out_dir = Path(out_dir)
-        full = self.full_state_dict() if self.group.sharded else None
-        if not self.group.lead:
-            return out_dir
-        if out_dir.exists() and not overwrite:
-            raise TrainerError(f"weights folder {out_dir} already exists (pass overwrite=True to replace it)")
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
-        try:
-            self.model.save_pretrained(tmp, safe_serialization=True, state_dict=full)
-            for name in _PROCESSOR_FILES:
-                source = self.model_dir / name
-                if source.is_file():
-                    shutil.copy2(source, tmp / name)
-            if out_dir.exists():
-                old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
-                os.rename(out_dir, old)
-                os.rename(tmp, out_dir)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.rename(tmp, out_dir)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        return out_dir
+        """:func:`learner.weights_export.save_weights` on this trainer."""
+        return weights_export.save_weights(self, out_dir, overwrite=overwrite)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's whole weights on the CPU, keyed as transformers names them (``model.language_model...``).
-
-        With several ranks this is a collective (every rank must call it): rank 0 receives the full tensors,
-        the other ranks an empty dict (torch.distributed.checkpoint.state_dict, ``full_state_dict=True``).
-        """
-        if not self.group.sharded:
-            return {k: v.detach().to("cpu") for k, v in self.model.state_dict().items() if k not in self._tied}
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        full = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        prefix = "policy."
-        named = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in full.items()}
-        return {k: v for k, v in named.items() if k not in self._tied}
+        """:func:`learner.weights_export.full_state_dict` on this trainer."""
+        return weights_export.full_state_dict(self)
 
     def checkpoint_state_dict(self) -> dict[str, torch.Tensor]:
-        """:meth:`full_state_dict` under checkpoint names (``model.layers...``, ``visual...``: what save_pretrained
-        writes and SGLang's ``load_weights`` matches; arpo_async.model.checkpoint_names). A collective like
-        :meth:`full_state_dict`; ranks other than 0 get an empty dict."""
-        full = self.full_state_dict()
-        return to_checkpoint_names(self.model, full) if full else {}
-
-    # ------------------------------------------------------------------ checkpoints (model + optimizer)
-
-    @property
-    def checkpoint_name(self) -> str:
-        """The name of this trainer's part of a checkpoint folder: ``trainer.pt`` (one rank, one file) or
-        ``trainer.dcp`` (several ranks: a torch.distributed.checkpoint folder of shards)."""
-        return "trainer.dcp" if self.group.sharded else "trainer.pt"
-
-    def state_dict(self) -> dict[str, Any]:
-        """Model and optimizer state plus the step count and config (tensors and plain python values only).
-        One rank only (a sharded trainer saves with :meth:`save_checkpoint`)."""
-        return {
-            "schema": _CHECKPOINT_SCHEMA,
-            "steps": self.steps,
-            "config": asdict(self.config),
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore model, optimizer and step count from :meth:`state_dict`'s output.
-
-        The optimizer's hyper-parameters come from the checkpoint (as torch restores them); this trainer's
-        config is kept for the loss.
-
-        Raises:
-            TrainerError: unknown schema or a state that does not fit this model.
-        """
-        if state.get("schema") != _CHECKPOINT_SCHEMA:
-            raise TrainerError(f"unsupported trainer checkpoint schema {state.get('schema')!r}")
-        try:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.steps = int(state["steps"])
-        except (KeyError, RuntimeError, ValueError) as error:
-            raise TrainerError(f"checkpoint does not fit this model: {type(error).__name__}: {error}") from error
+        """:func:`learner.weights_export.checkpoint_state_dict` on this trainer."""
+        return weights_export.checkpoint_state_dict(self)
 
     def save_checkpoint(self, path: Path) -> Path:
-        """``torch.save`` :meth:`state_dict` to ``path`` (written to a temporary file, then renamed).
-
-        With several ranks (every rank calls it with the same ``path``, a folder on storage they share): each
-        rank writes its shards of the model and the AdamW state with torch.distributed.checkpoint, and rank 0
-        adds ``trainer.json`` (schema, step count, world size). A sharded checkpoint resumes on any number of
-        ranks > 1 (DCP reshards on load)."""
-        path = Path(path)
-        if self.group.sharded:
-            return self._save_sharded(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-        try:
-            torch.save(self.state_dict(), tmp)
-            os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
-        return path
+        """:func:`learner.trainer_checkpoint.save_checkpoint` on this trainer."""
+        return trainer_checkpoint.save_checkpoint(self, path)
 
     def load_checkpoint(self, path: Path) -> None:
-        """Load a checkpoint written by :meth:`save_checkpoint` (``torch.load`` with ``weights_only=True``).
-
-        Raises:
-            FileNotFoundError: ``path`` does not exist.
-            TrainerError: the checkpoint does not fit this model.
-        """
-        path = Path(path)
-        if self.group.sharded:
-            return self._load_sharded(path)
-        sharded = path.with_name("trainer.dcp")
-        if path.is_dir() or (not path.exists() and sharded.is_dir()):
-            raise TrainerError(f"{path.parent} holds a sharded checkpoint (written by several ranks); resume it under "
-                               "torchrun with more than one rank")
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        self.load_state_dict(state)
-
-    def _sharded_state(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-        return {"model": get_model_state_dict(self.module),
-                "optimizer": get_optimizer_state_dict(self.module, self.optimizer)}
-
-    def _save_sharded(self, path: Path) -> Path:
-        import torch.distributed.checkpoint as dcp
-
-        dcp.save(self._sharded_state(), checkpoint_id=str(path))
-        if self.group.lead:
-            info = {"schema": _CHECKPOINT_SCHEMA, "steps": self.steps, "world": self.group.world,
-                    "config": asdict(self.config)}
-            (path / "trainer.json").write_text(json.dumps(info, indent=1))
-        dist.barrier()
-        return path
-
-    def _load_sharded(self, path: Path) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-
-        if not (path / "trainer.json").is_file():
-            raise TrainerError(f"{path} is not a sharded trainer checkpoint (no trainer.json); a checkpoint "
-                               "written by one rank (trainer.pt) resumes only on one rank")
-        info = json.loads((path / "trainer.json").read_text())
-        if info.get("schema") != _CHECKPOINT_SCHEMA:
-            raise TrainerError(f"unsupported trainer checkpoint schema {info.get('schema')!r}")
-        state = self._sharded_state()
-        dcp.load(state, checkpoint_id=str(path))
-        set_model_state_dict(self.module, state["model"])
-        set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"])
-        self.steps = int(info["steps"])
-
+        """:func:`learner.trainer_checkpoint.load_checkpoint` on this trainer."""
+        trainer_checkpoint.load_checkpoint(self, path)

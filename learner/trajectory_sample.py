@@ -194,7 +194,7 @@ class TrajectorySampler:
 
     def decide(self, traj: Trajectory) -> tuple[bool, bool]:
         """(keep, first_success) for ``traj``; marks its task solved when it is a first success."""
-        first = traj.outcome == Outcome.SUCCESS.value and traj.task_id not in self.solved
+        first = traj.outcome is Outcome.SUCCESS and traj.task_id not in self.solved
         if first:
             self.solved.add(traj.task_id)
         return first or self.chosen(traj.trajectory_id), first

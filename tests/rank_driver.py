@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from arpo_async.model.inputs import PromptEncoder  # noqa: E402
 from learner.distributed import LeadTrainer, follow, init_ranks, leave  # noqa: E402
 from learner.trainer import Trainer, TrainerConfig, TrainSample  # noqa: E402
+from learner.trainer_checkpoint import checkpoint_name  # noqa: E402
 
 REPLIES = ("T\nAction: click(start_box='(045,730)')", "Thought: wait\nAction: wait()", "Action: hotkey(key='ctrl s')",
            "Thought: the save button\nAction: click(start_box='(512,100)')", "Action: type(content='hello')")
@@ -75,12 +76,12 @@ def main() -> int:
         leave(code)
     driver = LeadTrainer(trainer, group, timeout_s=120) if group.sharded else trainer
     if args.resume:
-        driver.load_checkpoint(args.resume / trainer.checkpoint_name)
+        driver.load_checkpoint(args.resume / checkpoint_name(trainer))
     losses = {}
     for step in range(trainer.steps, args.steps):
         losses[step] = driver.train_step(batch(args.model, step))["loss"]
         if args.save_at and trainer.steps == args.save_at:
-            driver.save_checkpoint(args.out / "ckpt" / trainer.checkpoint_name)
+            driver.save_checkpoint(args.out / "ckpt" / checkpoint_name(trainer))
     driver.save_weights(args.out / "weights", overwrite=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "losses.json").write_text(json.dumps(losses))

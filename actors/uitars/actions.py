@@ -94,11 +94,6 @@ class Action:
         return tuple(self.key.split(" ")) if self.key else ()
 
     @property
-    def is_terminal(self) -> bool:
-        """True for ``finished`` and ``fail``: the episode ends after this action."""
-        return self.kind in TERMINAL_KINDS
-
-    @property
     def submits(self) -> bool:
         """True for a ``type`` whose content ends in a newline (press Enter after typing)."""
         return self.kind == "type" and bool(self.text) and self.text.endswith("\n")

@@ -153,9 +153,9 @@ async def test_desktop_killed_mid_episode_gives_env_error_and_actor_goes_on(serv
             first = received[0]
             assert first.outcome == Outcome.ENV_ERROR.value and first.desktop == victim.name
             assert "DesktopError" in first.error, first.error
-            await until(lambda: any(t.outcome_enum.trainable for t in received), EPISODE_DEADLINE_S,
+            await until(lambda: any(t.outcome.trainable for t in received), EPISODE_DEADLINE_S,
                         "a trainable trajectory on a new desktop")
-            after = next(t for t in received if t.outcome_enum.trainable)
+            after = next(t for t in received if t.outcome.trainable)
             assert after.desktop and after.desktop != victim.name and after.steps
             check_screenshot_indices(after)
             assert victim.container_id not in await labelled(pool.fleet.run_id)  # the dead one is gone
@@ -181,9 +181,9 @@ async def test_inference_outage_aborts_then_actor_recovers(tiny_model, encoder, 
             assert "PolicyUnavailable" in aborted.error, aborted.error
             n_before = len(received)
             await asyncio.to_thread(serve.start)  # same port
-            await until(lambda: any(t.outcome_enum.trainable for t in received[n_before:]), EPISODE_DEADLINE_S,
+            await until(lambda: any(t.outcome.trainable for t in received[n_before:]), EPISODE_DEADLINE_S,
                         "a trainable trajectory after the server came back")
-            assert all(t.outcome in (Outcome.ABORTED.value, Outcome.ENV_ERROR.value) or t.outcome_enum.trainable
+            assert all(t.outcome in (Outcome.ABORTED.value, Outcome.ENV_ERROR.value) or t.outcome.trainable
                        for t in received)
             assert serve.starts == 2
     finally:
@@ -205,7 +205,7 @@ async def test_env_error_desktop_is_never_reused_and_good_ones_are(server, encod
                 learner(ctx, transport, [good, broken]) as (_, received), actors(ctx, transport, pool, runner):
             def enough() -> bool:
                 errors = [t for t in received if t.outcome == Outcome.ENV_ERROR.value]
-                return len(errors) >= 2 and sum(t.outcome_enum.trainable for t in received) >= 3
+                return len(errors) >= 2 and sum(t.outcome.trainable for t in received) >= 3
             await until(enough, EPISODE_DEADLINE_S, "2 ENV_ERROR and 3 trainable trajectories")
         for i, traj in enumerate(received):
             if traj.outcome == Outcome.ENV_ERROR.value:
@@ -319,9 +319,9 @@ async def test_a_generation_the_server_aborts_ends_the_episode_aborted(tiny_mode
                             "an episode to end ABORTED")
                 aborted = next(t for t in received if t.outcome == Outcome.ABORTED.value)
                 assert "GenerationAborted" in aborted.error, aborted.error
-                assert not aborted.outcome_enum.trainable
+                assert not aborted.outcome.trainable
                 n_before = len(received)
-                await until(lambda: any(t.outcome_enum.trainable for t in received[n_before:]), EPISODE_DEADLINE_S,
+                await until(lambda: any(t.outcome.trainable for t in received[n_before:]), EPISODE_DEADLINE_S,
                             "a trainable trajectory after the abort")
     finally:
         await policy.aclose()

@@ -12,6 +12,7 @@ from PIL import Image, ImageDraw
 
 from arpo_async.model.init_model import create_tiny_model
 from arpo_async.model.inputs import PromptEncoder, load_policy
+from learner import trainer_checkpoint
 from learner.trainer import (
     Trainer,
     TrainerConfig,
@@ -248,7 +249,7 @@ def test_fresh_optimizer_state_differs_from_restored(model_dir, samples, tmp_pat
     config = TrainerConfig(lr=1e-3)
     trainer = Trainer(model_dir, config)
     trainer.train_step(samples)
-    state = trainer.state_dict()
+    state = trainer_checkpoint.state_dict(trainer)
     other = Trainer(model_dir, config)
     other.model.load_state_dict(state["model"])
     trainer.train_step(samples)

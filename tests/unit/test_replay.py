@@ -1,4 +1,4 @@
-"""Reference tests for learner.replay.SuccessReplay (ARPO's success replay buffer)."""
+"""Reference tests for learner.replay: SuccessReplay (ARPO's success replay buffer) and PrioritizedReplay."""
 
 from __future__ import annotations
 
@@ -9,16 +9,15 @@ from dataclasses import dataclass
 import msgpack
 import pytest
 
-from arpo_async.messages import Step, Trajectory
+from arpo_async.messages import Outcome, Step, Trajectory
 from arpo_async.tasks import Task
 from learner.batcher import Batcher, train_samples
+from learner.checkpoint import decode_trajectory, encode_trajectory
 from learner.replay import (
     Injection,
     PrioritizedReplay,
     ReplayError,
     SuccessReplay,
-    decode_trajectory,
-    encode_trajectory,
     make_replay,
     trajectory_length,
     trajectory_version,
@@ -31,6 +30,12 @@ FAILED = [0.0] * 4
 def _group(task: str, batch: int, scores: list[float]) -> list[str]:
     """Trajectory stand-ins: strings naming task, batch and rollout index (the buffer treats them as opaque)."""
     return [f"{task}/b{batch}/r{i}" for i in range(len(scores))]
+
+
+def _inject(replay: SuccessReplay, task_id: str, trajectories: list, scores: list[float]) -> tuple[list, list, bool]:
+    """``replay.inject`` as ``(trajectories, scores, injected)``."""
+    result = replay.inject(task_id, trajectories, scores)
+    return result.trajectories, result.scores, result.injected
 
 
 def test_stores_only_successes_above_threshold():
@@ -62,7 +67,7 @@ def test_injects_into_all_failed_group_replacing_the_first_rollout():
     replay = SuccessReplay()
     replay.add_group("t", ["good"], [0.9])
     trajectories = _group("t", 1, FAILED)
-    out, scores, injected = replay.maybe_inject("t", trajectories, FAILED)
+    out, scores, injected = _inject(replay, "t", trajectories, FAILED)
     assert injected
     assert out == ["good", "t/b1/r1", "t/b1/r2", "t/b1/r3"]
     assert scores == [0.9, 0.0, 0.0, 0.0]
@@ -74,7 +79,7 @@ def test_no_injection_into_a_group_with_a_success_or_high_spread():
     replay = SuccessReplay()
     replay.add_group("t", ["good"], [1.0])
     for scores in ([1.0, 0.0, 0.0, 0.0], [1.0] * 4, [0.3] * 4):
-        out, out_scores, injected = replay.maybe_inject("t", _group("t", 1, scores), scores)
+        out, out_scores, injected = _inject(replay, "t", _group("t", 1, scores), scores)
         assert not injected
         assert out == _group("t", 1, scores) and out_scores == scores
     assert replay.stats()["injections"] == 0
@@ -83,7 +88,7 @@ def test_no_injection_into_a_group_with_a_success_or_high_spread():
 def test_no_injection_without_a_stored_success_of_that_task():
     replay = SuccessReplay()
     replay.add_group("other", ["good"], [1.0])
-    _, _, injected = replay.maybe_inject("t", _group("t", 0, FAILED), FAILED)
+    _, _, injected = _inject(replay, "t", _group("t", 0, FAILED), FAILED)
     assert not injected
 
 
@@ -91,11 +96,11 @@ def test_a_success_is_replayed_from_the_next_batch_on():
     # batch 0: task t has one success. Inject first (nothing stored yet), then add.
     replay = SuccessReplay()
     batch0 = [1.0, 0.0, 0.0, 0.0]
-    _, _, injected = replay.maybe_inject("t", _group("t", 0, batch0), batch0)
+    _, _, injected = _inject(replay, "t", _group("t", 0, batch0), batch0)
     assert not injected
     replay.add_group("t", _group("t", 0, batch0), batch0)
     # batch 1: all failed -> batch 0's success comes back in place of rollout 0
-    out, scores, injected = replay.maybe_inject("t", _group("t", 1, FAILED), FAILED)
+    out, scores, injected = _inject(replay, "t", _group("t", 1, FAILED), FAILED)
     assert injected and out[0] == "t/b0/r0" and scores[0] == 1.0
     replay.add_group("t", _group("t", 1, FAILED), FAILED)
     assert replay.stats()["stored"] == 1  # the injected copy is not stored again
@@ -104,7 +109,7 @@ def test_a_success_is_replayed_from_the_next_batch_on():
 def test_disabled_buffer_stores_and_injects_nothing():
     replay = SuccessReplay(enabled=False)
     assert replay.add_group("t", ["good"], [1.0]) == 0
-    out, scores, injected = replay.maybe_inject("t", _group("t", 1, FAILED), FAILED)
+    out, scores, injected = _inject(replay, "t", _group("t", 1, FAILED), FAILED)
     assert not injected and out == _group("t", 1, FAILED) and scores == FAILED
     assert replay.stats() == {"tasks": 0, "stored": 0, "injections": 0}
 
@@ -115,7 +120,7 @@ def test_draw_is_uniform_and_seeded():
     def draws(seed: int, n: int) -> list[str]:
         replay = SuccessReplay(seed=seed)
         replay.add_group("t", stored, [1.0] * 8)
-        return [replay.maybe_inject("t", ["f"] * 4, FAILED)[0][0] for _ in range(n)]
+        return [_inject(replay, "t", ["f"] * 4, FAILED)[0][0] for _ in range(n)]
 
     # Same seed, same draws; the draw is random.Random(seed).randrange(8) over the FIFO, oldest first.
     expected_rng = random.Random(5)
@@ -133,7 +138,7 @@ def test_state_round_trip_through_msgpack():
     replay = SuccessReplay(seed=3)
     replay.add_group("a", [{"id": "a0", "tokens": [1, 2]}, {"id": "a1", "tokens": [3]}], [1.0, 0.5])
     replay.add_group("b", [{"id": "b0", "tokens": []}], [0.2])
-    replay.maybe_inject("a", [{"id": "x"}] * 4, FAILED)
+    _inject(replay, "a", [{"id": "x"}] * 4, FAILED)
 
     blob = msgpack.packb(replay.state_dict(), use_bin_type=True)
     restored = SuccessReplay(seed=999)
@@ -144,7 +149,7 @@ def test_state_round_trip_through_msgpack():
     assert restored.stored("b") == replay.stored("b")
     # the RNG continues where the original left off
     for _ in range(10):
-        assert restored.maybe_inject("a", [{}] * 4, FAILED) == replay.maybe_inject("a", [{}] * 4, FAILED)
+        assert _inject(restored, "a", [{}] * 4, FAILED) == _inject(replay, "a", [{}] * 4, FAILED)
 
 
 def test_state_round_trip_with_encode_and_decode():
@@ -188,7 +193,7 @@ def test_bad_groups_are_rejected(trajectories, scores):
     with pytest.raises(ReplayError):
         replay.add_group("t", trajectories, scores)
     with pytest.raises(ReplayError):
-        replay.maybe_inject("t", trajectories, scores)
+        _inject(replay, "t", trajectories, scores)
 
 
 def test_bad_configuration_is_rejected():
@@ -404,7 +409,7 @@ def _scheduled_group(index: int, outcomes: list[tuple[float, bool]], version: in
     for i, (score, format_ok) in enumerate(outcomes):
         traj = _real_traj(f"g{index}-r{i}", score, (version,))
         traj.group_id, traj.rollout_index, traj.format_ok = group.group_id, i, format_ok
-        traj.outcome = "SUCCESS" if score > 0.5 else "FAILURE"
+        traj.outcome = Outcome.SUCCESS if score > 0.5 else Outcome.FAILURE
         group.results[i] = traj
     return group
 

@@ -131,9 +131,6 @@ def test_every_action_kind():
     }
     for call, expected in cases.items():
         assert parse(f"Thought: t\nAction: {call}").action == expected, call
-    assert parse("Action: call_user()").action.is_terminal
-    assert parse("Action: finished()").action.is_terminal
-    assert not parse("Action: wait()").action.is_terminal
 
 
 def test_type_escapes_and_submit():

@@ -1,325 +1,33 @@
-"""Success replay buffers: ARPO's per-task FIFO (exact), a prioritized variant, and an off switch.
+"""Prioritized success replay: per-task successes under a global memory bound, drawn and evicted by priority.
 
-Both buffers store whole successful trajectories per task and inject one into a group of the same task before
-advantages are computed, so that a group the policy failed entirely still carries a learning signal. They
-share one interface (:class:`ReplayBuffer`), used by :class:`learner.batcher.Batcher` in this order per complete
-group: ``inject(...)`` then ``add_group(...)`` with the ORIGINAL (un-injected) trajectories, so an injected
-trajectory is never stored twice and a success is replayed from the next group of its task on, never into its own
-group. :func:`make_replay` builds one by mode name: "arpo", "prioritized" or "off".
+Owns the stored successes (per task, insertion order, each with its sampling version, length, insertion counter
+and replay count), the per-task success-rate estimates, the draw's RNG and the counters reported by ``stats``.
+The priority formula, which groups get a replayed success and why the defaults are what they are: see
+:class:`PrioritizedReplay`.
 
-ARPO's rule (:class:`SuccessReplay`; ARPO ``verl/trainer/ray_trainer.py`` ``apply_replay``, ``replay_buffer.py``):
-
-1. A group whose evaluator scores satisfy :func:`learner.grpo.is_all_failed` (std < 0.05 and mean < 0.2) and
-   whose task has a stored success gets one stored success, drawn uniformly, in place of its FIRST rollout;
-   the group size is unchanged. Other groups are untouched.
-2. Only after that is the buffer updated from the group as sampled (successes: score > 0.1), at most 8 per task,
-   oldest evicted first.
-
-Unlike ARPO (whose ``enable_replay`` switch is never read, ARPO issue 17) ``enabled=False`` really turns the
-buffer off: nothing is stored and nothing is injected.
-
-The prioritized rule (:class:`PrioritizedReplay`) is documented on the class. Replayed trajectories keep their
-own behaviour log-probs and token versions; the trainer's off-policy correction treats them like any other data.
-
-State: ``state_dict`` / ``load_state_dict`` give plain dicts, lists, strings and numbers (msgpack-friendly when
-the ``encode`` hook makes the trajectories so; :func:`encode_trajectory` / :func:`decode_trajectory` do that for
-:class:`arpo_async.messages.Trajectory` through the wire codec), including the RNG state and counters, so a
-resumed learner continues the same draws.
+Invariants: after every ``add_group`` (and ``load_state_dict``) no task holds more than ``capacity_per_task``
+successes and the buffer no more than ``max_total``; eviction and draws are deterministic for a given seed and
+history (ties broken by the insertion counter); ``state_dict`` round-trips everything (schema
+``_PRIORITIZED_SCHEMA``, mode "prioritized"). Replayed trajectories keep their own behaviour log-probs and token
+versions; the trainer's off-policy correction treats them like any other data.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from learner.grpo import is_all_failed
+from learner.replay.buffer import Injection, ReplayError, check_group, rng_from_state, rng_state
 
-__all__ = [
-    "REPLAY_MODES",
-    "Injection",
-    "PrioritizedReplay",
-    "ReplayBuffer",
-    "ReplayError",
-    "SuccessReplay",
-    "decode_trajectory",
-    "encode_trajectory",
-    "make_replay",
-    "trajectory_length",
-    "trajectory_version",
-]
+__all__ = ["PrioritizedReplay", "trajectory_length", "trajectory_version"]
 
 T = TypeVar("T")
 
-REPLAY_MODES: tuple[str, ...] = ("arpo", "prioritized", "off")
-"""Replay modes accepted by :func:`make_replay`."""
-
-_STATE_SCHEMA = 1
 _PRIORITIZED_SCHEMA = 1
-
-
-class ReplayError(ValueError):
-    """Raised for bad arguments to a replay buffer or a state dict it cannot load."""
-
-
-@dataclass(frozen=True)
-class Injection(Generic[T]):
-    """The result of ``inject``: the group after injection and which rollout was replaced.
-
-    Attributes:
-        trajectories: the group's trajectories after injection, length G (a new list).
-        scores: their evaluator scores, length G (a new list).
-        index: the position that now holds a replayed success, or None when nothing was injected.
-    """
-
-    trajectories: list[T]
-    scores: list[float]
-    index: int | None
-
-    @property
-    def injected(self) -> bool:
-        return self.index is not None
-
-
-class ReplayBuffer(Protocol[T]):
-    """What the batcher needs from a replay buffer (both :class:`SuccessReplay` and :class:`PrioritizedReplay`)."""
-
-    @property
-    def mode(self) -> str: ...
-
-    def inject(self, task_id: str, trajectories: Sequence[T], scores: Sequence[float], *, version: int = 0,
-               rewards: Sequence[float] | None = None) -> Injection[T]: ...
-
-    def add_group(self, task_id: str, trajectories: Sequence[T], scores: Sequence[float], *,
-                  version: int = 0) -> int: ...
-
-    def stats(self) -> dict[str, float]: ...
-
-    def state_dict(self, encode: Callable[[T], Any] | None = None) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any], decode: Callable[[Any], T] | None = None) -> None: ...
-
-
-def _check_group(trajectories: Sequence[Any], scores: Sequence[float]) -> list[float]:
-    if len(trajectories) != len(scores):
-        raise ReplayError(f"{len(trajectories)} trajectories but {len(scores)} scores")
-    if len(scores) == 0:
-        raise ReplayError("empty group")
-    checked = [float(s) for s in scores]
-    bad = [s for s in checked if not math.isfinite(s)]
-    if bad:
-        raise ReplayError(f"non-finite scores: {bad}")
-    return checked
-
-
-def _rng_state(rng: random.Random) -> list[Any]:
-    version, internal, gauss_next = rng.getstate()
-    return [version, list(internal), gauss_next]
-
-
-def _rng_from_state(state: Sequence[Any]) -> random.Random:
-    version, internal, gauss_next = state
-    rng = random.Random()
-    rng.setstate((int(version), tuple(int(x) for x in internal), gauss_next))
-    return rng
-
-
-class SuccessReplay(Generic[T]):
-    """ARPO's per-task replay buffer of successful trajectories.
-
-    Args:
-        capacity_per_task: most successes kept per task; the oldest is evicted first (ARPO: 8).
-        success_threshold: a trajectory is a success when its evaluator score is strictly above this (ARPO: 0.1).
-        enabled: False turns the buffer off (no storing, no injection).
-        seed: seed of the RNG used for the uniform draw; the RNG state is part of :meth:`state_dict`.
-        all_failed_std: std threshold of the all-failed rule (ARPO: 0.05).
-        all_failed_mean: mean threshold of the all-failed rule (ARPO: 0.2).
-
-    Raises:
-        ReplayError: ``capacity_per_task`` < 1 or a threshold is not finite.
-    """
-
-    def __init__(
-        self,
-        capacity_per_task: int = 8,
-        success_threshold: float = 0.1,
-        enabled: bool = True,
-        seed: int = 0,
-        *,
-        all_failed_std: float = 0.05,
-        all_failed_mean: float = 0.2,
-    ) -> None:
-        if capacity_per_task < 1:
-            raise ReplayError(f"capacity_per_task must be >= 1, got {capacity_per_task}")
-        for name, value in (
-            ("success_threshold", success_threshold),
-            ("all_failed_std", all_failed_std),
-            ("all_failed_mean", all_failed_mean),
-        ):
-            if not math.isfinite(value):
-                raise ReplayError(f"{name} must be finite, got {value}")
-        self.capacity_per_task = capacity_per_task
-        self.success_threshold = success_threshold
-        self.enabled = enabled
-        self.all_failed_std = all_failed_std
-        self.all_failed_mean = all_failed_mean
-        self._rng = random.Random(seed)
-        self._buffers: dict[str, deque[tuple[T, float]]] = {}
-        self._injections = 0
-
-    @property
-    def mode(self) -> str:
-        """"arpo" when enabled, else "off"."""
-        return "arpo" if self.enabled else "off"
-
-    def add_group(
-        self, task_id: str, trajectories: Sequence[T], scores: Sequence[float], *, version: int = 0
-    ) -> int:
-        """Store the group's successes (score > ``success_threshold``) at the back of the task's FIFO.
-
-        Pass the group as sampled, after :meth:`inject` has been called for it.
-
-        Args:
-            task_id: the task's id.
-            trajectories: the group's trajectories, any objects, shape (G,).
-            scores: their evaluator scores, shape (G,).
-            version: the current policy version (unused by ARPO's buffer; part of the common interface).
-
-        Returns:
-            How many trajectories were stored (0 when disabled).
-
-        Raises:
-            ReplayError: lengths differ, the group is empty, or a score is not finite.
-        """
-        checked = _check_group(trajectories, scores)
-        if not self.enabled:
-            return 0
-        stored = 0
-        for trajectory, score in zip(trajectories, checked):
-            if score > self.success_threshold:
-                fifo = self._buffers.setdefault(task_id, deque(maxlen=self.capacity_per_task))
-                fifo.append((trajectory, score))
-                stored += 1
-        return stored
-
-    def inject(
-        self,
-        task_id: str,
-        trajectories: Sequence[T],
-        scores: Sequence[float],
-        *,
-        version: int = 0,
-        rewards: Sequence[float] | None = None,
-    ) -> Injection[T]:
-        """Replace the FIRST rollout of an all-failed group by a stored success of the same task, drawn uniformly.
-
-        Args:
-            task_id: the task's id.
-            trajectories: the group's trajectories, shape (G,).
-            scores: their evaluator scores, shape (G,); the all-failed rule is applied to these.
-            version: the current policy version (unused here; part of the common interface).
-            rewards: the rollouts' rewards (unused here: ARPO always replaces rollout 0).
-
-        Returns:
-            An :class:`Injection` with new lists of length G (the inputs are not modified); when ``injected``,
-            ``index`` is 0 and element 0 of both lists is the replayed success and its stored score.
-
-        Raises:
-            ReplayError: lengths differ, the group is empty, or a score is not finite.
-        """
-        checked = _check_group(trajectories, scores)
-        out_trajectories = list(trajectories)
-        fifo = self._buffers.get(task_id)
-        if (
-            not self.enabled
-            or not fifo
-            or not is_all_failed(checked, std_threshold=self.all_failed_std, mean_threshold=self.all_failed_mean)
-        ):
-            return Injection(out_trajectories, checked, None)
-        trajectory, score = fifo[self._rng.randrange(len(fifo))]
-        out_trajectories[0] = trajectory
-        checked[0] = score
-        self._injections += 1
-        return Injection(out_trajectories, checked, 0)
-
-    def maybe_inject(
-        self, task_id: str, trajectories: Sequence[T], scores: Sequence[float]
-    ) -> tuple[list[T], list[float], bool]:
-        """:meth:`inject` as a tuple ``(trajectories, scores, injected)`` (element 0 replaced when injected)."""
-        result = self.inject(task_id, trajectories, scores)
-        return result.trajectories, result.scores, result.injected
-
-    def stored(self, task_id: str) -> list[tuple[T, float]]:
-        """The task's stored ``(trajectory, score)`` pairs, oldest first (a copy)."""
-        return list(self._buffers.get(task_id, ()))
-
-    def stats(self) -> dict[str, float]:
-        """``{"tasks": tasks with at least one stored success, "stored": stored successes in all,
-        "injections": injections since construction (or since the loaded state's)}``."""
-        return {
-            "tasks": sum(1 for fifo in self._buffers.values() if fifo),
-            "stored": sum(len(fifo) for fifo in self._buffers.values()),
-            "injections": self._injections,
-        }
-
-    def state_dict(self, encode: Callable[[T], Any] | None = None) -> dict[str, Any]:
-        """The buffer as plain dicts, lists, strings and numbers (msgpack-friendly if the trajectories are).
-
-        Args:
-            encode: applied to each stored trajectory (e.g. to turn it into a msgpack map); identity if None.
-
-        Returns:
-            ``{"schema", "injections", "rng", "tasks": {task_id: [[trajectory, score], ...] oldest first}}``.
-        """
-        return {
-            "schema": _STATE_SCHEMA,
-            "mode": "arpo",
-            "injections": self._injections,
-            "rng": _rng_state(self._rng),
-            "tasks": {
-                task_id: [[encode(t) if encode else t, score] for t, score in fifo]
-                for task_id, fifo in self._buffers.items()
-                if fifo
-            },
-        }
-
-    def load_state_dict(self, state: dict[str, Any], decode: Callable[[Any], T] | None = None) -> None:
-        """Restore contents, injection counter and RNG from :meth:`state_dict`'s output.
-
-        The constructor's configuration (capacity, thresholds, enabled) is kept; a task holding more than
-        ``capacity_per_task`` entries keeps its newest ones.
-
-        Args:
-            state: a dict produced by :meth:`state_dict`.
-            decode: applied to each stored trajectory; identity if None.
-
-        Raises:
-            ReplayError: unknown schema or malformed state.
-        """
-        if state.get("schema") != _STATE_SCHEMA:
-            raise ReplayError(f"unsupported replay state schema {state.get('schema')!r}, expected {_STATE_SCHEMA}")
-        if state.get("mode", "arpo") != "arpo":
-            raise ReplayError(f"this is the state of a {state.get('mode')!r} replay buffer, not an ARPO one")
-        try:
-            rng = _rng_from_state(state["rng"])
-            buffers: dict[str, deque[tuple[T, float]]] = {}
-            for task_id, entries in state["tasks"].items():
-                fifo: deque[tuple[T, float]] = deque(maxlen=self.capacity_per_task)
-                for trajectory, score in entries:
-                    fifo.append((decode(trajectory) if decode else trajectory, float(score)))
-                buffers[str(task_id)] = fifo
-            injections = int(state["injections"])
-        except (KeyError, TypeError, ValueError) as error:
-            raise ReplayError(f"malformed replay state: {type(error).__name__}: {error}") from error
-        self._buffers = buffers
-        self._injections = injections
-        self._rng = rng
-
-
-# ---------------------------------------------------------------------------------------------- prioritized
 
 
 def trajectory_version(trajectory: Any) -> int:
@@ -332,32 +40,6 @@ def trajectory_version(trajectory: Any) -> int:
 def trajectory_length(trajectory: Any) -> int:
     """Episode length in policy steps (``len(trajectory.steps)``), at least 1."""
     return max(1, len(trajectory.steps))
-
-
-def encode_trajectory(trajectory: Any) -> list[bytes]:
-    """A Trajectory as wire frames (``arpo_async.codec.encode``): a msgpack-friendly list of bytes, for
-    ``state_dict(encode=encode_trajectory)``."""
-    from arpo_async import codec
-
-    return codec.encode(trajectory)
-
-
-def decode_trajectory(frames: Sequence[bytes], *, max_bytes: int = 1 << 31) -> Any:
-    """Inverse of :func:`encode_trajectory`, for ``load_state_dict(decode=decode_trajectory)``.
-
-    Raises:
-        ReplayError: the frames do not decode to a Trajectory.
-    """
-    from arpo_async import codec
-    from arpo_async.messages import Trajectory
-
-    try:
-        message = codec.decode([bytes(f) for f in frames], max_bytes=max_bytes)
-    except codec.WireError as error:
-        raise ReplayError(f"stored trajectory does not decode: {error}") from error
-    if not isinstance(message, Trajectory):
-        raise ReplayError(f"stored entry decodes to {type(message).__name__}, not a Trajectory")
-    return message
 
 
 @dataclass
@@ -500,25 +182,15 @@ class PrioritizedReplay(Generic[T]):
         age = max(0, self._now - entry.version)
         return math.exp(-age / self.tau) * float(entry.length) ** (-self.beta)
 
-    def priority(self, task_id: str, entry_index: int) -> float:
-        """p(e) of the task's ``entry_index``-th stored success (insertion order) at the latest version seen."""
-        return self._task_factor(task_id) * self._entry_factor(self._tasks[task_id][entry_index])
-
     def priorities(self, task_id: str) -> list[float]:
-        """p(e) of each of the task's stored successes, in insertion order (empty when none)."""
-        return [self.priority(task_id, i) for i in range(len(self._tasks.get(task_id, ())))]
+        """p(e) of each of the task's stored successes at the latest version seen, in insertion order (empty when
+        none)."""
+        return [self._task_factor(task_id) * self._entry_factor(entry) for entry in self._tasks.get(task_id, ())]
 
     # ------------------------------------------------------------------ inject / add
 
-    def inject(
-        self,
-        task_id: str,
-        trajectories: Sequence[T],
-        scores: Sequence[float],
-        *,
-        version: int = 0,
-        rewards: Sequence[float] | None = None,
-    ) -> Injection[T]:
+    def inject(self, task_id: str, trajectories: Sequence[T], scores: Sequence[float], *, version: int = 0,
+               rewards: Sequence[float] | None = None) -> Injection[T]:
         """Replace the lowest-reward rollout of an all-failed (or low-success) group by a drawn stored success.
 
         Args:
@@ -534,8 +206,8 @@ class PrioritizedReplay(Generic[T]):
         Raises:
             ReplayError: lengths differ, the group is empty, or a score or reward is not finite.
         """
-        checked = _check_group(trajectories, scores)
-        rank = checked if rewards is None else _check_group(trajectories, rewards)
+        checked = check_group(trajectories, scores)
+        rank = checked if rewards is None else check_group(trajectories, rewards)
         self._now = max(self._now, int(version))
         out = list(trajectories)
         entries = self._tasks.get(task_id)
@@ -580,7 +252,7 @@ class PrioritizedReplay(Generic[T]):
         Raises:
             ReplayError: lengths differ, the group is empty, or a score is not finite.
         """
-        checked = _check_group(trajectories, scores)
+        checked = check_group(trajectories, scores)
         self._now = max(self._now, int(version))
         successes = [score > self.success_threshold for score in checked]
         rate = sum(successes) / len(checked)
@@ -644,12 +316,13 @@ class PrioritizedReplay(Generic[T]):
         version, length, counter, replays], ...]}}`` (insertion order).
 
         Args:
-            encode: applied to each stored trajectory (e.g. :func:`encode_trajectory`); identity if None.
+            encode: applied to each stored trajectory (learner.checkpoint passes its ``encode_trajectory``); identity
+                if None.
         """
         return {
             "schema": _PRIORITIZED_SCHEMA,
             "mode": "prioritized",
-            "rng": _rng_state(self._rng),
+            "rng": rng_state(self._rng),
             "counter": self._counter,
             "now": self._now,
             "injections": self._injections,
@@ -678,7 +351,7 @@ class PrioritizedReplay(Generic[T]):
         if state.get("schema") != _PRIORITIZED_SCHEMA:
             raise ReplayError(f"unsupported prioritized replay schema {state.get('schema')!r}")
         try:
-            rng = _rng_from_state(state["rng"])
+            rng = rng_from_state(state["rng"])
             tasks: dict[str, list[_Entry[T]]] = {}
             for task_id, rows in state["tasks"].items():
                 entries = [
@@ -696,31 +369,3 @@ class PrioritizedReplay(Generic[T]):
         self._rng, self._tasks, self._success, self._counter, self._now = rng, tasks, success, counter, now
         self._injections, self._low_success_injections, self._evicted = counts
         self._enforce_bounds()
-
-
-def make_replay(
-    mode: str,
-    *,
-    capacity_per_task: int = 8,
-    max_total: int = 256,
-    seed: int = 0,
-    inject_below: float = 0.0,
-    alpha: float = 1.0,
-    tau: float = 8.0,
-    beta: float = 0.5,
-) -> SuccessReplay[Any] | PrioritizedReplay[Any]:
-    """The replay buffer for ``mode``: "arpo" (:class:`SuccessReplay`, ARPO-exact), "prioritized"
-    (:class:`PrioritizedReplay`; ``max_total``, ``inject_below``, ``alpha``, ``tau``, ``beta`` apply to it only)
-    or "off" (a disabled :class:`SuccessReplay`: stores and injects nothing).
-
-    Raises:
-        ReplayError: unknown mode or a parameter out of range.
-    """
-    if mode == "arpo":
-        return SuccessReplay(capacity_per_task=capacity_per_task, seed=seed)
-    if mode == "off":
-        return SuccessReplay(capacity_per_task=capacity_per_task, enabled=False, seed=seed)
-    if mode == "prioritized":
-        return PrioritizedReplay(capacity_per_task, max_total, inject_below=inject_below, alpha=alpha, tau=tau,
-                                 beta=beta, seed=seed)
-    raise ReplayError(f"unknown replay mode {mode!r}; expected one of {REPLAY_MODES}")

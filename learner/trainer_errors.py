@@ -1,0 +1,22 @@
+"""The trainer's error types, in a module of their own so that learner.trainer, learner.weights_export and
+learner.trainer_checkpoint can all raise them without importing one another (learner.trainer re-exports them).
+
+Owns nothing else. Invariant: every error the trainer and its weight and checkpoint I/O raise on purpose is a
+:class:`TrainerError`.
+"""
+
+from __future__ import annotations
+
+__all__ = ["TrainerConfigError", "TrainerError", "TrainerInputError"]
+
+
+class TrainerError(RuntimeError):
+    """Base class of the trainer's errors (also raised for file-system conflicts when saving)."""
+
+
+class TrainerConfigError(TrainerError, ValueError):
+    """A TrainerConfig field is out of range."""
+
+
+class TrainerInputError(TrainerError, ValueError):
+    """A batch or sample cannot be trained on (empty, mismatched lengths, non-finite numbers)."""

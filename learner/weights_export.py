@@ -1,0 +1,123 @@
+"""Weight export: the trained policy's weights in the forms inference servers load, gathered from every rank.
+
+Owns the two exports the weight publisher (learner.publisher) sends: a complete Hugging Face checkpoint folder
+(:func:`save_weights`: for ``/update_weights_from_disk`` and arpo-serve) and the full tensors under checkpoint
+names (:func:`checkpoint_state_dict`: for the NCCL/gloo weight broadcast, learner.publisher.DistributedPublisher).
+Reads the trainer's policy (``trainer.model``, ``trainer.module``), its rank group and its source folder; writes
+nothing to the trainer.
+
+With several ranks every function here is a collective: every rank must call it, so the learner reaches them
+through the Trainer methods of the same names, which learner.distributed.LeadTrainer forwards to every rank.
+
+Invariants: weight folders are written to a temporary sibling and renamed into place, so a reader never sees half
+a folder; tied weights (``trainer.tied``) are left out, as save_pretrained leaves them out; only rank 0 receives
+and writes the full tensors.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from arpo_async.model.checkpoint_names import to_checkpoint_names
+from learner.trainer_errors import TrainerError
+
+if TYPE_CHECKING:
+    from learner.trainer import Trainer
+
+__all__ = ["checkpoint_state_dict", "full_state_dict", "save_weights"]
+
+# Files besides the weights that make a checkpoint folder loadable by transformers, arpo-serve and SGLang:
+# tokenizer, chat template and image/video processor configs. Copied from the source model folder when present.
+_PROCESSOR_FILES: tuple[str, ...] = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.json",
+    "chat_template.jinja",
+    "preprocessor_config.json",
+    "video_preprocessor_config.json",
+    "processor_config.json",
+)
+
+
+def save_weights(trainer: Trainer, out_dir: Path, *, overwrite: bool = False) -> Path:
+    """Write the current weights as a complete Hugging Face checkpoint folder, atomically.
+
+    The folder holds ``config.json``, ``generation_config.json``, ``model.safetensors`` (``save_pretrained``,
+    safetensors) and the tokenizer, chat-template and processor files copied from the source model folder,
+    so SGLang's ``/update_weights_from_disk``, ``arpo-serve`` and ``load_policy`` can load it. It is written
+    to a temporary sibling folder and renamed to ``out_dir``.
+
+    Args:
+        trainer: the learner.trainer.Trainer whose policy is written (its ``model_dir`` gives the processor files).
+        out_dir: the folder to create.
+        overwrite: replace an existing ``out_dir`` (the old folder is moved aside, then deleted).
+
+    Returns:
+        ``out_dir`` as a Path.
+
+    With several ranks every rank must call it (the full tensors are gathered from the shards); rank 0
+    writes the folder, the others only take part in the gather.
+
+    Raises:
+        TrainerError: ``out_dir`` exists and ``overwrite`` is False.
+    """
+    out_dir = Path(out_dir)
+    full = full_state_dict(trainer) if trainer.group.sharded else None
+    if not trainer.group.lead:
+        return out_dir
+    if out_dir.exists() and not overwrite:
+        raise TrainerError(f"weights folder {out_dir} already exists (pass overwrite=True to replace it)")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        trainer.model.save_pretrained(tmp, safe_serialization=True, state_dict=full)
+        for name in _PROCESSOR_FILES:
+            source = trainer.model_dir / name
+            if source.is_file():
+                shutil.copy2(source, tmp / name)
+        if out_dir.exists():
+            old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(out_dir, old)
+            os.rename(tmp, out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def full_state_dict(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """The policy's whole weights on the CPU, keyed as transformers names them (``model.language_model...``).
+
+    With several ranks this is a collective (every rank must call it): rank 0 receives the full tensors,
+    the other ranks an empty dict (torch.distributed.checkpoint.state_dict, ``full_state_dict=True``).
+    """
+    if not trainer.group.sharded:
+        return {k: v.detach().to("cpu") for k, v in trainer.model.state_dict().items() if k not in trainer.tied}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(trainer.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    prefix = "policy."
+    named = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in full.items()}
+    return {k: v for k, v in named.items() if k not in trainer.tied}
+
+
+def checkpoint_state_dict(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """:func:`full_state_dict` under checkpoint names (``model.layers...``, ``visual...``: what save_pretrained
+    writes and SGLang's ``load_weights`` matches; arpo_async.model.checkpoint_names). A collective like
+    :func:`full_state_dict`; ranks other than 0 get an empty dict."""
+    full = full_state_dict(trainer)
+    return to_checkpoint_names(trainer.model, full) if full else {}
