@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 
 class ConfigError(ValueError):
     """A config file or override that cannot be used; the message names the key and the reason."""
@@ -523,28 +525,19 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 
 def dump_toml(config: RunConfig) -> str:
-    """Serialise a RunConfig as TOML that `load_config` reads back to an equal config."""
-    lines: list[str] = []
-    nested: list[tuple[str, dict[str, Any]]] = []
-    for key, value in to_dict(config).items():
-        if isinstance(value, dict):
-            nested.append((key, value))
-        else:
-            lines.append(f"{key} = {toml_value(value)}")
-    for section, values in nested:
-        lines.append(f"\n[{section}]")
-        lines.extend(f"{k} = {toml_value(v)}" for k, v in values.items())
-    return "\n".join(lines) + "\n"
+    """Serialise a RunConfig as TOML (tomli_w) that `load_config` reads back to an equal config."""
+    return tomli_w.dumps(to_dict(config))
 
 
 def toml_value(value: Any) -> str:
-    """One value as a TOML literal (bool, int, float, str, list/tuple of these). Raises ConfigError otherwise."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, (list, tuple)):
+    """One value as a TOML literal (bool, int, float, str, list/tuple of these), as tomli_w writes it.
+
+    Raises:
+        ConfigError: another type.
+    """
+    if isinstance(value, (list, tuple)):  # on one line, as `arpo config show` prints it
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    raise ConfigError(f"cannot write {value!r} as TOML")
+    try:
+        return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
+    except TypeError as error:
+        raise ConfigError(f"cannot write {value!r} as TOML") from error

@@ -1,5 +1,7 @@
 """Config: TOML + overrides, validation with clear errors, and a dump that loads back equal."""
 
+import json
+
 import pytest
 
 from arpo_async.config import ConfigError, RunConfig, dump_toml, load_config
@@ -66,3 +68,16 @@ def test_learner_hardware_keys_are_checked():
                 "learner.dist_timeout_s=0"):
         with pytest.raises(ConfigError, match=bad.split("=")[0]):
             load_config(None, [bad])
+
+
+def test_the_run_file_round_trips_strings_toml_must_escape(tmp_path):
+    """dump_toml writes with tomli_w: a newline, a tab, quotes and a backslash in a string come back unchanged
+    (the hand-written writer escaped only backslash and quote, so a newline wrote invalid TOML)."""
+    from arpo_async.config import dump_toml, load_config
+
+    awkward = 'line one\nline "two"\t\\ end'
+    config = load_config(None, [f"run_id={json.dumps(awkward)}"])
+    assert config.run_id == awkward
+    path = tmp_path / "run.toml"
+    path.write_text(dump_toml(config))
+    assert load_config(path, []) == config
