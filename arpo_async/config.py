@@ -409,6 +409,19 @@ class ServeConfig:
     api_key: str = ""
     """Bearer token the inference servers require (arpo-serve / SGLang --api-key); actors and the learner send it.
     Empty = none (then keep the servers on a private network)."""
+    weight_version: str = "0"
+    """The weight version arpo-serve reports until the first update (meta_info.weight_version)."""
+    seed: int = 0
+    """Seed of arpo-serve's server-level sampler (a request may bring its own sampling_seed)."""
+    logprob_mode: str = "model"
+    """"model": unmasked temperature-1 log-probs, the trainer's quantity; "sglang": masked and tempered, SGLang's."""
+    weights_root: str = ""
+    """When set, /update_weights_from_disk loads only folders under it (`arpo run` passes <run>/weights); empty =
+    any folder arpo-serve can read."""
+
+    def __post_init__(self) -> None:
+        _require(self.max_batch >= 1, "serve.max_batch", "must be >= 1")
+        _require(self.logprob_mode in ("model", "sglang"), "serve.logprob_mode", "must be 'model' or 'sglang'")
 
 
 @dataclass(frozen=True)

@@ -11,45 +11,17 @@ import asyncio
 import logging
 import os
 import signal
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
-from arpo_async.config import ConfigError, load_config
+from arpo_async.config import ConfigError, RunConfig, ServeConfig, load_config, toml_value
 from arpo_async.config_doc import add_config_arguments
 from arpo_serve.app import build_app
 from arpo_serve.engine import LOGPROB_MODES, Engine
 from arpo_serve.scheduler import Scheduler
 
 log = logging.getLogger("arpo_serve")
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    """The settings of one arpo-serve, resolved from its flags and the run file (`parse_args`)."""
-
-    model: Path
-    """Hugging Face checkpoint folder (e.g. from `arpo init-model`)."""
-    host: str = "127.0.0.1"
-    """Address to bind."""
-    port: int = 30000
-    """TCP port (SGLang's default 30000)."""
-    max_batch: int = 16
-    """Most requests run together; more raises throughput and per-request latency."""
-    weight_version: str = "0"
-    """Initial weight version reported in meta_info.weight_version."""
-    seed: int = 0
-    """Seed of the server-level sampler."""
-    logprob_mode: str = "model"
-    """'model': unmasked temperature-1 log-probs (the trainer's); 'sglang': masked, tempered (SGLang's)."""
-    jump_forward: bool = True
-    """Emit grammar-forced text as its canonical tokens instead of sampling it (see serve.engine)."""
-    api_key: str = ""
-    """When set, every route but GET /health needs ``Authorization: Bearer <api_key>`` (SGLang's --api-key)."""
-    weights_root: Path | None = None
-    """When set, /update_weights_from_disk loads only folders under it (the learner's <run>/weights)."""
 
 
 def exposure_warning(host: str, api_key: str) -> str | None:
@@ -63,7 +35,8 @@ def exposure_warning(host: str, api_key: str) -> str | None:
 async def serve(config: ServeConfig, engine: Engine) -> None:
     """Run the HTTP server and the scheduler until SIGINT/SIGTERM."""
     scheduler = Scheduler(engine, config.max_batch)
-    runner = web.AppRunner(build_app(engine, scheduler, api_key=config.api_key, weights_root=config.weights_root),
+    weights_root = Path(config.weights_root).resolve() if config.weights_root else None
+    runner = web.AppRunner(build_app(engine, scheduler, api_key=config.api_key, weights_root=weights_root),
                            access_log=None)
     warning = exposure_warning(config.host, config.api_key)
     if warning:
@@ -85,15 +58,21 @@ async def serve(config: ServeConfig, engine: Engine) -> None:
     log.info("stopped by signal; cleaned up")
 
 
-def parse_args(argv: list[str] | None) -> ServeConfig:
-    """The settings of one arpo-serve from its command line and the run file.
+FLAG_KEYS = {"model": "model", "host": "serve.host", "port": "serve.port", "max_batch": "serve.max_batch",
+             "weight_version": "serve.weight_version", "seed": "serve.seed", "logprob_mode": "serve.logprob_mode",
+             "jump_forward": "serve.jump_forward", "api_key": "serve.api_key", "weights_root": "serve.weights_root"}
+"""arpo-serve's flags and the run-file key each one sets."""
 
-    Precedence, highest first: a flag given on the command line (``--model --host --port --max-batch
-    --jump-forward --api-key``); then $ARPO_API_KEY for the API key; then the run file (``--config`` with
-    ``--set`` overrides: the ``serve`` section and the top-level ``model``, whose empty default means
-    ``<run_dir>/../tiny-model`` as for the learner); then the config defaults (arpo_async.config.ServeConfig).
-    ``--model`` is needed only when neither --config nor --set is given. Exits with status 2 (argparse's
-    usage error) for a bad run file, a missing model or ``--max-batch`` < 1.
+
+def parse_args(argv: list[str] | None) -> RunConfig:
+    """The run configuration of one arpo-serve: the run file with the command line applied (``model`` and the
+    ``serve`` section are what it uses; arpo_async.config.ServeConfig documents each key).
+
+    Precedence, highest first: a flag given on the command line (each sets its key of :data:`FLAG_KEYS`, after
+    any ``--set``); then $ARPO_API_KEY for the API key; then the run file (``--config`` with ``--set``
+    overrides); then the config defaults. An empty ``model`` means ``<run_dir>/../tiny-model``, as for the
+    learner. ``--model`` is needed only when neither --config nor --set is given. Exits with status 2
+    (argparse's usage error) for a bad run file or value (naming the key) or a missing model.
     """
     p = argparse.ArgumentParser(
         prog="arpo-serve", description="CPU inference server speaking SGLang's HTTP API (/generate, "
@@ -104,10 +83,11 @@ def parse_args(argv: list[str] | None) -> ServeConfig:
     p.add_argument("--host", help="address to bind (default: serve.host)")
     p.add_argument("--port", type=int, help="TCP port (default: serve.port)")
     p.add_argument("--max-batch", type=int, help="most requests decoded together (default: serve.max_batch)")
-    p.add_argument("--weight-version", default="0", help="initial weight version (default 0)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the server-level sampler (default 0)")
-    p.add_argument("--logprob-mode", choices=LOGPROB_MODES, default="model",
-                   help="model: the trainer's unmasked temperature-1 log-probs; sglang: SGLang's (default model)")
+    p.add_argument("--weight-version", help="initial weight version (default: serve.weight_version, 0)")
+    p.add_argument("--seed", type=int, help="seed of the server-level sampler (default: serve.seed, 0)")
+    p.add_argument("--logprob-mode", choices=LOGPROB_MODES,
+                   help="model: the trainer's unmasked temperature-1 log-probs; sglang: SGLang's "
+                        "(default: serve.logprob_mode, model)")
     p.add_argument("--jump-forward", action=argparse.BooleanOptionalAction, default=None,
                    help="emit text the grammar forces as its canonical tokens instead of sampling it "
                         "(default: serve.jump_forward, on)")
@@ -115,37 +95,30 @@ def parse_args(argv: list[str] | None) -> ServeConfig:
                    help="require 'Authorization: Bearer KEY' on every route but GET /health, as SGLang's --api-key "
                         "(default: $ARPO_API_KEY, else serve.api_key)")
     p.add_argument("--weights-root", type=Path,
-                   help="load weights (/update_weights_from_disk) only from folders under this one")
+                   help="load weights (/update_weights_from_disk) only from folders under this one "
+                        "(default: serve.weights_root)")
     a = p.parse_args(argv)
     if a.model is None and a.config is None and not a.overrides:
         p.error("--model or --config is required")
+    flags = [f"{key}={toml_value(str(value.resolve()) if isinstance(value, Path) else value)}"
+             for name, key in FLAG_KEYS.items() if (value := getattr(a, name)) is not None]
     try:
-        run = load_config(a.config, a.overrides)
+        run = load_config(a.config, [*a.overrides, *flags])
     except ConfigError as e:
         p.error(str(e))
-    model = a.model or run.model_path
-    if not (model / "config.json").is_file():
-        p.error(f"no model at {model} (a Hugging Face folder with config.json; --model or the run file's model)")
-    s = run.serve
-    config = ServeConfig(model, _given(a.host, s.host), _given(a.port, s.port), _given(a.max_batch, s.max_batch),
-                         a.weight_version, a.seed, a.logprob_mode, _given(a.jump_forward, s.jump_forward),
-                         _given(a.api_key, s.api_key), a.weights_root.resolve() if a.weights_root else None)
-    if config.max_batch < 1:
-        p.error("--max-batch must be >= 1")
-    return config
-
-
-def _given(flag: Any, from_config: Any) -> Any:
-    """A flag's value when it was given (not None), else the run file's."""
-    return from_config if flag is None else flag
+    if not (run.model_path / "config.json").is_file():
+        p.error(f"no model at {run.model_path} (a Hugging Face folder with config.json; --model or the run file's "
+                "model)")
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `arpo-serve`."""
-    config = parse_args(argv)
+    run = parse_args(argv)
+    config = run.serve
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        engine = Engine(config.model, seed=config.seed, weight_version=config.weight_version,
+        engine = Engine(run.model_path, seed=config.seed, weight_version=config.weight_version,
                         logprob_mode=config.logprob_mode, jump_forward=config.jump_forward)
         asyncio.run(serve(config, engine))
     except Exception as exc:  # noqa: BLE001 - the process boundary: traceback at ERROR, exit 1 (as run_until_signal)

@@ -149,26 +149,32 @@ def test_serve_reads_the_run_file_and_flags_win(tmp_path, monkeypatch):
     run.write_text(f'model = "{model}"\n[serve]\nhost = "0.0.0.0"\nport = 31234\nmax_batch = 3\n'
                    'jump_forward = false\napi_key = "from-file"\n')
     from_file = serve_args(["--config", str(run)])
-    assert (from_file.model, from_file.host, from_file.port, from_file.max_batch, from_file.jump_forward,
-            from_file.api_key) == (model, "0.0.0.0", 31234, 3, False, "from-file")
+    s = from_file.serve
+    assert (from_file.model_path, s.host, s.port, s.max_batch, s.jump_forward, s.api_key) == (
+        model, "0.0.0.0", 31234, 3, False, "from-file")
     flags = serve_args(["--config", str(run), "--set", "serve.port=31235", "--model", str(other), "--host",
-                        "127.0.0.1", "--max-batch", "5", "--jump-forward", "--api-key", "from-flag"])
-    assert (flags.model, flags.host, flags.port, flags.max_batch, flags.jump_forward, flags.api_key) == (
-        other, "127.0.0.1", 31235, 5, True, "from-flag")
+                        "127.0.0.1", "--max-batch", "5", "--jump-forward", "--api-key", "from-flag",
+                        "--weight-version", "7", "--seed", "3", "--logprob-mode", "sglang"])
+    s = flags.serve
+    assert (flags.model_path, s.host, s.port, s.max_batch, s.jump_forward, s.api_key) == (
+        other.resolve(), "127.0.0.1", 31235, 5, True, "from-flag")
+    assert (s.weight_version, s.seed, s.logprob_mode) == ("7", 3, "sglang")
+    assert serve_args(["--config", str(run), "--set", "serve.port=1", "--port", "2"]).serve.port == 2  # flag last
     monkeypatch.setenv("ARPO_API_KEY", "from-env")
-    assert serve_args(["--config", str(run)]).api_key == "from-env"  # the environment wins over the file
+    assert serve_args(["--config", str(run)]).serve.api_key == "from-env"  # the environment wins over the file
     # without a run file: the flags alone, as before, and the config defaults
-    plain = serve_args(["--model", str(model)])
+    plain = serve_args(["--model", str(model)]).serve
     assert (plain.host, plain.port, plain.max_batch, plain.jump_forward) == ("127.0.0.1", 30000, 16, True)
     # the empty model key means <run_dir>/../tiny-model, as for the learner and arpo run
     tiny = fake_model(tmp_path / "tiny-model")
-    assert serve_args(["--set", f'run_dir="{tmp_path / "demo"}"']).model == tiny
+    assert serve_args(["--set", f'run_dir="{tmp_path / "demo"}"']).model_path == tiny
 
 
 @pytest.mark.parametrize(("args", "message"), [
     ([], "--model or --config is required"),
     (["--model", "/nonexistent/model"], "no model at /nonexistent/model"),
     (["--set", "serve.nope=1"], "serve.nope"),
+    (["--model", "/nonexistent/model", "--max-batch", "0"], "serve.max_batch"),
 ])
 def test_serve_usage_errors_name_the_problem(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
