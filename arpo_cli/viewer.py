@@ -1,32 +1,45 @@
 """The trajectory viewer: one static HTML page of a run's sampled trajectories (`arpo view RUN_DIR`).
 
-Owns: the page. It reads ``<run>/trajectories/*/record.json`` (written by the learner's trajectory sample; the
-record's fields are listed in learner/trajectory_sample.py) and ``<run>/metrics.jsonl``, and shows:
+Role: turn a run folder into a page a person reads. It reads ``<run>/trajectories/*/record.json`` (written by
+the learner's trajectory sample; the record's fields are listed in learner/trajectory_sample.py) and
+``<run>/metrics.jsonl``, and shows:
 
 - a run summary: steps, policy version, samples by outcome, and success-rate and reward curves against the
-  optimizer step (inline SVG: raw values as dots, the trailing mean of arpo_cli.curve as a line);
+  optimizer step, drawn by matplotlib as inline SVG with arpo_cli.curve's panels (the same style as curve.png);
 - per episode (newest first): the instruction, outcome, reward, policy versions, timings, and per step the
   screenshot the step acted on with its click / drag / scroll point drawn over it (an SVG overlay whose viewBox
   is the screen in pixels, so the marks follow the image's scaling), the thought and the action text.
 
-Invariants: the page needs nothing from the network (no CDN, no script); screenshots are linked by relative
-paths to the sample folders, so the page is viewed next to them (written into the run folder by default) or
-through :func:`make_server`, which serves the page and the sample folders on 127.0.0.1 only. Every text from
-the run is HTML-escaped.
+Owns: the page's markup, in the jinja2 templates ``templates/view.html.j2`` (the page) and
+``templates/marks.svg.j2`` (one step's marks), and the local server of ``arpo view --serve``.
+
+Invariants: templates are rendered with autoescape on, so every text from the run is HTML-escaped; the only
+values marked safe are SVG the viewer built itself (matplotlib's curves, the rendered marks template). The page
+needs nothing from the network (no CDN, no script); screenshots are linked by relative paths to the sample
+folders, so the page is viewed next to them (written into the run folder by default) or through
+:func:`make_server`, which serves the page and the sample folders on 127.0.0.1 only.
 """
 
 from __future__ import annotations
 
-import html
 import http.server
+import io
 import json
 import os
 import sys
 import urllib.parse
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from arpo_cli.curve import CurveError, TRAILING_STEPS, load_records, series, trailing_means
+import jinja2
+import matplotlib
+from markupsafe import Markup
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from arpo_cli.curve import CurveError, draw_reward, draw_success, load_records, series
 
 PAGE_FILE = "view.html"
 SAMPLES_DIR = "trajectories"
@@ -34,24 +47,19 @@ RECORD_FILE = "record.json"
 POINT_KINDS = {"click": "#e6194b", "left_double": "#f58231", "right_single": "#911eb4", "hover": "#4363d8",
                "scroll": "#3cb44b", "drag": "#e6194b"}
 """Action kinds drawn on the screenshot, with their colour."""
+CURVE_SIZE = (4.4, 2.8)
+"""Each summary curve's size in inches (about 420 x 270 CSS pixels)."""
 
-CSS = """
-body{font-family:system-ui,sans-serif;margin:1.5em;background:#fafafa;color:#222}
-h1{margin:0 0 .3em} .muted{color:#666} table{border-collapse:collapse} td,th{padding:2px 8px;text-align:left}
-.curves{display:flex;flex-wrap:wrap;gap:1em} .curve{background:#fff;border:1px solid #ddd}
-.episode{background:#fff;border:1px solid #ccc;border-radius:6px;margin:1em 0;padding:.6em 1em}
-.episode>summary{cursor:pointer;font-weight:600}
-.outcome{padding:1px 6px;border-radius:4px;color:#fff;background:#777}
-.SUCCESS{background:#2a8a3a}.FAILURE{background:#b03030}.TRUNCATED{background:#b07020}
-.POLICY_ERROR{background:#8a2a8a}.ENV_ERROR,.ABORTED{background:#555}
-.instruction{font-size:1.05em;margin:.4em 0}
-.steps{display:flex;flex-wrap:wrap;gap:1em}
-.step{margin:0;width:420px} .shot{position:relative;line-height:0;border:1px solid #999}
-.shot img{width:100%;height:auto} .shot svg{position:absolute;left:0;top:0;width:100%;height:100%}
-.step figcaption{font-size:.85em;margin-top:.3em;white-space:pre-wrap;word-break:break-word}
-.action{font-family:monospace;background:#eef;padding:1px 4px}
-.error{color:#b03030;font-family:monospace;white-space:pre-wrap}
-"""
+
+def _number(value: Any, digits: int = 2) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+TEMPLATES = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
+                               autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
+                               lstrip_blocks=True)
+"""The page's templates; autoescape on (every value is escaped unless it is a :class:`Markup`)."""
+TEMPLATES.filters["number"] = _number
 
 
 class ViewerError(ValueError):
@@ -84,59 +92,31 @@ def load_samples(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return records, problems
 
 
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+def curve_svg(title: str, draw: Callable[[Axes, list[dict[str, Any]], str], None],
+              records: list[dict[str, Any]], points: int) -> Markup:
+    """One summary curve as inline SVG markup: ``draw`` (arpo_cli.curve's ``draw_success`` or ``draw_reward``:
+    trailing means over ``TRAILING_STEPS`` records) of ``records`` against the optimizer step, titled ``title``.
+    ``points``: how many points the curve's metric has; with none, the panel says "no data". Matplotlib's SVG
+    backend on a bare Figure (no pyplot state, no display), text kept as text; ids are salted with ``title`` so
+    two curves on one page never share one."""
+    fig = Figure(figsize=CURVE_SIZE, layout="constrained")
+    ax = fig.subplots()
+    draw(ax, records, "step")
+    ax.set_title(title, fontsize="medium", loc="left")
+    ax.set_xlabel("optimizer step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    if not points:
+        ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="#888")
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": title}):
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
+    svg = buf.getvalue()
+    return Markup(svg[svg.index("<svg"):])  # drop the XML prolog and DOCTYPE: it is inlined in HTML
 
 
-def _number(value: Any, digits: int = 2) -> str:
-    return f"{value:.{digits}f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
-
-
-def curve_svg(title: str, steps: list[int], values: list[float], *, lo: float | None = None,
-              hi: float | None = None, width: int = 420, height: int = 220) -> str:
-    """An inline SVG chart of ``values`` against ``steps`` (same length): dots per point, a line through their
-    trailing mean over ``TRAILING_STEPS`` points. ``lo``/``hi`` fix the y range (default: the data's). Sizes in
-    CSS pixels. An empty series gives a chart that says "no data"."""
-    pad_l, pad_r, pad_t, pad_b = 44, 10, 24, 28
-    parts = [f'<svg class="curve" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}"><text x="{pad_l}" y="16" font-size="13" font-weight="600">'
-             f'{_e(title)}</text>']
-    if not values:
-        parts.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" fill="#888">no data</text></svg>')
-        return "".join(parts)
-    lo = min(values) if lo is None else lo
-    hi = max(values) if hi is None else hi
-    lo, hi = (lo - 0.5, hi + 0.5) if hi <= lo else (lo, hi)
-    x0, x1 = min(steps), max(steps)
-    x1 = x0 + 1 if x1 <= x0 else x1
-    plot_w, plot_h = width - pad_l - pad_r, height - pad_t - pad_b
-
-    def xy(step: float, value: float) -> tuple[float, float]:
-        return (pad_l + (step - x0) / (x1 - x0) * plot_w,
-                pad_t + (1 - (min(max(value, lo), hi) - lo) / (hi - lo)) * plot_h)
-
-    parts.append(f'<rect x="{pad_l}" y="{pad_t}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#bbb"/>')
-    for value in (lo, (lo + hi) / 2, hi):
-        y = xy(x0, value)[1]
-        parts.append(f'<text x="{pad_l - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end">{value:.2g}</text>')
-    parts.append(f'<text x="{pad_l}" y="{height - 8}" font-size="10">step {x0}</text>'
-                 f'<text x="{width - pad_r}" y="{height - 8}" font-size="10" text-anchor="end">step {x1}</text>')
-    for step, value in zip(steps, values):
-        x, y = xy(step, value)
-        parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2" fill="#999"/>')
-    line = " ".join("%.1f,%.1f" % xy(s, v) for s, v in zip(steps, trailing_means(values, TRAILING_STEPS)))
-    parts.append(f'<polyline points="{line}" fill="none" stroke="#1f5fbf" stroke-width="2"/></svg>')
-    return "".join(parts)
-
-
-def summary_html(run_dir: Path, samples: list[dict[str, Any]]) -> str:
-    """The run summary: last metrics record, samples by outcome, success-rate and reward curves."""
-    try:
-        records = load_records(run_dir)
-    except CurveError as error:
-        records, note = [], f'<p class="muted">{_e(error)}</p>'
-    else:
-        note = ""
+def summary(records: list[dict[str, Any]], samples: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """The summary table's (name, value) rows: the last metrics record, and the samples by outcome."""
     outcomes: dict[str, int] = {}
     for sample in samples:
         outcomes[sample.get("outcome", "?")] = outcomes.get(sample.get("outcome", "?"), 0) + 1
@@ -146,85 +126,68 @@ def summary_html(run_dir: Path, samples: list[dict[str, Any]]) -> str:
             ("last success rate", _number(last.get("success_rate"))),
             ("sampled episodes", len(samples)),
             ("first successes kept", sum(1 for s in samples if s.get("first_success")))]
-    rows += [(f"sampled {name}", count) for name, count in sorted(outcomes.items())]
-    table = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
-    success = series(records, lambda r: r.get("success_rate"))
-    reward = series(records, lambda r: r.get("reward_mean"))
-    curves = (curve_svg("success rate", success.step, success.value, lo=0.0, hi=1.0)
-              + curve_svg("reward mean", reward.step, reward.value))
-    return (f'<section id="summary"><h2>Run summary</h2>{note}<table>{table}</table>'
-            f'<div class="curves">{curves}</div></section>')
+    return rows + [(f"sampled {name}", count) for name, count in sorted(outcomes.items())]
 
 
-def marks_svg(actions: list[dict[str, Any]], screen: tuple[int, int]) -> str:
-    """The SVG overlay of one step: a ring and cross at each action point, an arrow for a drag. Coordinates are
-    screen pixels (``screen`` = (width, height) in pixels, the viewBox); "" when nothing has a point."""
+@dataclass(frozen=True)
+class _Mark:
+    """One action point on a screenshot, in screen pixels."""
+
+    kind: str
+    colour: str
+    x: float
+    y: float
+    end: tuple[float, float] | None
+    """Where a drag ends, or None."""
+
+
+def _xy(point: Any) -> tuple[float, float] | None:
+    ok = isinstance(point, (list, tuple)) and len(point) == 2 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in point)
+    return (point[0], point[1]) if ok else None
+
+
+def marks_svg(actions: list[dict[str, Any]], screen: tuple[int, int]) -> Markup:
+    """The SVG overlay of one step (templates/marks.svg.j2): a ring and cross at each action point, an arrow for a
+    drag. Coordinates are screen pixels (``screen`` = (width, height) in pixels, the viewBox); "" when nothing
+    has a point (an action whose point is not two numbers is not drawn)."""
     width, height = screen
-    radius = max(6.0, min(width, height) / 30)
-    shapes = []
-    for action in actions:
-        kind, point, end = action.get("kind", ""), action.get("point"), action.get("end_point")
-        if not point or kind not in POINT_KINDS:
-            continue
-        colour, (x, y) = POINT_KINDS[kind], point
-        shapes.append(f'<g class="mark mark-{_e(kind)}" stroke="{colour}" fill="none" stroke-width="{radius / 3:.1f}">'
-                      f'<circle cx="{x}" cy="{y}" r="{radius:.1f}"/>'
-                      f'<line x1="{x - radius * 1.6:.1f}" y1="{y}" x2="{x + radius * 1.6:.1f}" y2="{y}"/>'
-                      f'<line x1="{x}" y1="{y - radius * 1.6:.1f}" x2="{x}" y2="{y + radius * 1.6:.1f}"/>')
-        if end:
-            shapes.append(f'<line x1="{x}" y1="{y}" x2="{end[0]}" y2="{end[1]}" marker-end="url(#arrow)"/>'
-                          f'<circle cx="{end[0]}" cy="{end[1]}" r="{radius / 2:.1f}" fill="{colour}"/>')
-        shapes.append("</g>")
-    if not shapes or width <= 0 or height <= 0:
-        return ""
-    arrow = ('<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="4" markerHeight="4" '
-             'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#e6194b"/></marker></defs>')
-    return (f'<svg class="marks" viewBox="0 0 {width} {height}" '
-            f'preserveAspectRatio="none">{arrow}{"".join(shapes)}</svg>')
+    marks = [_Mark(a["kind"], POINT_KINDS[a["kind"]], *_xy(a.get("point")), _xy(a.get("end_point")))
+             for a in actions if a.get("kind") in POINT_KINDS and _xy(a.get("point"))]
+    if not marks or width <= 0 or height <= 0:
+        return Markup("")
+    return Markup(TEMPLATES.get_template("marks.svg.j2").render(
+        marks=marks, width=width, height=height, r=max(6.0, min(width, height) / 30)))
 
 
-def step_html(sample: dict[str, Any], index: int, step: dict[str, Any], link: str) -> str:
-    """One step: its screenshot with the marks, then thought, action and timings. ``link``: the sample folder's
-    URL relative to the page."""
+def step_view(sample: dict[str, Any], index: int, step: dict[str, Any], link: str) -> dict[str, Any]:
+    """What the page shows of one step: number, screenshot ``src`` (None without one) and its ``marks``, version,
+    thought, action and timings. ``link``: the sample folder's URL relative to the page."""
     shots, shot = sample.get("screenshots") or [], step.get("screenshot")
-    picture = '<p class="muted">(no screenshot)</p>'
+    src, marks = None, Markup("")
     if isinstance(shot, int) and 0 <= shot < len(shots):
         size = sample.get("screen_size") or [0, 0]
         src = f"{link}/{urllib.parse.quote(str(shots[shot]))}"
-        picture = (f'<div class="shot"><img src="{_e(src)}" alt="step {index + 1} screenshot" loading="lazy">'
-                   f'{marks_svg(step.get("actions") or [], (int(size[0]), int(size[1])))}</div>')
+        marks = marks_svg(step.get("actions") or [], (int(size[0]), int(size[1])))
     versions = step.get("versions") or []
     version = f"v{versions[0]}" if versions and versions[0] == versions[-1] else (
         f"v{versions[0]}-{versions[-1]}" if versions else "")
-    thought = f"<div><b>Thought:</b> {_e(step.get('thought'))}</div>" if step.get("thought") else ""
-    action = step.get("action") or f"(unparsed) {step.get('text', '')}"
-    return (f'<figure class="step">{picture}<figcaption><b>step {index + 1}</b> {_e(version)}{thought}'
-            f'<div><b>Action:</b> <span class="action">{_e(action)}</span></div>'
-            f'<div class="muted">generate {_number(step.get("generate_s"))} s · act {_number(step.get("act_s"))} s'
-            f' · observe {_number(step.get("observe_s"))} s</div></figcaption></figure>')
+    return {"number": index + 1, "src": src, "marks": marks, "version": version, "thought": step.get("thought"),
+            "action": step.get("action") or f"(unparsed) {step.get('text', '')}",
+            **{k: step.get(k) for k in ("generate_s", "act_s", "observe_s")}}
 
 
-def episode_html(sample: dict[str, Any], page_dir: Path, run_dir: Path) -> str:
-    """One sampled episode as a ``<details class="episode">`` block (images linked relative to ``page_dir``)."""
+def episode_view(sample: dict[str, Any], page_dir: Path, run_dir: Path) -> dict[str, Any]:
+    """What the page shows of one sampled episode: the record, its outcome and its steps (:func:`step_view`,
+    images linked relative to ``page_dir``)."""
     link = Path(os.path.relpath(run_dir / sample["_folder"], page_dir)).as_posix()
-    outcome = str(sample.get("outcome", "?"))
-    timings = " · ".join(f"{_e(k.removesuffix('_s'))} {_number(v)} s"
-                         for k, v in (sample.get("timings") or {}).items())
-    first = ' <span class="outcome SUCCESS">first success</span>' if sample.get("first_success") else ""
-    steps = "".join(step_html(sample, i, step, link) for i, step in enumerate(sample["steps"]))
-    error = f'<div class="error">{_e(sample["error"])}</div>' if sample.get("error") else ""
-    return (f'<details class="episode" open id="{_e(sample.get("trajectory_id", ""))}" data-outcome="{_e(outcome)}">'
-            f'<summary><span class="outcome {_e(outcome)}">{_e(outcome)}</span>{first} {_e(sample.get("task_id"))} '
-            f'<span class="muted">reward {_number(sample.get("score"))} · step {_e(sample.get("learner_step"))} · '
-            f'policy v{_e(sample.get("policy_version"))} (assigned v{_e(sample.get("assigned_version"))}) · '
-            f'{len(sample["steps"])} steps</span></summary>'
-            f'<div class="instruction">{_e(sample.get("instruction", ""))}</div>'
-            f'<div class="muted">{timings} · actor {_e(sample.get("actor_id"))} · desktop {_e(sample.get("desktop"))}'
-            f'</div>{error}<div class="steps">{steps}</div></details>')
+    return {"sample": sample, "outcome": str(sample.get("outcome", "?")),
+            "steps": [step_view(sample, i, step, link) for i, step in enumerate(sample["steps"])]}
 
 
 def render_page(run_dir: Path, page_dir: Path | None = None) -> str:
-    """The whole page for ``run_dir``, with screenshot links relative to ``page_dir`` (default: ``run_dir``).
+    """The whole page for ``run_dir`` (templates/view.html.j2), with screenshot links relative to ``page_dir``
+    (default: ``run_dir``).
 
     Raises:
         ViewerError: ``run_dir`` is not a folder.
@@ -232,15 +195,18 @@ def render_page(run_dir: Path, page_dir: Path | None = None) -> str:
     run_dir = Path(run_dir)
     samples, problems = load_samples(run_dir)
     page_dir = run_dir if page_dir is None else Path(page_dir)
-    note = ("" if samples else '<p class="muted">No sampled trajectories yet: the learner keeps them in '
-            f'{_e(SAMPLES_DIR)}/ (learner.sample_trajectories, learner.sample_disk_mb).</p>')
-    skipped = "".join(f'<p class="error">skipped {_e(p)}</p>' for p in problems)
-    episodes = "".join(episode_html(s, page_dir, run_dir) for s in samples)
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>arpo view: {_e(run_dir.name)}'
-            f'</title><style>{CSS}</style></head><body><h1>arpo view: {_e(run_dir.name)}</h1>'
-            f'<p class="muted">{_e(run_dir.resolve())}</p>{summary_html(run_dir, samples)}'
-            f'<section id="episodes"><h2>Episodes ({len(samples)})</h2>{note}{skipped}{episodes}</section>'
-            f'</body></html>')
+    try:
+        records, metrics_note = load_records(run_dir), ""
+    except CurveError as error:
+        records, metrics_note = [], str(error)
+    counts = {key: len(series(records, lambda r: r.get(key)).value) for key in ("success_rate", "reward_mean")}
+    curves = [{"title": "success rate", "svg": curve_svg("success rate", draw_success, records,
+                                                          counts["success_rate"])},
+              {"title": "reward mean", "svg": curve_svg("reward mean", draw_reward, records, counts["reward_mean"])}]
+    return TEMPLATES.get_template("view.html.j2").render(
+        run_name=run_dir.name, run_path=str(run_dir.resolve()), metrics_note=metrics_note,
+        summary=summary(records, samples), curves=curves, samples_dir=SAMPLES_DIR, problems=problems,
+        episodes=[episode_view(s, page_dir, run_dir) for s in samples])
 
 
 def write_page(run_dir: Path, out: Path | None = None) -> Path:

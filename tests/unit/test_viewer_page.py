@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from arpo_async.messages import Outcome
-from arpo_cli.viewer import ViewerError, curve_svg, make_server, marks_svg, render_page, write_page
+from arpo_cli.viewer import ViewerError, make_server, marks_svg, render_page, write_page
 from learner.trajectory_sample import TrajectorySampler
 from tests.support import parse_html
 from tests.unit.test_trajectory_sample import TASK, trajectory
@@ -37,7 +37,10 @@ def test_page_shows_episodes_screenshots_marks_and_curves(run_dir):
     assert len(found.images) == 4 and all(src.startswith("trajectories/") for src in found.images)
     assert all((run_dir / src).is_file() for src in found.images)
     assert found.classes["mark-click"] == 2 and found.classes["mark-drag"] == 2
-    assert found.classes["curve"] == 2 and found.tags["polyline"] == 2
+    assert found.classes["curve"] == 2 and found.tags["svg"] == 2 + 4  # two matplotlib curves, four overlays
+    curves = page[page.index('<div class="curves">'):page.index('<section id="episodes">')]
+    assert "success rate" in curves and "reward mean" in curves and "no data" not in curves
+    assert "<?xml" not in page and "<!DOCTYPE svg" not in page  # matplotlib's prolog is dropped when inlined
     text = "".join(found.text)
     assert "Click the red square." in text and "red is left" in text and "click(10,20)" in text
     assert "first success" in text and "reward 1.00" in text and "policy v2" in text
@@ -51,21 +54,34 @@ def test_marks_sit_in_screen_pixels(run_dir):
     assert 'viewBox="0 0 64 36"' in svg and 'cx="10.0" cy="20.0"' in svg and svg.count('class="mark ') == 1
     assert marks_svg([{"kind": "hotkey", "point": None}], (64, 36)) == ""
     assert marks_svg([{"kind": "click", "point": [1, 2]}], (0, 0)) == ""
+    assert marks_svg([{"kind": "click", "point": ['1" onload="x', 2]}], (64, 36)) == ""  # not two numbers
 
 
 def test_text_from_the_run_is_escaped(tmp_path):
-    evil = TASK.__class__.from_dict({"id": "x-1", "instruction": "<script>alert(1)</script>", "config": [],
+    hostile = "<script>alert(1)</script>"
+    evil = TASK.__class__.from_dict({"id": "x-1", "instruction": hostile, "config": [],
                                      "evaluator": {"func": "infeasible"}})
     sampler = TrajectorySampler(tmp_path / "trajectories", rate=1.0, disk_mb=10)
-    asyncio.run(sampler.offer(trajectory("t"), evil, step=0, version=0))
+    folder = asyncio.run(sampler.offer(trajectory("t"), evil, step=0, version=0))
+    record = json.loads((folder / "record.json").read_text())
+    record.update(task_id=hostile, trajectory_id=f'x" onload="{hostile}', error=hostile)
+    record["steps"][0]["action"] = hostile
+    record["steps"][0]["thought"] = f"{hostile} & more"
+    record["steps"][1]["actions"][0]["kind"] = f'drag" onload="alert(1)'
+    (folder / "record.json").write_text(json.dumps(record))
     page = render_page(tmp_path)
-    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    escaped = "&lt;script&gt;alert(1)&lt;/script&gt;"
+    assert "<script" not in page and page.count(escaped) == 6 and "&amp; more" in page
+    assert 'id="x&#34; onload=&#34;&lt;script' in page and 'class="mark mark-drag&#34; onload' not in page
+    found = parse_html(page)
+    assert "script" not in found.tags
+    assert sum(hostile in t for t in found.text) == 5  # instruction, task id, thought, action, error: as text
 
 
 def test_empty_or_missing_runs(tmp_path):
     page = render_page(tmp_path)
     assert "No sampled trajectories yet" in page and "no metrics.jsonl" in page
-    assert "no data" in curve_svg("x", [], [])
+    assert page.count("no data") == 2 and parse_html(page).classes["curve"] == 2
     with pytest.raises(ViewerError, match="not a folder"):
         render_page(tmp_path / "absent")
     (tmp_path / "trajectories" / "broken").mkdir(parents=True)
