@@ -1,14 +1,21 @@
 """Learner service: the learner's side of the conversation with actors.
 
 Owns: the known actors, the queue of waiting work requests, trajectory de-duplication, and the current
-policy version as announced to actors. It reacts to each message from the ROUTER pump:
+policy version as announced to actors. Channels (made by the wiring function, learner.main): it consumes the
+ROUTER pump's inbox (:meth:`LearnerService.serve`), replies through the pump's outbox, and puts training batches
+on ``batches``, the bounded queue the training loop awaits; the loop reports each step back through
+:meth:`LearnerService.on_trained`. It reacts to each message from the inbox:
 
 - hello / heartbeat -> reply with LearnerStatus (learner id + version), so actors notice a restarted learner;
 - work_request -> queued; handed an Assignment as soon as the scheduler has a slot and the admission rule
   (StalenessManager for the async schedule, LockstepAdmission for lockstep) admits one more rollout;
 - trajectory -> acknowledged at once (the learner now holds it), de-duplicated by trajectory id, recorded in
-  the scheduler; complete groups go to the batcher, and a batch sets ``batch_ready``; a lockstep rollout batch
-  that has fully come back sets ``round_done``.
+  the scheduler; complete groups go to the batcher. Async schedule: a batch goes on ``batches`` as soon as the
+  batcher has one and ``batches`` is empty (at most one batch is formed ahead of the training loop); lockstep: a
+  rollout batch opened by :meth:`open_round` goes on ``batches`` (every scored group of it, perhaps none) once
+  all of it has come back;
+- a message that failed to decode, or whose handling raised, is counted in ``rejections`` and answered with a
+  Reject; the service goes on.
 
 Invariant: a request waits (backpressure) rather than being refused; a trajectory is acked exactly when
 it is held by the learner, so an actor never forgets one the learner has not got. A trajectory for a slot
@@ -20,22 +27,25 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 import time
 import uuid
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 from arpo_async.messages import (Ack, Assignment, Heartbeat, Hello, LearnerStatus, Outcome, Reject, Shutdown,
                                  Trajectory, WorkRequest)
 from arpo_async.stage_timings import StageTimings
 from arpo_async.tasks import Task
-from arpo_async.transport import Envelope, SocketPump
+from arpo_async.transport import Envelope, Outbox, Undecodable
 from arpo_async.validation import (InvalidMessage, WireLimits, check_hello, check_trajectory,
                                    check_work_request)
-from learner.batcher import Batcher
+from learner.batcher import Batcher, BatchQueue
 from learner.scheduler import GroupScheduler
-from learner.task_selection import BaselinePass, TaskSelector, trainable_scores
+from learner.baseline import BaselinePass
+from learner.task_selection import TaskSelector, trainable_scores
 from learner.trajectory_sample import TrajectorySampler
 
 log = logging.getLogger(__name__)
@@ -96,25 +106,35 @@ class Admission(Protocol):
     def on_discard(self, count: int) -> None: ...
 
 
+class StalledRun(RuntimeError):
+    """No optimizer step for ``learner.stall_timeout_s`` while every group came back without a reward difference."""
+
+
 class LearnerService:
-    """Handles actor messages; see the module docstring. ``pump`` must be the ROUTER pump.
+    """Handles actor messages; see the module docstring.
 
     Args:
-        pump: the ROUTER pump (this service is its ``on_message`` callback).
+        outbox: the ROUTER pump's outbox (replies, assignments, announcements).
         scheduler: hands out rollout slots and assembles groups.
         admission: the admission rule (StalenessManager or LockstepAdmission).
         batcher: scores complete groups.
+        batches: where training batches go (a new one of capacity 1 when None).
+        rounds: lockstep: ``batches`` gets whole rollout batches (:meth:`open_round`), not the batcher's batches.
         version: the current policy version (a resumed learner passes the checkpoint's).
         learner_id: this learner's id, announced in LearnerStatus; a new random one when None.
         sampler: keeps a sample of received trajectories with their screenshots (learner.trajectory_sample).
     """
 
-    def __init__(self, pump: SocketPump, scheduler: GroupScheduler, admission: Admission,
-                 batcher: Batcher, *, version: int = 0, learner_id: str | None = None,
-                 selector: TaskSelector | None = None, vocab_size: int | None = None,
-                 limits: WireLimits = WireLimits(), peer_timeout_s: float = 30.0,
+    def __init__(self, outbox: Outbox, scheduler: GroupScheduler, admission: Admission,
+                 batcher: Batcher, *, batches: BatchQueue | None = None, rounds: bool = False, version: int = 0,
+                 learner_id: str | None = None, selector: TaskSelector | None = None,
+                 vocab_size: int | None = None, limits: WireLimits = WireLimits(), peer_timeout_s: float = 30.0,
                  sampler: TrajectorySampler | None = None) -> None:
-        self.pump = pump
+        self.outbox = outbox
+        self.batches = batches if batches is not None else BatchQueue(1)
+        """Training batches for the training loop (lists of ScoredGroup)."""
+        self.rounds = rounds
+        self._round_open = False
         self.sampler = sampler
         """Keeps a sample of the trajectories with their screenshots for `arpo view` (None: none kept)."""
         self.peer_timeout_s = peer_timeout_s
@@ -146,7 +166,6 @@ class LearnerService:
         self._requests_seen: collections.OrderedDict[str, Assignment | None] = collections.OrderedDict()
         """Request ids seen (None while waiting), with the assignment each got, so a re-sent request whose answer
         was lost (a full ROUTER queue drops silently) gets the same assignment again."""
-        self.batch_ready = asyncio.Event()
         self.started = time.monotonic()
         self.last_step_at = self.started
         """When the last optimizer step finished (the training loop sets it), for the stall check."""
@@ -154,16 +173,31 @@ class LearnerService:
         """The batcher's zero-variance drop count at the last optimizer step."""
         self.stall: str | None = None
         """Why no optimizer step is happening, while that lasts (shown in status.json and the progress line)."""
-        self.round_done = asyncio.Event()
         self.window = WindowStats()
         self.totals: collections.Counter[str] = collections.Counter()
         self.baseline: BaselinePass | None = None
         """The baseline pass while it runs (its groups go to it, not to training)."""
         self._baseline_done = asyncio.Event()
 
-    async def on_message(self, envelope: Envelope) -> None:
-        """Dispatch one decoded message from actor ``envelope.peer``."""
+    async def serve(self, inbox: asyncio.Queue[Envelope]) -> None:
+        """Handle every message of the ROUTER pump's ``inbox``, in arrival order, until cancelled. A message
+        whose handling raises is logged with its peer, counted as ``handler`` and answered with a Reject."""
+        while True:
+            envelope = await inbox.get()
+            try:
+                await self.handle(envelope)
+            except Exception as error:  # noqa: BLE001 - one message's handler never stops the service
+                log.error("handling %s from %s failed: %s: %s", type(envelope.message).__name__, envelope.peer,
+                          type(error).__name__, error, exc_info=log.isEnabledFor(logging.DEBUG))
+                await self._refuse(envelope.peer, "handler", f"internal error while handling "
+                                   f"{getattr(envelope.message, 'TYPE', '?')!r}: {type(error).__name__}: {error}")
+
+    async def handle(self, envelope: Envelope) -> None:
+        """Dispatch one message from actor ``envelope.peer`` (an Undecodable one is counted and refused)."""
         peer, message = envelope.peer, envelope.message
+        if isinstance(message, Undecodable):
+            await self._refuse(peer, "wire", message.reason)
+            return
         self.actors[peer] = time.monotonic()
         try:
             if isinstance(message, Hello):
@@ -178,7 +212,7 @@ class LearnerService:
         if isinstance(message, Heartbeat):
             self.actor_queues[peer] = (message.running, message.waiting, message.unacked)
         if isinstance(message, (Hello, Heartbeat)):
-            await self.pump.send(LearnerStatus(self.learner_id, self.version), peer)
+            await self.outbox.send(LearnerStatus(self.learner_id, self.version), peer)
         elif isinstance(message, WorkRequest):
             if message.request_id in self._requests_seen:
                 await self._answer_again(peer, message.request_id)
@@ -195,26 +229,23 @@ class LearnerService:
         elif isinstance(message, Trajectory):
             await self._on_trajectory(peer, message)
         else:
-            await self.pump.send(Reject(f"the learner does not accept {type(message).TYPE!r}"), peer)
+            await self.outbox.send(Reject(f"the learner does not accept {type(message).TYPE!r}"), peer)
 
     async def _reject(self, peer: str, invalid: InvalidMessage) -> None:
         """Count an invalid message by reason, log it with its peer, and tell the peer why."""
         self.totals["bad_messages"] += 1
         self.rejections[invalid.reason] += 1
         log.warning("rejected a message from %s: %s", peer, invalid)
-        await self.pump.send(Reject(str(invalid)[:500]), peer)
+        await self.outbox.send(Reject(str(invalid)[:500]), peer)
 
-    def on_bad(self, peer: str | None, reason: str, *, kind: str = "wire") -> None:
+    async def _refuse(self, peer: str | None, kind: str, reason: str) -> None:
         """A message from ``peer`` failed to decode (``kind`` "wire"), or its handler raised ("handler"): count
-        it, tell the peer, keep going."""
+        it, tell the peer (waiting for room in the outbox), keep going."""
         self.totals["bad_messages"] += 1
         self.rejections[kind] += 1
         log.warning("rejected a message from %s: %s", peer, reason)
         if peer is not None:
-            try:
-                self.pump.outbox.put_nowait((peer, Reject(reason[:500])))
-            except asyncio.QueueFull:
-                pass
+            await self.outbox.send(Reject(reason[:500]), peer)
 
     def _outstanding(self, peer: str) -> int:
         """Requests of ``peer`` waiting, plus rollouts handed to it that have not come back."""
@@ -263,7 +294,7 @@ class LearnerService:
             self.assigned[(rollout.group_id, rollout.rollout_index)] = peer
             if request.request_id in self._requests_seen:
                 self._requests_seen[request.request_id] = assignment
-            await self.pump.send(assignment, peer)
+            await self.outbox.send(assignment, peer)
 
     async def _answer_again(self, peer: str, request_id: str) -> None:
         """A request arrived again: re-send its assignment if it had one and the slot still runs; if it is still
@@ -271,10 +302,10 @@ class LearnerService:
         assignment = self._requests_seen[request_id]
         if assignment is not None and self.scheduler.is_running(assignment.group_id, assignment.rollout_index):
             self.totals["assignments_resent"] += 1
-            await self.pump.send(assignment, peer)
+            await self.outbox.send(assignment, peer)
 
     async def _on_trajectory(self, peer: str, traj: Trajectory) -> None:
-        await self.pump.send(Ack([traj.trajectory_id]), peer)
+        await self.outbox.send(Ack([traj.trajectory_id]), peer)
         self.assigned.pop((traj.group_id, traj.rollout_index), None)
         if traj.trajectory_id in self._seen:
             self.totals["duplicates"] += 1
@@ -316,11 +347,17 @@ class LearnerService:
                 self.selector.record_group(group.task.id, trainable_scores(group))
             scored = self.batcher.add_group(group, self.version)
             self.admission.on_discard(accepted - (len(scored.trajectories) if scored else 0))
-            if self.batcher.has_batch:
-                self.batch_ready.set()
-            if self.scheduler.idle:
-                self.round_done.set()
+            self._offer_batch()
         await self.dispatch()
+
+    def _offer_batch(self) -> None:
+        """Put the next training batch on ``batches`` when one is due (see the module docstring)."""
+        if self.rounds:
+            if self._round_open and self.scheduler.idle:
+                self._round_open = False
+                self.batches.put_nowait(self.batcher.take_all())
+        elif self.batches.empty() and self.batcher.has_batch:
+            self.batches.put_nowait(self.batcher.take_batch())
 
     async def expire_loop(self, period_s: float = 5.0) -> None:
         """Re-issue rollouts that never came back (their actor died) every ``period_s``."""
@@ -332,8 +369,8 @@ class LearnerService:
             await self.forget_silent_peers()
             await self.dispatch()
 
-    async def run_baseline(self, baseline: BaselinePass) -> None:
-        """ARPO's baseline pass: hand out ``baseline``'s groups (k rollouts of every task with the current policy)
+    async def evaluate(self, baseline: BaselinePass) -> None:
+        """ARPO's baseline pass (learner.baseline): hand out ``baseline``'s groups (k rollouts of every task with the current policy)
         and wait until every one has come back. The groups are recorded in ``baseline`` and never trained on; the
         outcome window is reset afterwards, so the first training step's success rate is training's own.
         The scores are in ``baseline.results`` when this returns.
@@ -352,24 +389,56 @@ class LearnerService:
         self.window.take()
 
     async def open_round(self, groups: int) -> None:
-        """Lockstep: hand out one rollout batch of ``groups`` groups; ``round_done`` is set once all came back.
+        """Lockstep: hand out one rollout batch of ``groups`` groups; once all of it came back, its scored groups
+        (a list, perhaps empty) go on ``batches``.
 
         Raises:
-            RuntimeError: the previous round has not come back yet.
+            RuntimeError: the previous round has not come back yet, or the service was not built with ``rounds``.
             ValueError: the scheduler opens groups without a budget (the async schedule).
         """
-        if not self.scheduler.idle:
-            raise RuntimeError("open_round while the previous rollout batch is still out")
-        self.round_done.clear()
+        if not self.rounds or self._round_open or not self.scheduler.idle:
+            raise RuntimeError("open_round while the previous rollout batch is still out (or not lockstep)")
+        self._round_open = True
         self.scheduler.add_group_budget(groups)
         await self.dispatch()
 
-    async def set_version(self, version: int) -> None:
-        """Adopt a newly published policy version: announce it to every known actor, admit more work."""
-        self.version = version
-        for peer in list(self.actors):
-            await self.pump.send(LearnerStatus(self.learner_id, version), peer)
+    async def start_training(self, selector: TaskSelector, group_budget: int | None) -> None:
+        """After the baseline pass: pick training tasks with ``selector`` (None budget: open groups without
+        limit; 0: only what :meth:`open_round` adds), restart the stall clock and hand out work."""
+        self.selector = selector
+        self.scheduler.set_task_source(selector.pick_task, group_budget)
+        self.last_step_at = time.monotonic()
         await self.dispatch()
+
+    async def on_trained(self, step: int, version: int) -> None:
+        """The training loop took optimizer steps up to ``step`` (in all, across restarts) and published
+        ``version``: adopt it, announce it to every known actor, admit more work, offer the next batch."""
+        self.step, self.version = step, version
+        self.last_step_at, self.stall = time.monotonic(), None
+        self.zero_variance_at_step = self.batcher.drops.get("zero_variance", 0)
+        for peer in list(self.actors):
+            await self.outbox.send(LearnerStatus(self.learner_id, version), peer)
+        await self.dispatch()
+        self._offer_batch()
+
+    def on_unusable_batch(self) -> None:
+        """The training loop got a batch with no usable sample (no optimizer step): count it."""
+        self.totals["unusable_batches"] += 1
+
+    async def watch_stall(self, warning_s: float, timeout_s: float, period_s: float = 5.0) -> None:
+        """Say why no optimizer step happens (every ``warning_s``; also shown as ``stall`` in status.json), and
+        raise StalledRun after ``timeout_s`` without one (0: never)."""
+        warned_at = 0.0
+        while True:
+            await asyncio.sleep(period_s)
+            now = time.monotonic()
+            self.stall = self.stall_reason(now, after_s=warning_s)
+            if self.stall and now - warned_at >= warning_s:
+                log.warning("%s", self.stall)
+                warned_at = now
+            timeout = self.stall_reason(now, after_s=timeout_s) if timeout_s else None
+            if timeout:
+                raise StalledRun(f"{timeout} (learner.stall_timeout_s = {timeout_s:g} s)")
 
     def stall_reason(self, now: float | None = None, *, after_s: float) -> str | None:
         """Why the run makes no progress, when no optimizer step happened for ``after_s`` seconds although
@@ -392,9 +461,30 @@ class LearnerService:
         ``actor_running``, ``actor_waiting`` and ``actor_unacked`` (trajectories not yet acked)."""
         heard = [q for peer, q in self.actor_queues.items() if peer in self.actors]
         return {"waiting_requests": len(self.waiting), "running": self.admission.running,
-                "ready_groups": len(self.batcher.ready), "outbox": self.pump.outbox.qsize(),
+                "ready_groups": self._ready_groups(), "outbox": self.outbox.qsize(),
+                "outbox_full_waits": self.outbox.full_waits,
                 "actor_running": sum(q[0] for q in heard), "actor_waiting": sum(q[1] for q in heard),
                 "actor_unacked": sum(q[2] for q in heard)}
+
+    def _ready_groups(self) -> int:
+        """Scored groups not yet taken by the training loop (in the batcher or on ``batches``)."""
+        return len(self.batcher.ready) + sum(len(batch) for batch in self.batches.pending())
+
+    def counters(self) -> dict[str, Any]:
+        """The counters a metrics record carries now (learner.records.step_record's ``counters``)."""
+        return {"replay": self.batcher.replay.stats(),
+                "task_selection": self.selector.stats() if self.selector is not None else {},
+                "drops": dict(self.batcher.drops), "totals": dict(self.totals), "rejections": dict(self.rejections),
+                "queues": self.queue_depths()}
+
+    async def write_status(self, path: Path, period_s: float = 1.0) -> None:
+        """Rewrite ``path`` (<run>/status.json) with :meth:`status` every ``period_s`` seconds, atomically (via a
+        temp file), until cancelled."""
+        tmp = path.with_suffix(".tmp")
+        while True:
+            tmp.write_text(json.dumps(self.status()))
+            tmp.replace(path)
+            await asyncio.sleep(period_s)
 
     def status(self) -> dict:
         """A snapshot for progress displays (written to <run>/status.json by the learner)."""
@@ -404,7 +494,7 @@ class LearnerService:
                 "step": self.step,
                 "waiting_requests": len(self.waiting), "actors": len(self.actors),
                 "outcomes": {k: v for k, v in self.totals.items() if k.isupper()},
-                "drops": dict(self.batcher.drops), "ready_groups": len(self.batcher.ready),
+                "drops": dict(self.batcher.drops), "ready_groups": self._ready_groups(),
                 "queues": self.queue_depths(),
                 "totals": dict(self.totals), "wall_s": round(time.monotonic() - self.started, 3),
                 **({"baseline": {"groups_recorded": self.baseline.recorded_groups,
@@ -413,7 +503,8 @@ class LearnerService:
     def state_dict(self) -> dict[str, Any]:
         """The service's resumable state: version, step, totals, drop counters, scheduler state, and the
         admission's accepted count less what a restart loses (groups still open or scored but not trained)."""
-        lost = self.scheduler.pending_trainable() + sum(len(g.trajectories) for g in self.batcher.ready)
+        ready = [g for batch in [self.batcher.ready, *self.batches.pending()] for g in batch]
+        lost = self.scheduler.pending_trainable() + sum(len(g.trajectories) for g in ready)
         return {"schema": 1, "version": self.version, "step": self.step, "totals": dict(self.totals),
                 "drops": dict(self.batcher.drops), "accepted": max(0, self.admission.accepted - lost),
                 "scheduler": self.scheduler.state_dict()}
@@ -440,4 +531,4 @@ class LearnerService:
     async def shutdown_actors(self, reason: str) -> None:
         """Tell every known actor the run is over."""
         for peer in list(self.actors):
-            await self.pump.send(Shutdown(reason), peer)
+            await self.outbox.send(Shutdown(reason), peer)
