@@ -43,6 +43,7 @@ from learner.distributed import LeadTrainer, RankGroupError, follow, init_ranks,
 from learner.forced_tokens import ForcedTokens
 from learner.publisher import DistributedPublisher, WeightPublisher
 from learner.replay import ReplayBuffer, make_replay
+from learner.run_stats import write_status
 from learner.scheduler import GroupScheduler, LockstepAdmission
 from learner.service import LearnerService
 from learner.staleness import StalenessManager
@@ -96,8 +97,9 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
         trainer = await asyncio.to_thread(Trainer, config.model_path, trainer_config(lc))
     vocab_size = trainer.model.config.text_config.vocab_size
     baseline = plan_baseline(tasks, lc, run / BASELINE_FILE, resuming=bool(checkpoint_folders(run / "checkpoints")))
-    selector = None if baseline else task_selector(training_pool(tasks, lc, run / BASELINE_FILE), lc)
-    scheduler = GroupScheduler(tasks, lc.group_size, max_retries=lc.rollout_retries, seed=lc.seed,
+    pool = tasks if baseline else training_pool(tasks, lc, run / BASELINE_FILE)  # the valuable tasks, on resume
+    selector = None if baseline else task_selector(pool, lc)
+    scheduler = GroupScheduler(pool, lc.group_size, max_retries=lc.rollout_retries, seed=lc.seed,
                                group_budget=0 if baseline or lockstep else None, id_prefix=f"{learner_id[:6]}-",
                                pick_task=(baseline or selector).pick_task)
     admission = (LockstepAdmission(lc.batch_trajectories) if lockstep
@@ -128,12 +130,12 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
         await loop.resume(run / "metrics.jsonl")
         metrics = MetricsWriter(run / "metrics.jsonl", tensorboard=run / "tb" if lc.tensorboard else None)
         log.info("learner %s on %s (%s): %d tasks, G=%d, B=%d, eta=%d, from step %d / version %d", learner_id,
-                 config.transport.endpoint, lc.schedule, len(tasks), lc.group_size, lc.batch_trajectories,
+                 config.transport.endpoint, lc.schedule, len(pool), lc.group_size, lc.batch_trajectories,
                  lc.max_staleness, service.step, service.version)
         async with asyncio.TaskGroup() as tg:
             background = [tg.create_task(pump.run()), tg.create_task(service.serve(inbox)),
-                          tg.create_task(service.expire_loop()),
-                          tg.create_task(service.write_status(run / "status.json")),
+                          tg.create_task(service.peers.expire_loop()),
+                          tg.create_task(write_status(run / "status.json", service.status)),
                           tg.create_task(service.watch_stall(lc.stall_warning_s, lc.stall_timeout_s))]
             if isinstance(trainer, LeadTrainer):
                 background.append(tg.create_task(keep_ranks_alive(trainer)))

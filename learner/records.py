@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from arpo_async.messages import Outcome
 from learner.batcher import ScoredGroup
-from learner.service import WindowStats
+from learner.run_stats import WindowStats
 
 CORRECTION_STATS = ("is_weight_mean", "is_weight_max", "is_capped_frac", "behaviour_kl", "replayed_tokens",
                     "replayed_is_weight_mean", "ratio_mean", "approx_kl")

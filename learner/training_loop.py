@@ -134,7 +134,7 @@ class TrainingLoop:
         new weights once as the next version, announce it, checkpoint, and write the batch's metrics record
         (its ``step`` is the optimizer step count after the batch; ``updates`` the steps it took)."""
         service, lc = self.service, self.lc
-        window = service.window.take()
+        window = service.stats.window.take()
         samples = train_samples(batch, self.forced)
         updates = min(lc.updates_per_batch, max(1, len(samples)))
         if lc.steps:

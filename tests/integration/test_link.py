@@ -97,7 +97,7 @@ async def test_work_flows_and_admission_holds_requests_back(transport):
             assert first.task["id"] == "grid4-red" and first.group_id == second.group_id
             assert {first.rollout_index, second.rollout_index} == {0, 1}
             third = asyncio.create_task(link.request_work())
-            await until(lambda: len(service.waiting) == 1)  # (0 + 0 + 1) * 2 rollouts admitted, then wait
+            await until(lambda: len(service.peers.waiting) == 1)  # (0 + 0 + 1) * 2 rollouts admitted, then wait
             assert not third.done()
             await link.submit(trajectory(first))
             await link.submit(trajectory(second, "FAILURE", 0.0))
@@ -200,14 +200,14 @@ async def test_baseline_pass_keeps_valuable_tasks_and_trains_on_none_of_it(trans
             assert baseline.results == {"grid4-red": [1.0, 0.0], "grid4-blue": [0.0, 0.0]}
             assert baseline.valuable() == ["grid4-red"]
             assert service.batcher.ready == [] and service.batches.empty()  # nothing to train on
-            assert service.admission.accepted == 0 and service.window.take().outcomes == {}
+            assert service.admission.accepted == 0 and service.stats.window.take().outcomes == {}
             assert "baseline" not in service.status()
 
             waiting = asyncio.create_task(link.request_work())  # the pass's budget is spent: the request waits
-            await until(lambda: len(service.waiting) == 1)
+            await until(lambda: len(service.peers.waiting) == 1)
             selector = TaskSelector([TASK])
             scheduler.set_task_source(selector.pick_task, None)
-            await service.dispatch()
+            await service.peers.dispatch()
             assert (await asyncio.wait_for(waiting, 5)).task["id"] == "grid4-red"
     finally:
         ctx.destroy(linger=0)

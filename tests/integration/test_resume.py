@@ -317,7 +317,8 @@ def test_capture_and_restore_round_trip_through_a_checkpoint(tmp_path, tiny_mode
         admission.on_start()
         scheduler.on_trajectory(finished(open_rollout, "SUCCESS", 1.0))
         admission.on_finish(accepted=True)  # 1 accepted in an incomplete group
-        service.version, service.step = 5, 7
+        service.peers.restore(5)
+        service.step = 7
         service.totals.update({"trajectories": 3, "late": 2, "desktop_busy_s": 12.5})
         service.batcher.drops["stale"] += 4
         expected_order = scheduler.state_dict()["order"]

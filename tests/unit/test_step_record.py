@@ -61,7 +61,7 @@ async def test_step_record_has_success_per_task_and_family(service):
         await service.handle(Envelope(trajectory(a, outcome), "peer"))
 
     batch = [ScoredGroup("grid4-red", [], [1.0, 0.0], [1.0, -1.0], False, 0.5, [0, 0])]
-    record = step_record(1, 1, batch, {"loss": 0.1}, service.window.take(), service.counters(), 0.0, 12.0)
+    record = step_record(1, 1, batch, {"loss": 0.1}, service.stats.window.take(), service.counters(), 0.0, 12.0)
 
     assert record["task_success"] == {"grid4-red": 1.0, "grid4-blue": 0.0, "ok-button": 0.5}
     assert record["task_trajectories"] == {"grid4-red": 2, "grid4-blue": 1, "ok-button": 2}
@@ -69,6 +69,6 @@ async def test_step_record_has_success_per_task_and_family(service):
     assert record["success_rate"] == pytest.approx(3 / 5)  # the existing keys are unchanged
     assert record["outcomes"] == {"SUCCESS": 3, "FAILURE": 1, "TRUNCATED": 1, "ENV_ERROR": 2, "ABORTED": 1}
 
-    empty = step_record(2, 2, batch, {"loss": 0.1}, service.window.take(), service.counters(), 0.0, 13.0)
+    empty = step_record(2, 2, batch, {"loss": 0.1}, service.stats.window.take(), service.counters(), 0.0, 13.0)
     assert empty["task_success"] == empty["task_trajectories"] == empty["family_success"] == {}
     assert empty["success_rate"] == 0.0 and empty["outcomes"] == {}

@@ -105,7 +105,7 @@ async def test_tensorboard_holds_every_number_of_metrics_jsonl(service, tmp_path
     batch = [ScoredGroup("grid4-red", [], [1.0, 0.0], [1.0, -1.0], False, 0.5, [0, 1])]
     for n, scale in ((1, 1.0), (2, 3.0)):
         await one_window(service, n, scale)
-        writer.write(step_record(n, n, batch, {"loss": 0.1 * n, "grad_norm": float("nan")}, service.window.take(),
+        writer.write(step_record(n, n, batch, {"loss": 0.1 * n, "grad_norm": float("nan")}, service.stats.window.take(),
                                  service.counters(), 0.25, 10.0 * n))
     writer.close()
 
