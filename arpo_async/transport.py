@@ -271,6 +271,8 @@ class SocketPump:
             except asyncio.QueueFull:
                 self._blocked = asyncio.ensure_future(self.inbox.put(envelope))
                 return
+            await asyncio.sleep(0)  # the consumer takes it now (its wake-up was queued first) ...
+            await self._send_queued()  # ... and its replies go out before the next receive, as they come
 
     async def _send_queued(self) -> None:
         """Send everything already taken from or waiting in the outbox, in order (without waiting for more)."""
