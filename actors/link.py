@@ -1,7 +1,8 @@
 """The actor process's link to the learner: work requests out, assignments in, trajectories held until acked.
 
-Owns: the DEALER pump, the outstanding work requests, the unacknowledged trajectories and the policy
-version last announced by the learner.
+Owns: the outstanding work requests, the unacknowledged trajectories and the policy version last announced by
+the learner. Channels (made by the wiring function, actors.main): it consumes the DEALER pump's inbox
+(:meth:`LearnerLink.serve`) and sends through the pump's outbox.
 Invariants:
 - a trajectory is kept until the learner acknowledges it; it is sent again after ``resend_after_s`` and
   whenever the learner restarts (a new learner id in LearnerStatus); the learner drops duplicates by id.
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from arpo_async.config import TransportConfig
 from arpo_async.messages import (Ack, Assignment, Heartbeat, Hello, LearnerStatus, Reject, Shutdown, Trajectory,
                                  WorkRequest)
-from arpo_async.transport import Envelope, SocketPump
+from arpo_async.transport import Envelope, Outbox, Undecodable
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +44,14 @@ class LearnerLink:
     """Actor-side protocol over one DEALER pump (see the module docstring).
 
     Args:
-        pump: a SocketPump over a DEALER connected to the learner; the link's ``on_message`` must be its callback.
+        outbox: the outbox of the SocketPump over a DEALER connected to the learner.
         actor_id: this process's id (also the DEALER routing id).
         slots: how many EnvActors share this link (reported in Hello).
         config: heartbeat and resend periods.
     """
 
-    def __init__(self, pump: SocketPump, actor_id: str, slots: int, config: TransportConfig) -> None:
-        self.pump = pump
+    def __init__(self, outbox: Outbox, actor_id: str, slots: int, config: TransportConfig) -> None:
+        self.outbox = outbox
         self.actor_id = actor_id
         self.slots = slots
         self._config = config
@@ -80,7 +81,7 @@ class LearnerLink:
         future: asyncio.Future[Assignment] = asyncio.get_running_loop().create_future()
         self._requests[request_id] = future
         self._requested_at[request_id] = time.monotonic()
-        await self.pump.send(WorkRequest(request_id, self.actor_id))
+        await self.outbox.send(WorkRequest(request_id, self.actor_id))
         stop = asyncio.ensure_future(self.shutdown.wait())
         try:
             done, _ = await asyncio.wait({future, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -94,7 +95,7 @@ class LearnerLink:
         """Send a trajectory and hold it until the learner acknowledges it."""
         self._held[trajectory.trajectory_id] = _Held(trajectory, time.monotonic())
         self._all_acked.clear()
-        await self.pump.send(trajectory)
+        await self.outbox.send(trajectory)
 
     async def wait_acked(self, timeout_s: float) -> bool:
         """Wait until every held trajectory is acknowledged; False if ``timeout_s`` passed first."""
@@ -105,10 +106,23 @@ class LearnerLink:
         except TimeoutError:
             return False
 
-    async def on_message(self, envelope: Envelope) -> None:
-        """The DEALER pump's callback."""
+    async def serve(self, inbox: asyncio.Queue[Envelope]) -> None:
+        """Handle every message of the DEALER pump's ``inbox``, in arrival order, until cancelled. A message
+        whose handling raises is logged; the link goes on."""
+        while True:
+            envelope = await inbox.get()
+            try:
+                await self.handle(envelope)
+            except Exception as error:  # noqa: BLE001 - one message's handler never stops the link
+                log.error("handling %s from the learner failed: %s: %s", type(envelope.message).__name__,
+                          type(error).__name__, error, exc_info=log.isEnabledFor(logging.DEBUG))
+
+    async def handle(self, envelope: Envelope) -> None:
+        """React to one message from the learner (see the module docstring)."""
         message = envelope.message
-        if isinstance(message, Assignment):
+        if isinstance(message, Undecodable):
+            log.warning("bad message from the learner: %s", message.reason)
+        elif isinstance(message, Assignment):
             future = self._requests.get(message.request_id)
             if future is not None and not future.done():
                 future.set_result(message)
@@ -139,27 +153,27 @@ class LearnerLink:
         if restarted:
             log.warning("learner restarted (%s); re-sending %d trajectories and %d requests",
                         status.learner_id, len(self._held), len(self._requests))
-            await self.pump.send(Hello(self.actor_id, self.slots, list(self._held)))
+            await self.outbox.send(Hello(self.actor_id, self.slots, list(self._held)))
             for held in self._held.values():
                 held.sent_at = time.monotonic()
-                await self.pump.send(held.trajectory)
+                await self.outbox.send(held.trajectory)
             for request_id, future in self._requests.items():
                 if not future.done():
-                    await self.pump.send(WorkRequest(request_id, self.actor_id))
+                    await self.outbox.send(WorkRequest(request_id, self.actor_id))
 
     async def keepalive(self) -> None:
         """Hello, then heartbeats every ``heartbeat_s``; re-sends trajectories unacked for ``resend_after_s``."""
-        await self.pump.send(Hello(self.actor_id, self.slots, list(self._held)))
+        await self.outbox.send(Hello(self.actor_id, self.slots, list(self._held)))
         while True:
             await asyncio.sleep(self._config.heartbeat_s)
             waiting = sum(not f.done() for f in self._requests.values())
-            await self.pump.send(Heartbeat(self.actor_id, self.running, waiting, len(self._held)))
+            await self.outbox.send(Heartbeat(self.actor_id, self.running, waiting, len(self._held)))
             now = time.monotonic()
             for held in list(self._held.values()):
                 if now - held.sent_at > self._config.resend_after_s:
                     held.sent_at = now
-                    await self.pump.send(held.trajectory)
+                    await self.outbox.send(held.trajectory)
             for request_id, sent_at in list(self._requested_at.items()):
                 if now - sent_at > self._config.resend_after_s:  # the answer may have been dropped on the way
                     self._requested_at[request_id] = now
-                    await self.pump.send(WorkRequest(request_id, self.actor_id))
+                    await self.outbox.send(WorkRequest(request_id, self.actor_id))

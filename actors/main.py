@@ -1,7 +1,9 @@
 """arpo-actors: N EnvActors in one process. `run_actors` wires every component in one visible function.
 
-Dataflow: DEALER pump <-> LearnerLink <- EnvActor x N -> (DesktopPool over DesktopFleet: containers, warm
-spares; PolicyClient: /generate).
+Dataflow (every queue and task is made in `run_actors`): EnvActor x N -> LearnerLink.submit -> outbox -> DEALER
+SocketPump -> learner; learner -> DEALER SocketPump -> inbox -> LearnerLink.serve (assignments, acks, versions).
+EnvActors get desktops from the DesktopPool (over DesktopFleet: containers, warm spares) and replies from the
+PolicyClient (/generate).
 Stops when the learner says shutdown or on SIGINT / SIGTERM; either way every container of this process is
 removed (each actor releases its own in ``finally``, the pool removes every desktop it started, then the fleet
 removes anything left with the run's label). The learner says shutdown when training is over and takes no more
@@ -31,7 +33,7 @@ from arpo_async.config import ConfigError, RunConfig, load_config
 from arpo_async.config_doc import add_config_arguments
 from arpo_async.model.inputs import PromptEncoder
 from arpo_async.process import run_until_signal, setup_logging
-from arpo_async.transport import SocketPump, dealer_socket
+from arpo_async.transport import INBOX_SIZE, Envelope, Outbox, SocketPump, dealer_socket
 
 log = logging.getLogger("arpo.actors")
 
@@ -48,10 +50,11 @@ async def run_actors(config: RunConfig, actor_id: str) -> None:
                        start_attempts=ac.desktop_start_attempts, health_interval_s=ac.desktop_health_interval_s,
                        max_episodes=ac.desktop_max_episodes)
     ctx = zmq.asyncio.Context()
-    link: LearnerLink
-    pump = SocketPump(dealer_socket(ctx, config.transport, actor_id), routed=False,
-                      max_bytes=config.transport.max_message_bytes, on_message=lambda env: link.on_message(env))
-    link = LearnerLink(pump, actor_id, ac.actors, config.transport)
+    inbox: asyncio.Queue[Envelope] = asyncio.Queue(INBOX_SIZE)  # DEALER pump -> link
+    outbox = Outbox(routed=False)  # link -> DEALER pump
+    pump = SocketPump(dealer_socket(ctx, config.transport, actor_id), inbox=inbox, outbox=outbox,
+                      max_bytes=config.transport.max_message_bytes)
+    link = LearnerLink(outbox, actor_id, ac.actors, config.transport)
     try:
         downloads = run_download_cache(config.run_dir, config.learner.osworld_files, ac.download_max_mb,
                                        ac.download_timeout_s)
@@ -61,18 +64,17 @@ async def run_actors(config: RunConfig, actor_id: str) -> None:
     log.info("%s: %d actors -> learner %s, inference %s", actor_id, ac.actors, config.transport.endpoint,
              ", ".join(ac.inference_urls))
     try:
-        pool.start()
         async with asyncio.TaskGroup() as tg:
-            pump_task = tg.create_task(pump.run())
-            keepalive = tg.create_task(link.keepalive())
+            background = [tg.create_task(pump.run()), tg.create_task(link.serve(inbox)),
+                          tg.create_task(link.keepalive()), pool.start(tg)]
             async with asyncio.TaskGroup() as actors:
                 rollouts = [actors.create_task(EnvActor(index, link, pool, runner).run())
                             for index in range(ac.actors)]
                 actors.create_task(cancel_on_shutdown(link, rollouts))
             if not await link.wait_acked(config.transport.heartbeat_s):
                 log.info("%d trajectories sent as the learner finished were not taken (the run is over)", link.unacked)
-            keepalive.cancel()
-            pump_task.cancel()
+            for task in background:
+                task.cancel()
     finally:
         try:
             await pool.close()

@@ -1,12 +1,16 @@
 """ZeroMQ transport: the learner's ROUTER and the actors' DEALER, each owned by exactly one task.
 
-A `SocketPump` owns one socket: it polls, then receives (a cancelled poll loses nothing), decodes with the
-codec and hands each message to a callback; it sends what other tasks put on its bounded outbox. A callback
-that sends (a reply) runs inside the pump's own task: its message goes out at once, after whatever the outbox
-held, instead of waiting for room in the outbox that only this task can make (that wait deadlocked the pump as
-soon as one burst of incoming messages produced more replies than the outbox holds). Sockets are
-made with explicit high-water marks and linger 0. Messages that fail to decode are counted by reason and
-reported through ``on_bad``; they never stop the pump.
+Role: move messages between a socket and two bounded queues that the process's wiring function creates.
+A `SocketPump` owns one socket: it polls, then receives (a cancelled poll loses nothing), decodes with the codec
+and puts each message on its bounded inbox as an `Envelope`; it sends what any task put on its `Outbox`. The pump
+never runs a consumer's code: one task (the learner's LearnerService, the actors' LearnerLink) consumes the inbox
+and replies through the outbox, so a burst of incoming messages that produces more replies than the outbox holds
+only makes that consumer wait while the pump keeps sending.
+
+Invariants: the pump never blocks on a full inbox (it stops receiving, which leaves messages to ZeroMQ's
+high-water mark, and keeps sending); a message that fails to decode is counted by reason in ``rejected`` and goes
+to the inbox as an `Undecodable`, never stopping the pump; a full outbox makes its sender wait (backpressure) and
+is counted in ``Outbox.full_waits``, never dropped. Sockets are made with explicit high-water marks and linger 0.
 
 Addressing: actors set their ZeroMQ routing id to their actor id, so the learner addresses an actor by id
 and a reconnecting actor keeps its address (ROUTER_HANDOVER).
@@ -20,7 +24,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -32,6 +36,9 @@ log = logging.getLogger(__name__)
 
 OUTBOX_SIZE = 1024
 """Bounded outbox per socket: producers wait (backpressure) when it is full."""
+
+INBOX_SIZE = 1024
+"""Bounded inbox per socket: the pump stops receiving while it is full (ZeroMQ's high-water mark holds the rest)."""
 
 
 class TransportSecurityError(RuntimeError):
@@ -148,84 +155,104 @@ class Envelope:
     peer: str | None
 
 
-class SocketPump:
-    """Owns one ROUTER or DEALER socket: receive -> decode -> callback; outbox -> encode -> send.
+@dataclass(frozen=True)
+class Undecodable:
+    """Stands in an inbox `Envelope` for a message that failed to decode: ``reason`` is the codec's error."""
+
+    reason: str
+
+
+class Outbox(asyncio.Queue):
+    """The bounded queue of ``(peer, message)`` one SocketPump sends, in order. Any task may :meth:`send`; only
+    the pump takes.
 
     Args:
-        sock: the socket; the pump closes it when `run` ends.
-        routed: True for a ROUTER (frames carry the peer's routing id first).
-        max_bytes: largest message accepted; larger or malformed ones go to ``on_bad``.
-        on_message: awaited for each decoded message, in arrival order.
-        on_bad: called with (peer, reason) for each message that failed to decode.
-        on_error: called with (peer, reason) when ``on_message`` raised for a message (logged with the peer and
-            counted in ``rejected["handler"]``; the pump goes on); default ``on_bad``.
+        routed: True for a ROUTER's outbox (every message needs a peer routing id).
+        size: capacity in messages.
     """
 
-    def __init__(self, sock: zmq.asyncio.Socket, *, routed: bool, max_bytes: int,
-                 on_message: Callable[[Envelope], Awaitable[None]],
-                 on_bad: Callable[[str | None, str], None] | None = None,
-                 on_error: Callable[[str | None, str], None] | None = None) -> None:
-        self._sock = sock
-        self._routed = routed
-        self._max_bytes = max_bytes
-        self._on_message = on_message
-        self._on_bad = on_bad or (lambda peer, reason: log.warning("bad message from %s: %s", peer, reason))
-        self._on_error = on_error or self._on_bad
-        self.outbox: asyncio.Queue[tuple[str | None, Any]] = asyncio.Queue(OUTBOX_SIZE)
-        self.received = 0
-        self.sent = 0
-        self.rejected: collections.Counter[str] = collections.Counter()
-        self._task: asyncio.Task | None = None
-        self._outgoing: asyncio.Task | None = None  # the pending outbox.get() of `run`
+    def __init__(self, *, routed: bool, size: int = OUTBOX_SIZE) -> None:
+        super().__init__(size)
+        self.routed = routed
+        self.full_waits = 0
+        """Sends that found the outbox full and had to wait (metrics ``queues.outbox_full_waits``)."""
 
     async def send(self, message: Any, peer: str | None = None) -> None:
-        """Queue a message (waits while the outbox is full). ``peer`` is required on a ROUTER.
+        """Queue ``message`` for ``peer`` (None on a DEALER); waits while the outbox is full.
 
-        Called from the pump's own task (an ``on_message`` callback), it sends the outbox and then the message
-        at once, in order, instead of queueing.
+        Raises:
+            ValueError: a ROUTER message without a peer.
         """
-        if self._routed and peer is None:
+        if self.routed and peer is None:
             raise ValueError("a ROUTER message needs a peer routing id")
-        if self._task is not None and asyncio.current_task() is self._task:
-            await self._send_queued()
-            await self._send_now(peer, message)
-        else:
-            await self.outbox.put((peer, message))
+        if self.full():
+            self.full_waits += 1
+        await self.put((peer, message))
 
     async def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until everything queued so far has been handed to ZeroMQ; False if ``timeout_s`` passed first."""
         try:
             async with asyncio.timeout(timeout_s):
-                await self.outbox.join()
+                await self.join()
             return True
         except TimeoutError:
             return False
 
+
+class SocketPump:
+    """Owns one ROUTER or DEALER socket: receive -> decode -> inbox; outbox -> encode -> send.
+
+    Args:
+        sock: the socket; the pump closes it when `run` ends.
+        inbox: where each received message goes, as an `Envelope` (an `Undecodable` one where decoding failed).
+        outbox: what the pump sends; its ``routed`` must match the socket (True for a ROUTER, whose frames carry
+            the peer's routing id first).
+        max_bytes: largest message accepted; larger or malformed ones arrive as `Undecodable`.
+    """
+
+    def __init__(self, sock: zmq.asyncio.Socket, *, inbox: asyncio.Queue[Envelope], outbox: Outbox,
+                 max_bytes: int) -> None:
+        self._sock = sock
+        self._routed = outbox.routed
+        self._max_bytes = max_bytes
+        self.inbox = inbox
+        self.outbox = outbox
+        self.received = 0
+        self.sent = 0
+        self.rejected: collections.Counter[str] = collections.Counter()
+        """Messages that failed to decode, by the codec's reason."""
+        self._outgoing: asyncio.Task | None = None  # the pending outbox.get() of `run`
+        self._blocked: asyncio.Task | None = None  # the pending inbox.put() while the inbox is full
+
     async def run(self) -> None:
         """Pump until cancelled; closes the socket on the way out."""
         incoming: asyncio.Future | None = None
-        self._task = asyncio.current_task()
         try:
             while True:
                 if self._outgoing is None:
                     self._outgoing = asyncio.ensure_future(self.outbox.get())
-                if incoming is None:
+                if incoming is None and self._blocked is None:
                     incoming = asyncio.ensure_future(self._sock.poll(None, zmq.POLLIN))
-                done, _ = await asyncio.wait({self._outgoing, incoming}, return_when=asyncio.FIRST_COMPLETED)
+                waits = {self._outgoing, incoming if self._blocked is None else self._blocked}
+                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 await self._send_queued()
-                if incoming in done:
+                if self._blocked is not None and self._blocked in done:
+                    self._blocked.result()
+                    self._blocked = None
+                    await self._drain_incoming()
+                elif incoming is not None and incoming in done:
                     incoming.result()
                     incoming = None
                     await self._drain_incoming()
         finally:
-            self._task = None
-            for fut in (self._outgoing, incoming):
+            for fut in (self._outgoing, incoming, self._blocked):
                 if fut is not None:
                     fut.cancel()
-            self._outgoing = None
+            self._outgoing = self._blocked = None
             self._sock.close(linger=0)
 
     async def _drain_incoming(self) -> None:
+        """Receive while the socket has messages and the inbox has room (else leave one put pending)."""
         while self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=True)
             frames = await frames if asyncio.isfuture(frames) else frames
@@ -234,20 +261,18 @@ class SocketPump:
                 peer = frames[0].decode("latin-1")  # routing ids are bytes; latin-1 round-trips any of them
                 frames = frames[1:]
             try:
-                message = codec.decode(frames, max_bytes=self._max_bytes)
+                envelope = Envelope(codec.decode(frames, max_bytes=self._max_bytes), peer)
+                self.received += 1
             except codec.WireError as e:
                 self.rejected[str(e).split(":")[0]] += 1
-                self._on_bad(peer, str(e))
-                continue
-            self.received += 1
+                envelope = Envelope(Undecodable(str(e)), peer)
             try:
-                await self._on_message(Envelope(message, peer))
-            except Exception as error:  # noqa: BLE001 - one message's handler never stops the pump
-                self.rejected["handler"] += 1
-                log.error("handling %s from %s failed: %s: %s", type(message).__name__, peer,
-                          type(error).__name__, error, exc_info=log.isEnabledFor(logging.DEBUG))
-                self._on_error(peer, f"internal error while handling {type(message).TYPE!r}: "
-                                     f"{type(error).__name__}: {error}")
+                self.inbox.put_nowait(envelope)
+            except asyncio.QueueFull:
+                self._blocked = asyncio.ensure_future(self.inbox.put(envelope))
+                return
+            await asyncio.sleep(0)  # the consumer takes it now (its wake-up was queued first) ...
+            await self._send_queued()  # ... and its replies go out before the next receive, as they come
 
     async def _send_queued(self) -> None:
         """Send everything already taken from or waiting in the outbox, in order (without waiting for more)."""

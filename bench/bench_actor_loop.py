@@ -171,32 +171,36 @@ def _learner(endpoint: str, ready, stop) -> None:
 async def _learner_async(endpoint: str, ready, stop) -> None:
     from arpo_async.config import TransportConfig
     from arpo_async.messages import Ack, Assignment, Heartbeat, Hello, LearnerStatus, Trajectory, WorkRequest
-    from arpo_async.transport import SocketPump, router_socket
+    from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, router_socket
 
     config = TransportConfig(endpoint=endpoint)
     ctx = zmq.asyncio.Context()
     learner_id = uuid.uuid4().hex[:12]
     groups = iter(range(1 << 62))
 
-    async def on_message(env) -> None:
-        m = env.message
-        if isinstance(m, WorkRequest):
-            await pump.send(Assignment(m.request_id, TASK, f"g{next(groups)}", 0, 0), env.peer)
-        elif isinstance(m, Trajectory):
-            await pump.send(Ack([m.trajectory_id]), env.peer)
-        elif isinstance(m, (Hello, Heartbeat)):
-            await pump.send(LearnerStatus(learner_id, 0), env.peer)
+    inbox, outbox = asyncio.Queue(INBOX_SIZE), Outbox(routed=True)
 
-    pump = SocketPump(router_socket(ctx, config), routed=True, max_bytes=config.max_message_bytes,
-                      on_message=on_message)
-    task = asyncio.create_task(pump.run())
+    async def serve() -> None:
+        while True:
+            env = await inbox.get()
+            m = env.message
+            if isinstance(m, WorkRequest):
+                await outbox.send(Assignment(m.request_id, TASK, f"g{next(groups)}", 0, 0), env.peer)
+            elif isinstance(m, Trajectory):
+                await outbox.send(Ack([m.trajectory_id]), env.peer)
+            elif isinstance(m, (Hello, Heartbeat)):
+                await outbox.send(LearnerStatus(learner_id, 0), env.peer)
+
+    pump = SocketPump(router_socket(ctx, config), inbox=inbox, outbox=outbox, max_bytes=config.max_message_bytes)
+    tasks = [asyncio.create_task(pump.run()), asyncio.create_task(serve())]
     ready.set()
     try:
         while not stop.is_set():
             await asyncio.sleep(0.2)
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         ctx.destroy(linger=0)
 
 
@@ -232,7 +236,7 @@ async def run_config(endpoint: str, encoder, pngs: list[bytes], output_ids: list
     from actors.episode import EpisodeRunner
     from actors.link import LearnerLink
     from arpo_async.config import ActorConfig, TransportConfig
-    from arpo_async.transport import SocketPump, dealer_socket
+    from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, dealer_socket
 
     config = ActorConfig(actors=actors, max_steps=MAX_STEPS, history_images=HISTORY_IMAGES)
     transport = TransportConfig(endpoint=endpoint)
@@ -240,11 +244,11 @@ async def run_config(endpoint: str, encoder, pngs: list[bytes], output_ids: list
     runners = [EpisodeRunner(encoder, policy, dataclasses.replace(config, max_steps=n)) for n in range(1, MAX_STEPS + 1)]
     pool = InstantPool(pngs)
     ctx = zmq.asyncio.Context()
-    link: LearnerLink
     actor_id = f"bench-{uuid.uuid4().hex[:6]}"
-    pump = SocketPump(dealer_socket(ctx, transport, actor_id), routed=False,
-                      max_bytes=transport.max_message_bytes, on_message=lambda env: link.on_message(env))
-    link = LearnerLink(pump, actor_id, actors, transport)
+    inbox, outbox = asyncio.Queue(INBOX_SIZE), Outbox(routed=False)
+    pump = SocketPump(dealer_socket(ctx, transport, actor_id), inbox=inbox, outbox=outbox,
+                      max_bytes=transport.max_message_bytes)
+    link = LearnerLink(outbox, actor_id, actors, transport)
     rng = random.Random(0)
     env_actors = [EnvActor(i, link, pool, FirstEpisodeShorter(rng.choice(runners), runners[-1]))
                   for i in range(actors)]
@@ -255,7 +259,7 @@ async def run_config(endpoint: str, encoder, pngs: list[bytes], output_ids: list
 
     try:
         async with asyncio.TaskGroup() as tg:  # cancelled children end the group quietly
-            infra = [tg.create_task(pump.run()), tg.create_task(link.keepalive())]
+            infra = [tg.create_task(pump.run()), tg.create_task(link.serve(inbox)), tg.create_task(link.keepalive())]
             await asyncio.wait_for(link.connected.wait(), 30)
             tasks = [tg.create_task(staggered(a)) for a in env_actors]
             await asyncio.sleep(warmup_s)

@@ -80,7 +80,7 @@ def _stack_learner(endpoint: str, ready) -> None:
 async def _stack_learner_async(endpoint: str, ready) -> None:
     from arpo_async.config import TransportConfig
     from arpo_async.tasks import Task
-    from arpo_async.transport import SocketPump, router_socket
+    from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, router_socket
     from learner.batcher import Batcher
     from learner.replay import SuccessReplay
     from learner.scheduler import GroupScheduler
@@ -92,14 +92,15 @@ async def _stack_learner_async(endpoint: str, ready) -> None:
                                          "expected": {"type": "rule", "rules": {"expected": "red"}}}})
     config = TransportConfig(endpoint=endpoint)
     ctx = zmq.asyncio.Context()
-    service: LearnerService
-    pump = SocketPump(router_socket(ctx, config), routed=True, max_bytes=config.max_message_bytes,
-                      on_message=lambda env: service.on_message(env), on_bad=lambda p, r: service.on_bad(p, r))
-    service = LearnerService(pump, GroupScheduler([task], group_size=8), StalenessManager(8, 1),
+    inbox, outbox = asyncio.Queue(INBOX_SIZE), Outbox(routed=True)
+    pump = SocketPump(router_socket(ctx, config), inbox=inbox, outbox=outbox, max_bytes=config.max_message_bytes)
+    service = LearnerService(outbox, GroupScheduler([task], group_size=8), StalenessManager(8, 1),
                              Batcher(SuccessReplay(), max_staleness=1, groups_per_step=1))
     ready.set()
     try:
-        await pump.run()
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(pump.run())
+            tg.create_task(service.serve(inbox))
     finally:
         ctx.destroy(linger=0)
 
@@ -188,7 +189,7 @@ async def run_rounds(traj, frames: list[bytes], n: int, rounds: int, hwm: int) -
     """Alternate raw and stack rounds (so both see the same machine load); round 0 of each warms up."""
     from actors.link import LearnerLink
     from arpo_async.config import TransportConfig
-    from arpo_async.transport import SocketPump, dealer_socket
+    from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, dealer_socket
 
     raw_ep, stack_ep = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     raw_proc, stack_proc = _start(_raw_learner, raw_ep, hwm), _start(_stack_learner, stack_ep)
@@ -198,11 +199,11 @@ async def run_rounds(traj, frames: list[bytes], n: int, rounds: int, hwm: int) -
     for opt, value in ((zmq.LINGER, 0), (zmq.SNDHWM, hwm), (zmq.RCVHWM, hwm)):
         raw.setsockopt(opt, value)
     raw.connect(raw_ep)
-    link: LearnerLink
-    pump = SocketPump(dealer_socket(actx, config, f"bench-{uuid.uuid4().hex[:6]}"), routed=False,
-                      max_bytes=config.max_message_bytes, on_message=lambda env: link.on_message(env))
-    link = LearnerLink(pump, "bench", 1, config)
-    pump_task = asyncio.create_task(pump.run())
+    inbox, outbox = asyncio.Queue(INBOX_SIZE), Outbox(routed=False)
+    pump = SocketPump(dealer_socket(actx, config, f"bench-{uuid.uuid4().hex[:6]}"), inbox=inbox, outbox=outbox,
+                      max_bytes=config.max_message_bytes)
+    link = LearnerLink(outbox, "bench", 1, config)
+    pump_tasks = [asyncio.create_task(pump.run()), asyncio.create_task(link.serve(inbox))]
     raw_rounds: list[Round] = []
     stack_rounds: list[Round] = []
     try:
@@ -215,8 +216,9 @@ async def run_rounds(traj, frames: list[bytes], n: int, rounds: int, hwm: int) -
                 raw_rounds.append(raw_r)
                 stack_rounds.append(stack_r)
     finally:
-        pump_task.cancel()
-        await asyncio.gather(pump_task, return_exceptions=True)
+        for t in pump_tasks:
+            t.cancel()
+        await asyncio.gather(*pump_tasks, return_exceptions=True)
         raw.close(0)
         ctx.destroy(linger=0)
         actx.destroy(linger=0)

@@ -14,6 +14,7 @@ drop (that applies to fresh rollouts only).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 from dataclasses import dataclass, field
 
@@ -133,6 +134,20 @@ class Batcher:
         batch = [self.ready[i] for i in picked]
         self.ready = [g for i, g in enumerate(self.ready) if i not in chosen]
         return batch
+
+    def take_all(self) -> list[ScoredGroup]:
+        """Every ready group, oldest first (lockstep: the whole rollout batch, however many had variance)."""
+        batch, self.ready = self.ready, []
+        return batch
+
+
+class BatchQueue(asyncio.Queue):
+    """The bounded queue of training batches (each a list of ScoredGroup) from the learner service to the
+    training loop; :meth:`pending` shows what waits on it (queue depths, and what a checkpoint cannot keep)."""
+
+    def pending(self) -> list[list[ScoredGroup]]:
+        """The batches waiting, oldest first (a copy)."""
+        return list(self._queue)
 
 
 def train_samples(batch: list[ScoredGroup], forced: ForcedTokens | None = None) -> list[TrainSample]:

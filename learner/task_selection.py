@@ -1,11 +1,8 @@
-"""Task selection: ARPO's baseline pass ("valuable tasks") and online selection with retirement and revisits.
+"""Task selection: online selection with retirement and revisits (the baseline pass before training is
+learner.baseline).
 
-Owns: which task the next group of G rollouts is for. Pure and seeded; no I/O, no clock.
+Owns: which task the next group of G rollouts is for during training. Pure and seeded; no I/O, no clock.
 
-- :func:`baseline_plan`, :class:`BaselinePass` and :func:`valuable_tasks`: before training, run k rollouts of
-  every task with the initial policy and keep the tasks it solved at least ``min_success`` times (ARPO trains on
-  the 128 of OSWorld's 369 tasks its base agent solved at least once; REFERENCE.md section 1), optionally
-  dropping tasks it already solves k times out of k (they would only give zero-variance groups).
 - :class:`TaskSelector`: during training, keeps each task's last ``window`` rollout outcomes, retires a task
   once all of them are successes (its groups would be zero-variance: no gradient, only desktop time), revisits
   retired tasks now and then (every ``revisit_every``-th pick and/or with probability ``revisit_prob``) and
@@ -25,18 +22,15 @@ from __future__ import annotations
 import collections
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 __all__ = [
     "SELECTION_STRATEGIES",
-    "BaselineExhausted",
-    "BaselinePass",
     "TaskSelectionError",
     "TaskSelector",
-    "baseline_plan",
+    "check_pool",
     "trainable_scores",
-    "valuable_tasks",
 ]
 
 T = TypeVar("T")
@@ -51,15 +45,13 @@ class TaskSelectionError(ValueError):
     """Bad arguments (empty pool, duplicate ids, out-of-range parameters) or a state that cannot be loaded."""
 
 
-class BaselineExhausted(LookupError):
-    """:meth:`BaselinePass.pick_task` was called after every planned group had been handed out."""
-
-
-def _task_id(task: Any) -> str:
+def task_id_of(task: Any) -> str:
+    """A task's id: its ``id`` attribute, as a string."""
     return str(task.id)
 
 
-def _check_pool(tasks: Sequence[T], task_id: Callable[[T], str]) -> list[str]:
+def check_pool(tasks: Sequence[T], task_id: Callable[[T], str]) -> list[str]:
+    """The ids of ``tasks``. Raises TaskSelectionError for an empty pool or duplicate ids."""
     if not tasks:
         raise TaskSelectionError("the task pool is empty")
     ids = [task_id(t) for t in tasks]
@@ -73,137 +65,6 @@ def trainable_scores(group: Any) -> list[float]:
     """Evaluator scores of a complete :class:`learner.scheduler.Group`'s trainable trajectories (ENV_ERROR and
     ABORTED left out): what :meth:`TaskSelector.record_group` and :meth:`BaselinePass.record_group` take."""
     return [float(t.score) for t in group.trajectories() if t.outcome.trainable]
-
-
-def baseline_plan(tasks: Sequence[T], k: int) -> list[tuple[T, int]]:
-    """The baseline pass: ``(task, k)`` for every task, in pool order: run k rollouts of each with the initial policy.
-
-    Args:
-        tasks: the candidate pool (objects with an ``id``), non-empty, unique ids.
-        k: rollouts per task (>= 1; ARPO's procedure is reported second hand, without its k).
-
-    Raises:
-        TaskSelectionError: empty pool, duplicate ids, or k < 1.
-    """
-    _check_pool(tasks, _task_id)
-    if k < 1:
-        raise TaskSelectionError(f"k must be >= 1, got {k}")
-    return [(task, k) for task in tasks]
-
-
-def valuable_tasks(
-    results: Mapping[str, Sequence[float]],
-    min_success: int = 1,
-    *,
-    drop_solved: bool = False,
-    success_threshold: float = 0.5,
-) -> list[str]:
-    """ARPO's valuable tasks: the ids whose baseline results hold at least ``min_success`` successes.
-
-    A result is a success when its evaluator score is ``>= success_threshold`` (OSWorld scores are 0 or 1 for
-    almost every task; 0.5 is the learner's success threshold for metrics). A task with no result (every
-    rollout of it failed to run) is dropped: nothing shows it can be solved.
-
-    Args:
-        results: task id -> evaluator scores of its baseline rollouts (trainable outcomes only).
-        min_success: successes needed to keep a task (>= 1; ARPO: 1).
-        drop_solved: also drop tasks solved in every one of their rollouts (k out of k).
-        success_threshold: the score from which a rollout counts as a success.
-
-    Returns:
-        The kept ids, in the order of ``results``.
-
-    Raises:
-        TaskSelectionError: ``min_success`` < 1 or a score is not finite.
-    """
-    if min_success < 1:
-        raise TaskSelectionError(f"min_success must be >= 1, got {min_success}")
-    kept: list[str] = []
-    for task_id, scores in results.items():
-        if not all(math.isfinite(float(s)) for s in scores):
-            raise TaskSelectionError(f"task {task_id!r}: non-finite score in {list(scores)}")
-        successes = sum(float(s) >= success_threshold for s in scores)
-        if successes < min_success:
-            continue
-        if drop_solved and successes == len(scores):
-            continue
-        kept.append(task_id)
-    return kept
-
-
-class BaselinePass(Generic[T]):
-    """The baseline pass as a task source for the GroupScheduler: ``ceil(k / group_size)`` groups per task.
-
-    Hand it to the scheduler as ``pick_task``; stop handing out new groups once :attr:`exhausted`; feed every
-    complete group to :meth:`record_group`; when :attr:`done`, :meth:`valuable` gives the tasks to train on.
-
-    Args:
-        tasks: the candidate pool (non-empty, unique ids).
-        k: rollouts per task (>= 1); rounded up to whole groups.
-        group_size: G.
-        task_id: a task's id (default: its ``id`` attribute).
-
-    Raises:
-        TaskSelectionError: empty pool, duplicate ids, k < 1 or group_size < 1.
-    """
-
-    def __init__(self, tasks: Sequence[T], k: int, group_size: int, *,
-                 task_id: Callable[[T], str] = _task_id) -> None:
-        if group_size < 1:
-            raise TaskSelectionError(f"group_size must be >= 1, got {group_size}")
-        self._ids = _check_pool(tasks, task_id)
-        if k < 1:
-            raise TaskSelectionError(f"k must be >= 1, got {k}")
-        groups = -(-k // group_size)
-        self._plan: collections.deque[T] = collections.deque(t for _ in range(groups) for t in tasks)
-        self._expected = groups * len(tasks)
-        self._recorded = 0
-        self.results: dict[str, list[float]] = {i: [] for i in self._ids}
-        """Task id -> scores recorded so far."""
-
-    @property
-    def planned_groups(self) -> int:
-        """Groups the pass hands out in all: ``ceil(k / group_size)`` per task."""
-        return self._expected
-
-    @property
-    def recorded_groups(self) -> int:
-        """Groups recorded so far."""
-        return self._recorded
-
-    @property
-    def exhausted(self) -> bool:
-        """Every planned group has been handed out."""
-        return not self._plan
-
-    @property
-    def done(self) -> bool:
-        """Every planned group has been recorded."""
-        return self._recorded >= self._expected
-
-    def pick_task(self) -> T:
-        """The task of the next baseline group (pool order, one round per group of each task).
-
-        Raises:
-            BaselineExhausted: every planned group was already handed out.
-        """
-        if not self._plan:
-            raise BaselineExhausted("the baseline pass has handed out all its groups")
-        return self._plan.popleft()
-
-    def record_group(self, task_id: str, scores: Sequence[float]) -> bool:
-        """Record a complete group's evaluator scores (trainable rollouts only). False for an unknown task."""
-        if task_id not in self.results:
-            return False
-        self.results[task_id].extend(float(s) for s in scores)
-        self._recorded += 1
-        return True
-
-    def valuable(self, min_success: int = 1, *, drop_solved: bool = False,
-                 success_threshold: float = 0.5) -> list[str]:
-        """:func:`valuable_tasks` of the results so far."""
-        return valuable_tasks(self.results, min_success, drop_solved=drop_solved,
-                              success_threshold=success_threshold)
 
 
 class TaskSelector(Generic[T]):
@@ -252,9 +113,9 @@ class TaskSelector(Generic[T]):
         strategy: str = "round_robin",
         success_threshold: float = 0.5,
         seed: int = 0,
-        task_id: Callable[[T], str] = _task_id,
+        task_id: Callable[[T], str] = task_id_of,
     ) -> None:
-        ids = _check_pool(tasks, task_id)
+        ids = check_pool(tasks, task_id)
         if window < 1:
             raise TaskSelectionError(f"window must be >= 1, got {window}")
         if revisit_every < 0:

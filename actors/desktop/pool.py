@@ -140,11 +140,16 @@ class DesktopPool:
     async def __aexit__(self, *exc_info) -> None:
         await self.close()
 
-    def start(self) -> None:
-        """Start the runner task (refills spares, health checks); call once, from a running event loop."""
+    def start(self, tg: asyncio.TaskGroup | None = None) -> asyncio.Task:
+        """Start the runner task (refills spares, health checks) and return it; call once, from a running event
+        loop. With ``tg`` the runner belongs to that task group (the process's, in actors.main: the pool's failure
+        then stops the process, and the group waits for the runner, so cancel it when done); without, to the
+        event loop (``async with``), and :meth:`close` stops it."""
         if self._runner is not None or self._closed:
             raise RuntimeError("DesktopPool.start: already started or closed")
-        self._runner = asyncio.get_running_loop().create_task(self._run(), name="desktop-pool")
+        create_task = tg.create_task if tg is not None else asyncio.get_running_loop().create_task
+        self._runner = create_task(self._run(), name="desktop-pool")
+        return self._runner
 
     async def close(self) -> None:
         """Stop every background task and remove every desktop the pool started (spares, in use, released).

@@ -39,7 +39,7 @@ from arpo_async.config import ActorConfig, TransportConfig
 from arpo_async.messages import Outcome, Trajectory
 from arpo_async.model.inputs import PromptEncoder
 from arpo_async.tasks import Task, load_tasks
-from arpo_async.transport import SocketPump, dealer_socket, router_socket
+from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, dealer_socket, router_socket
 from learner.batcher import Batcher
 from learner.replay import SuccessReplay
 from learner.scheduler import GroupScheduler
@@ -75,35 +75,38 @@ def actor_config(**kw) -> ActorConfig:
 async def learner(ctx: zmq.asyncio.Context, transport: TransportConfig, tasks: list[Task] = TASKS):
     """A LearnerService on a real ROUTER socket; yields (service, list of trajectories received, in order)."""
     received: list[Trajectory] = []
-    service: LearnerService
 
-    async def on_message(env):
-        if isinstance(env.message, Trajectory):
-            received.append(env.message)
-        await service.on_message(env)
+    async def serve(inbox: asyncio.Queue) -> None:
+        while True:
+            env = await inbox.get()
+            if isinstance(env.message, Trajectory):
+                received.append(env.message)
+            await service.handle(env)
 
-    pump = SocketPump(router_socket(ctx, transport), routed=True, max_bytes=transport.max_message_bytes,
-                      on_message=on_message, on_bad=lambda p, r: service.on_bad(p, r))
-    service = LearnerService(pump, GroupScheduler(tasks, group_size=2), StalenessManager(1000, 0),
+    inbox, outbox = asyncio.Queue(INBOX_SIZE), Outbox(routed=True)
+    pump = SocketPump(router_socket(ctx, transport), inbox=inbox, outbox=outbox, max_bytes=transport.max_message_bytes)
+    service = LearnerService(outbox, GroupScheduler(tasks, group_size=2), StalenessManager(1000, 0),
                              Batcher(SuccessReplay(), max_staleness=1000, groups_per_step=1))
-    task = asyncio.create_task(pump.run())
+    tasks = [asyncio.create_task(pump.run()), asyncio.create_task(serve(inbox))]
     try:
         yield service, received
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @asynccontextmanager
 async def actors(ctx, transport, pool: DesktopPool, runner: EpisodeRunner, n: int = 1):
     """``n`` EnvActors in this process (as arpo-actors wires them), running in the background."""
-    link: LearnerLink
     actor_id = f"test-actors-{secrets.token_hex(3)}"
-    pump = SocketPump(dealer_socket(ctx, transport, actor_id), routed=False, max_bytes=transport.max_message_bytes,
-                      on_message=lambda env: link.on_message(env))
-    link = LearnerLink(pump, actor_id, n, transport)
+    inbox, outbox = asyncio.Queue(INBOX_SIZE), Outbox(routed=False)
+    pump = SocketPump(dealer_socket(ctx, transport, actor_id), inbox=inbox, outbox=outbox,
+                      max_bytes=transport.max_message_bytes)
+    link = LearnerLink(outbox, actor_id, n, transport)
     envs = [EnvActor(i, link, pool, runner) for i in range(n)]
-    tasks = [asyncio.create_task(pump.run()), asyncio.create_task(link.keepalive())]
+    tasks = [asyncio.create_task(pump.run()), asyncio.create_task(link.keepalive()),
+             asyncio.create_task(link.serve(inbox))]
     tasks += [asyncio.create_task(a.run()) for a in envs]
     try:
         yield envs

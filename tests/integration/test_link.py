@@ -19,13 +19,14 @@ from arpo_async.config import TransportConfig
 from arpo_async.messages import Reject, Step, Trajectory, WorkRequest
 from arpo_async import codec
 from arpo_async.tasks import Task
-from arpo_async.transport import SocketPump, dealer_socket, router_socket
+from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, dealer_socket, router_socket
 from learner.batcher import Batcher
 from learner.replay import SuccessReplay
 from learner.scheduler import GroupScheduler
 from learner.service import LearnerService
 from learner.staleness import StalenessManager
-from learner.task_selection import BaselinePass, TaskSelector
+from learner.baseline import BaselinePass
+from learner.task_selection import TaskSelector
 from tests.support import free_port, until
 
 TASK = Task.from_dict({"id": "grid4-red", "instruction": "click red", "config": [],
@@ -41,26 +42,27 @@ def transport() -> TransportConfig:
 
 @asynccontextmanager
 async def learner(ctx, transport, *, batch=2, eta=0, scheduler=None):
-    service: LearnerService
-    pump = SocketPump(router_socket(ctx, transport), routed=True, max_bytes=transport.max_message_bytes,
-                      on_message=lambda env: service.on_message(env), on_bad=lambda p, r: service.on_bad(p, r))
-    service = LearnerService(pump, scheduler or GroupScheduler([TASK], group_size=2), StalenessManager(batch, eta),
+    inbox, outbox = asyncio.Queue(INBOX_SIZE), Outbox(routed=True)
+    pump = SocketPump(router_socket(ctx, transport), inbox=inbox, outbox=outbox, max_bytes=transport.max_message_bytes)
+    service = LearnerService(outbox, scheduler or GroupScheduler([TASK], group_size=2), StalenessManager(batch, eta),
                              Batcher(SuccessReplay(), max_staleness=eta, groups_per_step=1))
-    task = asyncio.create_task(pump.run())
+    tasks = [asyncio.create_task(pump.run()), asyncio.create_task(service.serve(inbox))]
     try:
         yield service
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @asynccontextmanager
 async def actor(ctx, transport):
-    link: LearnerLink
-    pump = SocketPump(dealer_socket(ctx, transport, "actor-1"), routed=False,
-                      max_bytes=transport.max_message_bytes, on_message=lambda env: link.on_message(env))
-    link = LearnerLink(pump, "actor-1", 4, transport)
-    tasks = [asyncio.create_task(pump.run()), asyncio.create_task(link.keepalive())]
+    inbox, outbox = asyncio.Queue(INBOX_SIZE), Outbox(routed=False)
+    pump = SocketPump(dealer_socket(ctx, transport, "actor-1"), inbox=inbox, outbox=outbox,
+                      max_bytes=transport.max_message_bytes)
+    link = LearnerLink(outbox, "actor-1", 4, transport)
+    tasks = [asyncio.create_task(pump.run()), asyncio.create_task(link.serve(inbox)),
+             asyncio.create_task(link.keepalive())]
     try:
         yield link
     finally:
@@ -84,13 +86,13 @@ async def test_work_flows_and_admission_holds_requests_back(transport):
             assert first.task["id"] == "grid4-red" and first.group_id == second.group_id
             assert {first.rollout_index, second.rollout_index} == {0, 1}
             third = asyncio.create_task(link.request_work())
-            await until(lambda: len(service.waiting) == 1)  # (0 + 0 + 1) * 2 rollouts admitted, then wait
+            await until(lambda: len(service.peers.waiting) == 1)  # (0 + 0 + 1) * 2 rollouts admitted, then wait
             assert not third.done()
             await link.submit(trajectory(first))
             await link.submit(trajectory(second, "FAILURE", 0.0))
             assert await link.wait_acked(5)
-            assert service.totals["trajectories"] == 2 and service.batch_ready.is_set()
-            await service.set_version(1)
+            assert service.totals["trajectories"] == 2 and not service.batches.empty()
+            await service.on_trained(0, 1)
             assignment = await asyncio.wait_for(third, 5)
             assert assignment.policy_version == 1 and link.policy_version == 1
     finally:
@@ -177,7 +179,7 @@ async def test_baseline_pass_keeps_valuable_tasks_and_trains_on_none_of_it(trans
     try:
         async with learner(ctx, transport, batch=4, eta=1, scheduler=scheduler) as service, \
                 actor(ctx, transport) as link:
-            passing = asyncio.create_task(service.run_baseline(baseline))
+            passing = asyncio.create_task(service.evaluate(baseline))
             for _ in range(4):
                 assignment = await asyncio.wait_for(link.request_work(), 5)
                 assert "baseline" in service.status()
@@ -186,15 +188,15 @@ async def test_baseline_pass_keeps_valuable_tasks_and_trains_on_none_of_it(trans
             await asyncio.wait_for(passing, 5)
             assert baseline.results == {"grid4-red": [1.0, 0.0], "grid4-blue": [0.0, 0.0]}
             assert baseline.valuable() == ["grid4-red"]
-            assert service.batcher.ready == [] and not service.batch_ready.is_set()  # nothing to train on
-            assert service.admission.accepted == 0 and service.window.take().outcomes == {}
+            assert service.batcher.ready == [] and service.batches.empty()  # nothing to train on
+            assert service.admission.accepted == 0 and service.stats.window.take().outcomes == {}
             assert "baseline" not in service.status()
 
             waiting = asyncio.create_task(link.request_work())  # the pass's budget is spent: the request waits
-            await until(lambda: len(service.waiting) == 1)
+            await until(lambda: len(service.peers.waiting) == 1)
             selector = TaskSelector([TASK])
             scheduler.set_task_source(selector.pick_task, None)
-            await service.dispatch()
+            await service.peers.dispatch()
             assert (await asyncio.wait_for(waiting, 5)).task["id"] == "grid4-red"
     finally:
         ctx.destroy(linger=0)

@@ -28,11 +28,11 @@ import pytest
 import torch
 import zmq.asyncio
 
-from arpo_async.config import TransportConfig, dump_toml, load_config
+from arpo_async.config import dump_toml, load_config
 from arpo_async.messages import Step, Trajectory
 from arpo_async.metrics import REQUIRED_KEYS, MetricsWriter, read_metrics
 from arpo_async.tasks import Task
-from arpo_async.transport import SocketPump, router_socket
+from arpo_async.transport import Outbox
 from learner.batcher import Batcher
 from learner.checkpoint import (CheckpointError, Checkpointer, capture, checkpoint_folders, reconcile_metrics,
                                 restore)
@@ -282,14 +282,11 @@ TASKS = [Task.from_dict({"id": f"grid4-{c}", "instruction": f"click {c}", "confi
          for c in ("red", "blue", "green")]
 
 
-def make_service(ctx, replay_mode: str = "arpo") -> tuple[LearnerService, ReplayBuffer]:
-    """A learner service on a real (bound, idle) ROUTER socket with fresh components."""
-    transport = TransportConfig(endpoint=f"tcp://127.0.0.1:{free_port()}")
-    pump = SocketPump(router_socket(ctx, transport), routed=True, max_bytes=transport.max_message_bytes,
-                      on_message=lambda env: None)
+def make_service(replay_mode: str = "arpo") -> tuple[LearnerService, ReplayBuffer]:
+    """A learner service with fresh components (nothing sends its outbox)."""
     replay = make_replay(replay_mode, capacity_per_task=4, seed=1)
     scheduler = GroupScheduler(TASKS, group_size=2, seed=5, id_prefix=f"{uuid.uuid4().hex[:6]}-")
-    return LearnerService(pump, scheduler, StalenessManager(2, 1), Batcher(replay, max_staleness=1,
+    return LearnerService(Outbox(routed=True), scheduler, StalenessManager(2, 1), Batcher(replay, max_staleness=1,
                                                                              groups_per_step=1)), replay
 
 
@@ -303,7 +300,7 @@ def finished(rollout, outcome: str, score: float) -> Trajectory:
 def test_capture_and_restore_round_trip_through_a_checkpoint(tmp_path, tiny_model, replay_mode):
     ctx = zmq.asyncio.Context()
     try:
-        service, replay = make_service(ctx, replay_mode)
+        service, replay = make_service(replay_mode)
         scheduler, admission = service.scheduler, service.admission
         group = [scheduler.next_rollout() for _ in range(2)]
         for rollout, (outcome, score) in zip(group, [("SUCCESS", 1.0), ("FAILURE", 0.0)]):
@@ -315,7 +312,8 @@ def test_capture_and_restore_round_trip_through_a_checkpoint(tmp_path, tiny_mode
         admission.on_start()
         scheduler.on_trajectory(finished(open_rollout, "SUCCESS", 1.0))
         admission.on_finish(accepted=True)  # 1 accepted in an incomplete group
-        service.version, service.step = 5, 7
+        service.peers.restore(5)
+        service.step = 7
         service.totals.update({"trajectories": 3, "late": 2, "desktop_busy_s": 12.5})
         service.batcher.drops["stale"] += 4
         expected_order = scheduler.state_dict()["order"]
@@ -326,7 +324,7 @@ def test_capture_and_restore_round_trip_through_a_checkpoint(tmp_path, tiny_mode
         folder = Checkpointer(tmp_path / "ck").save(7, trainer, capture(service, replay), {"policy_version": 5})
         want = [random.random() for _ in range(3)]
 
-        fresh, fresh_replay = make_service(ctx, replay_mode)
+        fresh, fresh_replay = make_service(replay_mode)
         fresh_trainer = Trainer(tiny_model, TrainerConfig(torch_threads=1))
         loaded, state, meta = Checkpointer(tmp_path / "ck").load_latest(fresh_trainer)
         restore(state, fresh, fresh_replay)
@@ -345,7 +343,7 @@ def test_capture_and_restore_round_trip_through_a_checkpoint(tmp_path, tiny_mode
 def test_checkpoints_keep_the_newest_and_fall_back_to_an_older_one(tmp_path, tiny_model):
     ctx = zmq.asyncio.Context()
     try:
-        service, replay = make_service(ctx)
+        service, replay = make_service()
         trainer = Trainer(tiny_model, TrainerConfig(torch_threads=1))
         checkpointer = Checkpointer(tmp_path / "ck", keep=2)
         assert checkpointer.load_latest(trainer) is None

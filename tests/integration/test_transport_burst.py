@@ -1,6 +1,6 @@
 """SocketPump under a burst, over real ZeroMQ TCP sockets on 127.0.0.1: when one receive burst brings more
-messages than the outbox holds and the callback replies to each, every reply still goes out, in order
-(a callback waiting for outbox room that only the pump itself could make used to deadlock the pump)."""
+messages than the inbox and the outbox hold and the consumer replies to each, every reply still goes out, in order
+(a consumer waiting for outbox room while the pump waits for inbox room would deadlock them)."""
 
 import asyncio
 
@@ -10,22 +10,23 @@ import zmq.asyncio
 from arpo_async import codec
 from arpo_async.config import TransportConfig
 from arpo_async.messages import Heartbeat, LearnerStatus
-from arpo_async.transport import OUTBOX_SIZE, SocketPump, router_socket
+from arpo_async.transport import INBOX_SIZE, OUTBOX_SIZE, Outbox, SocketPump, router_socket
 from tests.support import free_port
 
 
 
 async def test_replies_to_a_burst_larger_than_the_outbox_all_go_out_in_order():
-    burst = 3 * OUTBOX_SIZE
+    burst = 3 * max(OUTBOX_SIZE, INBOX_SIZE)
     config = TransportConfig(endpoint=f"tcp://127.0.0.1:{free_port()}", high_water_mark=4 * burst)
     ctx = zmq.asyncio.Context()
-    pump: SocketPump
+    inbox, outbox = asyncio.Queue(INBOX_SIZE), Outbox(routed=True)
 
-    async def reply(envelope) -> None:
-        await pump.send(LearnerStatus(envelope.message.actor_id, 0), envelope.peer)
+    async def reply() -> None:
+        while True:
+            envelope = await inbox.get()
+            await outbox.send(LearnerStatus(envelope.message.actor_id, 0), envelope.peer)
 
-    pump = SocketPump(router_socket(ctx, config), routed=True, max_bytes=config.max_message_bytes,
-                      on_message=reply)
+    pump = SocketPump(router_socket(ctx, config), inbox=inbox, outbox=outbox, max_bytes=config.max_message_bytes)
     actor = ctx.socket(zmq.DEALER)
     for option in (zmq.LINGER, 0), (zmq.SNDHWM, 4 * burst), (zmq.RCVHWM, 4 * burst):
         actor.setsockopt(*option)
@@ -36,13 +37,14 @@ async def test_replies_to_a_burst_larger_than_the_outbox_all_go_out_in_order():
         async with asyncio.timeout(60):
             while pump._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN == 0:
                 await asyncio.sleep(0.01)
-        task = asyncio.create_task(pump.run())
+        tasks = [asyncio.create_task(pump.run()), asyncio.create_task(reply())]
         try:
             async with asyncio.timeout(60):
                 replies = [codec.decode(await actor.recv_multipart(), max_bytes=1 << 20) for _ in range(burst)]
         finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         assert [r.learner_id for r in replies] == [f"a{i}" for i in range(burst)]
         assert pump.received == burst and pump.sent == burst
     finally:

@@ -1,18 +1,16 @@
 """Per-task and per-family success in metrics records: trajectories go through a real LearnerService (its outcome
-window counts them by task), then learner.main.step_record turns the window into task_success,
+window counts them by task), then learner.records.step_record turns the window into task_success,
 task_trajectories and family_success."""
 
 import itertools
 
 import pytest
-import zmq
-import zmq.asyncio
 
 from arpo_async.messages import Assignment, Step, Trajectory, WorkRequest
 from arpo_async.tasks import Task
-from arpo_async.transport import Envelope, SocketPump
+from arpo_async.transport import Envelope, Outbox
 from learner.batcher import Batcher, ScoredGroup
-from learner.main import step_record
+from learner.records import step_record
 from learner.replay import SuccessReplay
 from learner.scheduler import GroupScheduler
 from learner.service import LearnerService
@@ -36,19 +34,16 @@ TASKS = [task("grid4-red"), task("grid4-blue"), task("grid4-green"), task("ok-bu
 
 @pytest.fixture
 async def service():
-    ctx = zmq.asyncio.Context()
-    pump = SocketPump(ctx.socket(zmq.ROUTER), routed=True, max_bytes=1 << 20, on_message=None)  # never run
     order = itertools.cycle(TASKS)
     scheduler = GroupScheduler(TASKS, group_size=2, pick_task=lambda: next(order))
-    yield LearnerService(pump, scheduler, StalenessManager(8, 0),
+    yield LearnerService(Outbox(routed=True), scheduler, StalenessManager(8, 0),
                          Batcher(SuccessReplay(), max_staleness=0, groups_per_step=1))
-    ctx.destroy(linger=0)
 
 
 async def assignments(service: LearnerService, count: int) -> list[Assignment]:
     for i in range(count):
-        await service.on_message(Envelope(WorkRequest(f"r{i}", "actor"), "peer"))
-    sent = [service.pump.outbox.get_nowait()[1] for _ in range(service.pump.outbox.qsize())]
+        await service.handle(Envelope(WorkRequest(f"r{i}", "actor"), "peer"))
+    sent = [service.outbox.get_nowait()[1] for _ in range(service.outbox.qsize())]
     return [m for m in sent if isinstance(m, Assignment)]
 
 
@@ -63,10 +58,10 @@ async def test_step_record_has_success_per_task_and_family(service):
     assert sorted(a.task["id"] for a in handed) == sorted(2 * list(OUTCOMES))
     for a in handed:
         outcome = OUTCOMES[a.task["id"]][a.rollout_index]
-        await service.on_message(Envelope(trajectory(a, outcome), "peer"))
+        await service.handle(Envelope(trajectory(a, outcome), "peer"))
 
     batch = [ScoredGroup("grid4-red", [], [1.0, 0.0], [1.0, -1.0], False, 0.5, [0, 0])]
-    record = step_record(1, 1, batch, {"loss": 0.1}, service.window.take(), service, 0.0, 12.0)
+    record = step_record(1, 1, batch, {"loss": 0.1}, service.stats.window.take(), service.counters(), 0.0, 12.0)
 
     assert record["task_success"] == {"grid4-red": 1.0, "grid4-blue": 0.0, "ok-button": 0.5}
     assert record["task_trajectories"] == {"grid4-red": 2, "grid4-blue": 1, "ok-button": 2}
@@ -74,6 +69,6 @@ async def test_step_record_has_success_per_task_and_family(service):
     assert record["success_rate"] == pytest.approx(3 / 5)  # the existing keys are unchanged
     assert record["outcomes"] == {"SUCCESS": 3, "FAILURE": 1, "TRUNCATED": 1, "ENV_ERROR": 2, "ABORTED": 1}
 
-    empty = step_record(2, 2, batch, {"loss": 0.1}, service.window.take(), service, 0.0, 13.0)
+    empty = step_record(2, 2, batch, {"loss": 0.1}, service.stats.window.take(), service.counters(), 0.0, 13.0)
     assert empty["task_success"] == empty["task_trajectories"] == empty["family_success"] == {}
     assert empty["success_rate"] == 0.0 and empty["outcomes"] == {}

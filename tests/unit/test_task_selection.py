@@ -9,15 +9,8 @@ import pytest
 
 from arpo_async.tasks import Task
 from learner.scheduler import GroupScheduler
-from learner.task_selection import (
-    BaselineExhausted,
-    BaselinePass,
-    TaskSelectionError,
-    TaskSelector,
-    baseline_plan,
-    trainable_scores,
-    valuable_tasks,
-)
+from learner.baseline import BaselineExhausted, BaselinePass, baseline_plan, valuable_tasks
+from learner.task_selection import TaskSelectionError, TaskSelector, trainable_scores
 
 
 def task(task_id: str) -> Task:
@@ -207,7 +200,7 @@ def test_bad_parameters_are_rejected(kwargs):
 
 def test_learner_baseline_file_is_written_reused_and_checked(tmp_path):
     from arpo_async.config import LearnerConfig
-    from learner.main import load_baseline, plan_baseline, save_baseline, valuable_pool
+    from learner.baseline import load_baseline, plan_baseline, save_baseline, valuable_pool
 
     lc = LearnerConfig(baseline_k=2, group_size=2)
     path = tmp_path / "baseline.json"
@@ -228,7 +221,7 @@ def test_learner_baseline_file_is_written_reused_and_checked(tmp_path):
 
 def test_learner_baseline_with_no_valuable_task_is_a_clear_error(tmp_path):
     from arpo_async.config import LearnerConfig
-    from learner.main import save_baseline
+    from learner.baseline import save_baseline
 
     lc = LearnerConfig(baseline_k=2, group_size=2)
     baseline = BaselinePass(POOL[:2], k=2, group_size=2)
@@ -243,7 +236,7 @@ def test_learner_baseline_with_no_valuable_task_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize("text", ["{not json", '{"k": 2}', '{"valuable": []}', '{"valuable": "b"}', "[1]",
                                   '{"valuable": [1, 2]}'])
 def test_a_damaged_baseline_file_is_a_clear_error(tmp_path, text):
-    from learner.main import load_baseline
+    from learner.baseline import load_baseline
 
     path = tmp_path / "baseline.json"
     path.write_text(text)

@@ -1,5 +1,5 @@
 """metrics.jsonl and its TensorBoard mirror: trajectories with stage timings go through a real LearnerService,
-learner.main.step_record builds the records, the real MetricsWriter writes them, and TensorBoard's own reader
+learner.records.step_record builds the records, the real MetricsWriter writes them, and TensorBoard's own reader
 (EventAccumulator) must find exactly the numbers of metrics.jsonl, including the stage-timing aggregates and
 queue depths."""
 
@@ -8,17 +8,15 @@ import json
 
 import numpy as np
 import pytest
-import zmq
-import zmq.asyncio
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from arpo_async.messages import Assignment, Heartbeat, Hello, Step, Trajectory, WorkRequest
 from arpo_async.metrics import MetricsWriter, flatten_numbers, read_metrics
 from arpo_async.stage_timings import StageTimings, percentile
 from arpo_async.tasks import Task
-from arpo_async.transport import Envelope, SocketPump
+from arpo_async.transport import Envelope, Outbox
 from learner.batcher import Batcher, ScoredGroup
-from learner.main import step_record
+from learner.records import step_record
 from learner.replay import SuccessReplay
 from learner.scheduler import GroupScheduler
 from learner.service import LearnerService
@@ -78,13 +76,10 @@ def test_flatten_numbers_keeps_finite_numbers_only():
 
 @pytest.fixture
 async def service():
-    ctx = zmq.asyncio.Context()
-    pump = SocketPump(ctx.socket(zmq.ROUTER), routed=True, max_bytes=1 << 20, on_message=None)  # never run
     order = itertools.cycle([TASK])
     scheduler = GroupScheduler([TASK], group_size=2, pick_task=lambda: next(order))
-    yield LearnerService(pump, scheduler, StalenessManager(8, 0),
+    yield LearnerService(Outbox(routed=True), scheduler, StalenessManager(8, 0),
                          Batcher(SuccessReplay(), max_staleness=0, groups_per_step=1))
-    ctx.destroy(linger=0)
 
 
 async def one_window(service: LearnerService, window: int, scale: float) -> None:
@@ -92,26 +87,26 @@ async def one_window(service: LearnerService, window: int, scale: float) -> None
     (no reward difference, and no success to replay yet: dropped as zero_variance); window 2's a success and a
     failure."""
     for i in range(2):
-        await service.on_message(Envelope(WorkRequest(f"w{window}-r{i}", "actor"), "peer"))
-    sent = [service.pump.outbox.get_nowait()[1] for _ in range(service.pump.outbox.qsize())]
+        await service.handle(Envelope(WorkRequest(f"w{window}-r{i}", "actor"), "peer"))
+    sent = [service.outbox.get_nowait()[1] for _ in range(service.outbox.qsize())]
     for a in [m for m in sent if isinstance(m, Assignment)]:
         traj = Trajectory(f"t{window}-{a.rollout_index}", "actor", a.task["id"], a.group_id, a.rollout_index,
                           *(("SUCCESS", 1.0) if window == 2 and a.rollout_index == 0 else ("FAILURE", 0.0)), True,
                           [step(scale * (a.rollout_index + 1), scale / 10, scale / 100)], [b"png"],
                           timings={"reset_s": scale, "setup_s": scale / 2, "evaluate_s": scale / 4,
                                    "episode_s": 2 * scale})
-        await service.on_message(Envelope(traj, "peer"))
+        await service.handle(Envelope(traj, "peer"))
 
 
 async def test_tensorboard_holds_every_number_of_metrics_jsonl(service, tmp_path):
-    await service.on_message(Envelope(Hello("actor", slots=4), "peer"))
-    await service.on_message(Envelope(Heartbeat("actor", running=3, waiting=1, unacked=2), "peer"))
+    await service.handle(Envelope(Hello("actor", slots=4), "peer"))
+    await service.handle(Envelope(Heartbeat("actor", running=3, waiting=1, unacked=2), "peer"))
     writer = MetricsWriter(tmp_path / "metrics.jsonl", tensorboard=tmp_path / "tb")
     batch = [ScoredGroup("grid4-red", [], [1.0, 0.0], [1.0, -1.0], False, 0.5, [0, 1])]
     for n, scale in ((1, 1.0), (2, 3.0)):
         await one_window(service, n, scale)
-        writer.write(step_record(n, n, batch, {"loss": 0.1 * n, "grad_norm": float("nan")}, service.window.take(),
-                                 service, 0.25, 10.0 * n))
+        writer.write(step_record(n, n, batch, {"loss": 0.1 * n, "grad_norm": float("nan")}, service.stats.window.take(),
+                                 service.counters(), 0.25, 10.0 * n))
     writer.close()
 
     records = read_metrics(tmp_path / "metrics.jsonl")

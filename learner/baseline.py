@@ -1,0 +1,268 @@
+"""The baseline pass (ARPO's "valuable tasks") and the task pool training starts from.
+
+Role: before training, k rollouts of every task with the initial policy (rounded up to whole groups), evaluated
+and never trained on; training then uses only the tasks with at least ``learner.baseline_min_success`` successes
+(ARPO trains on the 128 of OSWorld's 369 tasks its base agent solved at least once; REFERENCE.md section 1),
+optionally dropping tasks already solved k times out of k (they would only give zero-variance groups).
+
+Owns: :class:`BaselinePass` (the pass as a task source for the GroupScheduler, and its results), the pure rule
+:func:`valuable_tasks`, ``<run>/baseline.json`` (written once the pass is over; a restarted learner reuses it
+instead of running the pass again), and :func:`run_baseline`, which drives the pass through the learner service
+and switches it to training.
+
+Invariants: the pass's groups are never trained on (the service routes them to the pass); a run that trained
+without a pass never starts one on resume; when no task qualifies the learner stops with an error that lists the
+results.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from arpo_async.config import LearnerConfig
+from arpo_async.tasks import Task
+from learner.task_selection import TaskSelectionError, TaskSelector, check_pool, task_id_of
+
+if TYPE_CHECKING:
+    from learner.service import LearnerService
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+class BaselineExhausted(LookupError):
+    """:meth:`BaselinePass.pick_task` was called after every planned group had been handed out."""
+
+
+def baseline_plan(tasks: Sequence[T], k: int) -> list[tuple[T, int]]:
+    """The baseline pass: ``(task, k)`` for every task, in pool order: run k rollouts of each with the initial policy.
+
+    Args:
+        tasks: the candidate pool (objects with an ``id``), non-empty, unique ids.
+        k: rollouts per task (>= 1; ARPO's procedure is reported second hand, without its k).
+
+    Raises:
+        TaskSelectionError: empty pool, duplicate ids, or k < 1.
+    """
+    check_pool(tasks, task_id_of)
+    if k < 1:
+        raise TaskSelectionError(f"k must be >= 1, got {k}")
+    return [(task, k) for task in tasks]
+
+
+def valuable_tasks(
+    results: Mapping[str, Sequence[float]],
+    min_success: int = 1,
+    *,
+    drop_solved: bool = False,
+    success_threshold: float = 0.5,
+) -> list[str]:
+    """ARPO's valuable tasks: the ids whose baseline results hold at least ``min_success`` successes.
+
+    A result is a success when its evaluator score is ``>= success_threshold`` (OSWorld scores are 0 or 1 for
+    almost every task; 0.5 is the learner's success threshold for metrics). A task with no result (every
+    rollout of it failed to run) is dropped: nothing shows it can be solved.
+
+    Args:
+        results: task id -> evaluator scores of its baseline rollouts (trainable outcomes only).
+        min_success: successes needed to keep a task (>= 1; ARPO: 1).
+        drop_solved: also drop tasks solved in every one of their rollouts (k out of k).
+        success_threshold: the score from which a rollout counts as a success.
+
+    Returns:
+        The kept ids, in the order of ``results``.
+
+    Raises:
+        TaskSelectionError: ``min_success`` < 1 or a score is not finite.
+    """
+    if min_success < 1:
+        raise TaskSelectionError(f"min_success must be >= 1, got {min_success}")
+    kept: list[str] = []
+    for task_id, scores in results.items():
+        if not all(math.isfinite(float(s)) for s in scores):
+            raise TaskSelectionError(f"task {task_id!r}: non-finite score in {list(scores)}")
+        successes = sum(float(s) >= success_threshold for s in scores)
+        if successes < min_success:
+            continue
+        if drop_solved and successes == len(scores):
+            continue
+        kept.append(task_id)
+    return kept
+
+
+class BaselinePass(Generic[T]):
+    """The baseline pass as a task source for the GroupScheduler: ``ceil(k / group_size)`` groups per task.
+
+    Hand it to the scheduler as ``pick_task``; stop handing out new groups once :attr:`exhausted`; feed every
+    complete group to :meth:`record_group`; when :attr:`done`, :meth:`valuable` gives the tasks to train on.
+
+    Args:
+        tasks: the candidate pool (non-empty, unique ids).
+        k: rollouts per task (>= 1); rounded up to whole groups.
+        group_size: G.
+        task_id: a task's id (default: its ``id`` attribute).
+
+    Raises:
+        TaskSelectionError: empty pool, duplicate ids, k < 1 or group_size < 1.
+    """
+
+    def __init__(self, tasks: Sequence[T], k: int, group_size: int, *,
+                 task_id: Callable[[T], str] = task_id_of) -> None:
+        if group_size < 1:
+            raise TaskSelectionError(f"group_size must be >= 1, got {group_size}")
+        self._ids = check_pool(tasks, task_id)
+        if k < 1:
+            raise TaskSelectionError(f"k must be >= 1, got {k}")
+        groups = -(-k // group_size)
+        self._plan: collections.deque[T] = collections.deque(t for _ in range(groups) for t in tasks)
+        self._expected = groups * len(tasks)
+        self._recorded = 0
+        self.results: dict[str, list[float]] = {i: [] for i in self._ids}
+        """Task id -> scores recorded so far."""
+
+    @property
+    def planned_groups(self) -> int:
+        """Groups the pass hands out in all: ``ceil(k / group_size)`` per task."""
+        return self._expected
+
+    @property
+    def recorded_groups(self) -> int:
+        """Groups recorded so far."""
+        return self._recorded
+
+    @property
+    def exhausted(self) -> bool:
+        """Every planned group has been handed out."""
+        return not self._plan
+
+    @property
+    def done(self) -> bool:
+        """Every planned group has been recorded."""
+        return self._recorded >= self._expected
+
+    def pick_task(self) -> T:
+        """The task of the next baseline group (pool order, one round per group of each task).
+
+        Raises:
+            BaselineExhausted: every planned group was already handed out.
+        """
+        if not self._plan:
+            raise BaselineExhausted("the baseline pass has handed out all its groups")
+        return self._plan.popleft()
+
+    def record_group(self, task_id: str, scores: Sequence[float]) -> bool:
+        """Record a complete group's evaluator scores (trainable rollouts only). False for an unknown task."""
+        if task_id not in self.results:
+            return False
+        self.results[task_id].extend(float(s) for s in scores)
+        self._recorded += 1
+        return True
+
+    def valuable(self, min_success: int = 1, *, drop_solved: bool = False,
+                 success_threshold: float = 0.5) -> list[str]:
+        """:func:`valuable_tasks` of the results so far."""
+        return valuable_tasks(self.results, min_success, drop_solved=drop_solved,
+                              success_threshold=success_threshold)
+
+
+BASELINE_FILE = "baseline.json"
+"""The baseline pass's results in the run folder: {"k", "results": {task id: scores}, "valuable": [ids]}."""
+
+
+def plan_baseline(tasks: list[Task], lc: LearnerConfig, path: Path, *, resuming: bool) -> BaselinePass | None:
+    """The baseline pass to run before training, or None: when ``baseline_k`` is 0, when ``path`` holds a
+    finished pass of this run (a restart reuses it), or when resuming a run that trained without one."""
+    if not lc.baseline_k or path.exists():
+        return None
+    if resuming:
+        log.warning("learner.baseline_k=%d but this run already trained without a baseline pass; not running one",
+                    lc.baseline_k)
+        return None
+    return BaselinePass(tasks, lc.baseline_k, lc.group_size)
+
+
+def save_baseline(path: Path, baseline: BaselinePass, lc: LearnerConfig) -> list[str]:
+    """Write the finished baseline pass to ``path`` (atomically) and return the valuable task ids.
+
+    Raises:
+        ValueError: no task met ``baseline_min_success`` (nothing to train on; the message lists the results).
+    """
+    results = baseline.results
+    kept = baseline.valuable(lc.baseline_min_success, drop_solved=lc.baseline_drop_solved)
+    summary = {task_id: f"{sum(s >= 0.5 for s in scores)}/{len(scores)}" for task_id, scores in results.items()}
+    if not kept:
+        raise ValueError(f"the baseline pass found no task with >= {lc.baseline_min_success} successes in "
+                         f"{lc.baseline_k} rollouts (successes per task: {summary}); lower "
+                         "learner.baseline_min_success or set learner.baseline_k=0")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"k": lc.baseline_k, "results": results, "valuable": kept}, indent=1))
+    tmp.replace(path)
+    log.info("baseline pass: kept %d of %d tasks (successes per task: %s)", len(kept), len(results), summary)
+    return kept
+
+
+def load_baseline(path: Path) -> list[str]:
+    """The valuable task ids of a finished baseline pass saved by :func:`save_baseline`.
+
+    Raises:
+        ValueError: the file is not JSON or has no non-empty list of ids under "valuable" (names the file).
+    """
+    try:
+        kept = json.loads(path.read_text())["valuable"]
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a baseline pass result ({type(exc).__name__}: {exc}); remove it to run "
+                         "the pass again") from exc
+    if not isinstance(kept, list) or not kept or not all(isinstance(i, str) for i in kept):
+        raise ValueError(f"{path}: \"valuable\" must be a non-empty list of task ids, got {kept!r}; remove it "
+                         "to run the pass again")
+    return kept
+
+
+def valuable_pool(tasks: list[Task], kept: list[str]) -> list[Task]:
+    """The tasks of ``tasks`` whose ids are in ``kept`` (pool order).
+
+    Raises:
+        ValueError: none of them is in the pool (a baseline.json from another task set).
+    """
+    pool = [t for t in tasks if t.id in set(kept)]
+    if not pool:
+        raise ValueError(f"none of the baseline pass's valuable tasks {kept} is in the task pool; remove "
+                         f"{BASELINE_FILE} from the run folder to run the pass again")
+    return pool
+
+
+def task_selector(tasks: list[Task], lc: LearnerConfig) -> TaskSelector:
+    """The online task selector over ``tasks`` with the configured window, retirement and revisits."""
+    return TaskSelector(tasks, window=lc.task_window, retire=lc.task_retire, revisit_every=lc.task_revisit_every,
+                        revisit_prob=lc.task_revisit_prob, strategy=lc.task_strategy, seed=lc.seed)
+
+
+async def run_baseline(service: LearnerService, baseline: BaselinePass, tasks: list[Task], lc: LearnerConfig,
+                       path: Path, group_budget: int | None) -> None:
+    """Run the pass through ``service`` until every group came back, save it to ``path``, then switch the service
+    to training on the valuable tasks (``group_budget``: None for the async schedule, 0 for lockstep).
+
+    Raises:
+        ValueError: no task met ``learner.baseline_min_success`` (see :func:`save_baseline`).
+    """
+    await service.evaluate(baseline)
+    kept = save_baseline(path, baseline, lc)
+    await service.start_training(task_selector(valuable_pool(tasks, kept), lc), group_budget)
+
+
+def training_pool(tasks: list[Task], lc: LearnerConfig, path: Path) -> list[Task]:
+    """The tasks training uses when no pass runs now: the valuable ones of a finished pass saved at ``path``
+    (with ``learner.baseline_k`` set), else all of ``tasks``.
+
+    Raises:
+        ValueError: ``path`` is malformed or names no task of the pool (see :func:`load_baseline`).
+    """
+    if lc.baseline_k and path.exists():
+        return valuable_pool(tasks, load_baseline(path))
+    return tasks

@@ -1,0 +1,215 @@
+"""Peers and admission: which actors the learner knows, their work requests, and who runs which rollout.
+
+Role: the learner service's half that hands out work. Owns the known peers (when each was last heard, the slots
+its Hello announced, its last Heartbeat's queue depths), the queue of waiting work requests, the running rollouts
+and the peer each was handed to, the request ids seen (with the assignment each got), and the policy version as
+announced to actors. Sends through the ROUTER pump's outbox.
+
+Invariants: a request waits (backpressure) rather than being refused, unless its peer already has as many
+requests waiting or running as its Hello announced slots; a rollout is handed out only while the scheduler has a
+slot and the admission rule (StalenessManager or LockstepAdmission) admits one more; a re-sent request gets the
+assignment it got before while that rollout still runs; a peer silent for ``peer_timeout_s`` is forgotten, its
+waiting requests dropped and its running rollouts handed out again at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import Protocol
+
+from arpo_async.messages import Assignment, Heartbeat, Hello, LearnerStatus, Shutdown, WorkRequest
+from arpo_async.transport import Outbox
+from arpo_async.validation import InvalidMessage
+from learner.scheduler import GroupScheduler
+
+log = logging.getLogger("learner.service")
+
+UNANNOUNCED_SLOTS = 64
+"""Requests a peer may have waiting or running before its Hello arrived (an actor's first requests can overtake
+its Hello; a peer that never says hello gets no more than this)."""
+
+SEEN_IDS = 200_000
+"""Ids remembered for de-duplication (oldest forgotten first)."""
+
+
+class Admission(Protocol):
+    """What the service needs from an admission rule (learner.staleness.StalenessManager,
+    learner.scheduler.LockstepAdmission)."""
+
+    accepted: int
+    running: int
+
+    def can_admit(self, version: int) -> bool: ...
+    def on_start(self) -> None: ...
+    def on_finish(self, accepted: bool) -> None: ...
+    def on_discard(self, count: int) -> None: ...
+
+
+def remember(seen: collections.OrderedDict, key: str, value: object = None) -> None:
+    """Add ``key`` to ``seen``, forgetting the oldest key beyond SEEN_IDS."""
+    seen[key] = value
+    if len(seen) > SEEN_IDS:
+        seen.popitem(last=False)
+
+
+class Peers:
+    """The known actors and the work handed to them (see the module docstring).
+
+    Args:
+        outbox: the ROUTER pump's outbox.
+        scheduler: hands out rollout slots.
+        admission: the admission rule.
+        totals: the run's counters (learner.run_stats.RunStats.totals); this counts ``silent_peers`` and
+            ``assignments_resent`` in it.
+        learner_id: announced in every LearnerStatus.
+        version: the policy version to announce first (a resumed learner's comes from its checkpoint).
+        peer_timeout_s: a peer not heard from for this long (heartbeats come every transport.heartbeat_s) is
+            forgotten.
+    """
+
+    def __init__(self, outbox: Outbox, scheduler: GroupScheduler, admission: Admission,
+                 totals: collections.Counter[str], *, learner_id: str, version: int = 0,
+                 peer_timeout_s: float = 30.0) -> None:
+        self.outbox = outbox
+        self.scheduler = scheduler
+        self.admission = admission
+        self.totals = totals
+        self.learner_id = learner_id
+        self.version = version
+        """The policy version as announced to actors (changed only by :meth:`announce` and :meth:`restore`)."""
+        self.peer_timeout_s = peer_timeout_s
+        self.actors: dict[str, float] = {}
+        """Peer -> when it was last heard from (time.monotonic)."""
+        self.peer_slots: dict[str, int] = {}
+        """Rollout slots each peer announced in its Hello: the most requests it may have waiting or running."""
+        self.actor_queues: dict[str, tuple[int, int, int]] = {}
+        """Peer -> (running, waiting, unacked) from its last Heartbeat (see :meth:`depths`)."""
+        self.waiting: collections.deque[tuple[str, WorkRequest]] = collections.deque()
+        self.assigned: dict[tuple[str, int], str] = {}
+        """Running rollout (group id, rollout index) -> the peer it was handed to."""
+        self._requests_seen: collections.OrderedDict[str, Assignment | None] = collections.OrderedDict()
+        """Request ids seen (None while waiting), with the assignment each got, so a re-sent request whose answer
+        was lost (a full ROUTER queue drops silently) gets the same assignment again."""
+
+    def heard(self, peer: str) -> None:
+        """``peer`` sent something just now."""
+        self.actors[peer] = time.monotonic()
+
+    async def on_hello(self, peer: str, hello: Hello | Heartbeat) -> None:
+        """Note a Hello's slots or a Heartbeat's queue depths, and answer with the learner id and version."""
+        if isinstance(hello, Hello):
+            self.peer_slots[peer] = hello.slots
+        else:
+            self.actor_queues[peer] = (hello.running, hello.waiting, hello.unacked)
+        await self.outbox.send(LearnerStatus(self.learner_id, self.version), peer)
+
+    async def request(self, peer: str, request: WorkRequest) -> None:
+        """Queue a (validated) work request and hand out what the admission rule allows; a repeat gets its
+        assignment again (or keeps waiting).
+
+        Raises:
+            InvalidMessage: reason "slots": ``peer`` already has as many requests waiting or running as its
+                Hello announced (UNANNOUNCED_SLOTS before one).
+        """
+        if request.request_id in self._requests_seen:
+            await self._answer_again(peer, request.request_id)
+            return
+        allowed = self.peer_slots.get(peer, UNANNOUNCED_SLOTS)
+        if self._outstanding(peer) >= allowed:
+            raise InvalidMessage("slots", f"{peer} already has {self._outstanding(peer)} requests waiting or "
+                                          f"running, the {allowed} slots its Hello announced")
+        remember(self._requests_seen, request.request_id)
+        self.waiting.append((peer, request))
+        await self.dispatch()
+
+    def returned(self, group_id: str, rollout_index: int) -> None:
+        """A trajectory for this rollout came back (the peer no longer runs it)."""
+        self.assigned.pop((group_id, rollout_index), None)
+
+    def _outstanding(self, peer: str) -> int:
+        """Requests of ``peer`` waiting, plus rollouts handed to it that have not come back."""
+        return (sum(1 for p, _ in self.waiting if p == peer)
+                + sum(1 for p in self.assigned.values() if p == peer))
+
+    async def dispatch(self) -> None:
+        """Hand out rollouts to waiting requests while the scheduler has slots and the admission rule admits them."""
+        while self.waiting and self.scheduler.has_work and self.admission.can_admit(self.version):
+            peer, request = self.waiting.popleft()
+            rollout = self.scheduler.next_rollout()
+            self.admission.on_start()
+            assignment = Assignment(request.request_id, rollout.task.to_dict(), rollout.group_id,
+                                    rollout.rollout_index, self.version)
+            self.assigned[(rollout.group_id, rollout.rollout_index)] = peer
+            if request.request_id in self._requests_seen:
+                self._requests_seen[request.request_id] = assignment
+            await self.outbox.send(assignment, peer)
+
+    async def _answer_again(self, peer: str, request_id: str) -> None:
+        """A request arrived again: re-send its assignment if it had one and the slot still runs; if it is still
+        waiting, do nothing (it is answered when admitted)."""
+        assignment = self._requests_seen[request_id]
+        if assignment is not None and self.scheduler.is_running(assignment.group_id, assignment.rollout_index):
+            self.totals["assignments_resent"] += 1
+            await self.outbox.send(assignment, peer)
+
+    async def announce(self, version: int) -> None:
+        """Adopt a newly published policy ``version``: announce it to every known actor, admit more work."""
+        self.version = version
+        for peer in list(self.actors):
+            await self.outbox.send(LearnerStatus(self.learner_id, version), peer)
+        await self.dispatch()
+
+    def restore(self, version: int) -> None:
+        """Resume at a checkpoint's policy ``version`` (before any actor is served)."""
+        self.version = version
+
+    async def forget_silent_peers(self, now: float | None = None) -> int:
+        """Drop the waiting requests of every peer silent for ``peer_timeout_s`` and re-issue its running
+        rollouts at once (its trajectories, if it comes back, are then acked as late). Returns the peers dropped."""
+        now = time.monotonic() if now is None else now
+        silent = {peer for peer, seen in self.actors.items() if now - seen > self.peer_timeout_s}
+        if not silent:
+            return 0
+        before = len(self.waiting)
+        self.waiting = collections.deque((p, r) for p, r in self.waiting if p not in silent)
+        slots = [key for key, p in self.assigned.items() if p in silent]
+        for key in slots:
+            del self.assigned[key]
+        reissued = self.scheduler.expire_slots(slots)
+        for _ in range(reissued):
+            self.admission.on_finish(accepted=False)
+        for peer in silent:
+            self.actors.pop(peer, None)
+            self.peer_slots.pop(peer, None)
+        self.totals["silent_peers"] += len(silent)
+        log.warning("%d peer(s) silent for %.0f s (%s): dropped %d waiting requests, re-issued %d rollouts",
+                    len(silent), self.peer_timeout_s, ", ".join(sorted(silent))[:200], before - len(self.waiting),
+                    reissued)
+        await self.dispatch()
+        return len(silent)
+
+    async def expire_loop(self, period_s: float = 5.0) -> None:
+        """Every ``period_s``: re-issue rollouts that never came back (their actor died) and forget silent peers."""
+        while True:
+            await asyncio.sleep(period_s)
+            for _ in range(self.scheduler.expire()):
+                self.admission.on_finish(accepted=False)
+            self.assigned = {key: p for key, p in self.assigned.items() if self.scheduler.is_running(*key)}
+            await self.forget_silent_peers()
+            await self.dispatch()
+
+    async def shutdown(self, reason: str) -> None:
+        """Tell every known actor the run is over."""
+        for peer in list(self.actors):
+            await self.outbox.send(Shutdown(reason), peer)
+
+    def depths(self) -> dict[str, int]:
+        """``waiting_requests`` (not yet admitted), ``running`` (rollouts out) and, summed over the actors heard
+        from, their last Heartbeat's ``actor_running``, ``actor_waiting`` and ``actor_unacked``."""
+        heard = [q for peer, q in self.actor_queues.items() if peer in self.actors]
+        return {"waiting_requests": len(self.waiting), "running": self.admission.running,
+                "actor_running": sum(q[0] for q in heard), "actor_waiting": sum(q[1] for q in heard),
+                "actor_unacked": sum(q[2] for q in heard)}

@@ -1,0 +1,85 @@
+"""Metrics records: what one training batch writes to metrics.jsonl (and TensorBoard, arpo_async.metrics).
+
+Role: pure functions from values to a record; they read no component. Owns the record's keys (documented in
+:func:`step_record`) and the success-rate rule: successes over trainable trajectories (ENV_ERROR and ABORTED never
+count).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Mapping
+
+from arpo_async.messages import Outcome
+from learner.batcher import ScoredGroup
+from learner.run_stats import WindowStats
+
+CORRECTION_STATS = ("is_weight_mean", "is_weight_max", "is_capped_frac", "behaviour_kl", "replayed_tokens",
+                    "replayed_is_weight_mean", "ratio_mean", "approx_kl")
+"""Trainer statistics copied into each metrics record (see learner.grpo.corrected_token_loss)."""
+
+
+def success_rate(outcomes: Mapping[str, int]) -> tuple[float, int]:
+    """(SUCCESS count / trainable count, trainable count) of outcome counts (Outcome value -> trajectories);
+    (0.0, 0) when none is trainable (ENV_ERROR and ABORTED never are)."""
+    trainable = sum(n for outcome, n in outcomes.items() if Outcome(outcome).trainable)
+    return (outcomes.get("SUCCESS", 0) / trainable if trainable else 0.0), trainable
+
+
+def per_task_success(window: WindowStats) -> dict[str, dict[str, float | int]]:
+    """Per-task and per-family success of a window, as metrics.jsonl keys.
+
+    Returns:
+        ``task_success`` {task id: success rate in [0, 1]}, ``task_trajectories`` {task id: trainable
+        trajectories} and ``family_success`` {family: success rate over its tasks' trainable trajectories}; tasks
+        and families with no trainable trajectory in the window are left out.
+    """
+    by_family: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for task_id, outcomes in window.task_outcomes.items():
+        by_family[window.families[task_id]].update(outcomes)
+    per_task = {task_id: success_rate(outcomes) for task_id, outcomes in sorted(window.task_outcomes.items())}
+    per_family = {family: success_rate(outcomes) for family, outcomes in sorted(by_family.items())}
+    return {"task_success": {k: rate for k, (rate, n) in per_task.items() if n},
+            "task_trajectories": {k: n for k, (rate, n) in per_task.items() if n},
+            "family_success": {k: rate for k, (rate, n) in per_family.items() if n}}
+
+
+def step_record(step: int, version: int, batch: list[ScoredGroup], stats: Mapping[str, Any],
+                window: WindowStats, counters: Mapping[str, Any], publish_s: float, wall_s: float,
+                **extra: Any) -> dict[str, Any]:
+    """One metrics.jsonl record.
+
+    Args:
+        step: optimizer steps in all after this batch; version: the policy version it published.
+        batch: the scored groups trained on (non-empty).
+        stats: the trainer's statistics of the batch (``loss`` required; learner.trainer.Trainer.train_batch).
+        window: what arrived since the last batch: success_rate (and task_success, family_success) is over its
+            trainable trajectories, stage_s is p50/p95 of its per-stage timings (arpo_async.stage_timings).
+        counters: the learner's counters now (learner.service.LearnerService.counters): ``replay``,
+            ``task_selection``, ``drops``, ``totals``, ``rejections`` and ``queues`` (queue depths).
+        publish_s, wall_s: seconds the publication took; training wall time in all.
+        extra: schedule-level counters, added as they are.
+
+    staleness_* is the policy lag of the batch's fresh rollouts (replayed successes are old by design and left
+    out).
+    """
+    rewards = [r for g in batch for r in g.rewards]
+    lags = [lag for g in batch for lag in g.fresh_policy_lag] or [0]
+    return {
+        "step": step, "policy_version": version,
+        "trajectories": sum(len(g.trajectories) for g in batch),
+        "success_rate": success_rate(window.outcomes)[0], **per_task_success(window),
+        "batch_success_rate": sum(g.sampled_success for g in batch) / len(batch),
+        "reward_mean": sum(rewards) / len(rewards),
+        "loss": stats["loss"], "grad_norm": stats.get("grad_norm"), "clip_frac": stats.get("clip_frac"),
+        "tokens": stats.get("tokens"), "train_s": stats.get("seconds"), "publish_s": publish_s,
+        "dropped_samples": stats.get("dropped_samples", 0.0),
+        "replay_injections": sum(g.injected for g in batch),
+        "staleness_mean": sum(lags) / len(lags), "staleness_max": max(lags), "staleness_min": min(lags),
+        "correction": {k: stats[k] for k in CORRECTION_STATS if k in stats},
+        "replay": counters["replay"], "task_selection": counters["task_selection"],
+        "outcomes": dict(window.outcomes), "drops": counters["drops"], "totals": counters["totals"],
+        "rejections": counters["rejections"],
+        "stage_s": window.stages.summary(), "queues": counters["queues"],
+        "wall_s": round(wall_s, 3), **extra,
+    }
