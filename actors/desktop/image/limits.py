@@ -1,6 +1,6 @@
 """Limits of the in-container controller, read from the environment once at start, and what enforces them.
 
-Owns: the size limits (ARPO_MAX_*_MB, see controller.py's docstring), the shared memory :class:`Budget` every
+Owns: the size limits (ARPO_MAX_*_MB, see framing.py's docstring), the shared memory :class:`Budget` every
 request reserves from, :class:`HTTPError` (a refusal answered as JSON), and :func:`read_regular_file` (the
 bounded reader behind /file, /wallpaper and /end_recording). Standard library only: runs inside the desktop
 with Debian's python3.
