@@ -1,19 +1,20 @@
 #!/usr/bin/env python3
 """In-container desktop controller: OSWorld's controller HTTP API over a Unix socket; this module wires it.
 
-Runs INSIDE the desktop container with Debian's python3, the standard library, PIL and python3-xlib (and
-python3-pyatspi, run in a child process, for the accessibility routes). It owns the X display ``$DISPLAY``
-(started by entrypoint.sh) and serves, on the Unix socket ``$ARPO_CONTROLLER_SOCKET`` (default
-/run/arpo/controller.sock, mode 0660, in a folder bind-mounted from the host), OSWorld's
-``desktop_env/server/main.py`` API as OSWorld's own PythonController and SetupController call it. Set
-ARPO_CONTROLLER_TCP=host:port to listen on TCP instead (a container with a network).
+Runs INSIDE the desktop container with Debian's python3, the standard library, PIL, python3-xlib,
+python3-werkzeug (multipart forms) and python3-pyatspi (run in a child process, for the accessibility routes).
+It owns the X display ``$DISPLAY`` (started by entrypoint.sh) and serves, on the Unix socket
+``$ARPO_CONTROLLER_SOCKET`` (default /run/arpo/controller.sock, mode 0660, in a folder bind-mounted from the
+host), OSWorld's ``desktop_env/server/main.py`` API as OSWorld's own PythonController and SetupController call
+it. Set ARPO_CONTROLLER_TCP=host:port to listen on TCP instead (a container with a network).
 
 Modules, one per role:
 
     routes.py          every route's path, method, status codes and body shapes (the API, listed there with
                        where ours departs from OSWorld's), and the core routes' handlers
     osworld_routes.py  the routes OSWorld's clients call beyond the actors' core set (marked [o] in routes.py)
-    framing.py         HTTP: listeners, Content-Length checks, body limits, multipart forms, JSON refusals
+    framing.py         HTTP: listeners, Content-Length checks, body limits, JSON answers and refusals
+    forms.py           multipart/form-data bodies split into fields (werkzeug's decoder)
     limits.py          the size limits (ARPO_MAX_*_MB), the shared memory budget, HTTPError, bounded file reads
     reset.py           the in-place reset: the desktop's boot state and POST /reset
     screen.py          screenshots, the pointer, the screen size, whether X is up

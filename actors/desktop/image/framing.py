@@ -1,9 +1,10 @@
-"""The controller's HTTP layer: listeners, request framing, body limits, form parsing, answers and refusals.
+"""The controller's HTTP layer: listeners, request framing, body limits, answers and refusals.
 
 Owns: the threaded Unix-socket and TCP servers (:func:`listen`), and :class:`RequestHandler`, the base of the
 controller's handler (routes.py): it checks and reads each request's body, reserves its memory from the
 budget, runs the route, and turns every failure into a JSON answer. Routes use its helpers ``_json_body``,
-``_form``, ``_send``, ``_json``, ``_text`` and ``release_body`` (osworld_routes.py's handlers too).
+``_form`` (multipart bodies split by forms.py), ``_send``, ``_json``, ``_text`` and ``release_body``
+(osworld_routes.py's handlers too).
 
 Limits (ours; OSWorld's server has none). Every request body needs a Content-Length (411 without one, 400
 when it is not a plain non-negative integer or a Transfer-Encoding is sent, 413 above the limit); errors are
@@ -27,70 +28,19 @@ name, then renamed), mode 0660.
 """
 from __future__ import annotations
 
-import base64
 import contextlib
-import email.parser
-import email.policy
 import json
 import os
-import quopri
 import re
 import socketserver
 import sys
 import urllib.parse
 from http.server import BaseHTTPRequestHandler
 
+from forms import is_multipart, parse_multipart
 from limits import (
-    BODY_EXPANSION, DRAIN_MAX_BYTES, IO_TIMEOUT_S, JSON_EXPANSION, MAX_BODY_BYTES, MAX_JSON_BYTES,
-    MULTIPART_HEADER_MAX, HTTPError, budget,
+    BODY_EXPANSION, DRAIN_MAX_BYTES, IO_TIMEOUT_S, JSON_EXPANSION, MAX_BODY_BYTES, MAX_JSON_BYTES, HTTPError, budget,
 )
-
-
-def parse_multipart(content_type: str, body: bytes) -> dict[str, bytes]:
-    """Form fields of a multipart/form-data body -> {name: raw bytes}; ValueError when it is malformed.
-
-    Cuts each part out of ``body`` once (the email package would hold several copies of a large upload);
-    only part headers go through the email package. Base64 and quoted-printable parts are decoded.
-    """
-    ctype = email.parser.BytesHeaderParser(policy=email.policy.HTTP).parsebytes(
-        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n")
-    boundary = ctype.get_param("boundary", header="content-type")
-    if not boundary or not isinstance(boundary, str):
-        raise ValueError("multipart/form-data without a boundary")
-    delimiter = b"--" + boundary.encode("latin-1")
-    pos = body.find(delimiter)
-    if pos < 0:
-        raise ValueError("multipart body without its boundary")
-    fields: dict[str, bytes] = {}
-    while True:
-        pos += len(delimiter)
-        if body.startswith(b"--", pos):  # the closing delimiter
-            return fields
-        line_end = body.find(b"\r\n", pos)  # the rest of the delimiter line (transport padding)
-        if line_end < 0:
-            raise ValueError("multipart part without headers")
-        start = line_end + 2
-        if body.startswith(b"\r\n", start):
-            raw_headers, data_start = b"", start + 2
-        else:
-            head_end = body.find(b"\r\n\r\n", start, start + MULTIPART_HEADER_MAX)
-            if head_end < 0:
-                raise ValueError("multipart part headers do not end (or exceed 16 KiB)")
-            raw_headers, data_start = body[start:head_end], head_end + 4
-        end = body.find(b"\r\n" + delimiter, data_start)
-        if end < 0:
-            raise ValueError("multipart body is not terminated by its boundary")
-        headers = email.parser.BytesHeaderParser(policy=email.policy.HTTP).parsebytes(raw_headers + b"\r\n\r\n")
-        name = headers.get_param("name", header="content-disposition")
-        if name is not None:
-            data = body[data_start:end]
-            encoding = str(headers.get("content-transfer-encoding", "")).strip().lower()
-            if encoding == "base64":
-                data = base64.b64decode(data)
-            elif encoding == "quoted-printable":
-                data = quopri.decodestring(data)
-            fields[str(name)] = data
-        pos = end + 2
 
 
 _DIGITS = re.compile(r"[0-9]+")
@@ -117,11 +67,6 @@ def content_length(headers, method: str) -> int:
         raise HTTPError(413, f"request body of {n} bytes exceeds the controller's limit of {MAX_BODY_BYTES} bytes "
                              "(ARPO_MAX_BODY_MB)")
     return n
-
-
-def _is_form(ctype: str) -> bool:
-    return ctype.split(";", 1)[0].strip().lower() == "multipart/form-data"
-
 
 
 class RequestHandler(BaseHTTPRequestHandler):
@@ -153,7 +98,7 @@ class RequestHandler(BaseHTTPRequestHandler):
     def _form(self) -> dict[str, bytes]:
         ctype = self.headers.get("Content-Type", "")
         body = self._body()
-        if _is_form(ctype):
+        if is_multipart(ctype):
             try:
                 return parse_multipart(ctype, body)
             except ValueError as exc:
@@ -219,7 +164,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         try:
             with self._hold:
                 n = content_length(self.headers, self.command)
-                multipart = _is_form(self.headers.get("Content-Type", ""))
+                multipart = is_multipart(self.headers.get("Content-Type", ""))
                 if n > MAX_JSON_BYTES and not multipart:
                     raise HTTPError(413, f"a request body that is not multipart/form-data may have at most "
                                          f"{MAX_JSON_BYTES} bytes (ARPO_MAX_JSON_MB); this one has {n}")
