@@ -10,9 +10,6 @@ from __future__ import annotations
 import base64
 import quopri
 
-from werkzeug.http import parse_options_header
-from werkzeug.sansio.multipart import Data, Epilogue, Field, File, MultipartDecoder, NeedData
-
 MULTIPART_CHUNK = 64 * 1024
 
 
@@ -34,6 +31,11 @@ def parse_multipart(content_type: str, body: bytes) -> dict[str, bytes | bytearr
     """Form fields of a multipart/form-data body -> {name: bytes}; ValueError when it is malformed (no
     boundary, a part without Content-Disposition, a body that does not end with its closing boundary).
     Parts without a name are skipped; base64 and quoted-printable parts are decoded."""
+    # Imported on first use: the werkzeug package pulls in its server and test client (~0.1-0.2 s), which
+    # would otherwise delay every desktop's start (its controller answering /health).
+    from werkzeug.http import parse_options_header
+    from werkzeug.sansio.multipart import Data, Epilogue, Field, File, MultipartDecoder, NeedData
+
     boundary = parse_options_header(content_type)[1].get("boundary")
     if not boundary:
         raise ValueError("multipart/form-data without a boundary")
