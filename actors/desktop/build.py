@@ -2,11 +2,11 @@
 and ``arpo-desktop-osworld:<hash>`` (profile "osworld", OSWorld's apps and session).
 
 Profile "default" (small; the default for ``arpo run``). The recipe is the folder ``actors/desktop/image/``
-(packages.txt, python-wheels.txt, entrypoint.sh, controller.py, openbox config, apps/). The tag's version is a
-short hash of that folder's content, so changing the recipe gives a new tag and a rebuild. python-wheels.txt
-pins pure-Python packages from PyPI (pyautogui and its dependencies, for OSWorld's pyautogui action strings);
-the host's pip installs them into the image's /usr/lib/python3/dist-packages (:func:`install_wheels`), on both
-build paths. Two ways to build, chosen automatically:
+(packages.txt, python-wheels.txt, entrypoint.sh, controller.py and its modules, openbox config, apps/). The tag's
+version is a short hash of that folder's content, so changing the recipe gives a new tag and a rebuild.
+python-wheels.txt pins pure-Python packages from PyPI (pyautogui and its dependencies, for OSWorld's pyautogui
+action strings); the host's pip installs them into the image's /usr/lib/python3/dist-packages
+(:func:`install_wheels`), on both build paths. Two ways to build, chosen automatically:
 
 * a Debian bookworm base image is present locally (``debian:bookworm``): ``docker build --network host``
   with a generated Dockerfile;

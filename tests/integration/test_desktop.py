@@ -7,6 +7,7 @@ Every built-in task is proven to score 0.0 untouched and 1.0 after a scripted co
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
 import os
@@ -377,6 +378,30 @@ async def test_controller_refuses_an_oversized_content_length(fleet):
                                                  b"Content-Length: %d\r\n\r\n" % len(body), body)
     assert code == 413 and "ARPO_MAX_JSON_MB" in answer["message"], answer
     await assert_healthy(desktop.controller)
+
+
+async def test_multipart_forms_as_the_decoder_splits_them(fleet):
+    """/setup/upload and /file bodies go through werkzeug's multipart decoder (image/forms.py, fed in 64 KiB
+    slices): boundary-like bytes across slice edges arrive intact, a base64 part is decoded, and a body without
+    its closing boundary is a 400 that leaves the controller serving."""
+    desktop = await fleet.start()
+    c = desktop.controller
+    data = (b"\r\n--" + b"x" * 70 + b"\r\n--\r\n\r") * 4000  # ~320 KB of near-boundaries
+    await c.upload("/tmp/edge.bin", data)
+    assert await c.get_file("/tmp/edge.bin") == data
+    part = (b"--b\r\nContent-Disposition: form-data; name=file_path\r\nContent-Transfer-Encoding: base64\r\n\r\n"
+            + base64.b64encode(b"/tmp/no-such-file") + b"\r\n--b--\r\n")
+
+    def head(body: bytes) -> bytes:
+        return (b"POST /file HTTP/1.1\r\nHost: d\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body))
+
+    code, answer, _ = await raw_request(desktop, head(part), part)
+    assert code == 404 and "/tmp/no-such-file" in answer["message"], answer
+    unterminated = part[:-len(b"--b--\r\n")]
+    code, answer, _ = await raw_request(desktop, head(unterminated), unterminated)
+    assert code == 400 and "multipart/form-data" in answer["message"], answer
+    await assert_healthy(c)
 
 
 async def test_file_refuses_dev_zero_and_other_non_regular_files(fleet):

@@ -1,6 +1,6 @@
 """Limits of the in-container controller, read from the environment once at start, and what enforces them.
 
-Owns: the size limits (ARPO_MAX_*_MB, see controller.py's docstring), the shared memory :class:`Budget` every
+Owns: the size limits (ARPO_MAX_*_MB, see framing.py's docstring), the shared memory :class:`Budget` every
 request reserves from, :class:`HTTPError` (a refusal answered as JSON), and :func:`read_regular_file` (the
 bounded reader behind /file, /wallpaper and /end_recording). Standard library only: runs inside the desktop
 with Debian's python3.
@@ -40,10 +40,9 @@ BUDGET_BYTES = 2 * max(MAX_BODY_BYTES, MAX_FILE_BYTES)
 """Bytes all requests together may hold at once (bodies, files read, /execute answers): see Budget."""
 BUDGET_WAIT_S = 30.0
 JSON_EXPANSION = 32  # a JSON body of n bytes may parse into ~30 n bytes of Python objects ([{},{},...])
-BODY_EXPANSION = 2  # a multipart body is held twice: the body and the file bytes cut out of it
+BODY_EXPANSION = 2  # a multipart body is held twice: the body and its fields' bytes (forms.py)
 ANSWER_EXPANSION = 16  # /execute: n captured bytes -> str (<= 4 n) + JSON (<= 6 n, \ufffd escapes) + its bytes
 IO_TIMEOUT_S = 120.0  # a connection idle (or a body stalled) this long is closed
-MULTIPART_HEADER_MAX = 16 * 1024
 DRAIN_MAX_BYTES = 256 * MIB  # a refused body up to this size is read and dropped, so the client sees the answer
 
 class Budget:

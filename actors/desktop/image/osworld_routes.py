@@ -1,11 +1,11 @@
 """The controller's routes that OSWorld's host-side clients call beyond the actors' core set.
 
 Each route mirrors OSWorld desktop_env/server/main.py (its request and response shapes, its status codes) and is
-called by OSWorld's PythonController or SetupController (desktop_env/controllers/python.py, setup.py); the
-controller's module docstring lists them with their shapes, and where ours departs ("ours"). Handlers take the
-controller's request handler ``h`` (its ``_json_body``, ``_form``, ``_json``, ``_text``, ``_send``) and run
-under its hardening: body limits, the memory budget, errors as JSON. Standard library, python3-xlib and (for
-/accessibility and /terminal) python3-pyatspi only.
+called by OSWorld's PythonController or SetupController (desktop_env/controllers/python.py, setup.py); routes.py's
+docstring lists them (marked [o]) with their shapes, and where ours departs ("ours"). Handlers take the
+controller's request handler ``h`` (framing.RequestHandler: its ``_json_body``, ``_form``, ``_json``,
+``_text``, ``_send``) and run under its hardening: body limits, the memory budget, errors as JSON. Standard
+library, python3-xlib and (for /accessibility and /terminal) python3-pyatspi only.
 """
 from __future__ import annotations
 
