@@ -14,7 +14,7 @@ Invariants:
   finishes booting (first come, first served);
 - a desktop serves at most ``max_episodes`` episodes: :meth:`release` resets a reusable one in place (the
   controller's POST /reset, ~0.13 s: apps killed, files under /root and /tmp put back, pointer parked; see
-  actors/desktop/image/controller.py) and hands it out again; a desktop that reached ``max_episodes``, whose
+  actors/desktop/image/reset.py) and hands it out again; a desktop that reached ``max_episodes``, whose
   episode hit an environment error, or whose reset failed is removed (in the background) and the refill rule
   starts a replacement. ``max_episodes=1`` gives every episode a fresh container (nothing can leak);
 - a start that fails is retried ``start_attempts`` times with exponential backoff (``retry_base_s * 2**i``,
