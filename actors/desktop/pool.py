@@ -36,6 +36,8 @@ import logging
 import time
 from typing import Self
 
+import tenacity
+
 from actors.desktop.controller_client import DesktopError
 from actors.desktop.fleet import Desktop, DesktopFleet
 from arpo_async.config import ActorConfig
@@ -315,18 +317,26 @@ class DesktopPool:
             self._wake.set()
 
     async def _start_with_retry(self) -> Desktop:
-        last: DesktopError | None = None
-        for attempt in range(1, self.start_attempts + 1):
-            try:
-                async with self._start_slots:
-                    return await self.fleet.start()
-            except DesktopError as exc:
-                last = exc
-                self.stats["start_failures"] += 1
-                log.warning("desktop start failed (try %d of %d): %s", attempt, self.start_attempts, exc)
-                if attempt < self.start_attempts:
-                    await asyncio.sleep(min(self.retry_base_s * 2 ** (attempt - 1), self.retry_max_s))
-        raise DesktopError(f"could not start a desktop in {self.start_attempts} tries: {last}")
+        """One desktop, started under a start slot, tried ``start_attempts`` times (tenacity: waits of
+        ``retry_base_s * 2**(i-1)`` capped at ``retry_max_s``). Raises DesktopError after the last failure."""
+
+        def failed(state: tenacity.RetryCallState) -> None:
+            self.stats["start_failures"] += 1
+            log.warning("desktop start failed (try %d of %d): %s", state.attempt_number, self.start_attempts,
+                        state.outcome.exception())
+
+        retrying = tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(self.start_attempts),
+            wait=tenacity.wait_exponential(multiplier=self.retry_base_s, min=0, max=self.retry_max_s),
+            retry=tenacity.retry_if_exception_type(DesktopError), after=failed, reraise=True)
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    async with self._start_slots:
+                        desktop = await self.fleet.start()
+        except DesktopError as exc:
+            raise DesktopError(f"could not start a desktop in {self.start_attempts} tries: {exc}") from exc
+        return desktop
 
     def _deliver(self, desktop: Desktop) -> None:
         """Hand a booted desktop to the oldest waiter, else keep it as a spare."""
