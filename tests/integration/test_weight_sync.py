@@ -56,10 +56,10 @@ async def test_distributed_sync_matches_disk_and_survives_a_server_killed_mid_sy
     trainer.train_step(batch(model_dir, 0))
     disk_server = ServeProcess(model_dir, free_port(), tmp_path)
     net_server = ServeProcess(model_dir, free_port(), tmp_path)
-    disk_server.start()
-    net_server.start()
     retry = RetryPolicy(attempts=2, request_timeout_s=30.0, admin_timeout_s=30.0)
     try:
+        disk_server.start()  # inside the try: a server that fails to start never leaves the other running
+        net_server.start()
         async with PolicyClient([disk_server.url, net_server.url], retry=retry) as client:
             before, _ = await scored(net_server.url, model_dir)
             disk = WeightPublisher(client, [disk_server.url], tmp_path / "weights")
