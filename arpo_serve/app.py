@@ -247,9 +247,9 @@ def _receive_buffers(body: dict) -> tuple[list[str], list[torch.Tensor], torch.T
         if load_format is not None:
             raise RequestError(f"unsupported load_format {load_format!r} (None or {FLATTENED_BUCKET!r})")
         return [str(n) for n in names], [torch.empty(d, dtype=t) for t, d in zip(torch_dtypes, dims)], None
-    except (TypeError, ValueError, RuntimeError) as e:
-        if isinstance(e, RequestError):
-            raise
+    except RequestError:
+        raise
+    except (TypeError, ValueError, RuntimeError) as e:  # unknown dtype, bad dimension, allocation refused
         raise RequestError(f"bad dtypes or shapes: {e}") from e
 
 

@@ -217,7 +217,11 @@ async def verify_server(client: PolicyClient, url: str, tensors: dict[str, torch
         served = served_checksums(answer)
     except ValueError as error:
         raise WeightsMismatch(f"{url} /weights_checker: {error}") from error
-    check = await asyncio.to_thread(compare_checksums, served, tensors, _served_dtype(info, trainer), _hasher(info))
+    try:
+        dtype = _served_dtype(info, trainer)
+    except ValueError as error:
+        raise WeightsMismatch(f"{url} get_server_info: cannot tell its weights' dtype: {error}") from error
+    check = await asyncio.to_thread(compare_checksums, served, tensors, dtype, _hasher(info))
     if not check.ok:
         raise WeightsMismatch(f"{url} /weights_checker: {len(check.mismatched)} of {check.compared} weights differ "
                               f"from the learner's after the publication (first: {check.mismatched[:5]}; "
@@ -314,7 +318,10 @@ class DistributedPublisher:
         (SGLang: rank_offset + tp_rank; ``tp_size`` from /get_server_info, 1 when it does not say)."""
         self._joins += 1
         name = f"arpo-weights-{index}-{self._token}-{self._joins}"
-        world = 1 + int((await self._client.server_info(url)).get("tp_size") or 1)
+        tp_size = (await self._client.server_info(url)).get("tp_size") or 1
+        if not isinstance(tp_size, int) or isinstance(tp_size, bool) or not 1 <= tp_size <= 4096:
+            raise PublishError(f"{url} get_server_info reports tp_size {tp_size!r}: not a rank count")
+        world = 1 + tp_size
         port = _free_port(self.host)
         joining = asyncio.create_task(self._client.init_weights_update_group(
             url, master_address=self.host, master_port=port, rank_offset=1, world_size=world, group_name=name,

@@ -59,3 +59,23 @@ async def test_a_server_that_never_joins_is_skipped_after_the_rendezvous_timeout
     assert "/begin_weight_update" not in calls and "/update_weights_from_distributed" not in calls
     [line] = [r.getMessage() for r in caplog.records if "weight sync of version 1" in r.getMessage()]
     assert url in line and "cannot join weight group" in line
+
+
+async def test_a_server_reporting_a_nonsense_tp_size_is_skipped_with_a_reason(tmp_path, caplog):
+    model = create_tiny_model(tmp_path / "policy", seed=0)
+    trainer = Trainer(model, TrainerConfig(lr=1e-2))
+    calls: list[str] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        calls.append(request.path)
+        if request.path == "/get_server_info":
+            return web.json_response({"tp_size": "eight"})
+        return web.Response() if request.path == "/health" else web.json_response({"success": True})
+
+    async with catch_all_http_server(answer) as url:
+        async with PolicyClient([url], retry=RETRY) as client:
+            publisher = DistributedPublisher(client, [url], timeout_s=3.0)
+            with caplog.at_level(logging.WARNING, logger="arpo.learner.publish"):
+                await publisher.publish_from(trainer, 1)
+    assert publisher.failures == 1 and "/init_weights_update_group" not in calls
+    assert any("tp_size 'eight'" in r.getMessage() and url in r.getMessage() for r in caplog.records)
