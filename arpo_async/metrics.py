@@ -104,6 +104,12 @@ class MetricsWriter:
         if self.tensorboard is not None:
             self.tensorboard.close()
 
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """All complete records in a metrics.jsonl (an unfinished last line is skipped); [] if absent."""

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,6 +119,30 @@ def router_socket(ctx: zmq.asyncio.Context, config: TransportConfig, bind_wait_s
                 sock.close(linger=0)
                 raise
             time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def learner_socket(config: TransportConfig) -> Iterator[zmq.asyncio.Socket]:
+    """The learner's bound ROUTER (:func:`router_socket`) in a ZeroMQ context of its own, with CURVE's
+    authenticator running when configured (:func:`start_authenticator`) and the :func:`exposure_warning` logged;
+    on exit the authenticator stops and the context is destroyed with linger 0. Enter it inside the running
+    event loop.
+
+    Raises:
+        TransportSecurityError: CURVE on but a certificate or the authorized-keys folder is unreadable.
+        zmq.ZMQError: the endpoint cannot be bound.
+    """
+    ctx = zmq.asyncio.Context()
+    authenticator = None
+    try:
+        authenticator = start_authenticator(ctx, config)
+        if warning := exposure_warning(config):
+            log.warning("%s", warning)
+        yield router_socket(ctx, config)
+    finally:
+        if authenticator is not None:
+            authenticator.stop()
+        ctx.destroy(linger=0)
 
 
 def dealer_socket(ctx: zmq.asyncio.Context, config: TransportConfig, identity: str) -> zmq.asyncio.Socket:

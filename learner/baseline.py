@@ -7,8 +7,9 @@ optionally dropping tasks already solved k times out of k (they would only give 
 
 Owns: :class:`BaselinePass` (the pass as a task source for the GroupScheduler, and its results), the pure rule
 :func:`valuable_tasks`, ``<run>/baseline.json`` (written once the pass is over; a restarted learner reuses it
-instead of running the pass again), and :func:`run_baseline`, which drives the pass through the learner service
-and switches it to training.
+instead of running the pass again), and :class:`TaskPlan` (made by :func:`plan_tasks`): where the learner's tasks
+come from as it starts, and :meth:`TaskPlan.run_baseline`, which drives the pass through the learner service and
+switches it to training.
 
 Invariants: the pass's groups are never trained on (the service routes them to the pass); a run that trained
 without a pass never starts one on resume; when no task qualifies the learner stops with an error that lists the
@@ -22,6 +23,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -243,19 +245,6 @@ def task_selector(tasks: list[Task], lc: LearnerConfig) -> TaskSelector:
                         revisit_prob=lc.task_revisit_prob, strategy=lc.task_strategy, seed=lc.seed)
 
 
-async def run_baseline(service: LearnerService, baseline: BaselinePass, tasks: list[Task], lc: LearnerConfig,
-                       path: Path, group_budget: int | None) -> None:
-    """Run the pass through ``service`` until every group came back, save it to ``path``, then switch the service
-    to training on the valuable tasks (``group_budget``: None for the async schedule, 0 for lockstep).
-
-    Raises:
-        ValueError: no task met ``learner.baseline_min_success`` (see :func:`save_baseline`).
-    """
-    await service.evaluate(baseline)
-    kept = save_baseline(path, baseline, lc)
-    await service.start_training(task_selector(valuable_pool(tasks, kept), lc), group_budget)
-
-
 def training_pool(tasks: list[Task], lc: LearnerConfig, path: Path) -> list[Task]:
     """The tasks training uses when no pass runs now: the valuable ones of a finished pass saved at ``path``
     (with ``learner.baseline_k`` set), else all of ``tasks``.
@@ -266,3 +255,59 @@ def training_pool(tasks: list[Task], lc: LearnerConfig, path: Path) -> list[Task
     if lc.baseline_k and path.exists():
         return valuable_pool(tasks, load_baseline(path))
     return tasks
+
+
+@dataclass
+class TaskPlan:
+    """Where the learner's tasks come from as it starts: a baseline pass over every task first (``baseline`` set,
+    ``selector`` None until the pass is over), or training at once on ``pool`` with ``selector``.
+
+    Attributes:
+        tasks: every candidate task (learner.tasks / task_ids).
+        pool: the tasks the scheduler starts with: all of them for a pass, else the valuable ones of a finished
+            pass (a restart) or all of them (no pass).
+        baseline: the pass to run before training, or None.
+        selector: the online task selector over ``pool``, or None while a pass is due.
+        path: <run>/baseline.json.
+    """
+
+    tasks: list[Task]
+    pool: list[Task]
+    baseline: BaselinePass | None
+    selector: TaskSelector | None
+    path: Path
+
+    @property
+    def pick_task(self) -> Callable[[], Task]:
+        """The scheduler's task source now: the pass's while one is due, else the selector's."""
+        return (self.baseline or self.selector).pick_task
+
+    async def run_baseline(self, service: LearnerService, lc: LearnerConfig, group_budget: int | None) -> None:
+        """Run the pass through ``service`` until every group came back, save it to ``path``, then switch the
+        service to training on the valuable tasks (``group_budget``: None for the async schedule, 0 for lockstep).
+        Does nothing when no pass is due.
+
+        Raises:
+            ValueError: no task met ``learner.baseline_min_success`` (see :func:`save_baseline`).
+        """
+        if self.baseline is None:
+            return
+        await service.evaluate(self.baseline)
+        kept = save_baseline(self.path, self.baseline, lc)
+        self.pool = valuable_pool(self.tasks, kept)
+        self.selector = task_selector(self.pool, lc)
+        await service.start_training(self.selector, group_budget)
+
+
+def plan_tasks(tasks: list[Task], lc: LearnerConfig, run: Path, *, resuming: bool) -> TaskPlan:
+    """The learner's :class:`TaskPlan` for the run folder ``run`` (``resuming``: it holds a checkpoint).
+
+    Raises:
+        ValueError: a finished pass's <run>/baseline.json is malformed or names no task of ``tasks``.
+    """
+    path = run / BASELINE_FILE
+    baseline = plan_baseline(tasks, lc, path, resuming=resuming)
+    if baseline is not None:
+        return TaskPlan(tasks, tasks, baseline, None, path)
+    pool = training_pool(tasks, lc, path)
+    return TaskPlan(tasks, pool, None, task_selector(pool, lc), path)

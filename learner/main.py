@@ -26,7 +26,6 @@ import uuid
 
 import torch
 import torch.distributed as dist
-import zmq.asyncio
 
 from arpo_async.config import ConfigError, LearnerConfig, RunConfig, load_config
 from arpo_async.config_doc import add_config_arguments
@@ -34,9 +33,8 @@ from arpo_async.inference_client import PolicyClient
 from arpo_async.metrics import MetricsWriter
 from arpo_async.process import run_until_signal, setup_logging
 from arpo_async.tasks import Task, load_tasks
-from arpo_async.transport import (INBOX_SIZE, Envelope, Outbox, SocketPump, exposure_warning, router_socket,
-                                  start_authenticator)
-from learner.baseline import BASELINE_FILE, plan_baseline, run_baseline, task_selector, training_pool
+from arpo_async.transport import INBOX_SIZE, Envelope, Outbox, SocketPump, learner_socket
+from learner.baseline import plan_tasks
 from learner.batcher import Batcher, BatchQueue
 from learner.checkpoint import Checkpointer, checkpoint_folders
 from learner.distributed import LeadTrainer, RankGroupError, follow, init_ranks, leave, torchrun_world
@@ -92,67 +90,51 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
 
     ``trainer``: the trainer to drive (under torchrun, rank 0's :class:`LeadTrainer`); None = load one here."""
     lc, run, learner_id = config.learner, config.run_path, uuid.uuid4().hex[:12]
-    lockstep, tasks = lc.schedule == "lockstep", select_tasks(lc)
+    lockstep, tasks = lc.schedule == "lockstep", select_tasks(lc)  # a bad task filter stops before the model loads
     if trainer is None:
         trainer = await asyncio.to_thread(Trainer, config.model_path, trainer_config(lc))
     vocab_size = trainer.model.config.text_config.vocab_size
-    baseline = plan_baseline(tasks, lc, run / BASELINE_FILE, resuming=bool(checkpoint_folders(run / "checkpoints")))
-    pool = tasks if baseline else training_pool(tasks, lc, run / BASELINE_FILE)  # the valuable tasks, on resume
-    selector = None if baseline else task_selector(pool, lc)
-    scheduler = GroupScheduler(pool, lc.group_size, max_retries=lc.rollout_retries, seed=lc.seed,
-                               group_budget=0 if baseline or lockstep else None, id_prefix=f"{learner_id[:6]}-",
-                               pick_task=(baseline or selector).pick_task)
+    plan = plan_tasks(tasks, lc, run, resuming=bool(checkpoint_folders(run / "checkpoints")))
+    scheduler = GroupScheduler(plan.pool, lc.group_size, max_retries=lc.rollout_retries, seed=lc.seed,
+                               group_budget=0 if plan.baseline or lockstep else None, id_prefix=f"{learner_id[:6]}-",
+                               pick_task=plan.pick_task)
     admission = (LockstepAdmission(lc.batch_trajectories) if lockstep
                  else StalenessManager(lc.batch_trajectories, lc.max_staleness))
     replay = replay_buffer(lc)
     batcher = Batcher(replay, max_staleness=lc.max_staleness, groups_per_step=lc.groups_per_step,
                       format_reward_weight=lc.format_reward_weight, stratified=lc.stratified)
-    client = PolicyClient(list(config.actors.inference_urls), api_key=config.serve.api_key)
-    ctx = zmq.asyncio.Context()
-    authenticator = start_authenticator(ctx, config.transport)
-    if warning := exposure_warning(config.transport):
-        log.warning("%s", warning)
     inbox: asyncio.Queue[Envelope] = asyncio.Queue(INBOX_SIZE)  # ROUTER pump -> service
     outbox = Outbox(routed=True)  # service -> ROUTER pump
     batches = BatchQueue(1)  # service -> training loop
-    pump = SocketPump(router_socket(ctx, config.transport), inbox=inbox, outbox=outbox,
-                      max_bytes=config.transport.max_message_bytes)
     service = LearnerService(outbox, scheduler, admission, batcher, batches=batches, rounds=lockstep,
-                             learner_id=learner_id, selector=selector, vocab_size=vocab_size,
+                             learner_id=learner_id, selector=plan.selector, vocab_size=vocab_size,
                              peer_timeout_s=config.transport.peer_timeout_s,
                              sampler=TrajectorySampler(run / "trajectories", rate=lc.sample_trajectories,
                                                        disk_mb=lc.sample_disk_mb))
-    metrics: MetricsWriter | None = None
-    try:
-        loop = TrainingLoop(service, batches, trainer, weight_publisher(config, client),
-                            Checkpointer(run / "checkpoints", keep=lc.keep_checkpoints), replay, lc,
-                            forced=ForcedTokens(config.model_path, vocab_size) if lc.mask_forced_tokens else None)
-        await loop.resume(run / "metrics.jsonl")
-        metrics = MetricsWriter(run / "metrics.jsonl", tensorboard=run / "tb" if lc.tensorboard else None)
-        log.info("learner %s on %s (%s): %d tasks, G=%d, B=%d, eta=%d, from step %d / version %d", learner_id,
-                 config.transport.endpoint, lc.schedule, len(pool), lc.group_size, lc.batch_trajectories,
-                 lc.max_staleness, service.step, service.version)
-        async with asyncio.TaskGroup() as tg:
-            background = [tg.create_task(pump.run()), tg.create_task(service.serve(inbox)),
-                          tg.create_task(service.peers.expire_loop()),
-                          tg.create_task(write_status(run / "status.json", service.status)),
-                          tg.create_task(service.watch_stall(lc.stall_warning_s, lc.stall_timeout_s))]
-            if isinstance(trainer, LeadTrainer):
-                background.append(tg.create_task(keep_ranks_alive(trainer)))
-            if baseline is not None:
-                await run_baseline(service, baseline, tasks, lc, run / BASELINE_FILE, 0 if lockstep else None)
-            await loop.run(metrics)
-            await service.shutdown_actors("training finished")
-            await outbox.flush()
-            for task in background:
-                task.cancel()
-    finally:
-        if metrics is not None:
-            metrics.close()
-        await client.aclose()
-        if authenticator is not None:
-            authenticator.stop()
-        ctx.destroy(linger=0)
+    with learner_socket(config.transport) as socket:
+        pump = SocketPump(socket, inbox=inbox, outbox=outbox, max_bytes=config.transport.max_message_bytes)
+        async with PolicyClient(list(config.actors.inference_urls), api_key=config.serve.api_key) as client:
+            loop = TrainingLoop(service, batches, trainer, weight_publisher(config, client),
+                                Checkpointer(run / "checkpoints", keep=lc.keep_checkpoints), replay, lc,
+                                forced=ForcedTokens(config.model_path, vocab_size) if lc.mask_forced_tokens else None)
+            await loop.resume(run / "metrics.jsonl")
+            log.info("learner %s on %s (%s): %d tasks, G=%d, B=%d, eta=%d, from step %d / version %d", learner_id,
+                     config.transport.endpoint, lc.schedule, len(plan.pool), lc.group_size, lc.batch_trajectories,
+                     lc.max_staleness, service.step, service.version)
+            with MetricsWriter(run / "metrics.jsonl", tensorboard=run / "tb" if lc.tensorboard else None) as metrics:
+                async with asyncio.TaskGroup() as tg:
+                    background = [tg.create_task(pump.run()), tg.create_task(service.serve(inbox)),
+                                  tg.create_task(service.peers.expire_loop()),
+                                  tg.create_task(write_status(run / "status.json", service.status)),
+                                  tg.create_task(service.stats.watch_stall(lc.stall_warning_s, lc.stall_timeout_s))]
+                    if isinstance(trainer, LeadTrainer):
+                        background.append(tg.create_task(keep_ranks_alive(trainer)))
+                    await plan.run_baseline(service, lc, 0 if lockstep else None)
+                    await loop.run(metrics)
+                    await service.shutdown_actors("training finished")
+                    await outbox.flush()
+                    for task in background:
+                        task.cancel()
 
 
 def run_ranks(config: RunConfig) -> int:

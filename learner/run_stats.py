@@ -84,6 +84,8 @@ class RunStats:
         """The batcher's zero-variance drop count at the last optimizer step."""
         self.stall: str | None = None
         """Why no optimizer step is happening, while that lasts (shown in status.json and the progress line)."""
+        self.evaluating = False
+        """True while the baseline pass runs (set by LearnerService.evaluate): the stall check is quiet then."""
 
     def on_step(self) -> None:
         """An optimizer step finished just now: restart the stall clock."""
@@ -94,14 +96,13 @@ class RunStats:
         """Training starts now (after the baseline pass): restart the stall clock."""
         self.last_step_at = time.monotonic()
 
-    def stall_reason(self, now: float | None = None, *, after_s: float, evaluating: bool = False) -> str | None:
+    def stall_reason(self, now: float | None = None, *, after_s: float) -> str | None:
         """Why the run makes no progress, when no optimizer step happened for ``after_s`` seconds although
-        groups came back, every one without a reward difference; else None (also while ``evaluating``: the
-        baseline pass runs)."""
+        groups came back, every one without a reward difference; else None (also while the baseline pass runs)."""
         now = time.monotonic() if now is None else now
         idle = now - self.last_step_at
         flat = self._batcher.drops.get("zero_variance", 0) - self.zero_variance_at_step
-        if after_s <= 0 or idle < after_s or evaluating or flat <= 0:
+        if after_s <= 0 or idle < after_s or self.evaluating or flat <= 0:
             return None
         trajectories = sum(self.window.outcomes.values())
         successes = self.window.outcomes.get(Outcome.SUCCESS.value, 0)
@@ -109,19 +110,23 @@ class RunStats:
                 f"the last step, {flat} groups without a reward difference; nothing to learn from. Consider a "
                 "baseline pass (learner.baseline_k) or easier tasks")
 
-    async def watch_stall(self, warning_s: float, timeout_s: float, evaluating: Callable[[], bool],
-                          period_s: float = 5.0) -> None:
+    async def watch_stall(self, warning_s: float, timeout_s: float, period_s: float = 5.0) -> None:
         """Say why no optimizer step happens (every ``warning_s``; also kept in ``stall``), and raise StalledRun
-        after ``timeout_s`` without one (0: never). ``evaluating()`` is true while the baseline pass runs."""
+        after ``timeout_s`` without one (0: never); quiet while the baseline pass runs.
+
+        Raises:
+            StalledRun: no optimizer step for ``timeout_s`` while groups keep coming back without a reward
+                difference.
+        """
         warned_at = 0.0
         while True:
             await asyncio.sleep(period_s)
             now = time.monotonic()
-            self.stall = self.stall_reason(now, after_s=warning_s, evaluating=evaluating())
+            self.stall = self.stall_reason(now, after_s=warning_s)
             if self.stall and now - warned_at >= warning_s:
                 log.warning("%s", self.stall)
                 warned_at = now
-            timeout = self.stall_reason(now, after_s=timeout_s, evaluating=evaluating()) if timeout_s else None
+            timeout = self.stall_reason(now, after_s=timeout_s) if timeout_s else None
             if timeout:
                 raise StalledRun(f"{timeout} (learner.stall_timeout_s = {timeout_s:g} s)")
 

@@ -229,14 +229,14 @@ class LearnerService:
         The scheduler must have been built (or switched with ``set_task_source``) with ``baseline.pick_task``
         and a group budget of 0; this adds the pass's groups to the budget.
         """
-        self.baseline = baseline
+        self.baseline, self.stats.evaluating = baseline, True
         self._baseline_done.clear()
         self.scheduler.add_group_budget(baseline.planned_groups)
         await self.peers.dispatch()
         try:
             await self._baseline_done.wait()
         finally:
-            self.baseline = None
+            self.baseline, self.stats.evaluating = None, False
         self.stats.window.take()
 
     async def open_round(self, groups: int) -> None:
@@ -272,14 +272,6 @@ class LearnerService:
     def on_unusable_batch(self) -> None:
         """The training loop got a batch with no usable sample (no optimizer step): count it."""
         self.stats.totals["unusable_batches"] += 1
-
-    async def watch_stall(self, warning_s: float, timeout_s: float, period_s: float = 5.0) -> None:
-        """:meth:`learner.run_stats.RunStats.watch_stall`, quiet while the baseline pass runs.
-
-        Raises:
-            learner.run_stats.StalledRun: no optimizer step for ``timeout_s`` (see there).
-        """
-        await self.stats.watch_stall(warning_s, timeout_s, lambda: self.baseline is not None, period_s)
 
     def queue_depths(self) -> dict[str, int]:
         """Queue depths now (metrics.jsonl ``queues``): the learner's ``waiting_requests`` (work requests not yet

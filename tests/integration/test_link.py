@@ -7,6 +7,7 @@ draws only the valuable tasks).
 """
 
 import asyncio
+import json
 import uuid
 from contextlib import asynccontextmanager
 
@@ -15,7 +16,7 @@ import zmq
 import zmq.asyncio
 
 from actors.link import LearnerLink
-from arpo_async.config import TransportConfig
+from arpo_async.config import LearnerConfig, TransportConfig
 from arpo_async.messages import Reject, Step, Trajectory, WorkRequest
 from arpo_async import codec
 from arpo_async.tasks import Task
@@ -25,8 +26,7 @@ from learner.replay import SuccessReplay
 from learner.scheduler import GroupScheduler
 from learner.service import LearnerService
 from learner.staleness import StalenessManager
-from learner.baseline import BaselinePass
-from learner.task_selection import TaskSelector
+from learner.baseline import BASELINE_FILE, plan_tasks
 from tests.support import free_port, until
 
 TASK = Task.from_dict({"id": "grid4-red", "instruction": "click red", "config": [],
@@ -170,33 +170,33 @@ async def test_a_repeated_request_gets_the_same_assignment_again(transport):
         ctx.destroy(linger=0)
 
 
-async def test_baseline_pass_keeps_valuable_tasks_and_trains_on_none_of_it(transport):
+async def test_baseline_pass_keeps_valuable_tasks_and_trains_on_none_of_it(transport, tmp_path):
     other = Task.from_dict({**TASK.to_dict(), "id": "grid4-blue", "instruction": "click blue"})
-    baseline = BaselinePass([TASK, other], k=2, group_size=2)  # one group of 2 per task
-    scheduler = GroupScheduler([TASK, other], group_size=2, group_budget=0, pick_task=baseline.pick_task)
+    lc = LearnerConfig(baseline_k=2, group_size=2, task_retire=False)  # one group of 2 per task
+    plan = plan_tasks([TASK, other], lc, tmp_path, resuming=False)
+    assert plan.baseline is not None and plan.selector is None
+    scheduler = GroupScheduler(plan.pool, group_size=2, group_budget=0, pick_task=plan.pick_task)
     scores = {"grid4-red": [("SUCCESS", 1.0), ("FAILURE", 0.0)], "grid4-blue": [("FAILURE", 0.0)] * 2}
     ctx = zmq.asyncio.Context()
     try:
         async with learner(ctx, transport, batch=4, eta=1, scheduler=scheduler) as service, \
                 actor(ctx, transport) as link:
-            passing = asyncio.create_task(service.evaluate(baseline))
+            passing = asyncio.create_task(plan.run_baseline(service, lc, None))
             for _ in range(4):
                 assignment = await asyncio.wait_for(link.request_work(), 5)
-                assert "baseline" in service.status()
+                assert "baseline" in service.status() and service.stats.evaluating
                 outcome, score = scores[assignment.task["id"]][assignment.rollout_index]
                 await link.submit(trajectory(assignment, outcome, score))
             await asyncio.wait_for(passing, 5)
-            assert baseline.results == {"grid4-red": [1.0, 0.0], "grid4-blue": [0.0, 0.0]}
-            assert baseline.valuable() == ["grid4-red"]
+            assert plan.baseline.results == {"grid4-red": [1.0, 0.0], "grid4-blue": [0.0, 0.0]}
+            assert [t.id for t in plan.pool] == ["grid4-red"] and plan.selector is service.selector
+            assert json.loads((tmp_path / BASELINE_FILE).read_text())["valuable"] == ["grid4-red"]
             assert service.batcher.ready == [] and service.batches.empty()  # nothing to train on
             assert service.admission.accepted == 0 and service.stats.window.take().outcomes == {}
-            assert "baseline" not in service.status()
-
-            waiting = asyncio.create_task(link.request_work())  # the pass's budget is spent: the request waits
-            await until(lambda: len(service.peers.waiting) == 1)
-            selector = TaskSelector([TASK])
-            scheduler.set_task_source(selector.pick_task, None)
-            await service.peers.dispatch()
-            assert (await asyncio.wait_for(waiting, 5)).task["id"] == "grid4-red"
+            assert "baseline" not in service.status() and not service.stats.evaluating
+            # training hands out only the valuable task
+            assert (await asyncio.wait_for(link.request_work(), 5)).task["id"] == "grid4-red"
+        restarted = plan_tasks([TASK, other], lc, tmp_path, resuming=True)  # a restart reuses the finished pass
+        assert restarted.baseline is None and [t.id for t in restarted.pool] == ["grid4-red"]
     finally:
         ctx.destroy(linger=0)
