@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from arpo_async.tasks import Task, TaskFormatError, load_task_file
+from arpo_async.tasks import Task, TaskFormatError, read_task_json
 
 from actors.desktop.controller_client import DesktopError
 from actors.desktop.fleet import DesktopFleet
@@ -113,22 +113,17 @@ def task_files(folder: str | Path) -> list[Path]:
     return files
 
 
-def _file_id(path: Path) -> str:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8")).get("id")
-        return value if isinstance(value, str) and value else path.stem
-    except (OSError, ValueError, AttributeError):
-        return path.stem
-
-
 def check_load(files: Iterable[Path]) -> tuple[list[TaskReport], dict[str, Task]]:
     """Load every file; return one report per file (in order) and the loaded tasks by report path."""
     reports: list[TaskReport] = []
     tasks: dict[str, Task] = {}
     for path in files:
-        report = TaskReport(path=str(path), domain=path.parent.name, task_id=_file_id(path))
+        report = TaskReport(path=str(path), domain=path.parent.name, task_id=path.stem)
         try:
-            task = load_task_file(path)
+            data = read_task_json(path)  # the loader's own bounded, hardened parse: never raises anything else
+            if isinstance(data, dict) and isinstance(data.get("id"), str) and data["id"]:
+                report.task_id = data["id"]  # named by its id even when the task is refused
+            task = Task.from_dict(data, source=str(path), check_names=True)
         except TaskFormatError as exc:
             report.reason, report.detail = rejection_kind(exc), str(exc)
         else:

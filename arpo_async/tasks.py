@@ -427,13 +427,13 @@ def parse_task_json(data: bytes, source: str) -> Any:
         raise TaskFormatError(f"{source}: invalid JSON: {exc}") from None
 
 
-def load_task_file(path: str | Path, *, check_names: bool = True) -> Task:
-    """Load and validate one task file (see :meth:`Task.from_dict`; ``check_names`` as there, on by default).
+def read_task_json(path: str | Path) -> Any:
+    """A task file's JSON value, read as :func:`load_task_file` reads it (at most MAX_TASK_FILE_BYTES, then
+    :func:`parse_task_json`), not yet checked as a task.
 
     Raises:
         TaskFormatError: naming the path: it cannot be read or is not a regular file; it is larger than
-            MAX_TASK_FILE_BYTES; its bytes are not strict UTF-8 JSON (:func:`parse_task_json`); or the task
-            is invalid (:meth:`Task.from_dict`, which also names the field).
+            MAX_TASK_FILE_BYTES; or its bytes are not strict UTF-8 JSON. Never another exception.
     """
     path = Path(path)
     try:
@@ -451,7 +451,17 @@ def load_task_file(path: str | Path, *, check_names: bool = True) -> Task:
         raise TaskFormatError(f"{path}: cannot read: {exc}") from exc
     if len(data) > MAX_TASK_FILE_BYTES:  # it grew after the stat
         raise TaskFormatError(f"{path}: more than the cap of {MAX_TASK_FILE_BYTES} bytes for a task file")
-    return Task.from_dict(parse_task_json(data, str(path)), source=str(path), check_names=check_names)
+    return parse_task_json(data, str(path))
+
+
+def load_task_file(path: str | Path, *, check_names: bool = True) -> Task:
+    """Load and validate one task file (see :meth:`Task.from_dict`; ``check_names`` as there, on by default).
+
+    Raises:
+        TaskFormatError: naming the path: it cannot be read, is too large or is not strict JSON
+            (:func:`read_task_json`), or the task is invalid (:meth:`Task.from_dict`, which also names the field).
+    """
+    return Task.from_dict(read_task_json(path), source=str(path), check_names=check_names)
 
 
 def load_tasks(path: str | Path | None = None) -> list[Task]:

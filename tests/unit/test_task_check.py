@@ -55,3 +55,26 @@ def test_missing_or_empty_folder_is_a_clear_error(tmp_path):
         task_files(tmp_path / "nope")
     with pytest.raises(ValueError, match="no \\*.json"):
         task_files(tmp_path)
+
+
+def test_a_deeply_nested_or_huge_file_is_one_refused_report_and_the_folder_goes_on(tmp_path):
+    """Issue 24 item 2: the check parses each file with the loader's own bounded parse, so a file nested past
+    Python's recursion limit, or one far over the size cap, is refused with a reason and never read whole or
+    re-parsed with plain json.loads (which raised RecursionError and aborted the folder)."""
+    _write(tmp_path, "os", "a-nested", "[" * 200_000 + "]" * 200_000)
+    huge = _write(tmp_path, "os", "b-huge", GOOD)
+    with huge.open("a") as fh:  # 60 MB of trailing spaces: valid JSON, far over the cap
+        fh.truncate(60 * 1024 * 1024)
+    _write(tmp_path, "os", "c-ok", GOOD)
+    reports, tasks = check_load(task_files(tmp_path))
+    by_path = {Path(r.path).stem: r for r in reports}
+    assert [r.reason for r in reports] == ["format", "format", None]
+    assert "nested too deeply" in by_path["a-nested"].detail
+    assert "more than the cap" in by_path["b-huge"].detail and by_path["b-huge"].task_id == "b-huge"
+    assert by_path["c-ok"].task_id == "t-ok" and list(tasks) == [str(tmp_path / "os" / "c-ok.json")]
+
+
+def test_a_refused_file_is_still_named_by_its_id(tmp_path):
+    _write(tmp_path, "os", "file-name", {**GOOD, "id": "the-id", "evaluator": {**GOOD["evaluator"], "func": "nope"}})
+    (report,), _ = check_load(task_files(tmp_path))
+    assert (report.task_id, report.reason) == ("the-id", "metric")
