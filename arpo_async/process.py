@@ -1,10 +1,12 @@
-"""Process entry helpers shared by arpo-learner and arpo-actors: one event loop, clean signal handling."""
+"""Process entry helpers shared by arpo-learner and arpo-actors: one event loop, clean signal handling, and a
+log that a flood of bad input cannot flood (:class:`WarningBudget`)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
+import time
 import traceback
 from typing import Any, Coroutine
 
@@ -57,3 +59,39 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
     for exc in group.exceptions:
         out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
     return out
+
+
+class WarningBudget:
+    """Per-message warnings at most ``burst`` per ``period_s`` seconds; the rest are not logged but counted in
+    ``suppressed``, and the first warning of the next period says how many were left out. A hostile peer's flood
+    of bad frames then writes a few dozen log lines, not one per frame (the messages themselves are counted by
+    reason in the learner's metrics either way).
+
+    Args:
+        log: where the warnings go.
+        burst: warnings logged per period (>= 1).
+        period_s: the period (seconds, > 0).
+    """
+
+    def __init__(self, log: logging.Logger, burst: int = 20, period_s: float = 10.0) -> None:
+        self.log, self.burst, self.period_s = log, burst, period_s
+        self.suppressed = 0
+        """Warnings left out since this budget was made."""
+        self._period_start = -period_s
+        self._logged = self._left_out = 0
+
+    def warning(self, message: str, *args: object) -> bool:
+        """``log.warning(message, *args)`` if this period's budget allows; returns whether it was logged."""
+        now = time.monotonic()
+        if now - self._period_start >= self.period_s:
+            if self._left_out:
+                self.log.warning("%d more warnings like the ones above were not logged in %.0f s", self._left_out,
+                                 self.period_s)
+            self._period_start, self._logged, self._left_out = now, 0, 0
+        if self._logged < self.burst:
+            self._logged += 1
+            self.log.warning(message, *args)
+            return True
+        self._left_out += 1
+        self.suppressed += 1
+        return False

@@ -114,6 +114,8 @@ def check_trajectory(traj: Trajectory, *, vocab_size: int | None, version: int |
             _fail("timings", f"timings[{key[:40]!r}] = {value!r} is not a finite number of seconds >= 0")
     if len(traj.steps) > limits.max_steps:
         _fail("size", f"{len(traj.steps)} steps (most {limits.max_steps})")
+    if not traj.steps and traj.outcome == Outcome.SUCCESS:  # an episode evaluates only after the policy acted
+        _fail("lengths", "a SUCCESS trajectory with no step (nothing the policy did to learn from)")
     if len(traj.screenshots) > limits.max_screenshots:
         _fail("size", f"{len(traj.screenshots)} screenshots (most {limits.max_screenshots})")
     for i, step in enumerate(traj.steps):

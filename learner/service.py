@@ -34,6 +34,7 @@ import uuid
 from typing import Any
 
 from arpo_async.messages import Ack, Heartbeat, Hello, Outcome, Reject, Trajectory, WorkRequest
+from arpo_async.process import WarningBudget
 from arpo_async.transport import Envelope, Outbox, Undecodable
 from arpo_async.validation import (InvalidMessage, WireLimits, check_hello, check_trajectory,
                                    check_work_request)
@@ -101,6 +102,8 @@ class LearnerService:
         self._baseline_done = asyncio.Event()
         self._round_open = False
         self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._warnings = WarningBudget(log)
+        """Rejections are logged within a budget (a flood of bad frames writes a few lines; every one is counted)."""
 
     @property
     def version(self) -> int:
@@ -152,7 +155,7 @@ class LearnerService:
         """Count an invalid message by reason, log it with its peer, and tell the peer why."""
         self.stats.totals["bad_messages"] += 1
         self.stats.rejections[invalid.reason] += 1
-        log.warning("rejected a message from %s: %s", peer, invalid)
+        self._warn_rejected(peer, invalid)
         await self.outbox.send(Reject(str(invalid)[:500]), peer)
 
     async def _refuse(self, peer: str | None, kind: str, reason: str) -> None:
@@ -160,9 +163,14 @@ class LearnerService:
         it, tell the peer (waiting for room in the outbox), keep going."""
         self.stats.totals["bad_messages"] += 1
         self.stats.rejections[kind] += 1
-        log.warning("rejected a message from %s: %s", peer, reason)
+        self._warn_rejected(peer, reason)
         if peer is not None:
             await self.outbox.send(Reject(reason[:500]), peer)
+
+    def _warn_rejected(self, peer: str | None, why: object) -> None:
+        """Log one rejection within the warning budget; one left out is counted in ``warnings_suppressed``."""
+        if not self._warnings.warning("rejected a message from %s: %s", peer, why):
+            self.stats.totals["warnings_suppressed"] += 1
 
     async def _on_trajectory(self, peer: str, traj: Trajectory) -> None:
         totals = self.stats.totals

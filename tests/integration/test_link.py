@@ -8,6 +8,7 @@ draws only the valuable tasks).
 
 import asyncio
 import json
+import logging
 import uuid
 from contextlib import asynccontextmanager
 
@@ -17,7 +18,7 @@ import zmq.asyncio
 
 from actors.link import LearnerLink
 from arpo_async.config import LearnerConfig, TransportConfig
-from arpo_async.messages import Reject, Step, Trajectory, WorkRequest
+from arpo_async.messages import Hello, Reject, Step, Trajectory, WorkRequest
 from arpo_async import codec
 from arpo_async.tasks import Task
 from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, dealer_socket, router_socket
@@ -199,4 +200,28 @@ async def test_baseline_pass_keeps_valuable_tasks_and_trains_on_none_of_it(trans
         restarted = plan_tasks([TASK, other], lc, tmp_path, resuming=True)  # a restart reuses the finished pass
         assert restarted.baseline is None and [t.id for t in restarted.pool] == ["grid4-red"]
     finally:
+        ctx.destroy(linger=0)
+
+
+async def test_a_flood_of_rejected_messages_writes_a_few_log_lines_and_counts_every_one(transport, caplog):
+    """Issue 24 item 8: 1,000 refused work requests (beyond the slots the peer's Hello announced) are each
+    answered with a Reject and counted by reason, but the learner logs at most its warning budget of them."""
+    ctx = zmq.asyncio.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.setsockopt(zmq.ROUTING_ID, b"flooder")
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(transport.endpoint)
+    try:
+        async with learner(ctx, transport) as service:
+            caplog.set_level(logging.WARNING, logger="learner.service")
+            await raw.send_multipart(codec.encode(Hello("flooder", 1)))
+            for i in range(1001):  # the first takes the one slot; the other 1,000 are refused
+                await raw.send_multipart(codec.encode(WorkRequest(f"flood-{i}", "flooder")))
+            await until(lambda: service.stats.rejections["slots"] == 1000, 30, "1,000 rejections")
+            logged = [r for r in caplog.records if r.getMessage().startswith("rejected a message from flooder")]
+            assert 1 <= len(logged) <= 20
+            assert service.totals["warnings_suppressed"] == 1000 - len(logged)
+            assert service.totals["bad_messages"] == 1000
+    finally:
+        raw.close(0)
         ctx.destroy(linger=0)

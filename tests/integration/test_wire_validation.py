@@ -41,6 +41,7 @@ def _traj():
     (lambda t: setattr(t, "timings", {"episode_s": math.nan}), "timings"),
     (lambda t: setattr(t, "outcome", "WIN"), "outcome"),
     (lambda t: setattr(t, "steps", t.steps * 300), "size"),
+    (lambda t: (setattr(t, "outcome", "SUCCESS"), setattr(t, "steps", [])), "lengths"),  # issue 24 item 8
 ])
 def test_each_bad_value_has_its_reason(mutate, reason):
     traj = _traj()
