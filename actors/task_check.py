@@ -123,7 +123,7 @@ def check_load(files: Iterable[Path]) -> tuple[list[TaskReport], dict[str, Task]
             data = read_task_json(path)  # the loader's own bounded, hardened parse: never raises anything else
             if isinstance(data, dict) and isinstance(data.get("id"), str) and data["id"]:
                 report.task_id = data["id"]  # named by its id even when the task is refused
-            task = Task.from_dict(data, source=str(path), check_names=True)
+            task = Task.from_dict(data, source=str(path), check_names=True, folder=path.parent)
         except TaskFormatError as exc:
             report.reason, report.detail = rejection_kind(exc), str(exc)
         else:

@@ -174,7 +174,8 @@ class Task:
         return value if isinstance(value, str) else None
 
     @classmethod
-    def from_dict(cls, d: Any, *, source: str = "<dict>", check_names: bool = False) -> Task:
+    def from_dict(cls, d: Any, *, source: str = "<dict>", check_names: bool = False,
+                  folder: Path | None = None) -> Task:
         """Validate an OSWorld task dict and build a Task.
 
         Args:
@@ -183,14 +184,18 @@ class Task:
             check_names: also require every setup type, getter type and metric func to be one our evaluator
                 implements (:data:`SETUP_TYPES`, :data:`GETTER_TYPES`, :data:`METRIC_FUNCS`);
                 :func:`load_task_file` and :func:`load_tasks` pass True.
+            folder: the folder of the task file (:func:`load_task_file` passes it): every ``upload_file`` step's
+                ``local_path`` (relative ones taken from it) must then lie inside it, after symlinks are
+                followed, so a task cannot copy the actor host's other files into a desktop. None: not checked.
 
         Raises:
             TaskFormatError: naming ``source`` and the field: not an object; a value that is not JSON (NaN,
                 Infinity, an integer beyond 64 bits, a string that is not valid Unicode, a non-string key,
                 another Python type); nesting deeper than MAX_JSON_DEPTH; a missing or mistyped field; a
                 field over its cap (MAX_ID_CHARS, MAX_INSTRUCTION_CHARS, MAX_STEPS, MAX_METRICS,
-                MAX_RELATED_APPS); with ``check_names``, an unknown setup type, getter type or metric func
-                (listing the supported ones).
+                MAX_RELATED_APPS); an id with ``/``, ``\\`` or ``..`` (it names files in the download cache and
+                the OSWorld mirror); with ``check_names``, an unknown setup type, getter type or metric func
+                (listing the supported ones); with ``folder``, an ``upload_file`` source outside it.
         """
         def fail(fieldname: str, why: str) -> TaskFormatError:
             return TaskFormatError(f"{source}: field '{fieldname}': {why}")
@@ -202,6 +207,9 @@ class Task:
             if not isinstance(d.get(key), str) or not d[key].strip():
                 raise fail(key, "required, a non-empty string")
         _check_len(d["id"], MAX_ID_CHARS, "id", fail)
+        if any(bad in d["id"] for bad in ("/", "\\", "..")):
+            raise fail("id", f"{d['id'][:80]!r} holds '/', '\\' or '..' (an id names files under the download "
+                             "cache and learner.osworld_files; it must not walk out of them)")
         _check_len(d["instruction"], MAX_INSTRUCTION_CHARS, "instruction", fail)
         config = d.get("config", [])
         _check_steps(config, "config", fail)
@@ -225,6 +233,8 @@ class Task:
             _check_len(app, MAX_ID_CHARS, f"related_apps[{i}]", fail)
         if check_names:
             _check_names(config, ev, fail)
+        if folder is not None:
+            _check_upload_sources(config, folder, fail)
         raw = copy.deepcopy(d)
         return cls(id=d["id"], instruction=d["instruction"], config=tuple(copy.deepcopy(config)),
                    evaluator=copy.deepcopy(ev), raw=raw, family=family, related_apps=tuple(apps), source=source)
@@ -326,6 +336,25 @@ def _check_steps(steps: Any, where: str, fail) -> None:
             raise fail(f"{where}[{i}]", "a step needs a string 'type'")
         if not isinstance(step.get("parameters", {}), dict):
             raise fail(f"{where}[{i}].parameters", "must be an object")
+
+
+def _check_upload_sources(steps: list, folder: Path, fail) -> None:
+    """Every ``upload_file`` step's ``local_path`` is a string naming a file inside ``folder`` (relative paths are
+    taken from it; symlinks are followed before the check)."""
+    root = os.path.realpath(folder)
+    for i, step in enumerate(steps):
+        if step["type"] != "upload_file":
+            continue
+        files = step.get("parameters", {}).get("files")
+        for j, entry in enumerate(files if isinstance(files, list) else []):
+            where = f"config[{i}].parameters.files[{j}].local_path"
+            local = entry.get("local_path") if isinstance(entry, dict) else None
+            if not isinstance(local, str) or not local:
+                raise fail(where, "must be a non-empty string (a file next to the task file)")
+            resolved = os.path.realpath(os.path.join(root, local))
+            if os.path.commonpath([root, resolved]) != root:
+                raise fail(where, f"{local[:200]!r} lies outside the task's folder {root}; upload_file sends only "
+                                  "files next to the task file (use a download step for others)")
 
 
 def _check_getter(g: Any, where: str, fail, *, allow_none: bool) -> None:
@@ -461,7 +490,7 @@ def load_task_file(path: str | Path, *, check_names: bool = True) -> Task:
         TaskFormatError: naming the path: it cannot be read, is too large or is not strict JSON
             (:func:`read_task_json`), or the task is invalid (:meth:`Task.from_dict`, which also names the field).
     """
-    return Task.from_dict(read_task_json(path), source=str(path), check_names=check_names)
+    return Task.from_dict(read_task_json(path), source=str(path), check_names=check_names, folder=Path(path).parent)
 
 
 def load_tasks(path: str | Path | None = None) -> list[Task]:

@@ -78,3 +78,23 @@ def test_a_refused_file_is_still_named_by_its_id(tmp_path):
     _write(tmp_path, "os", "file-name", {**GOOD, "id": "the-id", "evaluator": {**GOOD["evaluator"], "func": "nope"}})
     (report,), _ = check_load(task_files(tmp_path))
     assert (report.task_id, report.reason) == ("the-id", "metric")
+
+
+def test_a_task_id_that_walks_out_or_an_upload_from_outside_its_folder_is_refused_at_load(tmp_path):
+    """Issue 24 item 7: an id with '/' or '..' (it names files in the download cache and the OSWorld mirror) and
+    an upload_file whose local_path lies outside the task file's folder (here the host's /etc/passwd, or a
+    symlink next to the task that points there) are refused when the file loads, naming the field."""
+    _write(tmp_path, "os", "walks", {**GOOD, "id": "../../etc"})
+    steps = lambda local: [{"type": "upload_file", "parameters": {"files": [{"local_path": local, "path": "/tmp/x"}]}}]  # noqa: E731
+    _write(tmp_path, "os", "absolute", {**GOOD, "id": "t-abs", "config": steps("/etc/passwd")})
+    _write(tmp_path, "os", "dotdot", {**GOOD, "id": "t-dotdot", "config": steps("../../../etc/passwd")})
+    (tmp_path / "os" / "link").symlink_to("/etc/passwd")
+    _write(tmp_path, "os", "symlink", {**GOOD, "id": "t-link", "config": steps("link")})
+    (tmp_path / "os" / "notes.txt").write_text("next to the task")
+    _write(tmp_path, "os", "inside", {**GOOD, "id": "t-inside", "config": steps("notes.txt")})
+    reports, tasks = check_load(task_files(tmp_path))
+    by_id = {r.task_id: r for r in reports}
+    assert "field 'id'" in by_id["../../etc"].detail and by_id["../../etc"].reason == "format"
+    for refused in ("t-abs", "t-dotdot", "t-link"):
+        assert "lies outside the task's folder" in by_id[refused].detail, by_id[refused]
+    assert by_id["t-inside"].loaded and list(tasks) == [str(tmp_path / "os" / "inside.json")]
