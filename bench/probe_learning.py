@@ -51,6 +51,7 @@ from actors.uitars.prompt import build_messages  # noqa: E402
 from arpo_async.config import RunConfig, load_config  # noqa: E402
 from arpo_async.messages import Outcome, Step, Trajectory  # noqa: E402
 from arpo_async.model.inputs import PromptEncoder  # noqa: E402
+from arpo_async.tasks import Task  # noqa: E402
 from arpo_serve.engine import Engine, SamplingParams  # noqa: E402
 from bench._arpo_run import ROOT, ensure_model  # noqa: E402
 from bench._common import fmt, result_line  # noqa: E402
@@ -68,13 +69,22 @@ LAYOUT_FILE = "/tmp/arpo/layout.json"
 class Scene:
     """One task as the policy sees it at its first step: the screenshot after setup and the target's box."""
 
-    task: object  # arpo_async.tasks.Task
+    task: Task
     screenshot: bytes
     box: dict  # {"x", "y", "w", "h"} in screen pixels (the app's widget_box)
 
     def hit(self, x: float, y: float) -> bool:
         b = self.box
         return b["x"] <= x < b["x"] + b["w"] and b["y"] <= y < b["y"] + b["h"]
+
+
+def expected_label(task: Task) -> str | None:
+    """The string ``task``'s single-metric evaluator expects by rule (``expected.rules.expected``: the label a
+    button-grid task must click); None when the evaluator has no such rule (a list of metrics, a getter, ...)."""
+    expected = task.evaluator.get("expected")
+    rules = expected.get("rules") if isinstance(expected, dict) else None
+    value = rules.get("expected") if isinstance(rules, dict) else None
+    return value if isinstance(value, str) else None
 
 
 async def capture_scenes(config: RunConfig) -> list[Scene]:
@@ -98,7 +108,7 @@ async def capture_scenes(config: RunConfig) -> list[Scene]:
                 layout = json.loads(answer["output"]) if answer.get("returncode") == 0 else {}
             finally:
                 await fleet.remove(desktop)
-            label = task.expected_string
+            label = expected_label(task)
             if label not in layout:
                 raise SystemExit(f"task {task.id} is not a button-grid task: its expected label {label!r} is "
                                  f"not a button of {LAYOUT_FILE} ({sorted(layout)})")
