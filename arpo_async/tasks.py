@@ -164,15 +164,6 @@ class Task:
         f = self.evaluator["func"]
         return list(f) if isinstance(f, list) else [f]
 
-    @property
-    def expected_string(self) -> str | None:
-        """The string a single-metric evaluator expects by rule (``expected.rules.expected``, e.g. the label a
-        button-grid task must click); None when the evaluator has no such rule (list of metrics, a getter, ...)."""
-        expected = self.evaluator.get("expected")
-        rules = expected.get("rules") if isinstance(expected, dict) else None
-        value = rules.get("expected") if isinstance(rules, dict) else None
-        return value if isinstance(value, str) else None
-
     @classmethod
     def from_dict(cls, d: Any, *, source: str = "<dict>", check_names: bool = False,
                   folder: Path | None = None) -> Task:

@@ -4,12 +4,13 @@ bench_learning.py measures success against wall-clock time with the whole system
 learner, all on the same 2 cores), so its figures mix two things: how fast the machine makes trajectories and
 how much the recipe learns from each. This probe isolates the second. It runs, in one process, the real
 arpo-serve `Engine` (grammar-constrained sampling with behaviour log-probs), the learner's real `Batcher`
-(replay injection, zero-variance filter, GRPO advantages), `train_samples` and `Trainer`, for every arm of
-bench_learning.py. The desktop is consulted once per task instead of once per episode: a real desktop runs the
-task's setup, the probe keeps its screenshot and the button boxes the app reports (`/tmp/arpo/layout.json`),
-and a rollout succeeds when its click lands inside the target button's box (what the app's click handler and
-the task's evaluator would report). Asynchrony is emulated by sampling with the weights of ``--lag`` optimizer
-steps earlier (AReaL's bounded staleness; arm c, lockstep, always samples with the current weights).
+(replay injection, zero-variance filter, GRPO advantages) and its training step (learner.training_step: the
+samples, the optimizer steps per batch, the `Trainer`), for every arm of bench_learning.py. The desktop is
+consulted once per task instead of once per episode: a real desktop runs the task's setup, the probe keeps its
+screenshot and the button boxes the app reports (`/tmp/arpo/layout.json`), and a rollout succeeds when its click
+lands inside the target button's box (what the app's click handler and the task's evaluator would report).
+Asynchrony is emulated by sampling with the weights of ``--lag`` optimizer steps earlier (AReaL's bounded
+staleness; arm c, lockstep, always samples with the current weights).
 
 Usage:
   python bench/probe_learning.py                               # arms a,b,c on grid4, 100 steps each
@@ -51,15 +52,17 @@ from actors.uitars.prompt import build_messages  # noqa: E402
 from arpo_async.config import RunConfig, load_config  # noqa: E402
 from arpo_async.messages import Outcome, Step, Trajectory  # noqa: E402
 from arpo_async.model.inputs import PromptEncoder  # noqa: E402
+from arpo_async.tasks import Task  # noqa: E402
 from arpo_serve.engine import Engine, SamplingParams  # noqa: E402
 from bench._arpo_run import ROOT, ensure_model  # noqa: E402
 from bench._common import fmt, result_line  # noqa: E402
 from bench.bench_learning import ARMS, TASK_SETUP, task_selection  # noqa: E402
-from learner.batcher import Batcher, train_samples  # noqa: E402
+from learner.batcher import Batcher  # noqa: E402
 from learner.forced_tokens import ForcedTokens  # noqa: E402
 from learner.main import replay_buffer, select_tasks, trainer_config  # noqa: E402
 from learner.scheduler import Group  # noqa: E402
-from learner.trainer import Trainer  # noqa: E402
+from learner.trainer import Trainer, TrainerInputError  # noqa: E402
+from learner.training_step import train_on_batch  # noqa: E402
 
 LAYOUT_FILE = "/tmp/arpo/layout.json"
 
@@ -68,13 +71,22 @@ LAYOUT_FILE = "/tmp/arpo/layout.json"
 class Scene:
     """One task as the policy sees it at its first step: the screenshot after setup and the target's box."""
 
-    task: object  # arpo_async.tasks.Task
+    task: Task
     screenshot: bytes
     box: dict  # {"x", "y", "w", "h"} in screen pixels (the app's widget_box)
 
     def hit(self, x: float, y: float) -> bool:
         b = self.box
         return b["x"] <= x < b["x"] + b["w"] and b["y"] <= y < b["y"] + b["h"]
+
+
+def expected_label(task: Task) -> str | None:
+    """The string ``task``'s single-metric evaluator expects by rule (``expected.rules.expected``: the label a
+    button-grid task must click); None when the evaluator has no such rule (a list of metrics, a getter, ...)."""
+    expected = task.evaluator.get("expected")
+    rules = expected.get("rules") if isinstance(expected, dict) else None
+    value = rules.get("expected") if isinstance(rules, dict) else None
+    return value if isinstance(value, str) else None
 
 
 async def capture_scenes(config: RunConfig) -> list[Scene]:
@@ -98,7 +110,7 @@ async def capture_scenes(config: RunConfig) -> list[Scene]:
                 layout = json.loads(answer["output"]) if answer.get("returncode") == 0 else {}
             finally:
                 await fleet.remove(desktop)
-            label = task.expected_string
+            label = expected_label(task)
             if label not in layout:
                 raise SystemExit(f"task {task.id} is not a button-grid task: its expected label {label!r} is "
                                  f"not a button of {LAYOUT_FILE} ({sorted(layout)})")
@@ -111,23 +123,24 @@ async def capture_scenes(config: RunConfig) -> list[Scene]:
 
 
 def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps: int, lag: int, *,
-            advantage_sign: float = 1.0, log: Callable[[str], None] = print) -> list[dict]:
-    """Train a fresh copy of ``model`` for ``steps`` rollout batches under ``arm``'s settings (each batch split into
-    ``learner.updates_per_batch`` optimizer steps, as the learner does); one record per batch.
+            inverted_reward: bool = False, log: Callable[[str], None] = print) -> list[dict]:
+    """Train a fresh copy of ``model`` for ``steps`` rollout batches under ``arm``'s settings; one record per batch.
 
     The recipe is the product's, from ``config``: the prompt style, the action grammar (coordinate format, forced
-    text emitted as canonical tokens when ``serve.jump_forward``), the forced-token loss mask
-    (``learner.mask_forced_tokens``), the Batcher (replay, zero-variance drop, stratified batches) and the
-    Trainer. Each step samples ``groups_per_step`` groups whose tasks come in turn from a seeded shuffled order of
-    the scenes (the learner's round-robin task choice), so a step covers distinct tasks.
+    text emitted as canonical tokens when ``serve.jump_forward``), the Batcher (replay, zero-variance drop,
+    stratified batches) and the learner's training step (learner.training_step.train_on_batch: the forced-token
+    loss mask, ``learner.updates_per_batch`` optimizer steps per batch, the Trainer). Each step samples
+    ``groups_per_step`` groups whose tasks come in turn from a seeded shuffled order of the scenes (the learner's
+    round-robin task choice), so a step covers distinct tasks.
 
     Args:
-        advantage_sign: multiplies every advantage; -1 trains away from success (a negative control that must
-            not learn).
+        inverted_reward: the environment rewards a click anywhere but the target (:func:`score_reply`), so the
+            recipe trains away from the target: a negative control whose success (target clicked) must not rise.
         log: receives one progress line per step.
     Returns:
         one ``{"step", "success", "task_success", "dropped_groups", "groups", "injected", "trained",
-        "optimizer_steps"}`` per batch (``trained``: whether it took an optimizer step; ``optimizer_steps``: how many).
+        "optimizer_steps"}`` per batch (``success``: the share of rollouts whose click landed in the target's box,
+        whatever the reward; ``trained``: whether it took an optimizer step; ``optimizer_steps``: how many).
     """
     lc, ac = config.learner, config.actors
     rng = random.Random(lc.seed)
@@ -141,6 +154,7 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
                       stratified=lc.stratified)
     weights = collections.deque([copy.deepcopy(trainer.model.state_dict())], maxlen=lag + 1)
     records, serial, order, version = [], 0, [], 0  # version: published weights, +1 per trained batch
+    optimizer_steps = 0  # in all, as the learner counts them (learner.steps)
     by_id = {s.task.id: s for s in scenes}
     params = SamplingParams.from_json(dict(runner.sampling_params))
     while len(records) < steps:
@@ -163,23 +177,26 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
         results = engine.generate_batch([r for *_, r in requests])
         by_task: dict[str, list[float]] = collections.defaultdict(list)
         for (g, k, ids, _), res in zip(requests, results):
-            traj = score_reply(g, k, ids, res, by_id[g.task.id], runner, sampled_version)
-            by_task[g.task.id].append(traj.score)
+            traj, hit = score_reply(g, k, ids, res, by_id[g.task.id], runner, sampled_version, inverted_reward)
+            by_task[g.task.id].append(float(hit))
             g.results[k] = traj
         dropped = sum(batcher.add_group(g, version) is None for g in groups)
         batch = batcher.take_batch() or []
-        samples = train_samples(batch, forced)
-        for sample in samples:
-            sample.advantage *= advantage_sign
-        stats = trainer.train_batch(samples, minibatches=min(lc.updates_per_batch, len(samples))) if samples else {}
-        version += bool(samples)
+        stats, updates = {}, 0
+        if batch:  # else every group was dropped: no step, as the learner's lockstep loop skips an empty batch
+            try:
+                stats, updates = train_on_batch(trainer, batch, lc, forced, optimizer_steps)
+            except TrainerInputError:  # no usable sample: no step, as the learner's training loop skips it
+                pass
+        optimizer_steps += updates
+        version += bool(updates)
         weights.append(copy.deepcopy(trainer.model.state_dict()))
         scores = [x for xs in by_task.values() for x in xs]
         success = sum(scores) / len(scores)
         records.append({"step": len(records), "success": success, "dropped_groups": dropped, "groups": len(groups),
                         "task_success": {t: sum(xs) / len(xs) for t, xs in by_task.items()},
-                        "injected": sum(g.injected for g in batch), "trained": bool(samples),
-                        "optimizer_steps": int(stats.get("optimizer_steps", 0))})
+                        "injected": sum(g.injected for g in batch), "trained": bool(updates),
+                        "optimizer_steps": updates})
         recent = [r["success"] for r in records[-5:]]
         log(f"[{arm}] step {len(records) - 1:4d} success {success:.2f} trailing5 {sum(recent) / len(recent):.2f} "
             f"groups dropped {dropped}/{len(groups)} injected {records[-1]['injected']} "
@@ -189,9 +206,13 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
 
 
 def score_reply(group: Group, k: int, prompt_ids: list[int], result, scene: Scene, runner: EpisodeRunner,
-                version: int) -> Trajectory:
-    """The one-step trajectory of rollout ``k``: SUCCESS (score 1) when the reply's click lands in the target's
-    box, FAILURE when it lands elsewhere, POLICY_ERROR when the reply does not parse."""
+                version: int, inverted: bool = False) -> tuple[Trajectory, bool]:
+    """The one-step trajectory of rollout ``k`` and whether its click landed in the target's box.
+
+    The trajectory is SUCCESS (score 1) when the reply's click lands in the target's box, FAILURE (score 0) when
+    it lands elsewhere, POLICY_ERROR (score 0) when the reply does not parse. ``inverted``: the other way round
+    for a reply that parses (a click in the target's box fails, anything else succeeds).
+    """
     ac = runner.config
     traj = Trajectory(trajectory_id=f"{group.group_id}-{k}", actor_id="probe", task_id=group.task.id,
                       group_id=group.group_id, rollout_index=k, outcome=Outcome.FAILURE.value, score=0.0,
@@ -203,11 +224,13 @@ def score_reply(group: Group, k: int, prompt_ids: list[int], result, scene: Scen
     try:
         point = parse_reply(result.text, resized_size=runner.resized_size, screen_size=ac.screen_size,
                             coordinate_mode=ac.coordinate_mode).action.point
-        if point is not None and scene.hit(*point):
-            traj.score, traj.outcome = 1.0, Outcome.SUCCESS
     except ActionParseError:
         traj.format_ok, traj.outcome = False, Outcome.POLICY_ERROR
-    return traj
+        return traj, False
+    hit = point is not None and scene.hit(*point)
+    if hit != inverted:
+        traj.score, traj.outcome = 1.0, Outcome.SUCCESS
+    return traj, hit
 
 
 def steps_to(records: list[dict], target: float, window: int = 5) -> float:

@@ -1,7 +1,7 @@
 """The training loop: batches in, optimizer steps, published weights, checkpoints and metrics records out.
 
 Role: for each batch the learner service puts on the bounded ``batches`` queue: ``updates_per_batch`` optimizer
-steps in a thread (Trainer.train_batch) -> publish the weights as the next policy version (learner.publisher) ->
+steps in a thread (learner.training_step) -> publish the weights as the next policy version (learner.publisher) ->
 report back with one call, :meth:`LearnerService.on_trained` (the service announces the version to the actors and
 admits more work) -> checkpoint every ``learner.checkpoint_every`` steps -> one metrics.jsonl record
 (learner.records). Schedules (``learner.schedule``): "async" trains on each batch as soon as the service has one,
@@ -27,7 +27,7 @@ from typing import Any
 
 from arpo_async.config import LearnerConfig
 from arpo_async.metrics import MetricsWriter
-from learner.batcher import BatchQueue, ScoredGroup, train_samples
+from learner.batcher import BatchQueue, ScoredGroup
 from learner.checkpoint import Checkpointer, capture, reconcile_metrics, restore
 from learner.distributed import LeadTrainer
 from learner.forced_tokens import ForcedTokens
@@ -36,6 +36,7 @@ from learner.records import step_record
 from learner.replay import ReplayBuffer
 from learner.service import LearnerService
 from learner.trainer import Trainer, TrainerInputError
+from learner.training_step import train_on_batch
 
 log = logging.getLogger("arpo.learner")
 
@@ -135,12 +136,9 @@ class TrainingLoop:
         (its ``step`` is the optimizer step count after the batch; ``updates`` the steps it took)."""
         service, lc = self.service, self.lc
         window = service.stats.window.take()
-        samples = train_samples(batch, self.forced)
-        updates = min(lc.updates_per_batch, max(1, len(samples)))
-        if lc.steps:
-            updates = min(updates, lc.steps - service.step)
         try:
-            stats = await asyncio.to_thread(self.trainer.train_batch, samples, minibatches=updates)
+            stats, updates = await asyncio.to_thread(train_on_batch, self.trainer, batch, lc, self.forced,
+                                                     service.step)
         except TrainerInputError as error:  # every sample unusable: nothing to learn from, nothing changes
             self.skipped_batches += 1
             service.on_unusable_batch()

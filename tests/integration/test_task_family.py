@@ -20,7 +20,8 @@ from actors.evaluation import evaluate, run_setup
 from actors.uitars.actions import Action
 from actors.uitars.xdotool import to_commands
 from arpo_async.config import load_config
-from arpo_async.tasks import load_tasks
+from arpo_async.tasks import Task, load_tasks
+from bench.probe_learning import expected_label
 from learner.main import select_tasks
 
 SHAPES_DIR = Path(__file__).resolve().parent.parent / "data" / "tasks" / "shapes"
@@ -37,21 +38,39 @@ def test_shapes_folder_loads_as_a_four_button_family_unlike_grid4():
     tasks = shapes()
     assert sorted(tasks) == sorted(f"shapes-{label.lower()}" for label in LABELS)
     assert {t.family for t in tasks.values()} == {"shapes"}
-    assert {t.expected_string for t in tasks.values()} == set(LABELS)
+    assert {expected_label(t) for t in tasks.values()} == set(LABELS)
     # one app, one layout: only the target differs between tasks, so chance is 1/4 as in grid4
     launches = {json.dumps([s for s in t.config if s["type"] == "launch"]) for t in tasks.values()}
     assert len(launches) == 1
     argv = json.loads(launches.pop())[0]["parameters"]["command"]
     assert argv[-4:] == LABELS and "--colours" not in argv
     assert argv[argv.index("--title") + 1] == "Shape Picker"
-    assert all(t.instruction == f"Press the button labelled {t.expected_string}." for t in tasks.values())
+    assert all(t.instruction == f"Press the button labelled {expected_label(t)}." for t in tasks.values())
     # the learner's own pick: learner.tasks names the folder, no task_ids filter
     config = load_config(None, [f"learner.tasks={json.dumps(str(SHAPES_DIR))}"])
     assert sorted(t.id for t in select_tasks(config.learner)) == sorted(tasks)
     # nothing of grid4 is shared but the app: not its labels, title or phrasing
     grid4 = [t for t in load_tasks() if t.family == "grid4"]
-    assert not {t.expected_string for t in grid4} & set(LABELS)
+    assert not {expected_label(t) for t in grid4} & set(LABELS)
     assert not {t.instruction for t in grid4} & {t.instruction for t in tasks.values()}
+
+
+def test_expected_label_is_the_string_a_single_metric_expects_by_rule():
+    """bench/probe_learning.py finds a button-grid task's target by the label its evaluator expects."""
+    [star] = [t for t in shapes().values() if t.id == "shapes-star"]
+    assert expected_label(star) == "Star"
+    rule = {"type": "rule", "rules": {"expected": "Red"}}
+    result = {"type": "vm_command_line", "command": ["cat", "/tmp/r"]}
+
+    def task(evaluator: dict) -> Task:
+        return Task.from_dict({"id": "demo-1", "instruction": "Click Red.", "config": [], "evaluator": evaluator})
+
+    assert expected_label(task({"func": "exact_match", "result": result, "expected": rule})) == "Red"
+    assert expected_label(task({"func": ["exact_match", "exact_match"], "result": [result] * 2,
+                                "expected": [rule] * 2})) is None  # a list of metrics names no single label
+    assert expected_label(task({"func": "infeasible"})) is None
+    number = {"type": "rule", "rules": {"expected": 3}}
+    assert expected_label(task({"func": "exact_match", "result": result, "expected": number})) is None
 
 
 async def read_layout(c: ControllerClient, timeout: float = 10.0) -> dict:

@@ -107,11 +107,6 @@ def test_list_evaluator_and_infeasible_are_valid():
     assert Task.from_dict(multi).funcs == ["exact_match", "check_include_exclude"]
     inf = Task.from_dict(minimal(evaluator={"func": "infeasible"}))
     assert inf.infeasible and inf.funcs == ["infeasible"]
-    assert Task.from_dict(minimal()).expected_string == "Red"
-    assert Task.from_dict(multi).expected_string is None and inf.expected_string is None
-    number = minimal()
-    number["evaluator"]["expected"]["rules"]["expected"] = 3
-    assert Task.from_dict(number).expected_string is None  # only a string is a label
 
 
 def test_invalid_json_and_missing_paths(tmp_path):
