@@ -104,7 +104,11 @@ class EpisodeRunner:
 
     async def run(self, controller: ControllerClient, assignment: Assignment, actor_id: str,
                   desktop: str = "") -> Trajectory:
-        """Run one assigned rollout to its end and return its trajectory (never raises for env or policy faults).
+        """Run one assigned rollout to its end and return its trajectory. Every step of the episode (task load,
+        setup, the policy loop, evaluation) runs under one boundary: a desktop fault or a missed deadline ends it
+        as ENV_ERROR, an inference server that stays away as ABORTED, and anything else it raises (a task that
+        does not load, a setup step, getter, metric or controller answer that fails in a way nobody expected) as
+        TASK_ERROR; the trajectory's ``error`` carries the exception's type and message, and the caller goes on.
 
         Raises:
             asyncio.CancelledError: the actor is shutting down (nothing is sent; the learner re-issues the rollout).
@@ -127,10 +131,14 @@ class EpisodeRunner:
                 traj.score = float(await evaluate(controller, task, last_action, self.downloads))
             traj.timings["evaluate_s"] = time.perf_counter() - t0
             traj.outcome = self._outcome(traj, last_action)
-        except (DesktopError, TaskSetupError, EvaluationError, TaskFormatError, TimeoutError) as e:
+        except (DesktopError, TaskSetupError, EvaluationError, TimeoutError) as e:
             traj.outcome, traj.error = Outcome.ENV_ERROR, f"{type(e).__name__}: {e or 'deadline passed'}"
         except (PolicyUnavailable, PolicyRequestError, GenerationAborted) as e:
             traj.outcome, traj.error = Outcome.ABORTED, f"{type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - the episode's boundary: the task's fault stays in its episode
+            traj.outcome, traj.error = Outcome.TASK_ERROR, f"{type(e).__name__}: {e}"[:2000]
+            log.warning("task %s raised %s in an episode (TASK_ERROR)", traj.task_id, traj.error[:300],
+                        exc_info=log.isEnabledFor(logging.DEBUG))
         traj.timings["episode_s"] = time.perf_counter() - started
         return traj
 

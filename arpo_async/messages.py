@@ -18,7 +18,7 @@ SCHEMA_VERSION = 1
 
 
 class Outcome(enum.StrEnum):
-    """How an episode ended. ENV_ERROR and ABORTED are never the agent's fault and never enter training.
+    """How an episode ended. ENV_ERROR, TASK_ERROR and ABORTED are never the agent's fault and never enter training.
 
     A StrEnum: a member equals, formats and serialises (JSON, msgpack) as its value, the name on the wire."""
 
@@ -30,6 +30,10 @@ class Outcome(enum.StrEnum):
     """The step budget ran out before the agent finished; the state was still evaluated."""
     ENV_ERROR = "ENV_ERROR"
     """The desktop died or misbehaved (container gone, controller timeout, setup failed)."""
+    TASK_ERROR = "TASK_ERROR"
+    """The task itself is at fault: it does not load, or a setup step, getter or metric raised an error nobody
+    expected (a parameter of the wrong type, an unknown option). Counted per task; the learner sets aside a task
+    that fails this way ``learner.task_error_limit`` times in a row."""
     POLICY_ERROR = "POLICY_ERROR"
     """The model's reply did not parse as a UI-TARS action (trained on, with the format penalty)."""
     ABORTED = "ABORTED"
@@ -37,7 +41,7 @@ class Outcome(enum.StrEnum):
 
     @property
     def trainable(self) -> bool:
-        return self not in (Outcome.ENV_ERROR, Outcome.ABORTED)
+        return self not in (Outcome.ENV_ERROR, Outcome.TASK_ERROR, Outcome.ABORTED)
 
 
 @dataclass

@@ -66,7 +66,8 @@ def _number(record: dict[str, Any], key: str) -> float:
 def progress_line(config: RunConfig, started: float, rate: TrajectoryRate | None = None,
                   now: float | None = None) -> str:
     """One line, e.g. ``[  42s] step 3/10 version 3 | trajectories 48 (21.0/min) | success 0.25 (last 10 steps
-    0.20) loss 0.0123 lag 0.50 | desktops 6/8 busy | failure=30 success=18``, plus the stall reason, if any.
+    0.20) loss 0.0123 lag 0.50 | desktops 6/8 busy | failure=30 success=18``, plus the tasks set aside after task
+    errors and the stall reason, if any.
 
     ``started`` and ``now``: monotonic seconds (``now`` defaults to the clock); ``rate`` measures trajectories
     per minute across calls (None: the rate is left out).
@@ -92,6 +93,8 @@ def progress_line(config: RunConfig, started: float, rate: TrajectoryRate | None
             f"version {version} | trajectories {trajectories}{per_min} | "
             f"{success_text(records)} loss {_number(last, 'loss'):.4f} lag {_number(last, 'staleness_mean'):.2f} | "
             f"desktops {busy}/{config.actors.actors} busy | {outcomes}"
+            + (f" | SET ASIDE (task errors): {', '.join(map(str, status['set_aside']))[:200]}"
+               if status.get("set_aside") else "")
             + (f" | STALLED: {status['stall']}" if status.get("stall") else ""))
 
 

@@ -1,8 +1,8 @@
 """Metrics records: what one training batch writes to metrics.jsonl (and TensorBoard, arpo_async.metrics).
 
 Role: pure functions from values to a record; they read no component. Owns the record's keys (documented in
-:func:`step_record`) and the success-rate rule: successes over trainable trajectories (ENV_ERROR and ABORTED never
-count).
+:func:`step_record`) and the success-rate rule: successes over trainable trajectories (ENV_ERROR, TASK_ERROR and
+ABORTED never count).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ CORRECTION_STATS = ("is_weight_mean", "is_weight_max", "is_capped_frac", "behavi
 
 def success_rate(outcomes: Mapping[str, int]) -> tuple[float, int]:
     """(SUCCESS count / trainable count, trainable count) of outcome counts (Outcome value -> trajectories);
-    (0.0, 0) when none is trainable (ENV_ERROR and ABORTED never are)."""
+    (0.0, 0) when none is trainable (ENV_ERROR, TASK_ERROR and ABORTED never are)."""
     trainable = sum(n for outcome, n in outcomes.items() if Outcome(outcome).trainable)
     return (outcomes.get("SUCCESS", 0) / trainable if trainable else 0.0), trainable
 

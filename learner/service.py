@@ -43,7 +43,7 @@ from learner.batcher import Batcher, BatchQueue
 from learner.peers import Admission, Peers, remember
 from learner.run_stats import RunStats
 from learner.scheduler import GroupScheduler
-from learner.task_selection import TaskSelector, trainable_scores
+from learner.task_selection import NoTaskLeft, TaskSelector, trainable_scores
 from learner.trajectory_sample import TrajectorySampler
 
 log = logging.getLogger(__name__)
@@ -117,11 +117,17 @@ class LearnerService:
 
     async def serve(self, inbox: asyncio.Queue[Envelope]) -> None:
         """Handle every message of the ROUTER pump's ``inbox``, in arrival order, until cancelled. A message
-        whose handling raises is logged with its peer, counted as ``handler`` and answered with a Reject."""
+        whose handling raises is logged with its peer, counted as ``handler`` and answered with a Reject.
+
+        Raises:
+            learner.task_selection.NoTaskLeft: every task has been set aside after TASK_ERRORs (the run stops).
+        """
         while True:
             envelope = await inbox.get()
             try:
                 await self.handle(envelope)
+            except NoTaskLeft:
+                raise  # every task set aside: nothing left to train on, the learner stops
             except Exception as error:  # noqa: BLE001 - one message's handler never stops the service
                 log.error("handling %s from %s failed: %s: %s", type(envelope.message).__name__, envelope.peer,
                           type(error).__name__, error, exc_info=log.isEnabledFor(logging.DEBUG))
@@ -195,6 +201,9 @@ class LearnerService:
         totals["from_desktop"] += bool(traj.desktop)
         totals["desktop_busy_s"] += traj.timings.get("episode_s", 0.0)  # for desktop utilisation
         task = self.scheduler.running_task(traj.group_id, traj.rollout_index)
+        if self.selector is not None and self.selector.record_rollout(task.id, traj.outcome == Outcome.TASK_ERROR):
+            log.error("task %s set aside: its last %d rollouts ended in TASK_ERROR (the last: %s); it is not handed "
+                      "out again in this run", task.id, self.selector.task_error_limit, traj.error[:300])
         self.stats.window.record(task, traj.outcome)
         self.stats.window.stages.add(traj)
         if self.sampler is not None:
@@ -313,6 +322,7 @@ class LearnerService:
                 "drops": dict(self.batcher.drops), "ready_groups": self._ready_groups(),
                 "queues": self.queue_depths(),
                 "totals": dict(totals), "wall_s": self.stats.wall_s,
+                "set_aside": self.selector.set_aside if self.selector is not None else [],
                 **({"baseline": {"groups_recorded": self.baseline.recorded_groups,
                                  "groups_planned": self.baseline.planned_groups}} if self.baseline else {})}
 

@@ -7,14 +7,16 @@ Owns: which task the next group of G rollouts is for during training. Pure and s
   once all of them are successes (its groups would be zero-variance: no gradient, only desktop time), revisits
   retired tasks now and then (every ``revisit_every``-th pick and/or with probability ``revisit_prob``) and
   reactivates one as soon as a revisit fails; otherwise picks among active tasks by shuffled round-robin or by
-  uncertainty p(1 - p).
+  uncertainty p(1 - p). A task whose rollouts end in TASK_ERROR ``task_error_limit`` times in a row (its setup,
+  getter or metric is broken) is set aside for good: never picked again, named in ``set_aside`` and metrics.
 
 Plugs into :class:`learner.scheduler.GroupScheduler` as its task source: the scheduler calls ``pick_task()`` once
 per new group, and whoever receives complete groups calls ``record_group(task_id, scores)``.
 
-Invariants: a pick never returns a task outside the pool; while any task is active, only revisits return a retired
-one; with every task retired, picks cycle through the retired ones (least recently picked first), so the caller is
-never left without work. Zero-variance groups still cost no optimizer work: the batcher drops them.
+Invariants: a pick never returns a task outside the pool or one set aside; while any task is active, only revisits
+return a retired one; with every task retired, picks cycle through the retired ones (least recently picked first),
+so the caller is never left without work while any task is not set aside; with every task set aside a pick raises
+NoTaskLeft, which stops the learner. Zero-variance groups still cost no optimizer work: the batcher drops them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, Generic, TypeVar
 
 __all__ = [
     "SELECTION_STRATEGIES",
+    "NoTaskLeft",
     "TaskSelectionError",
     "TaskSelector",
     "check_pool",
@@ -43,6 +46,10 @@ _STATE_SCHEMA = 1
 
 class TaskSelectionError(ValueError):
     """Bad arguments (empty pool, duplicate ids, out-of-range parameters) or a state that cannot be loaded."""
+
+
+class NoTaskLeft(TaskSelectionError):
+    """Every task of the pool has been set aside after task errors: nothing is left to train on."""
 
 
 def task_id_of(task: Any) -> str:
@@ -97,6 +104,8 @@ class TaskSelector(Generic[T]):
         success_threshold: score from which a rollout counts as a success.
         seed: RNG seed (the RNG state is part of :meth:`state_dict`).
         task_id: a task's id (default: its ``id`` attribute).
+        task_error_limit: TASK_ERROR rollouts in a row (:meth:`record_rollout`) after which a task is set aside
+            (0 = never).
 
     Raises:
         TaskSelectionError: a parameter out of range, an empty pool or duplicate ids.
@@ -114,8 +123,11 @@ class TaskSelector(Generic[T]):
         success_threshold: float = 0.5,
         seed: int = 0,
         task_id: Callable[[T], str] = task_id_of,
+        task_error_limit: int = 3,
     ) -> None:
         ids = check_pool(tasks, task_id)
+        if task_error_limit < 0:
+            raise TaskSelectionError(f"task_error_limit must be >= 0, got {task_error_limit}")
         if window < 1:
             raise TaskSelectionError(f"window must be >= 1, got {window}")
         if revisit_every < 0:
@@ -141,38 +153,55 @@ class TaskSelector(Generic[T]):
         self._retired: set[str] = set()
         self._last_pick: dict[str, int] = {}
         self._counts: collections.Counter[str] = collections.Counter()
+        self.task_error_limit = task_error_limit
+        self._error_streak: collections.Counter[str] = collections.Counter()
+        self._set_aside: set[str] = set()
 
     # ------------------------------------------------------------------ queries
 
     @property
     def active(self) -> list[str]:
-        """Ids of active (not retired) tasks, in pool order."""
-        return [i for i in self._ids if i not in self._retired]
+        """Ids of active (neither retired nor set aside) tasks, in pool order."""
+        return [i for i in self._ids if i not in self._retired and i not in self._set_aside]
 
     @property
     def retired(self) -> list[str]:
-        """Ids of retired tasks, in pool order."""
-        return [i for i in self._ids if i in self._retired]
+        """Ids of retired tasks (not set aside), in pool order."""
+        return [i for i in self._ids if i in self._retired and i not in self._set_aside]
+
+    @property
+    def set_aside(self) -> list[str]:
+        """Ids of tasks set aside after ``task_error_limit`` TASK_ERROR rollouts in a row, in pool order."""
+        return [i for i in self._ids if i in self._set_aside]
 
     def success_estimate(self, task_id: str) -> float:
         """p = (successes + 1) / (results + 2) over the task's window (1/2 before any result)."""
         results = self._windows[task_id]
         return (sum(results) + 1) / (len(results) + 2)
 
-    def stats(self) -> dict[str, int]:
-        """``{"active", "retired", "picks", "revisits", "retirements", "reactivations", "unknown_groups"}``."""
-        return {"active": len(self._ids) - len(self._retired), "retired": len(self._retired),
+    def stats(self) -> dict[str, Any]:
+        """``{"active", "retired", "picks", "revisits", "retirements", "reactivations", "unknown_groups"}`` (counts)
+        and ``"set_aside"`` (the ids set aside, a list)."""
+        return {"active": len(self.active), "retired": len(self.retired),
                 **{k: self._counts[k] for k in ("picks", "revisits", "retirements", "reactivations",
-                                                "unknown_groups")}}
+                                                "unknown_groups")}, "set_aside": self.set_aside}
 
     # ------------------------------------------------------------------ picking
 
     def pick_task(self) -> T:
-        """The task for the next group (see the class docstring for the rule)."""
+        """The task for the next group (see the class docstring for the rule).
+
+        Raises:
+            NoTaskLeft: every task has been set aside.
+        """
+        if len(self._set_aside) == len(self._ids):
+            raise NoTaskLeft(f"every task has been set aside after {self.task_error_limit} TASK_ERROR rollouts in "
+                             f"a row ({', '.join(self._ids)[:300]}); fix the task files (see the trajectories' "
+                             "errors in actors.log, or `arpo tasks check`)")
         self._counts["picks"] += 1
         pick = self._counts["picks"]
         active = self.active
-        if self._retired and self._revisit_now(pick, active):
+        if self.retired and self._revisit_now(pick, active):
             chosen = min(self.retired, key=lambda i: self._last_pick.get(i, 0))  # min() keeps pool order on ties
             self._counts["revisits"] += 1
         elif self.strategy == "round_robin":
@@ -194,7 +223,7 @@ class TaskSelector(Generic[T]):
             if not self._order:
                 self._order = self._rng.sample(active, len(active))
             candidate = self._order.pop()
-            if candidate not in self._retired:
+            if candidate not in self._retired and candidate not in self._set_aside:
                 return candidate
 
     def _draw_uncertain(self, active: list[str]) -> str:
@@ -230,6 +259,19 @@ class TaskSelector(Generic[T]):
             self._counts["retirements"] += 1
         return True
 
+    def record_rollout(self, task_id: str, task_error: bool) -> bool:
+        """Record whether one rollout of ``task_id`` ended in TASK_ERROR; set the task aside once
+        ``task_error_limit`` did in a row (any other outcome starts the count again). Returns True when this
+        call set it aside."""
+        if task_id not in self._windows or task_id in self._set_aside:
+            return False
+        self._error_streak[task_id] = self._error_streak[task_id] + 1 if task_error else 0
+        if not self.task_error_limit or self._error_streak[task_id] < self.task_error_limit:
+            return False
+        self._set_aside.add(task_id)
+        self._order = [i for i in self._order if i != task_id]
+        return True
+
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
@@ -243,6 +285,8 @@ class TaskSelector(Generic[T]):
             "retired": self.retired,
             "last_pick": dict(self._last_pick),
             "counts": dict(self._counts),
+            "set_aside": self.set_aside,
+            "error_streak": {i: n for i, n in self._error_streak.items() if n},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -266,7 +310,11 @@ class TaskSelector(Generic[T]):
             order = [str(i) for i in state["order"] if i in windows]
             last_pick = {str(i): int(n) for i, n in state["last_pick"].items() if i in windows}
             counts = collections.Counter({str(k): int(v) for k, v in state["counts"].items()})
-        except (KeyError, TypeError, ValueError) as error:
+            set_aside = {str(i) for i in state.get("set_aside", []) if i in windows}  # absent before TASK_ERROR
+            streak = collections.Counter({str(i): int(n) for i, n in state.get("error_streak", {}).items()
+                                          if i in windows})
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise TaskSelectionError(f"malformed task selector state: {type(error).__name__}: {error}") from error
         self._rng, self._windows, self._retired, self._order = rng, windows, retired, order
         self._last_pick, self._counts = last_pick, counts
+        self._set_aside, self._error_streak = set_aside, streak

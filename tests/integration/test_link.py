@@ -28,6 +28,7 @@ from learner.scheduler import GroupScheduler
 from learner.service import LearnerService
 from learner.staleness import StalenessManager
 from learner.baseline import BASELINE_FILE, plan_tasks
+from learner.task_selection import TaskSelector
 from tests.support import free_port, until
 
 TASK = Task.from_dict({"id": "grid4-red", "instruction": "click red", "config": [],
@@ -224,4 +225,35 @@ async def test_a_flood_of_rejected_messages_writes_a_few_log_lines_and_counts_ev
             assert service.totals["bad_messages"] == 1000
     finally:
         raw.close(0)
+        ctx.destroy(linger=0)
+
+
+async def test_a_task_whose_rollouts_end_in_task_error_is_set_aside_and_named(transport):
+    """Issue 24 item 1: TASK_ERROR trajectories are acked, never trained on, counted per task; after
+    task_error_limit of them in a row the task is set aside (named in status.json and metrics) and only the
+    other task is handed out."""
+    other = Task.from_dict({**TASK.to_dict(), "id": "grid4-blue", "instruction": "click blue"})
+    selector = TaskSelector([TASK, other], task_error_limit=2, retire=False)
+    scheduler = GroupScheduler([TASK, other], group_size=2, pick_task=selector.pick_task, max_retries=0)
+    ctx = zmq.asyncio.Context()
+    try:
+        async with learner(ctx, transport, batch=8, eta=4, scheduler=scheduler) as service, \
+                actor(ctx, transport) as link:
+            service.selector = selector
+            handed: list[str] = []
+            while "grid4-red" not in service.status()["set_aside"]:
+                assignment = await asyncio.wait_for(link.request_work(), 5)
+                handed.append(assignment.task["id"])
+                broken = assignment.task["id"] == "grid4-red"
+                traj = trajectory(assignment, "TASK_ERROR" if broken else "FAILURE", 0.0)
+                traj.error = "TypeError: 'int' object is not iterable" if broken else ""
+                await link.submit(traj)
+                await until(lambda: service.totals["trajectories"] == len(handed), 5, "the trajectory")
+                assert len(handed) < 20
+            assert service.totals["TASK_ERROR"] == 2 and service.counters()["task_selection"]["set_aside"] == [
+                "grid4-red"]
+            assert service.batcher.drops["zero_variance"] + len(service.batcher.ready) >= 0  # nothing raised
+            later = [(await asyncio.wait_for(link.request_work(), 5)).task["id"] for _ in range(2)]
+            assert "grid4-red" not in later[-1:]  # after the group open when it was set aside, only grid4-blue
+    finally:
         ctx.destroy(linger=0)

@@ -92,3 +92,10 @@ def test_a_crashed_child_logs_its_traceback_at_error_and_the_excerpt_quotes_it(t
     assert "in select_tasks" in excerpt
     assert lines[-1] == "arpo-learner failed: ValueError: no task matches learner.task_ids=['no-such-task']"
     assert crash_excerpt(tmp_path / "missing.log") == ""
+
+
+def test_progress_line_names_the_tasks_set_aside(tmp_path):
+    config = load_config(None, [f'run_dir="{tmp_path}"'])
+    (tmp_path / "status.json").write_text(json.dumps({"outcomes": {"TASK_ERROR": 3}, "set_aside": ["bad-task"]}))
+    line = progress_line(config, started=0.0, now=1.0)
+    assert "task_error=3" in line and line.endswith("| SET ASIDE (task errors): bad-task")

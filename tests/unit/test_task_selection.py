@@ -242,3 +242,33 @@ def test_a_damaged_baseline_file_is_a_clear_error(tmp_path, text):
     path.write_text(text)
     with pytest.raises(ValueError, match="baseline.json.*remove it to run the pass again"):
         load_baseline(path)
+
+
+def test_a_task_with_task_errors_in_a_row_is_set_aside_and_never_picked_again():
+    """Issue 24 item 1: TASK_ERROR rollouts in a row set a task aside (another outcome restarts the count); it is
+    named in stats, survives a checkpoint, and with every task set aside a pick raises NoTaskLeft."""
+    from learner.task_selection import NoTaskLeft
+
+    selector = TaskSelector(POOL, task_error_limit=3, seed=1)
+    assert not selector.record_rollout("a", True) and not selector.record_rollout("a", True)
+    assert not selector.record_rollout("a", False)  # another outcome: the count starts again
+    assert [selector.record_rollout("a", True) for _ in range(3)] == [False, False, True]
+    assert selector.set_aside == ["a"] and selector.stats()["set_aside"] == ["a"] and "a" not in selector.active
+    assert all(selector.pick_task().id != "a" for _ in range(40))
+    restored = TaskSelector(POOL, task_error_limit=3)
+    restored.load_state_dict(msgpack.unpackb(msgpack.packb(selector.state_dict())))
+    assert restored.set_aside == ["a"]
+    for other in ("b", "c", "d"):
+        for _ in range(3):
+            restored.record_rollout(other, True)
+    with pytest.raises(NoTaskLeft, match="every task has been set aside"):
+        restored.pick_task()
+    never = TaskSelector(POOL, task_error_limit=0)
+    assert not any(never.record_rollout("a", True) for _ in range(10)) and never.set_aside == []
+
+
+def test_a_set_aside_task_is_not_revisited_when_every_other_task_is_retired():
+    selector = TaskSelector(POOL[:2], window=2, task_error_limit=1, revisit_every=1)
+    selector.record_rollout("a", True)
+    selector.record_group("b", [1.0, 1.0])  # b retired, a set aside: revisits go to b only
+    assert selector.retired == ["b"] and [selector.pick_task().id for _ in range(5)] == ["b"] * 5

@@ -1,0 +1,174 @@
+"""A task's fault stays in its episode (issue 24 item 1): the real EpisodeRunner and ControllerClient against a
+real desktop, and against a real HTTP server that answers every route with hostile JSON.
+
+Every case must end with a trajectory, never an exception out of ``EpisodeRunner.run``: the named ones from the
+issue (an ``execute`` whose command is 5, ``exact_match`` with an option it does not take, a controller answering
+``{"status": "error", "message": 5}``) as TASK_ERROR or ENV_ERROR carrying the error's type and message, and a
+seeded fuzz of a few hundred setup, getter, metric and controller-answer variations with zero escapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import random
+import secrets
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from actors import ActorConfig, EpisodeRunner, load_task
+from actors.desktop.controller_client import ControllerClient
+from arpo_async.messages import Assignment, Outcome
+from arpo_async.model.inputs import PromptEncoder
+
+HOSTILE_VALUES = [5, -1, 1e308, None, True, [], {}, [5], {"a": 5}, "", "x" * 5000, [None, 1], {"o": 5}]
+"""Values a careless task author or a broken controller might put where another type belongs."""
+
+SETUP_BASES = [
+    {"type": "execute", "parameters": {"command": ["true"], "shell": False}},
+    {"type": "execute", "parameters": {"command": "true", "shell": True, "until": {"returncode": 0}, "timeout": 2}},
+    {"type": "command", "parameters": {"command": ["true"]}},
+    {"type": "launch", "parameters": {"command": ["true"], "shell": False}},
+    {"type": "activate_window", "parameters": {"window_name": "nothing", "strict": False, "by_class": False}},
+    {"type": "close_window", "parameters": {"window_name": "nothing", "strict": False, "by_class": False}},
+    {"type": "download", "parameters": {"files": [{"url": "not a url", "path": "/tmp/f"}]}},
+    {"type": "update_browse_history", "parameters": {"history": [{"url": "http://a", "title": "a",
+                                                                  "visit_time_from_now_in_seconds": 5}]}},
+]
+RESULT_BASES = [
+    {"type": "vm_command_line", "command": "echo hi", "shell": True},
+    {"type": "vm_file", "path": "/tmp/none", "dest": "none"},
+    {"type": "rule", "rules": {"expected": "hi"}},
+    {"type": "list_directory", "path": "/tmp"},
+]
+
+
+def _mutations(base: dict, rng: random.Random, n: int) -> list[dict]:
+    """``n`` copies of ``base``, each with one (possibly nested) value replaced by a hostile one."""
+    paths: list[list] = []
+
+    def walk(node, path):
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in items:
+            if key != "type":
+                paths.append([*path, key])
+                walk(value, [*path, key])
+
+    walk(base, [])
+    out = []
+    for _ in range(n):
+        case, path = copy.deepcopy(base), rng.choice(paths)
+        node = case
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = copy.deepcopy(rng.choice(HOSTILE_VALUES))
+        out.append(case)
+    return out
+
+
+def fuzz_tasks(seed: int = 0, per_base: int = 14) -> list[dict]:
+    """Seeded variations of the built-in grid4-green task: hostile setup steps, result getters and metric
+    options (about 200)."""
+    rng, green = random.Random(seed), load_task("grid4-green").to_dict()
+    tasks = []
+    for base in SETUP_BASES:
+        tasks += [{**green, "config": [step]} for step in _mutations(base, rng, per_base)]
+    for base in RESULT_BASES:
+        tasks += [{**green, "evaluator": {**green["evaluator"], "result": getter}}
+                  for getter in _mutations(base, rng, per_base)]
+    for value in HOSTILE_VALUES:
+        tasks.append({**green, "evaluator": {**green["evaluator"], "options": value}})
+        tasks.append({**green, "evaluator": {**green["evaluator"], "expected": {"type": "rule", "rules": value}}})
+    return tasks
+
+
+async def finish(**_kw) -> str:
+    """A policy that says it is done at once, so the evaluator's getters and metric always run."""
+    return "Action: finished(content='')"
+
+
+def runner(tiny_model: Path) -> EpisodeRunner:
+    return EpisodeRunner(PromptEncoder(tiny_model), finish, ActorConfig(max_steps=1, setup_timeout_s=5.0))
+
+
+async def run_all(run: EpisodeRunner, controller: ControllerClient, tasks: list[dict]) -> list:
+    """Each task's trajectory, or the exception that escaped ``run`` for it (there must be none)."""
+    results = []
+    for i, task in enumerate(tasks):
+        try:
+            results.append(await run.run(controller, Assignment(f"r{i}", task, f"g{i}", 0, 0), "fuzz"))
+        except Exception as escaped:  # noqa: BLE001 - collected for the assertion
+            results.append(escaped)
+    return results
+
+
+@pytest.mark.docker
+async def test_named_task_faults_end_as_task_error_and_the_fuzz_has_no_escape(fleet, tiny_model):
+    green = load_task("grid4-green").to_dict()
+    named = [
+        {**green, "config": [{"type": "execute", "parameters": {"command": 5}}]},
+        {**green, "evaluator": {**green["evaluator"], "options": {"o": 5}}},
+        {**green, "config": [{"type": "launch", "parameters": {"command": 5}}]},
+        {**green, "evaluator": {**green["evaluator"], "expected": {"type": "rule", "rules": [1, 2]}}},
+        {**green, "config": [{"type": "execute", "parameters": {"command": "true", "until": 5}}]},
+    ]
+    desktop = await fleet.start()
+    try:
+        run = runner(tiny_model)
+        results = await run_all(run, desktop.controller, named)
+        assert all(not isinstance(r, BaseException) for r in results), results
+        assert [r.outcome for r in results[:2]] == [Outcome.TASK_ERROR] * 2, [(r.outcome, r.error) for r in results]
+        assert results[0].error.startswith("TypeError") and "'o'" in results[1].error
+        assert all(not r.outcome.trainable and r.error for r in results)
+        fuzz = fuzz_tasks()
+        assert len(fuzz) >= 150
+        escaped = [(t, r) for t, r in zip(fuzz, await run_all(run, desktop.controller, fuzz))
+                   if isinstance(r, BaseException)]
+        assert escaped == []
+        after = await run.run(desktop.controller, Assignment("ok", green, "g", 0, 0), "fuzz")
+        assert after.outcome == Outcome.FAILURE, (after.outcome, after.error)  # the desktop and runner go on
+    finally:
+        await fleet.remove(desktop)
+
+
+HOSTILE_ANSWERS = [
+    {"status": "error", "message": 5}, {"status": "error"}, {"output": 5, "returncode": "a"}, [], "x", 5, None,
+    {"output": None, "error": None, "returncode": None}, {"width": "a", "height": None}, {"status": 5},
+]
+
+
+async def test_a_controller_answering_hostile_json_never_kills_the_episode(tmp_path, tiny_model):
+    """Every route of a real HTTP server on a Unix socket answers one of HOSTILE_ANSWERS (or a non-JSON body, or
+    a 500): every episode ends with a non-trainable outcome carrying the error, none raises."""
+    answers = [*HOSTILE_ANSWERS, b"\xff not json", (500, {"status": "error", "message": 5})]
+    chosen: dict[str, object] = {}
+
+    async def answer(_request: web.Request) -> web.Response:
+        body = chosen["answer"]
+        status, body = body if isinstance(body, tuple) else (200, body)
+        if isinstance(body, bytes):
+            return web.Response(status=status, body=body, content_type="application/json")
+        return web.Response(status=status, text=json.dumps(body), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    web_runner = web.AppRunner(app)
+    await web_runner.setup()
+    socket_path = str(tmp_path / f"c-{secrets.token_hex(3)}.sock")
+    await web.UnixSite(web_runner, socket_path).start()
+    controller = ControllerClient(socket_path, timeout=5.0)
+    try:
+        run, green = runner(tiny_model), load_task("grid4-green").to_dict()
+        for i, body in enumerate(answers):
+            chosen["answer"] = body
+            try:
+                traj = await asyncio.wait_for(run.run(controller, Assignment(f"r{i}", green, "g", 0, 0), "x"), 60)
+            except Exception as escaped:  # noqa: BLE001
+                pytest.fail(f"answer {body!r}: {type(escaped).__name__}: {escaped} escaped the episode")
+            assert not traj.outcome.trainable and traj.error, (body, traj.outcome, traj.error)
+    finally:
+        await controller.close()
+        await web_runner.cleanup()
