@@ -145,3 +145,11 @@ def test_the_trainers_ranges_are_checked(kwargs):
 def test_the_correction_modes_are_learner_grpos():
     assert typing.get_args(typing.get_type_hints(LearnerConfig)["correction"]) == CORRECTION_MODES
     assert LearnerConfig(correction="tis").correction_cap == 2.0 and LearnerConfig().correction_cap == 5.0
+
+
+def test_the_trainers_runtime_config_errors_are_config_errors():
+    """learner.device "cuda" without CUDA or a sample over the micro-batch budget is found only when training
+    starts (learner.trainer's TrainerConfigError); one ``except ConfigError`` catches it with the rest."""
+    from learner.trainer_errors import TrainerConfigError
+
+    assert issubclass(TrainerConfigError, ConfigError)
