@@ -59,7 +59,8 @@ Strings = Annotated[tuple[str, ...], BeforeValidator(_as_tuple)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 """A probability or fraction, in [0, 1]."""
 Correction = Literal["arpo", "decoupled", "tis", "behaviour"]
-"""learner.grpo.CORRECTION_MODES (tests/unit/test_config.py checks they are the same)."""
+"""learner.grpo.CORRECTION_MODES. This module imports nothing of learner/ or arpo_serve/, so a choice their code
+also lists is spelt out here; tests/unit/test_config.py checks each such Literal against the code's tuple."""
 
 _TYPE_NAMES = {"int_type": "int", "float_type": "float", "bool_type": "bool", "string_type": "str",
                "tuple_type": "a list"}

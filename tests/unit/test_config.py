@@ -6,8 +6,11 @@ import typing
 
 import pytest
 
-from arpo_async.config import ActorConfig, ConfigError, LearnerConfig, RunConfig, dump_toml, load_config
+from arpo_async.config import ActorConfig, ConfigError, LearnerConfig, RunConfig, ServeConfig, dump_toml, load_config
+from arpo_serve.engine import LOGPROB_MODES
 from learner.grpo import CORRECTION_MODES
+from learner.replay import REPLAY_MODES
+from learner.task_selection import SELECTION_STRATEGIES
 
 
 def test_defaults_are_the_embedded_run():
@@ -142,8 +145,16 @@ def test_the_trainers_ranges_are_checked(kwargs):
         LearnerConfig(**kwargs)
 
 
-def test_the_correction_modes_are_learner_grpos():
-    assert typing.get_args(typing.get_type_hints(LearnerConfig)["correction"]) == CORRECTION_MODES
+@pytest.mark.parametrize("cls,key,modes", [
+    (LearnerConfig, "correction", CORRECTION_MODES), (LearnerConfig, "replay_mode", REPLAY_MODES),
+    (LearnerConfig, "task_strategy", SELECTION_STRATEGIES), (ServeConfig, "logprob_mode", LOGPROB_MODES),
+])
+def test_the_choices_are_those_of_the_code_that_takes_them(cls, key, modes):
+    """arpo_async may not import learner/ or arpo_serve/, so the config spells their choices out as a Literal."""
+    assert typing.get_args(typing.get_type_hints(cls)[key]) == modes
+
+
+def test_the_correction_cap_is_the_selected_modes():
     assert LearnerConfig(correction="tis").correction_cap == 2.0 and LearnerConfig().correction_cap == 5.0
 
 
