@@ -151,13 +151,13 @@ class LearnerConfig:
     weight_decay: NonNegativeFloat = 0.01
     """AdamW weight decay (ARPO: 0.01)."""
     grad_clip: NonNegativeFloat = 1.0
-    """Gradient-norm clip (ARPO: 1.0)."""
+    """Clip the global gradient L2 norm to this before each optimizer step (ARPO: 1.0); 0 disables clipping."""
     eps_low: Annotated[float, Field(gt=0, lt=1)] = 0.2
-    """PPO clip lower bound (ARPO: 0.2)."""
+    """PPO clip lower bound: ratio floor 1 - eps_low (ARPO: 0.2)."""
     eps_high: PositiveFloat = 0.3
-    """PPO clip-higher upper bound (ARPO: 0.3)."""
+    """PPO clip-higher upper bound: ratio ceiling 1 + eps_high (ARPO: 0.3; DAPO: 0.28)."""
     dual_clip: Annotated[float, Field(gt=1)] = 3.0
-    """Dual-clip constant for negative advantages (ARPO: 3.0)."""
+    """Dual-clip constant c for negative advantages: a token with A < 0 loses at most -c x A (ARPO: 3.0)."""
     replay: bool = True
     """ARPO's success replay: inject a stored success into all-failed groups."""
     replay_capacity: PositiveInt = 8
@@ -212,7 +212,8 @@ class LearnerConfig:
     """"float32" or "bfloat16": bf16 parameters and activations in the forward and backward passes, with float32
     master weights, AdamW state, gradient reduction and log-softmax (learner.trainer)."""
     gradient_checkpointing: bool = False
-    """Recompute decoder-layer activations in the backward pass (less memory for long multi-screenshot prompts)."""
+    """Recompute decoder-layer activations in the backward pass (less memory for long multi-screenshot prompts,
+    about a third more compute)."""
     max_tokens_per_microbatch: NonNegativeInt = 16384
     """Padded tokens per forward/backward pass: each step's samples are packed longest first under this budget and
     gradients accumulated; the step is the same for any value (0 = each rank's share in one pass). A sample longer
