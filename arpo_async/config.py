@@ -1,8 +1,12 @@
 """Run configuration: frozen dataclasses, loaded from one TOML file with CLI overrides.
 
-Owns: the one description of a run that every process (learner, actors, arpo-serve, `arpo run`) reads.
-Invariants: configs are immutable once built and validated in ``__post_init__``; derived values are
-properties; a TOML key or override that names no field is an error, never silently ignored.
+Owns: the one description of a run that every process (learner, actors, arpo-serve, `arpo run`) reads; each key
+is declared once, with its type, bounds, default and docstring.
+Invariants: configs are immutable once built and validated when built, by pydantic from each field's type (strict:
+a bool is no int, a str no number; an int is taken for a float, a list or a single value for a tuple) plus a
+model validator for rules across fields; derived values are properties; a TOML key or override that names no
+field is an error, never silently ignored. Every error, from `load_config` or from building a config directly
+(``LearnerConfig(lr=0)``, ``dataclasses.replace``), is a :class:`ConfigError` naming the dotted key.
 
 TOML layout (every section and key optional)::
 
@@ -21,30 +25,80 @@ without one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import tomllib
 import typing
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import pydantic.dataclasses
 import tomli_w
+from pydantic_core import ErrorDetails
+from pydantic import (AfterValidator, BeforeValidator, ConfigDict, Field, NonNegativeFloat, NonNegativeInt,
+                      PositiveFloat, PositiveInt, ValidationError, model_validator)
 
 
 class ConfigError(ValueError):
     """A config file or override that cannot be used; the message names the key and the reason."""
 
 
-@dataclass(frozen=True)
+def _as_tuple(value: Any) -> Any:
+    """A TOML list becomes a tuple and a single value a 1-tuple (``--set actors.inference_urls=http://x``)."""
+    return tuple(value) if isinstance(value, list) else value if isinstance(value, tuple) else (value,)
+
+
+def _zmq_endpoint(value: str) -> str:
+    if not value.startswith(("tcp://", "ipc://", "inproc://")):
+        raise ValueError(f"must be a ZeroMQ endpoint (tcp://, ipc://), got {value!r}")
+    return value
+
+
+Strings = Annotated[tuple[str, ...], BeforeValidator(_as_tuple)]
+"""A list of strings in TOML, a tuple here."""
+Fraction = Annotated[float, Field(ge=0, le=1)]
+"""A probability or fraction, in [0, 1]."""
+Correction = Literal["arpo", "decoupled", "tis", "behaviour"]
+"""learner.grpo.CORRECTION_MODES. This module imports nothing of learner/ or arpo_serve/, so a choice their code
+also lists is spelt out here; tests/unit/test_config.py checks each such Literal against the code's tuple."""
+
+_TYPE_NAMES = {"int_type": "int", "float_type": "float", "bool_type": "bool", "string_type": "str",
+               "tuple_type": "a list"}
+_BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+
+
+@typing.dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field, Field))
+def _config(section: str) -> typing.Callable[[type], type]:
+    """Make ``cls`` a frozen pydantic dataclass validated strictly when built, whose validation errors are raised as
+    one :class:`ConfigError` naming each key as ``section.key`` (``section`` "" for RunConfig's top-level keys).
+    It stays a dataclass: `dataclasses.fields`, `replace` (which validates again) and `asdict` work on it."""
+    def make(cls: type) -> type:
+        cls = pydantic.dataclasses.dataclass(cls, frozen=True, config=ConfigDict(extra="forbid", strict=True))
+        validate = cls.__init__
+
+        @functools.wraps(validate)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            try:
+                validate(self, *args, **kwargs)
+            except ValidationError as error:
+                raise _config_error(error, section, cls) from error
+
+        cls.__init__ = __init__
+        return cls
+    return make
+
+
+@_config("transport")
 class TransportConfig:
     """ZeroMQ link between actors (DEALER) and the learner (ROUTER)."""
 
-    endpoint: str = "tcp://127.0.0.1:5555"
+    endpoint: Annotated[str, AfterValidator(_zmq_endpoint)] = "tcp://127.0.0.1:5555"
     """Learner's ROUTER endpoint; the learner binds it, actors connect to it."""
-    max_message_mb: int = 256
+    max_message_mb: PositiveInt = 256
     """Largest message a decoder accepts (MiB); larger frames are rejected and counted, never decoded."""
-    high_water_mark: int = 256
+    high_water_mark: PositiveInt = 256
     """ZeroMQ send/receive high-water mark (messages) on every socket."""
-    heartbeat_s: float = 2.0
+    heartbeat_s: PositiveFloat = 2.0
     """Actors send a heartbeat this often; the learner's reply tells them if it restarted."""
     resend_after_s: float = 30.0
     """An unacknowledged trajectory or unanswered work request is sent again after this many seconds."""
@@ -60,21 +114,18 @@ class TransportConfig:
     """The learner forgets an actor process not heard from for this long (no heartbeat): its waiting work requests
     are dropped and its running rollouts handed out again at once. Keep it several heartbeats long."""
 
-    def __post_init__(self) -> None:
-        _require(self.endpoint.startswith(("tcp://", "ipc://", "inproc://")), "transport.endpoint",
-                 f"must be a ZeroMQ endpoint (tcp://, ipc://), got {self.endpoint!r}")
-        _require(self.max_message_mb > 0, "transport.max_message_mb", "must be > 0")
-        _require(self.high_water_mark > 0, "transport.high_water_mark", "must be > 0")
-        _require(self.heartbeat_s > 0, "transport.heartbeat_s", "must be > 0")
-        _require(self.peer_timeout_s > 2 * self.heartbeat_s, "transport.peer_timeout_s",
-                 "must be more than 2 heartbeats (transport.heartbeat_s)")
+    @model_validator(mode="after")
+    def _peer_timeout_spans_heartbeats(self) -> TransportConfig:
+        if not self.peer_timeout_s > 2 * self.heartbeat_s:
+            raise ValueError("peer_timeout_s: must be more than 2 heartbeats (transport.heartbeat_s)")
+        return self
 
     @property
     def max_message_bytes(self) -> int:
         return self.max_message_mb * 1024 * 1024
 
 
-@dataclass(frozen=True)
+@_config("learner")
 class LearnerConfig:
     """GRPO learner: groups, batches, optimiser, replay, publishing."""
 
@@ -84,128 +135,132 @@ class LearnerConfig:
     """Local mirror of OSWorld's task files (its file cache's layout, <domain>/<task id>/<file name>, or files
     named by their Google Drive id), looked up before the network by `download` setup steps and `cloud_file`
     getters, so a user who has them runs OSWorld's tasks offline; empty = none (actors.osworld.downloads)."""
-    task_ids: tuple[str, ...] = ()
+    task_ids: Strings = ()
     """Restrict training to these task ids (or id prefixes, e.g. "grid4-"); empty = all tasks."""
-    group_size: int = 4
+    group_size: Annotated[int, Field(ge=2)] = 4
     """G: rollouts of the same task per group (ARPO: 8)."""
-    groups_per_step: int = 2
+    groups_per_step: PositiveInt = 2
     """Groups with non-zero reward variance per optimizer step; batch = groups_per_step x group_size trajectories."""
-    steps: int = 3
+    steps: NonNegativeInt = 3
     """Stop after this many optimizer steps (0 = run until interrupted)."""
-    max_staleness: int = 1
+    max_staleness: NonNegativeInt = 1
     """eta in AReaL's admission rule: work is handed out only while accepted + running < (eta + version + 1) x B.
     Larger = more throughput, more policy lag; 0 = synchronous."""
-    lr: float = 5e-4
+    lr: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 5e-4
     """AdamW learning rate (ARPO uses 1e-6 for a 7B model; the tiny embedded model needs a larger one)."""
-    weight_decay: float = 0.01
+    weight_decay: NonNegativeFloat = 0.01
     """AdamW weight decay (ARPO: 0.01)."""
-    grad_clip: float = 1.0
-    """Gradient-norm clip (ARPO: 1.0)."""
-    eps_low: float = 0.2
-    """PPO clip lower bound (ARPO: 0.2)."""
-    eps_high: float = 0.3
-    """PPO clip-higher upper bound (ARPO: 0.3)."""
-    dual_clip: float = 3.0
-    """Dual-clip constant for negative advantages (ARPO: 3.0)."""
+    grad_clip: NonNegativeFloat = 1.0
+    """Clip the global gradient L2 norm to this before each optimizer step (ARPO: 1.0); 0 disables clipping."""
+    eps_low: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    """PPO clip lower bound: ratio floor 1 - eps_low (ARPO: 0.2)."""
+    eps_high: PositiveFloat = 0.3
+    """PPO clip-higher upper bound: ratio ceiling 1 + eps_high (ARPO: 0.3; DAPO: 0.28)."""
+    dual_clip: Annotated[float, Field(gt=1)] = 3.0
+    """Dual-clip constant c for negative advantages: a token with A < 0 loses at most -c x A (ARPO: 3.0)."""
     replay: bool = True
     """ARPO's success replay: inject a stored success into all-failed groups."""
-    replay_capacity: int = 8
+    replay_capacity: PositiveInt = 8
     """Successes kept per task (ARPO: 8, oldest evicted first)."""
-    replay_mode: str = "prioritized"
+    replay_mode: Literal["arpo", "prioritized", "off"] = "prioritized"
     """"arpo" (ARPO-exact: FIFO per task, uniform draw, all-failed groups only), "prioritized" or "off";
     replay = false forces "off"."""
-    replay_max_total: int = 256
+    replay_max_total: PositiveInt = 256
     """Prioritized replay: most successes kept over all tasks (lowest priority evicted first); bounds memory."""
-    replay_inject_below: float = 0.0
+    replay_inject_below: Fraction = 0.0
     """Prioritized replay: also inject into groups whose success rate is below this (0 = all-failed groups only)."""
-    replay_alpha: float = 1.0
+    replay_alpha: NonNegativeFloat = 1.0
     """Prioritized replay: exponent on (1 - task success EMA + 0.05), preferring tasks the policy fails."""
-    replay_age_tau: float = 8.0
+    replay_age_tau: PositiveFloat = 8.0
     """Prioritized replay: age scale in policy versions; priority x exp(-age / tau) prefers fresh successes."""
-    replay_length_beta: float = 0.5
+    replay_length_beta: NonNegativeFloat = 0.5
     """Prioritized replay: priority x steps^-beta prefers short successful episodes."""
-    correction: str = "decoupled"
+    correction: Correction = "decoupled"
     """Off-policy correction: "arpo" (none), "decoupled" (AReaL), "tis" (slime truncated IS) or "behaviour"
     (PPO ratio against the sampler's log-probs); see learner.grpo.corrected_token_loss."""
-    decoupled_cap: float = 5.0
+    decoupled_cap: Annotated[float, Field(gt=1, allow_inf_nan=False)] = 5.0
     """"decoupled": tokens with pi_prox / pi_behav above this are left out of the loss (AReaL examples: 5.0)."""
-    tis_cap: float = 2.0
+    tis_cap: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 2.0
     """"tis": pi_prox / pi_behav is truncated at this (slime --tis-clip default: 2.0)."""
-    baseline_k: int = 0
+    baseline_k: NonNegativeInt = 0
     """Baseline pass: rollouts per task with the initial policy before training, keeping tasks with a success
     (ARPO's valuable tasks); 0 = no baseline pass."""
-    baseline_min_success: int = 1
+    baseline_min_success: PositiveInt = 1
     """Baseline pass: successes a task needs to be kept (ARPO: 1)."""
     baseline_drop_solved: bool = False
     """Baseline pass: also drop tasks solved in all k rollouts (they give only zero-variance groups)."""
-    task_strategy: str = "round_robin"
+    task_strategy: Literal["round_robin", "uncertainty"] = "round_robin"
     """Online task choice among active tasks: "round_robin" (shuffled, seeded) or "uncertainty" (weight p(1-p))."""
-    task_window: int = 8
+    task_window: PositiveInt = 8
     """Rollouts per task in its success window; a task solved in all of them is retired."""
     task_retire: bool = True
     """Retire tasks solved every time over the window (they would give only zero-variance groups)."""
-    task_revisit_every: int = 10
+    task_revisit_every: NonNegativeInt = 10
     """Every this many groups one goes to a retired task, which is reactivated if it fails (0 = never)."""
-    task_revisit_prob: float = 0.0
+    task_revisit_prob: Fraction = 0.0
     """Probability that a group goes to a retired task (in addition to task_revisit_every; 0 = never)."""
     format_reward_weight: float = 0.5
     """reward = score + weight x format reward (format reward -1 when a reply does not parse; ARPO: 0.5)."""
     rollout_retries: int = 2
     """A rollout that ends in ENV_ERROR or ABORTED is handed out again this many times before its group goes on without it."""
-    torch_threads: int = 1
+    torch_threads: PositiveInt = 1
     """Threads for torch on the learner, per rank (the desktops need the other cores)."""
-    device: str = "cpu"
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
     """Where the learner trains: "cpu", "cuda" (each torchrun rank takes cuda:LOCAL_RANK) or "auto" (cuda when
     available). "cuda" on a machine without CUDA stops the learner at start with an error naming this key."""
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16"] = "float32"
     """"float32" or "bfloat16": bf16 parameters and activations in the forward and backward passes, with float32
     master weights, AdamW state, gradient reduction and log-softmax (learner.trainer)."""
     gradient_checkpointing: bool = False
-    """Recompute decoder-layer activations in the backward pass (less memory for long multi-screenshot prompts)."""
-    max_tokens_per_microbatch: int = 16384
+    """Recompute decoder-layer activations in the backward pass (less memory for long multi-screenshot prompts,
+    about a third more compute)."""
+    max_tokens_per_microbatch: NonNegativeInt = 16384
     """Padded tokens per forward/backward pass: each step's samples are packed longest first under this budget and
     gradients accumulated; the step is the same for any value (0 = each rank's share in one pass). A sample longer
     than the budget stops the learner with an error naming this key."""
-    weight_sync: str = "disk"
+    logprob_chunk_tokens: PositiveInt = 1024
+    """Completion tokens the trainer projects to the vocabulary at once (learner.policy_forward): peak extra memory
+    chunk x vocab x 4 B of fp32 logits; the log-probs are the same for any value."""
+    weight_sync: Literal["disk", "distributed"] = "disk"
     """How new weights reach the inference servers: "disk" (a weights folder per version, then
     /update_weights_from_disk) or "distributed" (broadcast over a process group per server, SGLang's
     /init_weights_update_group + /update_weights_from_distributed; nothing written to disk)."""
-    sync_bucket_mb: float = 512.0
+    sync_bucket_mb: PositiveFloat = 512.0
     """"distributed": most megabytes of tensors per /update_weights_from_distributed request."""
     sync_host: str = "127.0.0.1"
     """"distributed": the address the inference servers reach the learner's rank 0 at (master_address)."""
-    sync_backend: str = "auto"
+    sync_backend: Literal["auto", "gloo", "nccl"] = "auto"
     """"distributed": "gloo", "nccl" or "auto" (nccl when learner.device is cuda, else gloo; arpo-serve takes gloo)."""
-    sync_timeout_s: float = 120.0
+    sync_timeout_s: PositiveFloat = 120.0
     """"distributed": seconds a server may take to join or to receive the weights before it is skipped."""
-    sync_load_format: str = "tensors"
+    sync_load_format: Literal["tensors", "flattened_bucket"] = "tensors"
     """"distributed": "tensors" (one broadcast per tensor) or "flattened_bucket" (SGLang's load_format: one flat
     uint8 tensor per /update_weights_from_distributed request, fewer collectives)."""
-    verify_weights_every: int = 0
+    verify_weights_every: NonNegativeInt = 0
     """After every this many publications, ask each server for its /weights_checker checksums and compare them
     with the learner's own; a mismatch stops the learner with an error naming the server (0 = never)."""
-    stall_warning_s: float = 300.0
+    stall_warning_s: NonNegativeFloat = 300.0
     """When no optimizer step happened for this long although groups came back (every one without a reward
     difference), the log and the progress line say why (0 = never)."""
-    stall_timeout_s: float = 0.0
+    stall_timeout_s: NonNegativeFloat = 0.0
     """Stop the learner with an error (non-zero exit, so `arpo run` fails) after this long without an optimizer
     step while groups keep coming back without a reward difference (0 = never)."""
-    dist_timeout_s: float = 1800.0
+    dist_timeout_s: PositiveFloat = 1800.0
     """Under torchrun: seconds a collective may wait for the other ranks before the run fails (a dead rank is
     usually noticed at once; rank 0 pings the others when idle, so waiting for rollouts never trips it)."""
-    keep_weights: int = 2
+    keep_weights: PositiveInt = 2
     """Published weight folders kept on disk (older ones are deleted)."""
     seed: int = 0
     """Seed for task order and replay draws."""
-    schedule: str = "async"
+    schedule: Literal["async", "lockstep"] = "async"
     """"async": hand out work whenever the staleness rule admits it (AReaL); "lockstep": ARPO's synchronous loop
     (hand out groups_per_step groups, wait for all of them, train, publish, repeat). Lockstep idles desktops."""
-    updates_per_batch: int = 1
+    updates_per_batch: PositiveInt = 1
     """Optimizer steps per training batch: its samples are split into this many mini-batches, one step each,
     all clipped against the same pre-update policy; the weights are then published once (ARPO: 2)."""
-    checkpoint_every: int = 1
+    checkpoint_every: NonNegativeInt = 1
     """Write a resumable checkpoint to <run>/checkpoints every this many optimizer steps (0 = never)."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: PositiveInt = 2
     """Checkpoints kept on disk (older ones are deleted after a new one is complete)."""
     tensorboard: bool = True
     """Also write every metrics.jsonl number to TensorBoard event files in <run>/tb/ (`tensorboard --logdir`)."""
@@ -215,99 +270,54 @@ class LearnerConfig:
     mask_forced_tokens: bool = True
     """Leave tokens the action grammar forced (fixed text such as "Action: click(") out of the loss: they are not
     the policy's choice. Found from the tokens and the trajectory's grammar, alike for SGLang and arpo-serve."""
-    sample_trajectories: float = 0.05
+    sample_trajectories: Fraction = 0.05
     """Fraction of received trajectories kept with their screenshots in <run>/trajectories for `arpo view` (chosen by
     a hash of the trajectory id; 0 = none). Every task's first success is kept besides (learner.trajectory_sample)."""
-    sample_disk_mb: float = 200.0
+    sample_disk_mb: PositiveFloat = 200.0
     """Disk budget of <run>/trajectories in MiB: beyond it the oldest samples are deleted (first successes never)."""
-
-    def __post_init__(self) -> None:
-        _require(self.schedule in ("async", "lockstep"), "learner.schedule", "must be 'async' or 'lockstep'")
-        _require(self.updates_per_batch >= 1, "learner.updates_per_batch", "must be >= 1")
-        _require(self.device in ("auto", "cpu", "cuda"), "learner.device", "must be 'auto', 'cpu' or 'cuda'")
-        _require(self.dtype in ("float32", "bfloat16"), "learner.dtype", "must be 'float32' or 'bfloat16'")
-        _require(self.torch_threads >= 1, "learner.torch_threads", "must be >= 1")
-        _require(self.max_tokens_per_microbatch >= 0, "learner.max_tokens_per_microbatch",
-                 "must be >= 0 (0 = no limit)")
-        _require(self.dist_timeout_s > 0, "learner.dist_timeout_s", "must be > 0")
-        _require(self.stall_warning_s >= 0 and self.stall_timeout_s >= 0, "learner.stall_warning_s/stall_timeout_s",
-                 "must be >= 0 (0 = never)")
-        _require(self.weight_sync in ("disk", "distributed"), "learner.weight_sync", "must be 'disk' or 'distributed'")
-        _require(self.sync_bucket_mb > 0, "learner.sync_bucket_mb", "must be > 0")
-        _require(self.sync_backend in ("auto", "gloo", "nccl"), "learner.sync_backend",
-                 "must be 'auto', 'gloo' or 'nccl'")
-        _require(self.sync_timeout_s > 0, "learner.sync_timeout_s", "must be > 0")
-        _require(self.sync_load_format in ("tensors", "flattened_bucket"), "learner.sync_load_format",
-                 "must be 'tensors' or 'flattened_bucket'")
-        _require(self.verify_weights_every >= 0, "learner.verify_weights_every", "must be >= 0")
-        _require(self.checkpoint_every >= 0, "learner.checkpoint_every", "must be >= 0 (0 = never)")
-        _require(self.keep_checkpoints >= 1, "learner.keep_checkpoints", "must be >= 1")
-        _require(self.group_size >= 2, "learner.group_size", "GRPO needs at least 2 rollouts per group")
-        _require(self.groups_per_step >= 1, "learner.groups_per_step", "must be >= 1")
-        _require(self.steps >= 0, "learner.steps", "must be >= 0")
-        _require(self.max_staleness >= 0, "learner.max_staleness", "must be >= 0")
-        _require(self.lr > 0, "learner.lr", "must be > 0")
-        _require(0 < self.eps_low < 1 and self.eps_high > 0, "learner.eps_low/eps_high", "need 0 < eps_low < 1, eps_high > 0")
-        _require(self.replay_capacity >= 1, "learner.replay_capacity", "must be >= 1")
-        _require(self.replay_mode in ("arpo", "prioritized", "off"), "learner.replay_mode",
-                 "must be 'arpo', 'prioritized' or 'off'")
-        _require(self.replay_max_total >= 1, "learner.replay_max_total", "must be >= 1")
-        _require(0 <= self.replay_inject_below <= 1, "learner.replay_inject_below", "must be in [0, 1]")
-        _require(self.replay_alpha >= 0, "learner.replay_alpha", "must be >= 0")
-        _require(self.replay_age_tau > 0, "learner.replay_age_tau", "must be > 0")
-        _require(self.replay_length_beta >= 0, "learner.replay_length_beta", "must be >= 0")
-        _require(self.correction in ("arpo", "decoupled", "tis", "behaviour"), "learner.correction",
-                 "must be 'arpo', 'decoupled', 'tis' or 'behaviour'")
-        _require(self.decoupled_cap > 1, "learner.decoupled_cap", "must be > 1")
-        _require(self.tis_cap > 0, "learner.tis_cap", "must be > 0")
-        _require(self.baseline_k >= 0, "learner.baseline_k", "must be >= 0 (0 = no baseline pass)")
-        _require(self.baseline_min_success >= 1, "learner.baseline_min_success", "must be >= 1")
-        _require(self.task_strategy in ("round_robin", "uncertainty"), "learner.task_strategy",
-                 "must be 'round_robin' or 'uncertainty'")
-        _require(self.task_window >= 1, "learner.task_window", "must be >= 1")
-        _require(self.task_revisit_every >= 0, "learner.task_revisit_every", "must be >= 0 (0 = never)")
-        _require(0 <= self.task_revisit_prob <= 1, "learner.task_revisit_prob", "must be in [0, 1]")
-        _require(self.keep_weights >= 1, "learner.keep_weights", "must be >= 1")
-        _require(0 <= self.sample_trajectories <= 1, "learner.sample_trajectories", "must be in [0, 1]")
-        _require(self.sample_disk_mb > 0, "learner.sample_disk_mb", "must be > 0")
 
     @property
     def batch_trajectories(self) -> int:
         """B: trajectories per optimizer step."""
         return self.group_size * self.groups_per_step
 
+    @property
+    def correction_cap(self) -> float:
+        """The cap of the selected correction mode (unused by "arpo" and "behaviour")."""
+        return self.tis_cap if self.correction == "tis" else self.decoupled_cap
 
-@dataclass(frozen=True)
+
+@_config("actors")
 class ActorConfig:
     """Environment actors: desktops, episodes, the policy endpoint."""
 
-    actors: int = 8
+    actors: PositiveInt = 8
     """EnvActor coroutines (one desktop each) in this process."""
-    inference_urls: tuple[str, ...] = ("http://127.0.0.1:30000",)
+    inference_urls: Annotated[Strings, Field(min_length=1)] = ("http://127.0.0.1:30000",)
     """SGLang or arpo-serve base URLs; one episode sticks to one server."""
-    max_steps: int = 5
+    max_steps: PositiveInt = 5
     """Step budget per episode (ARPO: 15)."""
-    history_images: int = 2
+    history_images: PositiveInt = 2
     """Screenshots kept in the prompt (the last k; ARPO keeps all 15)."""
     max_new_tokens: int = 64
     """Generated tokens per step."""
-    temperature: float = 1.0
+    temperature: NonNegativeFloat = 1.0
     """Sampling temperature for training rollouts (ARPO: 1.0)."""
     top_p: float = 1.0
     """Nucleus sampling for rollouts."""
     constrained: bool = True
     """Ask the server for the UI-TARS action grammar (regex) so every reply parses."""
-    grammar_actions: tuple[str, ...] = ()
+    grammar_actions: Strings = ()
     """Actions the grammar allows (UI-TARS names, e.g. ["click", "finished"]); empty = the whole action space."""
     max_thought_chars: int = 20
     """Longest `Thought:` the grammar allows (characters of [A-Za-z ])."""
-    coordinate_mode: str = "relative1000"
+    coordinate_mode: Literal["relative1000", "absolute"] = "relative1000"
     """How the model writes coordinates: "relative1000" (0..999 of each screen side; the default, sized for the
     tiny policy) or "absolute" (UI-TARS-1.5's smart-resized pixels: use it with a real UI-TARS checkpoint)."""
     fixed_width_coordinates: bool = True
     """The grammar writes every coordinate zero-padded to the width of its maximum ("(045,730)"), so a policy
     that has not learnt yet clicks all of the screen alike; false = UI-TARS's plain integers."""
-    prompt_style: str = "compact"
+    prompt_style: Literal["compact", "uitars"] = "compact"
     """"compact" (the bare instruction and screenshots: a ~50-token prompt for small policies trained from
     scratch) or "uitars" (UI-TARS-1.5's action-space prompt: use it with a real UI-TARS checkpoint)."""
     screen_width: int = 1280
@@ -321,7 +331,7 @@ class ActorConfig:
     image: str = ""
     """Desktop image; empty = the image of image_profile at the recipe's version, built by `arpo desktop build
     [--profile P]` (and by `arpo run` when missing)."""
-    image_profile: str = "default"
+    image_profile: Literal["default", "osworld"] = "default"
     """Which desktop image to run when `image` is empty: "default" (arpo-desktop, small, the built-in Tk tasks)
     or "osworld" (arpo-desktop-osworld: OSWorld's apps and user session, ~2 GB, for OSWorld's tasks; give its
     desktops desktop_memory_mb >= 2048 for LibreOffice or chromium)."""
@@ -333,56 +343,33 @@ class ActorConfig:
     """Deadline for a task's setup steps and for its evaluation (seconds); missing it is an ENV_ERROR."""
     step_timeout_s: float = 120.0
     """Deadline for one desktop call (seconds); a desktop that misses it is treated as dead (ENV_ERROR)."""
-    warm_spares: int = 2
+    warm_spares: NonNegativeInt = 2
     """Booted desktops kept ready beyond those in use, so a reset takes one from the pool instead of waiting
     for a container to boot. Trades RAM (about one desktop's memory each) for reset latency; 0 = boot on demand."""
-    max_concurrent_starts: int = 2
+    max_concurrent_starts: PositiveInt = 2
     """Desktop containers booting at once (staggered starts; more = faster refill, more CPU contention)."""
-    desktop_start_attempts: int = 3
+    desktop_start_attempts: PositiveInt = 3
     """Tries to start one desktop (exponential backoff between tries) before a DesktopError surfaces."""
-    desktop_health_interval_s: float = 10.0
+    desktop_health_interval_s: PositiveFloat = 10.0
     """Seconds between health checks of the warm spares (a dead spare is removed and replaced)."""
-    desktop_max_episodes: int = 16
+    desktop_max_episodes: PositiveInt = 16
     """Episodes one desktop container serves, reset in place between them (POST /reset: apps killed, /root and
     /tmp put back, ~0.13 s) instead of booting a new container per episode; 1 = a fresh container every episode
     (nothing outside /root and /tmp can leak, at a container boot per trajectory). See DesktopPool."""
-    screenshot_format: str = "png"
+    screenshot_format: Literal["png", "jpeg"] = "png"
     """Screenshot encoding from the desktop: "png" (lossless, OSWorld's) or "jpeg" (smaller, faster at 1080p)."""
-    screenshot_quality: int = 85
+    screenshot_quality: Annotated[int, Field(ge=1, le=100)] = 85
     """JPEG quality 1..100 when screenshot_format is "jpeg" (ignored for PNG)."""
-    download_max_mb: float = 256.0
+    download_max_mb: PositiveFloat = 256.0
     """Largest file a task's `download` step (or `cloud_file` getter) fetches from the network, MiB; files go
     to a content-addressed cache under <run_dir>/cache/downloads (actors.osworld.downloads)."""
-    download_timeout_s: float = 300.0
+    download_timeout_s: PositiveFloat = 300.0
     """Deadline for one such network fetch, connect to last byte (seconds; OSWorld's is 300 per try)."""
-    action_backend: str = "xdotool"
+    action_backend: Literal["xdotool", "pyautogui"] = "xdotool"
     """How actions are performed in the desktop: "xdotool" (one xdotool process per action, ~4 ms a click) or
     "pyautogui" (OSWorld's way: ``python -c "import pyautogui; ..."`` per action, ~0.2 s of Python start-up plus
     pyautogui's pauses; UI-TARS/OSWorld's mapping, actors/uitars/pyautogui.py). Trades speed for fidelity to
     OSWorld-style agents."""
-
-    def __post_init__(self) -> None:
-        _require(self.actors >= 1, "actors.actors", "must be >= 1")
-        _require(self.warm_spares >= 0, "actors.warm_spares", "must be >= 0")
-        _require(self.max_concurrent_starts >= 1, "actors.max_concurrent_starts", "must be >= 1")
-        _require(self.desktop_start_attempts >= 1, "actors.desktop_start_attempts", "must be >= 1")
-        _require(self.desktop_health_interval_s > 0, "actors.desktop_health_interval_s", "must be > 0")
-        _require(self.desktop_max_episodes >= 1, "actors.desktop_max_episodes", "must be >= 1")
-        _require(self.screenshot_format in ("png", "jpeg"), "actors.screenshot_format", "must be 'png' or 'jpeg'")
-        _require(1 <= self.screenshot_quality <= 100, "actors.screenshot_quality", "must be in 1..100")
-        _require(self.download_max_mb > 0, "actors.download_max_mb", "must be > 0")
-        _require(self.download_timeout_s > 0, "actors.download_timeout_s", "must be > 0")
-        _require(self.action_backend in ("xdotool", "pyautogui"), "actors.action_backend",
-                 "must be 'xdotool' or 'pyautogui'")
-        _require(self.image_profile in ("default", "osworld"), "actors.image_profile",
-                 "must be 'default' or 'osworld'")
-        _require(len(self.inference_urls) >= 1, "actors.inference_urls", "needs at least one URL")
-        _require(self.max_steps >= 1, "actors.max_steps", "must be >= 1")
-        _require(self.history_images >= 1, "actors.history_images", "must be >= 1")
-        _require(self.coordinate_mode in ("absolute", "relative1000"), "actors.coordinate_mode",
-                 "must be 'absolute' or 'relative1000'")
-        _require(self.prompt_style in ("compact", "uitars"), "actors.prompt_style", "must be 'compact' or 'uitars'")
-        _require(self.temperature >= 0, "actors.temperature", "must be >= 0")
 
     @property
     def screen_size(self) -> tuple[int, int]:
@@ -394,7 +381,7 @@ class ActorConfig:
         return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p}
 
 
-@dataclass(frozen=True)
+@_config("serve")
 class ServeConfig:
     """The embedded inference server started by `arpo run` (arpo-serve on the CPU)."""
 
@@ -402,7 +389,7 @@ class ServeConfig:
     """Listen address."""
     port: int = 30000
     """Listen port."""
-    max_batch: int = 16
+    max_batch: PositiveInt = 16
     """Largest batch of concurrent /generate requests decoded together."""
     jump_forward: bool = True
     """Emit text the action grammar forces as its canonical tokens instead of sampling it (arpo_serve.engine)."""
@@ -413,18 +400,14 @@ class ServeConfig:
     """The weight version arpo-serve reports until the first update (meta_info.weight_version)."""
     seed: int = 0
     """Seed of arpo-serve's server-level sampler (a request may bring its own sampling_seed)."""
-    logprob_mode: str = "model"
+    logprob_mode: Literal["model", "sglang"] = "model"
     """"model": unmasked temperature-1 log-probs, the trainer's quantity; "sglang": masked and tempered, SGLang's."""
     weights_root: str = ""
     """When set, /update_weights_from_disk loads only folders under it (`arpo run` passes <run>/weights); empty =
     any folder arpo-serve can read."""
 
-    def __post_init__(self) -> None:
-        _require(self.max_batch >= 1, "serve.max_batch", "must be >= 1")
-        _require(self.logprob_mode in ("model", "sglang"), "serve.logprob_mode", "must be 'model' or 'sglang'")
 
-
-@dataclass(frozen=True)
+@_config("")
 class RunConfig:
     """Everything one run needs. `model` is the policy checkpoint (HF folder) the run starts from."""
 
@@ -456,9 +439,43 @@ class RunConfig:
         return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
 
 
-def _require(ok: bool, key: str, why: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}: {why}")
+SECTION_TYPES: dict[str, type] = {name: hint for name, hint in typing.get_type_hints(RunConfig).items()
+                                  if dataclasses.is_dataclass(hint)}
+"""The config sections (TOML tables) in declaration order and their dataclasses, e.g. "learner": LearnerConfig."""
+
+
+def _config_error(error: ValidationError, section: str, cls: type) -> ConfigError:
+    """One ConfigError for the ValidationError raised building ``cls``: the unknown keys with the known ones,
+    then every other problem as ``section.key: reason`` (a model validator's reason starts with its key)."""
+    prefix = f"{section}." if section else ""
+    unknown = sorted(prefix + str(e["loc"][0]) for e in error.errors() if e["type"] == "unexpected_keyword_argument")
+    problems = []
+    if unknown:
+        problems.append(f"unknown config key(s) {unknown}; known: {sorted(f.name for f in dataclasses.fields(cls))}")
+    for e in error.errors():
+        if e["type"] != "unexpected_keyword_argument":
+            key = ".".join(str(part) for part in e["loc"] if isinstance(part, str))  # without a list index
+            problems.append(f"{prefix}{key}: {_reason(e)}" if key else prefix + _reason(e))
+    return ConfigError("; ".join(problems))
+
+
+def _reason(e: ErrorDetails) -> str:
+    """Why one value failed, in words like "must be >= 2, got 1" or "must be 'a' or 'b', got 'c'"."""
+    kind, ctx, got = e["type"], e.get("ctx", {}), f", got {e['input']!r}"
+    if kind in _TYPE_NAMES:
+        return f"must be {_TYPE_NAMES[kind]}{got}"
+    if kind in _BOUNDS:
+        bound = next(iter(ctx.values()))
+        return f"must be {_BOUNDS[kind]} {bound:g}{got}"
+    if kind == "literal_error":
+        return f"must be {ctx['expected']}{got}"
+    if kind == "finite_number":
+        return f"must be a finite number{got}"
+    if kind == "too_short":
+        return f"needs at least {ctx['min_length']} item(s)"
+    if kind == "value_error":
+        return str(ctx["error"])
+    return f"{e['msg']}{got}"
 
 
 def load_config(path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -> RunConfig:
@@ -479,7 +496,12 @@ def load_config(path: str | Path | None = None, overrides: typing.Iterable[str] 
         if not sep:
             raise ConfigError(f"override {item!r} must look like section.key=value")
         _set_dotted(data, key.strip(), _parse_scalar(raw.strip()))
-    return _build(RunConfig, data, "")
+    for name, cls in SECTION_TYPES.items():
+        if name in data:
+            if not isinstance(data[name], dict):
+                raise ConfigError(f"{name}: must be a table (section), got {data[name]!r}")
+            data[name] = cls(**data[name])
+    return RunConfig(**data)
 
 
 def _parse_scalar(raw: str) -> Any:
@@ -498,38 +520,6 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"override {key!r}: {part!r} is not a section")
     node[parts[-1]] = value
-
-
-def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - names
-    if unknown:
-        raise ConfigError(f"unknown config key(s) {sorted(prefix + k for k in unknown)}; known: {sorted(names)}")
-    kwargs: dict[str, Any] = {}
-    for name, value in data.items():
-        kwargs[name] = _coerce(hints[name], value, prefix + name)
-    try:
-        return cls(**kwargs)
-    except TypeError as e:
-        raise ConfigError(f"{prefix or 'config'}: {e}") from e
-
-
-def _coerce(hint: Any, value: Any, key: str) -> Any:
-    if dataclasses.is_dataclass(hint):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key} must be a table (section)")
-        return _build(hint, value, key + ".")
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        items = value if isinstance(value, (list, tuple)) else [value]
-        (inner, *_rest) = typing.get_args(hint)
-        return tuple(_coerce(inner, v, key) for v in items)
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if hint in (int, float, str, bool) and not (isinstance(value, hint) and not (hint is int and isinstance(value, bool))):
-        raise ConfigError(f"{key} must be {hint.__name__}, got {value!r}")
-    return value
 
 
 def to_dict(config: Any) -> dict[str, Any]:

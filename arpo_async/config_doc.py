@@ -20,10 +20,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from arpo_async.config import RunConfig, toml_value
+from arpo_async.config import SECTION_TYPES, RunConfig, toml_value
 
-SECTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunConfig)
-                                  if dataclasses.is_dataclass(typing.get_type_hints(RunConfig)[f.name]))
+SECTIONS: tuple[str, ...] = tuple(SECTION_TYPES)
 """The config sections (TOML tables) in declaration order, e.g. "learner"; top-level keys have section ""."""
 
 
@@ -67,7 +66,7 @@ def field_docs(cls: type) -> dict[str, str]:
 
 def section_doc(section: str) -> str:
     """The class docstring of a section's dataclass (``""``: RunConfig's). Raises KeyError for an unknown one."""
-    cls = RunConfig if section == "" else typing.get_type_hints(RunConfig)[_known(section)]
+    cls = RunConfig if section == "" else SECTION_TYPES[_known(section)]
     return inspect.cleandoc(cls.__doc__ or "")
 
 

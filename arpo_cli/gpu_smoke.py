@@ -24,10 +24,11 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from arpo_async.config import LearnerConfig
 from arpo_async.inference_client import PolicyClient, PolicyRequestError, PolicyUnavailable, RetryPolicy
 from arpo_async.model.inputs import PromptEncoder
 from learner.publisher import DistributedPublisher, PublishError
-from learner.trainer import Trainer, TrainerConfig, TrainSample
+from learner.trainer import Trainer, TrainSample
 
 LOGPROB_TOLERANCE = 0.5
 """Most mean absolute difference (nats per token) between the sampler's and the trainer's log-probs that passes;
@@ -48,7 +49,7 @@ async def smoke(url: str, model: Path, *, device: str, backend: str, steps: int,
     image = screenshot()
     content = [{"type": "image"}, {"type": "text", "text": "Click the green button."}]
     prompt = encoder.encode([{"role": "user", "content": content}], [(1280, 720)])
-    trainer = Trainer(model, TrainerConfig(lr=1e-3, device=device, dtype="bfloat16" if device == "cuda" else "float32"))
+    trainer = Trainer(model, LearnerConfig(lr=1e-3, device=device, dtype="bfloat16" if device == "cuda" else "float32"))
     retry = RetryPolicy(attempts=3, request_timeout_s=120.0, admin_timeout_s=300.0)
     async with PolicyClient([url], retry=retry) as client:
         publisher = DistributedPublisher(client, [url], bucket_mb=64, backend=backend, timeout_s=300.0,

@@ -77,9 +77,10 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def time_ours(model: Path, samples: list, repeats: int, device: str, threads: int) -> tuple[list[float], float]:
-    from learner.trainer import Trainer, TrainerConfig
+    from arpo_async.config import LearnerConfig
+    from learner.trainer import Trainer
 
-    trainer = Trainer(model, TrainerConfig(lr=1e-5, device=device, torch_threads=threads))
+    trainer = Trainer(model, LearnerConfig(lr=1e-5, device=device, torch_threads=threads))
     trainer.train_step(samples)  # warm-up (fills the pixel cache, as the learner's steady state does)
     times = []
     for _ in range(repeats):
@@ -137,10 +138,11 @@ def rank_worker(model: Path, repeats: int, device: str, threads: int) -> int:
     import torch.distributed as dist
 
     from learner.distributed import LeadTrainer, follow, init_ranks, leave
-    from learner.trainer import Trainer, TrainerConfig, resolve_device
+    from arpo_async.config import LearnerConfig
+    from learner.trainer import Trainer, resolve_device
 
     group = init_ranks(resolve_device(device), timeout_s=300)
-    trainer = Trainer(model, TrainerConfig(lr=1e-5, device=device, torch_threads=threads), group)
+    trainer = Trainer(model, LearnerConfig(lr=1e-5, device=device, torch_threads=threads), group)
     if not group.lead:
         code = follow(trainer, group)
     else:
@@ -175,10 +177,11 @@ def time_ranks(model: Path, ranks: int, repeats: int, device: str, threads: int)
 
 async def time_publish(model: Path, repeats: int, work: Path) -> tuple[list[float], list[float]]:
     """Seconds of one publication to a real arpo-serve: disk (save + load) and distributed (gather + broadcast)."""
+    from arpo_async.config import LearnerConfig
     from arpo_async.inference_client import PolicyClient
     from arpo_cli.launcher import spawn, wait_healthy
     from learner.publisher import DistributedPublisher, WeightPublisher
-    from learner.trainer import Trainer, TrainerConfig
+    from learner.trainer import Trainer
 
     with __import__("socket").socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -188,7 +191,7 @@ async def time_publish(model: Path, repeats: int, work: Path) -> tuple[list[floa
                   work / "serve.log")
     try:
         await asyncio.to_thread(wait_healthy, url, serve, work / "serve.log")
-        trainer = Trainer(model, TrainerConfig(lr=1e-5))
+        trainer = Trainer(model, LearnerConfig(lr=1e-5))
         disk_times, dist_times = [], []
         async with PolicyClient([url]) as client:
             disk = WeightPublisher(client, [url], work / "weights")

@@ -59,7 +59,7 @@ from bench._common import fmt, result_line  # noqa: E402
 from bench.bench_learning import ARMS, TASK_SETUP, task_selection  # noqa: E402
 from learner.batcher import Batcher  # noqa: E402
 from learner.forced_tokens import ForcedTokens  # noqa: E402
-from learner.main import replay_buffer, select_tasks, trainer_config  # noqa: E402
+from learner.main import replay_buffer, select_tasks  # noqa: E402
 from learner.scheduler import Group  # noqa: E402
 from learner.trainer import Trainer, TrainerInputError  # noqa: E402
 from learner.training_step import train_on_batch  # noqa: E402
@@ -147,7 +147,7 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
     encoder = PromptEncoder(model)
     runner = EpisodeRunner(encoder, None, ac)  # only its sampling parameters (regex included) are used
     engine = Engine(model, seed=lc.seed, jump_forward=config.serve.jump_forward)
-    trainer = Trainer(model, trainer_config(lc))
+    trainer = Trainer(model, lc)
     forced = ForcedTokens(model, engine.vocab_size) if lc.mask_forced_tokens else None
     batcher = Batcher(replay_buffer(lc), max_staleness=max(lag, lc.max_staleness),
                       groups_per_step=lc.groups_per_step, format_reward_weight=lc.format_reward_weight,

@@ -45,7 +45,7 @@ from learner.run_stats import write_status
 from learner.scheduler import GroupScheduler
 from learner.service import LearnerService
 from learner.staleness import LockstepAdmission, StalenessManager
-from learner.trainer import Trainer, TrainerConfig, TrainerConfigError, resolve_device
+from learner.trainer import Trainer, resolve_device
 from learner.training_loop import TrainingLoop, keep_ranks_alive
 from learner.trajectory_sample import TrajectorySampler
 
@@ -67,16 +67,6 @@ def select_tasks(config: LearnerConfig) -> list[Task]:
     return tasks
 
 
-def trainer_config(config: LearnerConfig) -> TrainerConfig:
-    """The trainer's settings from the learner config (optimizer, clip ranges, off-policy correction)."""
-    return TrainerConfig(lr=config.lr, weight_decay=config.weight_decay, grad_clip=config.grad_clip,
-                         eps_low=config.eps_low, eps_high=config.eps_high, dual_clip=config.dual_clip,
-                         torch_threads=config.torch_threads, correction=config.correction,
-                         decoupled_cap=config.decoupled_cap, tis_cap=config.tis_cap, device=config.device,
-                         dtype=config.dtype, gradient_checkpointing=config.gradient_checkpointing,
-                         max_tokens_per_microbatch=config.max_tokens_per_microbatch)
-
-
 def replay_buffer(config: LearnerConfig) -> ReplayBuffer:
     """The success replay buffer chosen by ``replay_mode`` ("off" whenever ``replay`` is false)."""
     return make_replay(config.replay_mode if config.replay else "off", capacity_per_task=config.replay_capacity,
@@ -92,7 +82,7 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
     lc, run, learner_id = config.learner, config.run_path, uuid.uuid4().hex[:12]
     lockstep, tasks = lc.schedule == "lockstep", select_tasks(lc)  # a bad task filter stops before the model loads
     if trainer is None:
-        trainer = await asyncio.to_thread(Trainer, config.model_path, trainer_config(lc))
+        trainer = await asyncio.to_thread(Trainer, config.model_path, lc)
     vocab_size = trainer.model.config.text_config.vocab_size
     plan = plan_tasks(tasks, lc, run, resuming=bool(checkpoint_folders(run / "checkpoints")))
     scheduler = GroupScheduler(plan.pool, lc.group_size, max_retries=lc.rollout_retries, seed=lc.seed,
@@ -145,7 +135,7 @@ def run_ranks(config: RunConfig) -> int:
     group = init_ranks(resolve_device(lc.device), lc.dist_timeout_s)
     log.info("rank %d of %d on %s", group.rank, group.world, group.device)
     try:
-        trainer = Trainer(config.model_path, trainer_config(lc), group)
+        trainer = Trainer(config.model_path, lc, group)
         if not group.lead:
             return follow(trainer, group)
         lead = LeadTrainer(trainer, group, lc.dist_timeout_s)
@@ -211,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         resolve_device(config.learner.device)
         if config.learner.weight_sync == "distributed":
             sync_backend(config.learner)
-    except (TrainerConfigError, ConfigError) as e:
+    except ConfigError as e:  # learner.trainer's TrainerConfigError too
         log.error("%s", e)
         return 2
     if torchrun_world() > 1:

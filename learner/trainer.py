@@ -7,7 +7,7 @@ optimizer steps taken. Everything here is synchronous, blocking torch work: the 
 
 Loss (REFERENCE.md sections 1 and 5; ARPO / EasyR1 ``compute_policy_loss``; DAPO token-level averaging):
 ``L = sum over samples and their generated tokens of w * l_ppo(pi_theta / pi_old, A) / total generated tokens``,
-with the off-policy correction chosen by ``TrainerConfig.correction`` (:func:`learner.grpo.corrected_token_loss`):
+with the off-policy correction chosen by ``learner.correction`` (:func:`learner.grpo.corrected_token_loss`):
 "arpo" (pi_old = pi_prox, w = 1), "decoupled" (AReaL: pi_old = pi_prox, w = pi_prox / pi_behav, tokens above the
 cap filtered out), "tis" (slime: pi_old = pi_prox, w = min(pi_prox / pi_behav, cap)) or "behaviour" (pi_old =
 pi_behav, w = 1). pi_behav is the sampler's log-prob reported with every token; pi_prox is the policy before the
@@ -38,18 +38,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from arpo_async.config import LearnerConfig
 from arpo_async.model.checkpoint_names import tied_names
 from arpo_async.model.inputs import load_policy
 from learner import trainer_checkpoint, weights_export
 from learner.distributed import RankGroup, decoder_layers, shard_policy
-from learner.grpo import CORRECTION_MODES, corrected_token_loss
+from learner.grpo import corrected_token_loss
 from learner.microbatch import MicroBatchBudgetError, step_plan
 from learner.policy_forward import CompletionLogprobs, PixelCache, check_pad_id, collate, image_pad_problem
 from learner.trainer_errors import TrainerConfigError, TrainerError, TrainerInputError
 
 log = logging.getLogger("arpo.learner.trainer")
 
-__all__ = ["TrainSample", "Trainer", "TrainerConfig", "TrainerConfigError", "TrainerError", "TrainerInputError"]
+__all__ = ["TrainSample", "Trainer", "TrainerConfigError", "TrainerError", "TrainerInputError"]
 
 
 @dataclass
@@ -82,80 +83,8 @@ class TrainSample:
         return len(self.output_ids) if self.loss_mask is None else sum(map(bool, self.loss_mask))
 
 
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class TrainerConfig:
-    """Optimizer, loss and hardware settings of the trainer (defaults: ARPO's reference run, REFERENCE.md
-    section 1, on one CPU process)."""
-
-    lr: float = 1e-6
-    """AdamW learning rate, constant (ARPO: 1e-6 for a 7B model; a tiny random model needs far more)."""
-    weight_decay: float = 0.01
-    """AdamW decoupled weight decay (ARPO: 0.01)."""
-    grad_clip: float = 1.0
-    """Clip the global gradient L2 norm to this before each step (ARPO: 1.0); 0 disables clipping."""
-    eps_low: float = 0.2
-    """PPO clip range below 1: ratio floor 1 - eps_low (ARPO: 0.2)."""
-    eps_high: float = 0.3
-    """PPO clip-higher upper bound (ARPO: 0.3; DAPO: 0.28)."""
-    dual_clip: float = 3.0
-    """Dual-clip constant c > 1: a token with A < 0 loses at most -c*A (ARPO: 3.0)."""
-    max_tokens_per_microbatch: int = 16384
-    """Padded tokens (rows x longest prompt + completion) forwarded at once; a step's samples are packed
-    longest first into micro-batches under it and their gradients accumulated, so the step does not depend on
-    it (0 = each rank's share in one pass). Bounds activation memory."""
-    torch_threads: int = 1
-    """torch intra-op threads for this process (torch.set_num_threads); leave cores for the desktops."""
-    device: str = "cpu"
-    """"cpu", "cuda" or "auto" (cuda when available)."""
-    dtype: str = "float32"
-    """"float32" or "bfloat16" (bf16 compute; fp32 master weights, optimizer state and log-softmax)."""
-    gradient_checkpointing: bool = False
-    """Recompute each decoder layer's activations in the backward pass instead of keeping them (less memory,
-    about a third more compute)."""
-    logprob_chunk_tokens: int = 1024
-    """Completion tokens projected to the vocabulary at once (fp32 logits of chunk x vocab; learner.policy_forward)."""
-    correction: str = "decoupled"
-    """Off-policy correction: "arpo" (none; ratio against the recomputed pre-update policy), "decoupled" (AReaL),
-    "tis" (slime truncated IS) or "behaviour" (plain PPO ratio against the sampler's log-probs)."""
-    decoupled_cap: float = 5.0
-    """"decoupled": tokens with pi_prox / pi_behav above this are filtered out (AReaL example configs: 5.0)."""
-    tis_cap: float = 2.0
-    """"tis": the weight pi_prox / pi_behav is truncated at this (slime --tis-clip default: 2.0)."""
-
-    @property
-    def correction_cap(self) -> float:
-        """The cap of the selected correction mode (unused by "arpo" and "behaviour")."""
-        return self.tis_cap if self.correction == "tis" else self.decoupled_cap
-
-    def __post_init__(self) -> None:
-        checks = (
-            ("lr", self.lr > 0 and math.isfinite(self.lr), "must be a finite number > 0"),
-            ("weight_decay", self.weight_decay >= 0, "must be >= 0"),
-            ("grad_clip", self.grad_clip >= 0, "must be >= 0 (0 disables clipping)"),
-            ("eps_low", 0 <= self.eps_low < 1, "must be in [0, 1)"),
-            ("eps_high", self.eps_high >= 0, "must be >= 0"),
-            ("dual_clip", self.dual_clip > 1, "must be > 1"),
-            ("max_tokens_per_microbatch", self.max_tokens_per_microbatch >= 0, "must be >= 0 (0 = no limit)"),
-            ("torch_threads", self.torch_threads >= 1, "must be >= 1"),
-            ("device", self.device in DEVICES, f"must be one of {DEVICES}"),
-            ("dtype", self.dtype in DTYPES, f"must be one of {tuple(DTYPES)}"),
-            ("logprob_chunk_tokens", self.logprob_chunk_tokens >= 1, "must be >= 1"),
-            ("correction", self.correction in CORRECTION_MODES, f"must be one of {CORRECTION_MODES}"),
-            ("decoupled_cap", self.decoupled_cap > 1 and math.isfinite(self.decoupled_cap),
-             "must be a finite number > 1"),
-            ("tis_cap", self.tis_cap > 0 and math.isfinite(self.tis_cap), "must be a finite number > 0"),
-        )
-        for name, ok, rule in checks:
-            if not ok:
-                raise TrainerConfigError(f"TrainerConfig.{name} = {getattr(self, name)!r}: {rule}")
-
-
 def resolve_device(name: str) -> torch.device:
-    """``TrainerConfig.device`` -> a torch device ("auto": cuda when available, else cpu).
+    """``learner.device`` -> a torch device ("auto": cuda when available, else cpu).
 
     Raises:
         TrainerConfigError: "cuda" on a machine where torch sees no CUDA device (names learner.device).
@@ -208,7 +137,9 @@ class Trainer:
         model_dir: a Hugging Face checkpoint folder (Qwen2-VL / Qwen2.5-VL layout: weights, config, tokenizer,
             chat template, image processor), e.g. from ``create_tiny_model``. Its processor files are copied into
             every folder :meth:`save_weights` writes.
-        config: optimizer, loss and hardware settings.
+        config: the run's learner section; the trainer reads its optimizer, loss and hardware keys (lr,
+            weight_decay, grad_clip, eps_low/eps_high, dual_clip, correction and its caps, device, dtype,
+            torch_threads, gradient_checkpointing, max_tokens_per_microbatch, logprob_chunk_tokens).
         group: this process's rank in a sharded run (learner.distributed); None = one rank. With several ranks
             the policy is sharded with FSDP2, every rank must make the same calls with the same samples (rank 0
             drives the others through ``learner.distributed.LeadTrainer``), and each computes its share.
@@ -222,7 +153,7 @@ class Trainer:
         arpo_async.model.inputs.ModelInputError: the folder cannot be loaded.
     """
 
-    def __init__(self, model_dir: Path, config: TrainerConfig, group: RankGroup | None = None) -> None:
+    def __init__(self, model_dir: Path, config: LearnerConfig, group: RankGroup | None = None) -> None:
         self.model_dir = Path(model_dir)
         self.config = config
         self.group = group or RankGroup(device=resolve_device(config.device))

@@ -7,6 +7,8 @@ Owns nothing else. Invariant: every error the trainer and its weight and checkpo
 
 from __future__ import annotations
 
+from arpo_async.config import ConfigError
+
 __all__ = ["TrainerConfigError", "TrainerError", "TrainerInputError"]
 
 
@@ -14,8 +16,11 @@ class TrainerError(RuntimeError):
     """Base class of the trainer's errors (also raised for file-system conflicts when saving)."""
 
 
-class TrainerConfigError(TrainerError, ValueError):
-    """A TrainerConfig field is out of range."""
+class TrainerConfigError(TrainerError, ConfigError):
+    """A learner setting this machine or this batch cannot honour, found only when training starts (learner.device
+    "cuda" without CUDA, a sample longer than learner.max_tokens_per_microbatch); the message names the key. The
+    ranges of the settings are checked when the config is built (arpo_async.config); this is a ConfigError too, so
+    one ``except ConfigError`` catches both."""
 
 
 class TrainerInputError(TrainerError, ValueError):

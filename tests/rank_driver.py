@@ -25,9 +25,10 @@ from PIL import Image, ImageDraw
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from arpo_async.config import LearnerConfig  # noqa: E402
 from arpo_async.model.inputs import PromptEncoder  # noqa: E402
 from learner.distributed import LeadTrainer, follow, init_ranks, leave  # noqa: E402
-from learner.trainer import Trainer, TrainerConfig, TrainSample  # noqa: E402
+from learner.trainer import Trainer, TrainSample  # noqa: E402
 from learner.trainer_checkpoint import checkpoint_name  # noqa: E402
 
 REPLIES = ("T\nAction: click(start_box='(045,730)')", "Thought: wait\nAction: wait()", "Action: hotkey(key='ctrl s')",
@@ -68,7 +69,7 @@ def main() -> int:
     p.add_argument("--budget", type=int, default=0, help="max_tokens_per_microbatch")
     args = p.parse_args()
     group = init_ranks(torch.device("cpu"), timeout_s=120)
-    trainer = Trainer(args.model, TrainerConfig(lr=1e-3, correction="decoupled",
+    trainer = Trainer(args.model, LearnerConfig(lr=1e-3, correction="decoupled",
                                                 max_tokens_per_microbatch=args.budget), group)
     if not group.lead:
         code = follow(trainer, group)

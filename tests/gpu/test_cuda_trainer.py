@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from arpo_async.config import LearnerConfig
 from arpo_async.model.init_model import create_tiny_model
-from learner.trainer import Trainer, TrainerConfig
+from learner.trainer import Trainer
 from tests.rank_driver import batch
 
 pytestmark = [pytest.mark.gpu,
@@ -28,8 +29,8 @@ def model(tmp_path_factory) -> Path:
 
 def test_bf16_step_on_cuda_matches_the_cpu_fp32_log_probs(model):
     samples = batch(model, 0)
-    cpu = Trainer(model, TrainerConfig(lr=1e-3, device="cpu", dtype="float32"))
-    cuda = Trainer(model, TrainerConfig(lr=1e-3, device="cuda", dtype="bfloat16", gradient_checkpointing=True))
+    cpu = Trainer(model, LearnerConfig(lr=1e-3, device="cpu", dtype="float32"))
+    cuda = Trainer(model, LearnerConfig(lr=1e-3, device="cuda", dtype="bfloat16", gradient_checkpointing=True))
     assert cuda.device.type == "cuda"
     reference = cpu.compute_logprobs(samples)
     on_gpu = cuda.compute_logprobs(samples)

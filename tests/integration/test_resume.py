@@ -28,7 +28,7 @@ import pytest
 import torch
 import zmq.asyncio
 
-from arpo_async.config import dump_toml, load_config
+from arpo_async.config import LearnerConfig, dump_toml, load_config
 from arpo_async.messages import Step, Trajectory
 from arpo_async.metrics import REQUIRED_KEYS, MetricsWriter, read_metrics
 from arpo_async.tasks import Task
@@ -40,7 +40,7 @@ from learner.replay import ReplayBuffer, make_replay
 from learner.scheduler import GroupScheduler
 from learner.service import LearnerService
 from learner.staleness import StalenessManager
-from learner.trainer import Trainer, TrainerConfig
+from learner.trainer import Trainer
 from tests.support import free_port
 
 PY = sys.executable
@@ -318,14 +318,14 @@ def test_capture_and_restore_round_trip_through_a_checkpoint(tmp_path, tiny_mode
         service.batcher.drops["stale"] += 4
         expected_order = scheduler.state_dict()["order"]
         stored = replay.stored(group[0].task.id)
-        trainer = Trainer(tiny_model, TrainerConfig(torch_threads=1))
+        trainer = Trainer(tiny_model, LearnerConfig(lr=1e-6, torch_threads=1))
         trainer.steps = 7
         random.seed(11)
         folder = Checkpointer(tmp_path / "ck").save(7, trainer, capture(service, replay), {"policy_version": 5})
         want = [random.random() for _ in range(3)]
 
         fresh, fresh_replay = make_service(replay_mode)
-        fresh_trainer = Trainer(tiny_model, TrainerConfig(torch_threads=1))
+        fresh_trainer = Trainer(tiny_model, LearnerConfig(lr=1e-6, torch_threads=1))
         loaded, state, meta = Checkpointer(tmp_path / "ck").load_latest(fresh_trainer)
         restore(state, fresh, fresh_replay)
         assert loaded == folder and meta["policy_version"] == 5 and meta["trainer_steps"] == 7
@@ -344,7 +344,7 @@ def test_checkpoints_keep_the_newest_and_fall_back_to_an_older_one(tmp_path, tin
     ctx = zmq.asyncio.Context()
     try:
         service, replay = make_service()
-        trainer = Trainer(tiny_model, TrainerConfig(torch_threads=1))
+        trainer = Trainer(tiny_model, LearnerConfig(lr=1e-6, torch_threads=1))
         checkpointer = Checkpointer(tmp_path / "ck", keep=2)
         assert checkpointer.load_latest(trainer) is None
         for step in (1, 2, 3):

@@ -24,10 +24,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from arpo_async.config import LearnerConfig
 from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.model.init_model import create_tiny_model
 from learner.publisher import DistributedPublisher
-from learner.trainer import Trainer, TrainerConfig
+from learner.trainer import Trainer
 from tests.rank_driver import batch
 from tests.support import free_port, read_until, stop_process
 
@@ -105,7 +106,7 @@ def sglang_expected(param: str, served: torch.Tensor, checkpoint: dict[str, torc
 
 @pytest.mark.parametrize("load_format", [None, "flattened_bucket"])
 async def test_sglang_receives_and_loads_the_published_weights(receiver, model_dir, tmp_path, load_format):
-    trainer = Trainer(model_dir, TrainerConfig(lr=1e-2))
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-2))
     trainer.train_step(batch(model_dir, 0))
     saved = trainer.save_weights(tmp_path / "saved")
     with safe_open(str(saved / "model.safetensors"), "pt") as f:
@@ -181,7 +182,7 @@ async def test_sglang_session_rules_meet_the_publisher(receiver, model_dir):
         assert status == 400 and "selector" in body["message"]
         assert (await receiver.state())["mismatches"][-1]["path"] == "/end_weight_update"
 
-    trainer = Trainer(model_dir, TrainerConfig(lr=1e-2))
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-2))
     retry = RetryPolicy(attempts=2, request_timeout_s=30.0, admin_timeout_s=30.0)
     async with PolicyClient([receiver.url], retry=retry) as client:
         publisher = DistributedPublisher(client, [receiver.url], bucket_mb=1.0, timeout_s=30.0)
@@ -196,7 +197,7 @@ async def test_learner_weight_check_agrees_with_sglang_weights_checker(receiver,
     """learner.verify_weights_every against SGLang's own WeightChecker (utils/weight_checker.py) over SGLang's model
     as a real server holds it: fused parameter names, ``--dtype auto`` (float16 for this float32 checkpoint, while
     /get_server_info reports dtype "auto"), the vocabulary padded to a multiple of 64 (771 -> 832 rows here)."""
-    trainer = Trainer(model_dir, TrainerConfig(lr=1e-2))
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-2))
     trainer.train_step(batch(model_dir, 0))
     retry = RetryPolicy(attempts=2, request_timeout_s=30.0, admin_timeout_s=30.0)
     async with PolicyClient([receiver.url], retry=retry) as client:

@@ -10,12 +10,12 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
+from arpo_async.config import LearnerConfig
 from arpo_async.model.init_model import create_tiny_model
 from arpo_async.model.inputs import PromptEncoder, load_policy
 from learner import trainer_checkpoint
 from learner.trainer import (
     Trainer,
-    TrainerConfig,
     TrainerConfigError,
     TrainerError,
     TrainerInputError,
@@ -74,7 +74,7 @@ def _mean_logprob(trainer: Trainer, sample: TrainSample) -> float:
 
 
 def test_train_step_changes_weights_and_reports_finite_stats(model_dir, samples):
-    trainer = Trainer(model_dir, TrainerConfig(lr=1e-3))
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-3))
     before = _params(trainer)
     stats = trainer.train_step(samples[:2])
     after = _params(trainer)
@@ -95,7 +95,7 @@ def test_train_step_changes_weights_and_reports_finite_stats(model_dir, samples)
 
 def test_positive_advantage_raises_log_prob_and_negative_lowers_it(model_dir, samples):
     for sample, sign in ((samples[0], +1), (samples[1], -1)):
-        trainer = Trainer(model_dir, TrainerConfig(lr=2e-3))
+        trainer = Trainer(model_dir, LearnerConfig(lr=2e-3))
         start = _mean_logprob(trainer, sample)
         for _ in range(20):
             # on-policy: the sampler's log-probs are those of the current weights
@@ -107,7 +107,7 @@ def test_positive_advantage_raises_log_prob_and_negative_lowers_it(model_dir, sa
 
 
 def test_clip_stops_the_update_when_every_ratio_is_past_the_trust_region(model_dir, samples):
-    trainer = Trainer(model_dir, TrainerConfig(lr=1e-3))
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-3))
     positive = samples[0]
     # proximal log-probs 1 nat below the current ones: ratio e = 2.7 > 1.3 for every token, A > 0 -> all clipped
     proximal = [[x - 1.0 for x in trainer.compute_logprobs([positive])[0]]]
@@ -133,7 +133,7 @@ def test_token_budget_micro_batches_give_the_full_batch_gradient(model_dir, samp
     longest = max(len(s.prompt_ids) + len(s.output_ids) for s in batch)
     results = {}
     for budget in (0, 4 * longest, 2 * longest, longest):
-        trainer = Trainer(model_dir, TrainerConfig(lr=1e-3, max_tokens_per_microbatch=budget))
+        trainer = Trainer(model_dir, LearnerConfig(lr=1e-3, max_tokens_per_microbatch=budget))
         sums, _, passes = trainer.compute_gradients(batch)
         results[budget] = (sums["loss"], passes, _gradients(trainer))
     assert results[0][1] == 1 and results[longest][1] == len(batch)  # one pass, then one sample per pass
@@ -148,7 +148,7 @@ def test_token_budget_micro_batches_give_the_full_batch_gradient(model_dir, samp
 
 def test_batched_log_probs_equal_the_unpadded_forward(model_dir, samples):
     """The padded micro-batch forward scores each sample as the plain one-sample forward does."""
-    trainer = Trainer(model_dir, TrainerConfig(max_tokens_per_microbatch=0))
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-6, max_tokens_per_microbatch=0))
     batched = trainer.compute_logprobs(samples)
     model, image_processor = load_policy(model_dir)
     for sample, values in zip(samples, batched):
@@ -159,7 +159,7 @@ def test_batched_log_probs_equal_the_unpadded_forward(model_dir, samples):
 
 def test_a_sample_longer_than_the_budget_is_a_clear_error(model_dir, samples):
     longest = max(len(s.prompt_ids) + len(s.output_ids) for s in samples)
-    trainer = Trainer(model_dir, TrainerConfig(max_tokens_per_microbatch=longest - 1))
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-6, max_tokens_per_microbatch=longest - 1))
     with pytest.raises(TrainerConfigError, match="learner.max_tokens_per_microbatch"):
         trainer.train_step(samples)
 
@@ -168,17 +168,17 @@ def test_cuda_without_cuda_names_the_key(model_dir):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     with pytest.raises(TrainerConfigError, match="learner.device"):
-        Trainer(model_dir, TrainerConfig(device="cuda"))
+        Trainer(model_dir, LearnerConfig(lr=1e-6, device="cuda"))
 
 
 def test_bf16_and_gradient_checkpointing_train_close_to_fp32(model_dir, samples):
     """bf16 compute (fp32 master weights and log-softmax) and recomputed activations give the fp32 step's
     gradient direction; gradient checkpointing alone gives the same gradient."""
-    ref = Trainer(model_dir, TrainerConfig(lr=1e-3))
+    ref = Trainer(model_dir, LearnerConfig(lr=1e-3))
     ref.compute_gradients(samples)
-    checkpointed = Trainer(model_dir, TrainerConfig(lr=1e-3, gradient_checkpointing=True))
+    checkpointed = Trainer(model_dir, LearnerConfig(lr=1e-3, gradient_checkpointing=True))
     checkpointed.compute_gradients(samples)
-    bf16 = Trainer(model_dir, TrainerConfig(lr=1e-3, dtype="bfloat16"))
+    bf16 = Trainer(model_dir, LearnerConfig(lr=1e-3, dtype="bfloat16"))
     bf16.compute_gradients(samples)
     assert all(p.dtype == torch.float32 for p in bf16.module.parameters())
     flat = lambda t: torch.cat([g.flatten() for g in _gradients(t).values()])  # noqa: E731
@@ -189,7 +189,7 @@ def test_bf16_and_gradient_checkpointing_train_close_to_fp32(model_dir, samples)
 
 
 def test_saved_weights_load_and_match_the_trainer(model_dir, samples, tmp_path):
-    trainer = Trainer(model_dir, TrainerConfig(lr=1e-3))
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-3))
     trainer.train_step(samples)
     out = trainer.save_weights(tmp_path / "weights" / "v1")
 
@@ -212,7 +212,7 @@ def test_saved_weights_load_and_match_the_trainer(model_dir, samples, tmp_path):
 
 
 def test_save_weights_refuses_to_overwrite_unless_asked(model_dir, samples, tmp_path):
-    trainer = Trainer(model_dir, TrainerConfig(lr=1e-3))
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-3))
     target = trainer.save_weights(tmp_path / "w")
     with pytest.raises(TrainerError, match="exists"):
         trainer.save_weights(target)
@@ -227,7 +227,7 @@ def test_save_weights_refuses_to_overwrite_unless_asked(model_dir, samples, tmp_
 
 
 def test_checkpoint_round_trip_restores_model_and_optimizer(model_dir, samples, tmp_path):
-    config = TrainerConfig(lr=1e-3)
+    config = LearnerConfig(lr=1e-3)
     trainer = Trainer(model_dir, config)
     trainer.train_step(samples)
     path = trainer.save_checkpoint(tmp_path / "ckpt" / "trainer.pt")
@@ -246,7 +246,7 @@ def test_checkpoint_round_trip_restores_model_and_optimizer(model_dir, samples, 
 
 def test_fresh_optimizer_state_differs_from_restored(model_dir, samples, tmp_path):
     """Control for the round trip above: loading only the model weights gives a different second step."""
-    config = TrainerConfig(lr=1e-3)
+    config = LearnerConfig(lr=1e-3)
     trainer = Trainer(model_dir, config)
     trainer.train_step(samples)
     state = trainer_checkpoint.state_dict(trainer)
@@ -259,7 +259,7 @@ def test_fresh_optimizer_state_differs_from_restored(model_dir, samples, tmp_pat
 
 
 def test_bad_batches_are_rejected(model_dir, samples):
-    trainer = Trainer(model_dir, TrainerConfig())
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-6))
     good = samples[0]
 
     def with_(output_ids=None, logprobs=None, advantage=1.0) -> TrainSample:
@@ -278,15 +278,6 @@ def test_bad_batches_are_rejected(model_dir, samples):
         trainer.train_step([good], proximal_logprobs=[])
 
 
-@pytest.mark.parametrize(
-    "kwargs", [{"lr": 0.0}, {"eps_low": 1.0}, {"dual_clip": 1.0}, {"max_tokens_per_microbatch": -1}, {"device": "tpu"}, {"dtype": "float16"}, {"torch_threads": 0},
-               {"correction": "none"}, {"decoupled_cap": 1.0}, {"tis_cap": 0.0}]
-)
-def test_bad_config_is_rejected(kwargs):
-    with pytest.raises(TrainerConfigError):
-        TrainerConfig(**kwargs)
-
-
 # ---------------------------------------------------------------- off-policy correction in the trainer
 
 
@@ -299,7 +290,7 @@ def test_proximal_from_the_forward_pass_equals_a_separate_pre_update_pass(model_
     """train_step's default pi_prox (its own forward, detached) is the pre-update policy: same step as passing
     compute_logprobs() explicitly, under a correction whose weights depend on it."""
     stale = [_with_behaviour(s, [x - 0.3 for x in s.behaviour_logprobs]) for s in samples]
-    config = TrainerConfig(lr=1e-3, correction="tis", tis_cap=2.0)
+    config = LearnerConfig(lr=1e-3, correction="tis", tis_cap=2.0)
     a, b = Trainer(model_dir, config), Trainer(model_dir, config)
     stats_a = a.train_step(stale)
     stats_b = b.train_step(stale, proximal_logprobs=b.compute_logprobs(stale))
@@ -315,12 +306,12 @@ def test_stale_behaviour_log_probs_are_weighted_by_mode(model_dir, samples):
     success replayed from long ago: decoupled filters every token (no gradient), tis truncates the weight at 2
     (twice ARPO's loss), arpo ignores the behaviour policy."""
     sample = samples[0]
-    current = Trainer(model_dir, TrainerConfig()).compute_logprobs([sample])[0]
+    current = Trainer(model_dir, LearnerConfig(lr=1e-6)).compute_logprobs([sample])[0]
     replayed = _with_behaviour(sample, [x - 3.0 for x in current], replayed=True)
     tokens = len(sample.output_ids)
     results = {}
     for mode in ("arpo", "decoupled", "tis"):
-        trainer = Trainer(model_dir, TrainerConfig(lr=1e-3, correction=mode))
+        trainer = Trainer(model_dir, LearnerConfig(lr=1e-3, correction=mode))
         results[mode] = trainer.train_step([replayed])
     # ARPO: ratio 1 against the recomputed policy, w = 1: loss = -A = -1.5
     assert results["arpo"]["loss"] == pytest.approx(-1.5, rel=1e-5)
@@ -339,7 +330,7 @@ def test_stale_behaviour_log_probs_are_weighted_by_mode(model_dir, samples):
 
 
 def test_replayed_weights_are_reported_separately(model_dir, samples):
-    trainer = Trainer(model_dir, TrainerConfig(lr=1e-3, correction="decoupled"))
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-3, correction="decoupled"))
     current = trainer.compute_logprobs(samples[:2])
     fresh = _with_behaviour(samples[0], current[0])  # on-policy: weight 1
     old = _with_behaviour(samples[1], [x + math.log(2.0) for x in current[1]], replayed=True)  # weight 1/2
@@ -352,7 +343,7 @@ def test_replayed_weights_are_reported_separately(model_dir, samples):
 
 
 def test_train_batch_splits_into_steps_clipped_against_one_proximal_policy(model_dir, samples):
-    config = TrainerConfig(lr=1e-3, correction="decoupled")
+    config = LearnerConfig(lr=1e-3, correction="decoupled")
     a, b = Trainer(model_dir, config), Trainer(model_dir, config)
     stats = a.train_batch(samples, minibatches=2)
     assert a.steps == 2 and stats["optimizer_steps"] == 2.0
@@ -380,7 +371,7 @@ def _with_mask(sample: TrainSample, mask: list[bool] | None) -> TrainSample:
 
 def test_loss_mask_leaves_masked_tokens_out_of_loss_and_token_count(model_dir, samples):
     def step(batch):
-        trainer = Trainer(model_dir, TrainerConfig(lr=1e-3))
+        trainer = Trainer(model_dir, LearnerConfig(lr=1e-3))
         return trainer.train_step(batch), _params(trainer)
 
     stats_none, params_none = step(samples)
@@ -391,7 +382,7 @@ def test_loss_mask_leaves_masked_tokens_out_of_loss_and_token_count(model_dir, s
     # a sample whose tokens are all masked adds nothing: the step equals the step without it
     # (compared by gradient: Adam's first step turns rounding noise in a near-zero gradient into a full lr step)
     def gradient(batch):
-        trainer = Trainer(model_dir, TrainerConfig(lr=1e-3))
+        trainer = Trainer(model_dir, LearnerConfig(lr=1e-3))
         sums, _, _ = trainer.compute_gradients(batch)
         return sums["loss"], _gradients(trainer)
 
@@ -410,13 +401,13 @@ def test_loss_mask_leaves_masked_tokens_out_of_loss_and_token_count(model_dir, s
 
 
 def test_a_batch_with_every_token_masked_takes_a_harmless_step(model_dir, samples):
-    trainer = Trainer(model_dir, TrainerConfig(lr=1e-3))
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-3))
     stats = trainer.train_step([_with_mask(s, [False] * len(s.output_ids)) for s in samples])
     assert stats["tokens"] == 0 and stats["loss"] == 0 and math.isfinite(stats["grad_norm"])
 
 
 def test_a_loss_mask_of_the_wrong_length_is_rejected(model_dir, samples):
-    trainer = Trainer(model_dir, TrainerConfig(lr=1e-3))
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-3))
     with pytest.raises(TrainerInputError, match="loss mask"):
         trainer.train_step([_with_mask(samples[0], [True])])
 
@@ -426,9 +417,9 @@ def test_unusable_samples_are_dropped_and_the_rest_trained(model_dir, samples):
     nan = TrainSample(good[0].prompt_ids, good[0].images, good[0].output_ids, good[0].behaviour_logprobs, math.nan)
     no_image = TrainSample(good[0].prompt_ids, [], good[0].output_ids, good[0].behaviour_logprobs, 1.0)  # pads, no image
     garbage = TrainSample(good[0].prompt_ids, [b"not a png"], good[0].output_ids, good[0].behaviour_logprobs, 1.0)
-    reference = Trainer(model_dir, TrainerConfig(lr=1e-3)).train_step(good)
-    stats = Trainer(model_dir, TrainerConfig(lr=1e-3)).train_step([nan, good[0], no_image, good[1], garbage])
+    reference = Trainer(model_dir, LearnerConfig(lr=1e-3)).train_step(good)
+    stats = Trainer(model_dir, LearnerConfig(lr=1e-3)).train_step([nan, good[0], no_image, good[1], garbage])
     assert stats["dropped_samples"] == 3 and stats["samples"] == 2
     assert stats["loss"] == pytest.approx(reference["loss"], rel=1e-5)
     with pytest.raises(TrainerInputError, match="no usable sample"):
-        Trainer(model_dir, TrainerConfig(lr=1e-3)).train_step([nan, garbage])
+        Trainer(model_dir, LearnerConfig(lr=1e-3)).train_step([nan, garbage])

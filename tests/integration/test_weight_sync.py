@@ -15,11 +15,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from arpo_async.config import LearnerConfig
 from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.model.init_model import create_tiny_model
 from arpo_async.model.inputs import PromptEncoder
 from learner.publisher import DistributedPublisher, WeightPublisher, WeightsMismatch, verify_server
-from learner.trainer import Trainer, TrainerConfig
+from learner.trainer import Trainer
 from learner.weight_check import served_checksums
 from tests.rank_driver import batch, screenshot
 from tests.support import ServeProcess, free_port
@@ -52,7 +53,7 @@ def wait_for_line(path: Path, text: str, timeout_s: float = 60.0) -> None:
 
 
 async def test_distributed_sync_matches_disk_and_survives_a_server_killed_mid_sync(model_dir, tmp_path):
-    trainer = Trainer(model_dir, TrainerConfig(lr=1e-2))
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-2))
     trainer.train_step(batch(model_dir, 0))
     disk_server = ServeProcess(model_dir, free_port(), tmp_path)
     net_server = ServeProcess(model_dir, free_port(), tmp_path)
@@ -165,7 +166,7 @@ class ModuleNamed:
 
 
 async def test_flattened_buckets_checksums_and_refused_names(model_dir, tmp_path):
-    trainer = Trainer(model_dir, TrainerConfig(lr=1e-2))
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-2))
     trainer.train_step(batch(model_dir, 0))
     server = ServeProcess(model_dir, free_port(), tmp_path)
     server.start()

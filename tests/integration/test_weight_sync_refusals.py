@@ -8,10 +8,11 @@ import logging
 
 from aiohttp import web
 
+from arpo_async.config import LearnerConfig
 from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.model.init_model import create_tiny_model
 from learner.publisher import DistributedPublisher
-from learner.trainer import Trainer, TrainerConfig
+from learner.trainer import Trainer
 from tests.support import ServeProcess, catch_all_http_server, free_port
 
 RETRY = RetryPolicy(attempts=1, request_timeout_s=30.0, admin_timeout_s=30.0)
@@ -19,7 +20,7 @@ RETRY = RetryPolicy(attempts=1, request_timeout_s=30.0, admin_timeout_s=30.0)
 
 async def test_a_session_left_open_is_closed_once_and_the_publication_goes_through(tmp_path, caplog):
     model = create_tiny_model(tmp_path / "policy", seed=0)
-    trainer = Trainer(model, TrainerConfig(lr=1e-2))
+    trainer = Trainer(model, LearnerConfig(lr=1e-2))
     server = ServeProcess(model, free_port(), tmp_path)
     server.start()
     try:
@@ -39,7 +40,7 @@ async def test_a_session_left_open_is_closed_once_and_the_publication_goes_throu
 
 async def test_a_server_that_never_joins_is_skipped_after_the_rendezvous_timeout(tmp_path, caplog):
     model = create_tiny_model(tmp_path / "policy", seed=0)
-    trainer = Trainer(model, TrainerConfig(lr=1e-2))
+    trainer = Trainer(model, LearnerConfig(lr=1e-2))
     calls: list[str] = []
 
     async def answer(request: web.Request) -> web.Response:
@@ -63,7 +64,7 @@ async def test_a_server_that_never_joins_is_skipped_after_the_rendezvous_timeout
 
 async def test_a_server_reporting_a_nonsense_tp_size_is_skipped_with_a_reason(tmp_path, caplog):
     model = create_tiny_model(tmp_path / "policy", seed=0)
-    trainer = Trainer(model, TrainerConfig(lr=1e-2))
+    trainer = Trainer(model, LearnerConfig(lr=1e-2))
     calls: list[str] = []
 
     async def answer(request: web.Request) -> web.Response:

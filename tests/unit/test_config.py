@@ -1,10 +1,16 @@
 """Config: TOML + overrides, validation with clear errors, and a dump that loads back equal."""
 
+import dataclasses
 import json
+import typing
 
 import pytest
 
-from arpo_async.config import ConfigError, RunConfig, dump_toml, load_config
+from arpo_async.config import ActorConfig, ConfigError, LearnerConfig, RunConfig, ServeConfig, dump_toml, load_config
+from arpo_serve.engine import LOGPROB_MODES
+from learner.grpo import CORRECTION_MODES
+from learner.replay import REPLAY_MODES
+from learner.task_selection import SELECTION_STRATEGIES
 
 
 def test_defaults_are_the_embedded_run():
@@ -24,11 +30,11 @@ def test_toml_and_overrides(tmp_path):
 
 @pytest.mark.parametrize("overrides,message", [
     (["learner.nope=1"], "unknown config key"),
-    (["learner.group_size=1"], "at least 2"),
-    (["learner.lr=fast"], "must be float"),
+    (["learner.group_size=1"], "learner.group_size: must be >= 2, got 1"),
+    (["learner.lr=fast"], "learner.lr: must be float, got 'fast'"),
     (["actors.coordinate_mode=pixels"], "absolute"),
     (["actors.prompt_style=verbose"], "actors.prompt_style: must be 'compact' or 'uitars'"),
-    (["actors.desktop_max_episodes=0"], "actors.desktop_max_episodes: must be >= 1"),
+    (["actors.desktop_max_episodes=0"], "actors.desktop_max_episodes: must be > 0, got 0"),
     (["transport.endpoint=localhost:1"], "ZeroMQ endpoint"),
     (["learner"], "section.key=value"),
 ])
@@ -81,3 +87,80 @@ def test_the_run_file_round_trips_strings_toml_must_escape(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text(dump_toml(config))
     assert load_config(path, []) == config
+
+
+@pytest.mark.parametrize("override,message", [
+    ("learner.steps=true", "learner.steps: must be int, got True"),  # a bool is not an int
+    ('learner.lr="1e-3"', "learner.lr: must be float, got '1e-3'"),  # a str is not a number
+    ("learner.replay=1", "learner.replay: must be bool, got 1"),
+    ("learner.max_staleness=1.5", "learner.max_staleness: must be int"),
+    ("run_dir=3", "run_dir: must be str, got 3"),
+    ("learner.task_ids=[1]", "learner.task_ids: must be str, got 1"),
+    ("actors.inference_urls=[]", "actors.inference_urls: needs at least 1"),
+    ("learner=3", "learner: must be a table"),
+    ("nosection.key=1", r"unknown config key\(s\) \['nosection'\]"),
+    ("transport.peer_timeout_s=4", "transport.peer_timeout_s: must be more than 2 heartbeats"),
+])
+def test_types_are_strict_and_errors_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_an_int_is_a_float_and_a_list_or_one_value_a_tuple():
+    config = load_config(None, ["learner.lr=1", "actors.inference_urls=http://x", "learner.task_ids=['a', 'b']"])
+    assert config.learner.lr == 1.0 and type(config.learner.lr) is float
+    assert config.actors.inference_urls == ("http://x",) and config.learner.task_ids == ("a", "b")
+
+
+def test_every_problem_and_every_unknown_key_is_named_at_once():
+    with pytest.raises(ConfigError) as error:
+        load_config(None, ["learner.nope=1", "learner.nope2=1", "learner.lr=0", "learner.schedule=x"])
+    message = str(error.value)
+    assert "['learner.nope', 'learner.nope2']" in message and "known: [" in message
+    assert "learner.lr: must be > 0, got 0" in message
+    assert "learner.schedule: must be 'async' or 'lockstep', got 'x'" in message
+
+
+def test_building_a_config_directly_validates_it_and_names_the_key():
+    with pytest.raises(ConfigError, match="learner.schedule: must be 'async' or 'lockstep'"):
+        LearnerConfig(schedule="x")
+    with pytest.raises(ConfigError, match="actors.max_steps: must be > 0"):
+        dataclasses.replace(ActorConfig(), max_steps=0)
+    with pytest.raises(ConfigError, match=r"unknown config key\(s\) \['learner.no_such'\]"):
+        LearnerConfig(no_such=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        LearnerConfig().lr = 1.0  # type: ignore[misc]
+    assert dataclasses.replace(LearnerConfig(), lr=2).lr == 2.0
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"lr": 0.0}, {"lr": float("inf")}, {"lr": float("nan")}, {"weight_decay": -0.1}, {"grad_clip": -1.0},
+    {"eps_low": 1.0}, {"eps_high": 0.0}, {"dual_clip": 1.0}, {"max_tokens_per_microbatch": -1}, {"device": "tpu"},
+    {"dtype": "float16"}, {"torch_threads": 0}, {"logprob_chunk_tokens": 0}, {"correction": "none"},
+    {"decoupled_cap": 1.0}, {"decoupled_cap": float("inf")}, {"tis_cap": 0.0}, {"tis_cap": float("inf")},
+])
+def test_the_trainers_ranges_are_checked(kwargs):
+    (name,) = kwargs
+    with pytest.raises(ConfigError, match=f"learner.{name}: "):
+        LearnerConfig(**kwargs)
+
+
+@pytest.mark.parametrize("cls,key,modes", [
+    (LearnerConfig, "correction", CORRECTION_MODES), (LearnerConfig, "replay_mode", REPLAY_MODES),
+    (LearnerConfig, "task_strategy", SELECTION_STRATEGIES), (ServeConfig, "logprob_mode", LOGPROB_MODES),
+])
+def test_the_choices_are_those_of_the_code_that_takes_them(cls, key, modes):
+    """arpo_async may not import learner/ or arpo_serve/, so the config spells their choices out as a Literal."""
+    assert typing.get_args(typing.get_type_hints(cls)[key]) == modes
+
+
+def test_the_correction_cap_is_the_selected_modes():
+    assert LearnerConfig(correction="tis").correction_cap == 2.0 and LearnerConfig().correction_cap == 5.0
+
+
+def test_the_trainers_runtime_config_errors_are_config_errors():
+    """learner.device "cuda" without CUDA or a sample over the micro-batch budget is found only when training
+    starts (learner.trainer's TrainerConfigError); one ``except ConfigError`` catches it with the rest."""
+    from learner.trainer_errors import TrainerConfigError
+
+    assert issubclass(TrainerConfigError, ConfigError)
