@@ -199,6 +199,9 @@ class LearnerConfig:
     """Every this many groups one goes to a retired task, which is reactivated if it fails (0 = never)."""
     task_revisit_prob: Fraction = 0.0
     """Probability that a group goes to a retired task (in addition to task_revisit_every; 0 = never)."""
+    task_error_limit: NonNegativeInt = 3
+    """A task whose rollouts end in TASK_ERROR (its setup, getter or metric is broken) this many times in a row is
+    set aside for the rest of the run and named in metrics and on the progress line (0 = never)."""
     format_reward_weight: float = 0.5
     """reward = score + weight x format reward (format reward -1 when a reply does not parse; ARPO: 0.5)."""
     rollout_retries: int = 2

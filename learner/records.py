@@ -32,7 +32,8 @@ def per_task_success(window: WindowStats) -> dict[str, dict[str, float | int]]:
     Returns:
         ``task_success`` {task id: success rate in [0, 1]}, ``task_trajectories`` {task id: trainable
         trajectories} and ``family_success`` {family: success rate over its tasks' trainable trajectories}; tasks
-        and families with no trainable trajectory in the window are left out.
+        and families with no trainable trajectory in the window are left out. ``task_errors`` {task id: its
+        TASK_ERROR trajectories in the window}, for the tasks with any.
     """
     by_family: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for task_id, outcomes in window.task_outcomes.items():
@@ -41,7 +42,9 @@ def per_task_success(window: WindowStats) -> dict[str, dict[str, float | int]]:
     per_family = {family: success_rate(outcomes) for family, outcomes in sorted(by_family.items())}
     return {"task_success": {k: rate for k, (rate, n) in per_task.items() if n},
             "task_trajectories": {k: n for k, (rate, n) in per_task.items() if n},
-            "family_success": {k: rate for k, (rate, n) in per_family.items() if n}}
+            "family_success": {k: rate for k, (rate, n) in per_family.items() if n},
+            "task_errors": {k: n for k, outcomes in sorted(window.task_outcomes.items())
+                            if (n := outcomes.get(Outcome.TASK_ERROR.value, 0))}}
 
 
 def step_record(step: int, version: int, batch: list[ScoredGroup], stats: Mapping[str, Any],

@@ -25,7 +25,7 @@ def task(task_id: str, **extra) -> Task:
 
 OUTCOMES = {  # task -> the outcome of rollout 0 and 1 of its group
     "grid4-red": ("SUCCESS", "SUCCESS"),
-    "grid4-blue": ("FAILURE", "ENV_ERROR"),  # the ENV_ERROR is not trainable: 0 of 1
+    "grid4-blue": ("FAILURE", "TASK_ERROR"),  # the TASK_ERROR is not trainable: 0 of 1
     "grid4-green": ("ENV_ERROR", "ABORTED"),  # nothing trainable: left out
     "ok-button": ("SUCCESS", "TRUNCATED"),  # family "dialogs" from its task file
 }
@@ -67,8 +67,11 @@ async def test_step_record_has_success_per_task_and_family(service):
     assert record["task_trajectories"] == {"grid4-red": 2, "grid4-blue": 1, "ok-button": 2}
     assert record["family_success"] == {"grid4": pytest.approx(2 / 3), "dialogs": 0.5}
     assert record["success_rate"] == pytest.approx(3 / 5)  # the existing keys are unchanged
-    assert record["outcomes"] == {"SUCCESS": 3, "FAILURE": 1, "TRUNCATED": 1, "ENV_ERROR": 2, "ABORTED": 1}
+    assert record["outcomes"] == {"SUCCESS": 3, "FAILURE": 1, "TRUNCATED": 1, "ENV_ERROR": 1, "TASK_ERROR": 1,
+                                  "ABORTED": 1}
+    assert record["task_errors"] == {"grid4-blue": 1}
 
     empty = step_record(2, 2, batch, {"loss": 0.1}, service.stats.window.take(), service.counters(), 0.0, 13.0)
     assert empty["task_success"] == empty["task_trajectories"] == empty["family_success"] == {}
+    assert empty["task_errors"] == {}
     assert empty["success_rate"] == 0.0 and empty["outcomes"] == {}
