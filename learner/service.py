@@ -11,11 +11,13 @@ the stall check). Channels (made by the wiring function, learner.main): the pump
 - hello / heartbeat -> reply with LearnerStatus (learner id + version), so actors notice a restarted learner;
 - work_request -> queued; handed an Assignment as soon as the scheduler has a slot and the admission rule
   (StalenessManager for the async schedule, LockstepAdmission for lockstep) admits one more rollout;
-- trajectory -> acknowledged at once (the learner now holds it), de-duplicated by trajectory id, recorded in
-  the scheduler; complete groups go to the batcher. Async schedule: a batch goes on ``batches`` as soon as the
-  batcher has one and ``batches`` is empty (at most one batch is formed ahead of the training loop); lockstep: a
-  rollout batch opened by :meth:`LearnerService.open_round` goes on ``batches`` (every scored group of it,
-  perhaps none) once all of it has come back;
+- trajectory -> acknowledged at once (the learner now holds it), validated, de-duplicated by trajectory id, and
+  taken for its rollout slot only from the peer the slot was handed to, with the slot's task (else a counted
+  Reject: ``owner``, ``task``, ``duplicate`` for an id reused with other content; nothing it sends can erase a
+  running slot's owner); taken ones are recorded in the scheduler; complete groups go to the batcher. Async
+  schedule: a batch goes on ``batches`` as soon as the batcher has one and ``batches`` is empty (at most one batch
+  is formed ahead of the training loop); lockstep: a rollout batch opened by :meth:`LearnerService.open_round`
+  goes on ``batches`` (every scored group of it, perhaps none) once all of it has come back;
 - a message that failed to decode, or whose handling raised, is counted in ``rejections`` and answered with a
   Reject; the service goes on.
 
@@ -29,10 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import logging
 import uuid
 from typing import Any
 
+from arpo_async import codec
 from arpo_async.messages import Ack, Heartbeat, Hello, Outcome, Reject, Trajectory, WorkRequest
 from arpo_async.process import WarningBudget
 from arpo_async.transport import Envelope, Outbox, Undecodable
@@ -47,6 +51,16 @@ from learner.task_selection import NoTaskLeft, TaskSelector, trainable_scores
 from learner.trajectory_sample import TrajectorySampler
 
 log = logging.getLogger(__name__)
+
+
+def _digest(traj: Trajectory) -> bytes:
+    """A 16-byte fingerprint of a trajectory's wire encoding (tells a re-send from another trajectory reusing
+    its id)."""
+    h = hashlib.blake2b(digest_size=16)
+    for frame in codec.encode(traj):
+        h.update(len(frame).to_bytes(8, "little"))
+        h.update(frame)
+    return h.digest()
 
 
 def _number(value: Any) -> int | float:
@@ -101,7 +115,8 @@ class LearnerService:
         """The baseline pass while it runs (its groups go to it, not to training)."""
         self._baseline_done = asyncio.Event()
         self._round_open = False
-        self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._seen: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        """Trajectory ids taken (or late), with the fingerprint of their content (:func:`_digest`)."""
         self._warnings = WarningBudget(log)
         """Rejections are logged within a budget (a flood of bad frames writes a few lines; every one is counted)."""
 
@@ -179,25 +194,45 @@ class LearnerService:
             self.stats.totals["warnings_suppressed"] += 1
 
     async def _on_trajectory(self, peer: str, traj: Trajectory) -> None:
-        totals = self.stats.totals
+        """Ack ``traj`` at once, then take it for its rollout slot only when it is valid, new, and comes from the
+        peer the slot was handed to with the slot's task; otherwise count and Reject it (reasons ``owner``,
+        ``task``, ``duplicate``, or the validation's) without touching the slot's owner record. A valid duplicate
+        (a re-send after a lost Ack) is counted in ``duplicates``; a trajectory for a slot not running is ``late``.
+        An invalid trajectory from the slot's owner ends the slot as ABORTED, so the rollout is handed out again."""
+        totals, slot = self.stats.totals, (traj.group_id, traj.rollout_index)
         await self.outbox.send(Ack([traj.trajectory_id]), peer)
-        self.peers.returned(traj.group_id, traj.rollout_index)
-        if traj.trajectory_id in self._seen:
-            totals["duplicates"] += 1
-            return
-        remember(self._seen, traj.trajectory_id)
+        running = self.scheduler.is_running(*slot)
+        owned = running and self.peers.assigned.get(slot) == peer
+        digest = _digest(traj)
+        seen = self._seen.get(traj.trajectory_id, False)
         try:
             check_trajectory(traj, vocab_size=self.vocab_size, version=self.version, limits=self.limits)
+            if seen is False and owned and traj.task_id != self.scheduler.running_task(*slot).id:
+                raise InvalidMessage("task", f"rollout {slot} is of task {self.scheduler.running_task(*slot).id!r}, "
+                                             f"not {traj.task_id[:80]!r}")
         except InvalidMessage as invalid:
             await self._reject(peer, invalid)
-            if not self.scheduler.is_running(traj.group_id, traj.rollout_index):
+            if seen is not False or not owned:
                 return
             # never trained on: its slot ends as ABORTED, so the rollout is handed out again (rollout_retries)
             traj = Trajectory(traj.trajectory_id, traj.actor_id, traj.task_id, traj.group_id, traj.rollout_index,
                               Outcome.ABORTED.value, 0.0, False, [], [], error=f"rejected: {invalid}"[:500])
-        if not self.scheduler.is_running(traj.group_id, traj.rollout_index):
+        if seen is not False:
+            if seen != digest:
+                await self._reject(peer, InvalidMessage("duplicate", f"trajectory id {traj.trajectory_id[:80]!r} "
+                                                        "was already received with other content"))
+            else:
+                totals["duplicates"] += 1
+            return
+        if not running:
+            remember(self._seen, traj.trajectory_id, digest)
             totals["late"] += 1  # its slot was re-issued after a timeout, or the learner restarted
             return
+        if not owned:
+            await self._reject(peer, InvalidMessage("owner", f"rollout {slot} was handed to another peer"))
+            return
+        remember(self._seen, traj.trajectory_id, digest)
+        self.peers.returned(*slot)
         totals["from_desktop"] += bool(traj.desktop)
         totals["desktop_busy_s"] += traj.timings.get("episode_s", 0.0)  # for desktop utilisation
         task = self.scheduler.running_task(traj.group_id, traj.rollout_index)

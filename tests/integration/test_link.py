@@ -257,3 +257,47 @@ async def test_a_task_whose_rollouts_end_in_task_error_is_set_aside_and_named(tr
             assert "grid4-red" not in later[-1:]  # after the group open when it was set aside, only grid4-blue
     finally:
         ctx.destroy(linger=0)
+
+
+async def test_a_rollout_slot_takes_trajectories_only_from_its_owner_with_its_task(transport):
+    """Issue 24 item 3: a forged trajectory for another peer's slot is a Reject (``owner``) and leaves the slot's
+    owner record alone, so the honest trajectory is still taken (not dropped as late); a trajectory id reused with
+    other content is a Reject (``duplicate``); the owner's trajectory with another task id is a Reject (``task``)
+    and ends the slot as ABORTED, so the rollout is handed out again."""
+    ctx = zmq.asyncio.Context()
+    forger = ctx.socket(zmq.DEALER)
+    forger.setsockopt(zmq.ROUTING_ID, b"forger")
+    forger.setsockopt(zmq.LINGER, 0)
+    forger.connect(transport.endpoint)
+
+    async def forge(traj: Trajectory) -> list[str]:
+        await forger.send_multipart(codec.encode(traj))
+        answers = []
+        for _ in range(2):  # an Ack, then the Reject
+            answers.append(codec.decode(await asyncio.wait_for(forger.recv_multipart(), 5), max_bytes=1 << 26))
+        return [type(a).__name__ for a in answers]
+
+    try:
+        async with learner(ctx, transport, batch=4, eta=1) as service, actor(ctx, transport) as link:
+            first, second = [await asyncio.wait_for(link.request_work(), 5) for _ in range(2)]
+            honest = trajectory(first, "SUCCESS", 1.0)
+            forged = trajectory(first, "FAILURE", 0.0)
+            assert await forge(forged) == ["Ack", "Reject"]
+            assert service.stats.rejections["owner"] == 1 and service.peers.assigned[(first.group_id, 0)] == "actor-1"
+            reused = trajectory(first, "FAILURE", 0.0)
+            reused.trajectory_id = honest.trajectory_id
+            await link.submit(honest)
+            await until(lambda: service.totals["trajectories"] == 1, 5, "the honest trajectory")
+            assert service.totals["late"] == 0
+            assert await forge(reused) == ["Ack", "Reject"]  # its id again, other content
+            assert service.stats.rejections["duplicate"] == 1 and service.totals["duplicates"] == 0
+            wrong_task = trajectory(second, "SUCCESS", 1.0)
+            wrong_task.task_id = "grid4-blue"
+            await link.submit(wrong_task)
+            await until(lambda: service.stats.rejections["task"] == 1, 5, "the task rejection")
+            assert service.totals["ABORTED"] == 1  # the slot ended as ABORTED: handed out again
+            again = await asyncio.wait_for(link.request_work(), 5)
+            assert (again.group_id, again.rollout_index) == (second.group_id, second.rollout_index)
+    finally:
+        forger.close(0)
+        ctx.destroy(linger=0)
