@@ -40,6 +40,10 @@ class _Held:
     sent_at: float
 
 
+class ActorRefused(RuntimeError):
+    """The learner refused this actor process (it belongs to another run); the message is the learner's."""
+
+
 class LearnerLink:
     """Actor-side protocol over one DEALER pump (see the module docstring).
 
@@ -48,11 +52,14 @@ class LearnerLink:
         actor_id: this process's id (also the DEALER routing id).
         slots: how many EnvActors share this link (reported in Hello).
         config: heartbeat and resend periods.
+        run_id: the run this actor belongs to, sent in Hello and every WorkRequest (a learner of another run
+            refuses it with a Shutdown that sets ``refused``); "" = not checked.
     """
 
-    def __init__(self, outbox: Outbox, actor_id: str, slots: int, config: TransportConfig) -> None:
+    def __init__(self, outbox: Outbox, actor_id: str, slots: int, config: TransportConfig, run_id: str = "") -> None:
         self.outbox = outbox
         self.actor_id = actor_id
+        self.run_id = run_id
         self.slots = slots
         self._config = config
         self._ids = itertools.count()
@@ -63,6 +70,8 @@ class LearnerLink:
         self.policy_version = 0
         self.shutdown = asyncio.Event()
         self.shutdown_reason = ""
+        self.refused = False
+        """The learner refused this actor (another run's): ``shutdown_reason`` says why."""
         self.connected = asyncio.Event()
         self._all_acked = asyncio.Event()
         self._all_acked.set()
@@ -81,7 +90,7 @@ class LearnerLink:
         future: asyncio.Future[Assignment] = asyncio.get_running_loop().create_future()
         self._requests[request_id] = future
         self._requested_at[request_id] = time.monotonic()
-        await self.outbox.send(WorkRequest(request_id, self.actor_id))
+        await self.outbox.send(WorkRequest(request_id, self.actor_id, self.run_id))
         stop = asyncio.ensure_future(self.shutdown.wait())
         try:
             done, _ = await asyncio.wait({future, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -137,7 +146,9 @@ class LearnerLink:
         elif isinstance(message, LearnerStatus):
             await self._on_status(message)
         elif isinstance(message, Shutdown):
-            self.shutdown_reason = message.reason
+            self.shutdown_reason, self.refused = message.reason, message.refused
+            if message.refused:
+                log.error("the learner refuses this actor: %s", message.reason)
             self.shutdown.set()
         elif isinstance(message, Reject):
             self.rejects += 1
@@ -153,17 +164,17 @@ class LearnerLink:
         if restarted:
             log.warning("learner restarted (%s); re-sending %d trajectories and %d requests",
                         status.learner_id, len(self._held), len(self._requests))
-            await self.outbox.send(Hello(self.actor_id, self.slots, list(self._held)))
+            await self.outbox.send(Hello(self.actor_id, self.slots, list(self._held), self.run_id))
             for held in self._held.values():
                 held.sent_at = time.monotonic()
                 await self.outbox.send(held.trajectory)
             for request_id, future in self._requests.items():
                 if not future.done():
-                    await self.outbox.send(WorkRequest(request_id, self.actor_id))
+                    await self.outbox.send(WorkRequest(request_id, self.actor_id, self.run_id))
 
     async def keepalive(self) -> None:
         """Hello, then heartbeats every ``heartbeat_s``; re-sends trajectories unacked for ``resend_after_s``."""
-        await self.outbox.send(Hello(self.actor_id, self.slots, list(self._held)))
+        await self.outbox.send(Hello(self.actor_id, self.slots, list(self._held), self.run_id))
         while True:
             await asyncio.sleep(self._config.heartbeat_s)
             waiting = sum(not f.done() for f in self._requests.values())
@@ -176,4 +187,4 @@ class LearnerLink:
             for request_id, sent_at in list(self._requested_at.items()):
                 if now - sent_at > self._config.resend_after_s:  # the answer may have been dropped on the way
                     self._requested_at[request_id] = now
-                    await self.outbox.send(WorkRequest(request_id, self.actor_id))
+                    await self.outbox.send(WorkRequest(request_id, self.actor_id, self.run_id))

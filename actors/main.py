@@ -26,7 +26,7 @@ from actors.desktop.fleet import DesktopFleet
 from actors.desktop.pool import DesktopPool
 from actors.env_actor import EnvActor
 from actors.episode import EpisodeRunner
-from actors.link import LearnerLink
+from actors.link import ActorRefused, LearnerLink
 from actors.osworld.downloads import run_download_cache
 from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.config import ConfigError, RunConfig, load_config
@@ -39,7 +39,12 @@ log = logging.getLogger("arpo.actors")
 
 
 async def run_actors(config: RunConfig, actor_id: str) -> None:
-    """Connect to the learner and run ``actors.actors`` EnvActors until shutdown; remove every desktop."""
+    """Connect to the learner and run ``actors.actors`` EnvActors until shutdown; remove every desktop.
+
+    Raises:
+        actors.link.ActorRefused: the learner refused this process (it belongs to another run); the process
+            exits non-zero with the learner's message.
+    """
     ac = config.actors
     encoder = PromptEncoder(config.model_path)
     policy = PolicyClient(list(ac.inference_urls), api_key=config.serve.api_key,
@@ -54,7 +59,7 @@ async def run_actors(config: RunConfig, actor_id: str) -> None:
     outbox = Outbox(routed=False)  # link -> DEALER pump
     pump = SocketPump(dealer_socket(ctx, config.transport, actor_id), inbox=inbox, outbox=outbox,
                       max_bytes=config.transport.max_message_bytes)
-    link = LearnerLink(outbox, actor_id, ac.actors, config.transport)
+    link = LearnerLink(outbox, actor_id, ac.actors, config.transport, config.resolved_run_id)
     try:
         downloads = run_download_cache(config.run_dir, config.learner.osworld_files, ac.download_max_mb,
                                        ac.download_timeout_s)
@@ -75,6 +80,8 @@ async def run_actors(config: RunConfig, actor_id: str) -> None:
                 log.info("%d trajectories sent as the learner finished were not taken (the run is over)", link.unacked)
             for task in background:
                 task.cancel()
+        if link.refused:
+            raise ActorRefused(link.shutdown_reason)
     finally:
         try:
             await pool.close()

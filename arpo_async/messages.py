@@ -108,6 +108,9 @@ class Hello:
     actor_id: str
     slots: int
     held_trajectories: list[str] = field(default_factory=list)
+    run_id: str = ""
+    """The run this actor belongs to (config ``resolved_run_id``); a learner of another run refuses it. Empty:
+    not checked (an embedding agent, an older actor)."""
 
 
 @dataclass
@@ -128,6 +131,8 @@ class WorkRequest:
     TYPE: ClassVar[str] = "work_request"
     request_id: str
     actor_id: str
+    run_id: str = ""
+    """As :attr:`Hello.run_id`: a learner of another run hands this request nothing."""
 
 
 @dataclass
@@ -168,6 +173,8 @@ class Shutdown:
 
     TYPE: ClassVar[str] = "shutdown"
     reason: str
+    refused: bool = False
+    """True: the learner refuses this actor (it belongs to another run); the actor exits non-zero with ``reason``."""
 
 
 @dataclass

@@ -68,12 +68,14 @@ class Peers:
         version: the policy version to announce first (a resumed learner's comes from its checkpoint).
         peer_timeout_s: a peer not heard from for this long (heartbeats come every transport.heartbeat_s) is
             forgotten.
+        run_id: this run's id; a Hello or WorkRequest naming another run is refused (see :meth:`check_run`).
     """
 
     def __init__(self, outbox: Outbox, scheduler: GroupScheduler, admission: Admission,
                  totals: collections.Counter[str], *, learner_id: str, version: int = 0,
-                 peer_timeout_s: float = 30.0) -> None:
+                 peer_timeout_s: float = 30.0, run_id: str = "") -> None:
         self.outbox = outbox
+        self.run_id = run_id
         self.scheduler = scheduler
         self.admission = admission
         self.totals = totals
@@ -98,9 +100,27 @@ class Peers:
         """``peer`` sent something just now."""
         self.actors[peer] = time.monotonic()
 
+    async def check_run(self, peer: str, run_id: str) -> None:
+        """Refuse a message of an actor of another run (an orphan of an earlier run that took this run's
+        endpoint and actor id): tell it to exit with a Shutdown that names both runs (``refused``).
+
+        Raises:
+            InvalidMessage: reason "run", when ``run_id`` and this run's are both set and differ.
+        """
+        if run_id and self.run_id and run_id != self.run_id:
+            why = (f"this learner runs {self.run_id!r} but actor {peer} belongs to run {run_id!r} (an arpo-actors "
+                   "left over from another run?); stop it, or give both the same run_id")
+            await self.outbox.send(Shutdown(why, refused=True), peer)
+            raise InvalidMessage("run", why)
+
     async def on_hello(self, peer: str, hello: Hello | Heartbeat) -> None:
-        """Note a Hello's slots or a Heartbeat's queue depths, and answer with the learner id and version."""
+        """Note a Hello's slots or a Heartbeat's queue depths, and answer with the learner id and version.
+
+        Raises:
+            InvalidMessage: reason "run": a Hello of another run (:meth:`check_run`).
+        """
         if isinstance(hello, Hello):
+            await self.check_run(peer, hello.run_id)
             self.peer_slots[peer] = hello.slots
         else:
             self.actor_queues[peer] = (hello.running, hello.waiting, hello.unacked)
@@ -112,8 +132,9 @@ class Peers:
 
         Raises:
             InvalidMessage: reason "slots": ``peer`` already has as many requests waiting or running as its
-                Hello announced (UNANNOUNCED_SLOTS before one).
+                Hello announced (UNANNOUNCED_SLOTS before one); reason "run": a request of another run.
         """
+        await self.check_run(peer, request.run_id)
         if request.request_id in self._requests_seen:
             await self._answer_again(peer, request.request_id)
             return

@@ -86,13 +86,14 @@ class LearnerService:
         vocab_size: token ids of trajectories must lie in [0, vocab_size) (None: not checked).
         peer_timeout_s: see :class:`learner.peers.Peers`.
         sampler: keeps a sample of received trajectories with their screenshots (learner.trajectory_sample).
+        run_id: this run's id: actors of another run are refused (:meth:`learner.peers.Peers.check_run`).
     """
 
     def __init__(self, outbox: Outbox, scheduler: GroupScheduler, admission: Admission,
                  batcher: Batcher, *, batches: BatchQueue | None = None, rounds: bool = False, version: int = 0,
                  learner_id: str | None = None, selector: TaskSelector | None = None,
                  vocab_size: int | None = None, limits: WireLimits = WireLimits(), peer_timeout_s: float = 30.0,
-                 sampler: TrajectorySampler | None = None) -> None:
+                 sampler: TrajectorySampler | None = None, run_id: str = "") -> None:
         self.outbox = outbox
         self.scheduler = scheduler
         self.admission = admission
@@ -108,7 +109,7 @@ class LearnerService:
         self.learner_id = learner_id or uuid.uuid4().hex[:12]
         self.stats = RunStats(batcher)
         self.peers = Peers(outbox, scheduler, admission, self.stats.totals, learner_id=self.learner_id,
-                           version=version, peer_timeout_s=peer_timeout_s)
+                           version=version, peer_timeout_s=peer_timeout_s, run_id=run_id)
         self.step = 0
         """Optimizer steps taken in this run, across restarts (changed only by :meth:`on_trained`)."""
         self.baseline: BaselinePass | None = None

@@ -301,3 +301,53 @@ async def test_a_rollout_slot_takes_trajectories_only_from_its_owner_with_its_ta
     finally:
         forger.close(0)
         ctx.destroy(linger=0)
+
+
+async def test_an_actor_of_another_run_is_refused_naming_both_runs(transport):
+    """Issue 24 item 5: an actor whose Hello and work requests name another run gets no rollout and a Shutdown
+    marked ``refused`` that names both run ids (arpo-actors then exits non-zero with it); this run's actor and an
+    actor that names no run are served."""
+    ctx = zmq.asyncio.Context()
+    try:
+        async with learner(ctx, transport) as service:
+            service.peers.run_id = "new-run"
+            inbox, outbox = asyncio.Queue(INBOX_SIZE), Outbox(routed=False)
+            pump = SocketPump(dealer_socket(ctx, transport, "actor-1"), inbox=inbox, outbox=outbox,
+                              max_bytes=transport.max_message_bytes)
+            orphan = LearnerLink(outbox, "actor-1", 4, transport, run_id="old-run")
+            tasks = [asyncio.create_task(pump.run()), asyncio.create_task(orphan.serve(inbox)),
+                     asyncio.create_task(orphan.keepalive())]
+            try:
+                assert await asyncio.wait_for(orphan.request_work(), 5) is None  # shut down, not served
+                assert orphan.refused and "'new-run'" in orphan.shutdown_reason and "'old-run'" in orphan.shutdown_reason
+                await until(lambda: service.stats.rejections["run"] >= 1, 5, "the Hello refused")
+                assert service.admission.running == 0 and not service.peers.waiting
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        async with learner(ctx, transport) as service, actor(ctx, transport) as link:
+            service.peers.run_id, link.run_id = "new-run", "new-run"
+            assert (await asyncio.wait_for(link.request_work(), 5)).task["id"] == "grid4-red"
+            link.run_id = ""  # an embedding agent that names no run
+            assert (await asyncio.wait_for(link.request_work(), 5)).task["id"] == "grid4-red"
+    finally:
+        ctx.destroy(linger=0)
+
+
+async def test_arpo_actors_of_another_run_stops_with_the_learners_message(transport, tiny_model, tmp_path):
+    from actors.link import ActorRefused
+    from actors.main import run_actors
+    from arpo_async.config import load_config
+
+    config = load_config(None, [f'run_dir="{tmp_path / "old-run"}"', f'model="{tiny_model}"',
+                                f'transport.endpoint="{transport.endpoint}"', "transport.heartbeat_s=0.05",
+                                "actors.actors=1", "actors.warm_spares=0"])
+    ctx = zmq.asyncio.Context()
+    try:
+        async with learner(ctx, transport) as service:
+            service.peers.run_id = "new-run"
+            with pytest.raises(ActorRefused, match="this learner runs 'new-run' but actor a-1 belongs to run 'old-run'"):
+                await asyncio.wait_for(run_actors(config, "a-1"), 60)
+    finally:
+        ctx.destroy(linger=0)
