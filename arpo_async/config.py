@@ -113,6 +113,10 @@ class TransportConfig:
     peer_timeout_s: float = 30.0
     """The learner forgets an actor process not heard from for this long (no heartbeat): its waiting work requests
     are dropped and its running rollouts handed out again at once. Keep it several heartbeats long."""
+    max_slots_per_peer: PositiveInt = 1024
+    """The most work requests one actor process may have waiting or running at once, whatever slots its Hello
+    announces; the learner hands out rollouts round-robin over the processes that wait, so one process cannot
+    starve another (learner.peers)."""
 
     @model_validator(mode="after")
     def _peer_timeout_spans_heartbeats(self) -> TransportConfig:

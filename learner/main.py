@@ -99,6 +99,7 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
     service = LearnerService(outbox, scheduler, admission, batcher, batches=batches, rounds=lockstep,
                              learner_id=learner_id, selector=plan.selector, vocab_size=vocab_size,
                              peer_timeout_s=config.transport.peer_timeout_s, run_id=config.resolved_run_id,
+                             max_slots_per_peer=config.transport.max_slots_per_peer,
                              sampler=TrajectorySampler(run / "trajectories", rate=lc.sample_trajectories,
                                                        disk_mb=lc.sample_disk_mb))
     with learner_socket(config.transport) as socket:

@@ -5,11 +5,17 @@ its Hello announced, its last Heartbeat's queue depths), the queue of waiting wo
 and the peer each was handed to, the request ids seen (with the assignment each got), and the policy version as
 announced to actors. Sends through the ROUTER pump's outbox.
 
-Invariants: a request waits (backpressure) rather than being refused, unless its peer already has as many
-requests waiting or running as its Hello announced slots; a rollout is handed out only while the scheduler has a
-slot and the admission rule (StalenessManager or LockstepAdmission) admits one more; a re-sent request gets the
-assignment it got before while that rollout still runs; a peer silent for ``peer_timeout_s`` is forgotten, its
-waiting requests dropped and its running rollouts handed out again at once.
+Fairness: waiting requests are queued per peer and rollouts are handed out round-robin over the peers that wait,
+so a peer with thousands of requests waiting delays another peer's by at most one rollout each. A peer may have at
+most ``min(its Hello's slots, transport.max_slots_per_peer)`` requests waiting or running; a peer that has sent no
+Hello at most UNANNOUNCED_SLOTS, and at most UNANNOUNCED_PEERS such peers at once (more are refused, reason
+``hello``), so neither one hog nor a storm of fresh identities can take all of the admission's capacity.
+Bookkeeping is O(1) per request (per-peer counts, not scans).
+
+Invariants: a request waits (backpressure) rather than being refused, unless its peer is at its cap; a rollout is
+handed out only while the scheduler has a slot and the admission rule (StalenessManager or LockstepAdmission)
+admits one more; a re-sent request gets the assignment it got before while that rollout still runs; a peer silent
+for ``peer_timeout_s`` is forgotten, its waiting requests dropped and its running rollouts handed out again at once.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ log = logging.getLogger("learner.service")
 UNANNOUNCED_SLOTS = 64
 """Requests a peer may have waiting or running before its Hello arrived (an actor's first requests can overtake
 its Hello; a peer that never says hello gets no more than this)."""
+
+UNANNOUNCED_PEERS = 16
+"""Peers without a Hello that may have requests waiting or running at once; a request of one more is refused."""
 
 SEEN_IDS = 200_000
 """Ids remembered for de-duplication (oldest forgotten first)."""
@@ -69,11 +78,13 @@ class Peers:
         peer_timeout_s: a peer not heard from for this long (heartbeats come every transport.heartbeat_s) is
             forgotten.
         run_id: this run's id; a Hello or WorkRequest naming another run is refused (see :meth:`check_run`).
+        max_slots_per_peer: the most requests one peer may have waiting or running, whatever its Hello announced
+            (transport.max_slots_per_peer).
     """
 
     def __init__(self, outbox: Outbox, scheduler: GroupScheduler, admission: Admission,
                  totals: collections.Counter[str], *, learner_id: str, version: int = 0,
-                 peer_timeout_s: float = 30.0, run_id: str = "") -> None:
+                 peer_timeout_s: float = 30.0, run_id: str = "", max_slots_per_peer: int = 1024) -> None:
         self.outbox = outbox
         self.run_id = run_id
         self.scheduler = scheduler
@@ -89,9 +100,17 @@ class Peers:
         """Rollout slots each peer announced in its Hello: the most requests it may have waiting or running."""
         self.actor_queues: dict[str, tuple[int, int, int]] = {}
         """Peer -> (running, waiting, unacked) from its last Heartbeat (see :meth:`depths`)."""
-        self.waiting: collections.deque[tuple[str, WorkRequest]] = collections.deque()
+        self.max_slots_per_peer = max_slots_per_peer
+        self.waiting: collections.OrderedDict[str, collections.deque[WorkRequest]] = collections.OrderedDict()
+        """Peer -> its waiting requests (oldest first); the peers in the order the next rollouts go to them."""
+        self.waiting_count = 0
+        """Requests waiting, over all peers."""
         self.assigned: dict[tuple[str, int], str] = {}
         """Running rollout (group id, rollout index) -> the peer it was handed to."""
+        self._outstanding: collections.Counter[str] = collections.Counter()
+        """Peer -> its requests waiting plus its rollouts running (peers with none are left out)."""
+        self._unannounced: set[str] = set()
+        """Peers without a Hello that have requests waiting or running (at most UNANNOUNCED_PEERS)."""
         self._requests_seen: collections.OrderedDict[str, Assignment | None] = collections.OrderedDict()
         """Request ids seen (None while waiting), with the assignment each got, so a re-sent request whose answer
         was lost (a full ROUTER queue drops silently) gets the same assignment again."""
@@ -122,6 +141,7 @@ class Peers:
         if isinstance(hello, Hello):
             await self.check_run(peer, hello.run_id)
             self.peer_slots[peer] = hello.slots
+            self._unannounced.discard(peer)
         else:
             self.actor_queues[peer] = (hello.running, hello.waiting, hello.unacked)
         await self.outbox.send(LearnerStatus(self.learner_id, self.version), peer)
@@ -138,27 +158,52 @@ class Peers:
         if request.request_id in self._requests_seen:
             await self._answer_again(peer, request.request_id)
             return
-        allowed = self.peer_slots.get(peer, UNANNOUNCED_SLOTS)
-        if self._outstanding(peer) >= allowed:
-            raise InvalidMessage("slots", f"{peer} already has {self._outstanding(peer)} requests waiting or "
-                                          f"running, the {allowed} slots its Hello announced")
+        announced = peer in self.peer_slots
+        allowed = min(self.peer_slots.get(peer, UNANNOUNCED_SLOTS), self.max_slots_per_peer)
+        if not announced and peer not in self._unannounced and len(self._unannounced) >= UNANNOUNCED_PEERS:
+            raise InvalidMessage("hello", f"{peer} sent no Hello, and {UNANNOUNCED_PEERS} such peers already have "
+                                          "requests waiting or running")
+        if self._outstanding[peer] >= allowed:
+            raise InvalidMessage("slots", f"{peer} already has {self._outstanding[peer]} requests waiting or "
+                                          f"running, its cap of {allowed} (the slots its Hello announced, at most "
+                                          "transport.max_slots_per_peer)")
         remember(self._requests_seen, request.request_id)
-        self.waiting.append((peer, request))
+        self.waiting.setdefault(peer, collections.deque()).append(request)
+        self.waiting_count += 1
+        self._outstanding[peer] += 1
+        if not announced:
+            self._unannounced.add(peer)
         await self.dispatch()
 
     def returned(self, group_id: str, rollout_index: int) -> None:
         """A trajectory for this rollout came back (the peer no longer runs it)."""
-        self.assigned.pop((group_id, rollout_index), None)
+        peer = self.assigned.pop((group_id, rollout_index), None)
+        if peer is not None:
+            self._release(peer)
 
-    def _outstanding(self, peer: str) -> int:
-        """Requests of ``peer`` waiting, plus rollouts handed to it that have not come back."""
-        return (sum(1 for p, _ in self.waiting if p == peer)
-                + sum(1 for p in self.assigned.values() if p == peer))
+    def _release(self, peer: str, count: int = 1) -> None:
+        """``count`` of ``peer``'s requests or rollouts ended."""
+        self._outstanding[peer] -= count
+        if self._outstanding[peer] <= 0:
+            del self._outstanding[peer]
+            self._unannounced.discard(peer)
+
+    def _next_request(self) -> tuple[str, WorkRequest]:
+        """The oldest request of the peer whose turn it is (round-robin over the peers that wait)."""
+        peer, queue = next(iter(self.waiting.items()))
+        request = queue.popleft()
+        if queue:
+            self.waiting.move_to_end(peer)
+        else:
+            del self.waiting[peer]
+        self.waiting_count -= 1
+        return peer, request
 
     async def dispatch(self) -> None:
-        """Hand out rollouts to waiting requests while the scheduler has slots and the admission rule admits them."""
+        """Hand out rollouts to waiting requests, round-robin over their peers, while the scheduler has slots and
+        the admission rule admits them."""
         while self.waiting and self.scheduler.has_work and self.admission.can_admit(self.version):
-            peer, request = self.waiting.popleft()
+            peer, request = self._next_request()
             rollout = self.scheduler.next_rollout()
             self.admission.on_start()
             assignment = Assignment(request.request_id, rollout.task.to_dict(), rollout.group_id,
@@ -194,8 +239,13 @@ class Peers:
         silent = {peer for peer, seen in self.actors.items() if now - seen > self.peer_timeout_s}
         if not silent:
             return 0
-        before = len(self.waiting)
-        self.waiting = collections.deque((p, r) for p, r in self.waiting if p not in silent)
+        dropped = 0
+        for peer in silent:
+            queue = self.waiting.pop(peer, ())
+            dropped += len(queue)
+            self.waiting_count -= len(queue)
+            self._outstanding.pop(peer, None)
+            self._unannounced.discard(peer)
         slots = [key for key, p in self.assigned.items() if p in silent]
         for key in slots:
             del self.assigned[key]
@@ -207,7 +257,7 @@ class Peers:
             self.peer_slots.pop(peer, None)
         self.totals["silent_peers"] += len(silent)
         log.warning("%d peer(s) silent for %.0f s (%s): dropped %d waiting requests, re-issued %d rollouts",
-                    len(silent), self.peer_timeout_s, ", ".join(sorted(silent))[:200], before - len(self.waiting),
+                    len(silent), self.peer_timeout_s, ", ".join(sorted(silent))[:200], dropped,
                     reissued)
         await self.dispatch()
         return len(silent)
@@ -218,7 +268,8 @@ class Peers:
             await asyncio.sleep(period_s)
             for _ in range(self.scheduler.expire()):
                 self.admission.on_finish(accepted=False)
-            self.assigned = {key: p for key, p in self.assigned.items() if self.scheduler.is_running(*key)}
+            for key in [key for key in self.assigned if not self.scheduler.is_running(*key)]:
+                self._release(self.assigned.pop(key))
             await self.forget_silent_peers()
             await self.dispatch()
 
@@ -231,6 +282,6 @@ class Peers:
         """``waiting_requests`` (not yet admitted), ``running`` (rollouts out) and, summed over the actors heard
         from, their last Heartbeat's ``actor_running``, ``actor_waiting`` and ``actor_unacked``."""
         heard = [q for peer, q in self.actor_queues.items() if peer in self.actors]
-        return {"waiting_requests": len(self.waiting), "running": self.admission.running,
+        return {"waiting_requests": self.waiting_count, "running": self.admission.running,
                 "actor_running": sum(q[0] for q in heard), "actor_waiting": sum(q[1] for q in heard),
                 "actor_unacked": sum(q[2] for q in heard)}

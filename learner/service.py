@@ -87,13 +87,15 @@ class LearnerService:
         peer_timeout_s: see :class:`learner.peers.Peers`.
         sampler: keeps a sample of received trajectories with their screenshots (learner.trajectory_sample).
         run_id: this run's id: actors of another run are refused (:meth:`learner.peers.Peers.check_run`).
+        max_slots_per_peer: see :class:`learner.peers.Peers`.
     """
 
     def __init__(self, outbox: Outbox, scheduler: GroupScheduler, admission: Admission,
                  batcher: Batcher, *, batches: BatchQueue | None = None, rounds: bool = False, version: int = 0,
                  learner_id: str | None = None, selector: TaskSelector | None = None,
                  vocab_size: int | None = None, limits: WireLimits = WireLimits(), peer_timeout_s: float = 30.0,
-                 sampler: TrajectorySampler | None = None, run_id: str = "") -> None:
+                 sampler: TrajectorySampler | None = None, run_id: str = "",
+                 max_slots_per_peer: int = 1024) -> None:
         self.outbox = outbox
         self.scheduler = scheduler
         self.admission = admission
@@ -109,7 +111,8 @@ class LearnerService:
         self.learner_id = learner_id or uuid.uuid4().hex[:12]
         self.stats = RunStats(batcher)
         self.peers = Peers(outbox, scheduler, admission, self.stats.totals, learner_id=self.learner_id,
-                           version=version, peer_timeout_s=peer_timeout_s, run_id=run_id)
+                           version=version, peer_timeout_s=peer_timeout_s, run_id=run_id,
+                           max_slots_per_peer=max_slots_per_peer)
         self.step = 0
         """Optimizer steps taken in this run, across restarts (changed only by :meth:`on_trained`)."""
         self.baseline: BaselinePass | None = None
@@ -353,7 +356,7 @@ class LearnerService:
                 "trajectories": totals["trajectories"],
                 "from_desktop": totals["from_desktop"], "running": self.admission.running,
                 "step": self.step,
-                "waiting_requests": len(self.peers.waiting), "actors": len(self.peers.actors),
+                "waiting_requests": self.peers.waiting_count, "actors": len(self.peers.actors),
                 "outcomes": {k: v for k, v in totals.items() if k.isupper()},
                 "drops": dict(self.batcher.drops), "ready_groups": self._ready_groups(),
                 "queues": self.queue_depths(),

@@ -88,7 +88,7 @@ async def test_work_flows_and_admission_holds_requests_back(transport):
             assert first.task["id"] == "grid4-red" and first.group_id == second.group_id
             assert {first.rollout_index, second.rollout_index} == {0, 1}
             third = asyncio.create_task(link.request_work())
-            await until(lambda: len(service.peers.waiting) == 1)  # (0 + 0 + 1) * 2 rollouts admitted, then wait
+            await until(lambda: service.peers.waiting_count == 1)  # (0 + 0 + 1) * 2 rollouts admitted, then wait
             assert not third.done()
             await link.submit(trajectory(first))
             await link.submit(trajectory(second, "FAILURE", 0.0))
@@ -321,7 +321,7 @@ async def test_an_actor_of_another_run_is_refused_naming_both_runs(transport):
                 assert await asyncio.wait_for(orphan.request_work(), 5) is None  # shut down, not served
                 assert orphan.refused and "'new-run'" in orphan.shutdown_reason and "'old-run'" in orphan.shutdown_reason
                 await until(lambda: service.stats.rejections["run"] >= 1, 5, "the Hello refused")
-                assert service.admission.running == 0 and not service.peers.waiting
+                assert service.admission.running == 0 and not service.peers.waiting_count
             finally:
                 for t in tasks:
                     t.cancel()
@@ -350,4 +350,53 @@ async def test_arpo_actors_of_another_run_stops_with_the_learners_message(transp
             with pytest.raises(ActorRefused, match="this learner runs 'new-run' but actor a-1 belongs to run 'old-run'"):
                 await asyncio.wait_for(run_actors(config, "a-1"), 60)
     finally:
+        ctx.destroy(linger=0)
+
+
+@pytest.mark.parametrize("attack", ["hog", "storm"])
+async def test_an_honest_actor_gets_work_beside_a_hog_or_a_storm_of_identities(transport, attack):
+    """Issue 24 item 4: one peer announcing 4,096 slots and sending 5,000 requests (a hog), or 200 fresh
+    identities with 64 requests each and no Hello (a storm), never hold every slot the admission rule allows:
+    the hog is capped at transport.max_slots_per_peer, the storm at UNANNOUNCED_PEERS x UNANNOUNCED_SLOTS (the
+    rest refused, reason "hello"), and rollouts go round-robin over the peers that wait, so an honest actor that
+    asks after the attack gets work within 2 s, with O(1) bookkeeping per request."""
+    from learner.peers import UNANNOUNCED_PEERS, UNANNOUNCED_SLOTS
+
+    ctx = zmq.asyncio.Context()
+    sockets = []
+
+    def dealer(identity: str):
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.ROUTING_ID, identity.encode())
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.connect(transport.endpoint)
+        sockets.append(sock)
+        return sock
+
+    try:
+        async with learner(ctx, transport, batch=1500, eta=0) as service:  # room for 1,500 rollouts running
+            service.peers.max_slots_per_peer = 1024
+            if attack == "hog":
+                hog = dealer("hog")
+                await hog.send_multipart(codec.encode(Hello("hog", 4096)))
+                for i in range(5000):
+                    await hog.send_multipart(codec.encode(WorkRequest(f"hog-{i}", "hog")))
+                expected_refusals = ("slots", 5000 - 1024)
+            else:
+                for p in range(200):
+                    sock = dealer(f"storm-{p}")
+                    for i in range(64):
+                        await sock.send_multipart(codec.encode(WorkRequest(f"s{p}-{i}", f"storm-{p}")))
+                expected_refusals = ("hello", (200 - UNANNOUNCED_PEERS) * 64)
+            reason, count = expected_refusals
+            await until(lambda: service.stats.rejections[reason] == count, 30, f"{count} refusals ({reason})")
+            held = service.admission.running
+            assert held == (1024 if attack == "hog" else UNANNOUNCED_PEERS * UNANNOUNCED_SLOTS)
+            async with actor(ctx, transport) as link:
+                assignment = await asyncio.wait_for(link.request_work(), 2)
+            assert assignment.task["id"] == "grid4-red" and service.admission.running == held + 1
+    finally:
+        for sock in sockets:
+            sock.close(0)
         ctx.destroy(linger=0)
