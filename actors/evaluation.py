@@ -23,6 +23,7 @@ or metric or a malformed evaluator; DesktopError (from the controller) when the 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import math
 import shutil
@@ -85,6 +86,32 @@ class _Part:
     result: dict | None
     expected: dict | None
     options: dict
+
+
+def metric_option_problems(task: Task) -> list[str]:
+    """The evaluator options our own (native) metrics would refuse: each metric is called as
+    ``metric(result, expected, **options)`` (without ``expected`` when the task gives none), so an option its
+    signature does not take raises TypeError in every episode. OSWorld's metrics run in the metrics worker and are
+    not checked here, nor is an infeasible task (no metric runs). ``arpo tasks check`` reports these as
+    ``metric_options``; an empty list means none found. An evaluator naming an unknown metric or getter is one
+    problem (the loader refuses those first).
+    """
+    if task.infeasible:
+        return []
+    try:
+        parts = _parts(task)
+    except EvaluationError as exc:
+        return [str(exc)]
+    problems = []
+    for part in parts:
+        if METRICS[part.metric] != "native":
+            continue
+        args = (None, None) if part.expected is not None else (None,)
+        try:
+            inspect.signature(NATIVE_METRICS[part.metric]).bind(*args, **part.options)
+        except TypeError as exc:
+            problems.append(f"metric {part.metric!r} with options {sorted(part.options)}: {exc}")
+    return problems
 
 
 def _as_list(value: Any, n: int) -> list:

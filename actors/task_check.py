@@ -32,7 +32,7 @@ from arpo_async.tasks import Task, TaskFormatError, read_task_json
 
 from actors.desktop.controller_client import DesktopError
 from actors.desktop.fleet import DesktopFleet
-from actors.evaluation import EvaluationError, TaskSetupError, evaluate, run_setup
+from actors.evaluation import EvaluationError, TaskSetupError, evaluate, metric_option_problems, run_setup
 from actors.osworld.downloads import DownloadCache
 from actors.osworld.setup import SetupContext
 
@@ -128,6 +128,10 @@ def check_load(files: Iterable[Path]) -> tuple[list[TaskReport], dict[str, Task]
             report.reason, report.detail = rejection_kind(exc), str(exc)
         else:
             report.task_id = task.id
+            if problems := metric_option_problems(task):  # a native metric would raise TypeError every episode
+                report.reason, report.detail = "metric_options", "; ".join(problems)
+                reports.append(report)
+                continue
             tasks[report.path] = task
         reports.append(report)
     return reports, tasks

@@ -317,6 +317,51 @@ def _check_names(config: list, ev: dict, fail) -> None:
                                         _supported("getter type", g["type"], GETTER_TYPES)), "getter", g["type"])
 
 
+def _is_command(v: Any) -> bool:
+    return isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 86_400
+
+
+def _is_file_list(*keys: str):
+    return lambda v: isinstance(v, list) and all(isinstance(f, dict) and all(isinstance(f.get(k), str)
+                                                                            for k in keys) for f in v)
+
+
+def _is_str_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+_COMMAND_PARAMS = {"command": (_is_command, "a string or a list of strings"),
+                   "shell": (lambda v: isinstance(v, (bool, str)), "a boolean"),
+                   "until": (lambda v: isinstance(v, dict), "an object"),
+                   "timeout": (_is_number, "a number of seconds in [0, 86400]"),
+                   "stdout": (lambda v: isinstance(v, str), "a string"),
+                   "stderr": (lambda v: isinstance(v, str), "a string")}
+_WINDOW_PARAMS = {"window_name": (lambda v: isinstance(v, str), "a string"),
+                  "strict": (lambda v: isinstance(v, bool), "a boolean"),
+                  "by_class": (lambda v: isinstance(v, bool), "a boolean")}
+SETUP_PARAMETERS: dict[str, dict[str, tuple[Any, str]]] = {
+    "execute": _COMMAND_PARAMS, "command": _COMMAND_PARAMS,
+    "launch": {"command": _COMMAND_PARAMS["command"], "shell": _COMMAND_PARAMS["shell"]},
+    "sleep": {"seconds": (_is_number, "a number of seconds in [0, 86400]")},
+    "activate_window": _WINDOW_PARAMS, "close_window": _WINDOW_PARAMS,
+    "open": {"path": (lambda v: isinstance(v, str), "a string")},
+    "download": {"files": (_is_file_list("url", "path"), "a list of {url, path} objects with string values")},
+    "upload_file": {"files": (_is_file_list("local_path", "path"),
+                              "a list of {local_path, path} objects with string values")},
+    "chrome_open_tabs": {"urls_to_open": (_is_str_list, "a list of strings")},
+    "chrome_close_tabs": {"urls_to_close": (_is_str_list, "a list of strings")},
+    "update_browse_history": {"history": (lambda v: isinstance(v, list) and all(isinstance(h, dict) for h in v),
+                                          "a list of objects")},
+}
+"""The type of each parameter a setup step takes, as OSWorld's task files use them (its 369 Ubuntu tasks all
+pass); a parameter that is present must have it, so a task with ``"command": 5`` is refused when it loads instead
+of failing in every episode. Parameters not listed are not checked (OSWorld's own setup controller ignores them)."""
+
+
 def _check_steps(steps: Any, where: str, fail) -> None:
     if not isinstance(steps, list):
         raise fail(where, "must be a list of {type, parameters} steps")
@@ -325,8 +370,17 @@ def _check_steps(steps: Any, where: str, fail) -> None:
     for i, step in enumerate(steps):
         if not isinstance(step, dict) or not isinstance(step.get("type"), str) or not step["type"]:
             raise fail(f"{where}[{i}]", "a step needs a string 'type'")
-        if not isinstance(step.get("parameters", {}), dict):
+        params = step.get("parameters", {})
+        if not isinstance(params, dict):
             raise fail(f"{where}[{i}].parameters", "must be an object")
+        for name, (ok, kind) in SETUP_PARAMETERS.get(step["type"], {}).items():
+            if name in params and not ok(params[name]):
+                raise fail(f"{where}[{i}].parameters.{name}", f"must be {kind}, got {_short(params[name])}")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, float) or math.isfinite(value) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _check_upload_sources(steps: list, folder: Path, fail) -> None:

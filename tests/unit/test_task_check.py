@@ -98,3 +98,21 @@ def test_a_task_id_that_walks_out_or_an_upload_from_outside_its_folder_is_refuse
     for refused in ("t-abs", "t-dotdot", "t-link"):
         assert "lies outside the task's folder" in by_id[refused].detail, by_id[refused]
     assert by_id["t-inside"].loaded and list(tasks) == [str(tmp_path / "os" / "inside.json")]
+
+
+def test_parameter_types_and_metric_options_are_caught_before_any_episode(tmp_path):
+    """Issue 24 item 1: a setup parameter of the wrong type (``"command": 5``) is refused when the file loads,
+    naming the parameter, and an option our own metric does not take (exact_match with ``o``) is reported by the
+    check as ``metric_options``. (OSWorld's own 369 Ubuntu task files trip neither: `arpo tasks check` on them
+    gives the same reasons as before these checks.)"""
+    _write(tmp_path, "os", "command", {**GOOD, "id": "t-command",
+                                       "config": [{"type": "execute", "parameters": {"command": 5}}]})
+    _write(tmp_path, "os", "sleep", {**GOOD, "id": "t-sleep", "config": [{"type": "sleep", "parameters": {"seconds": 1e308}}]})
+    _write(tmp_path, "os", "option", {**GOOD, "id": "t-option", "evaluator": {**GOOD["evaluator"], "options": {"o": 5}}})
+    reports, tasks = check_load(task_files(tmp_path))
+    by_id = {r.task_id: r for r in reports}
+    assert by_id["t-command"].reason == "format" and "config[0].parameters.command" in by_id["t-command"].detail
+    assert "must be a string or a list of strings, got 5" in by_id["t-command"].detail
+    assert by_id["t-sleep"].reason == "format" and "parameters.seconds" in by_id["t-sleep"].detail
+    assert by_id["t-option"].reason == "metric_options" and "unexpected keyword argument 'o'" in by_id["t-option"].detail
+    assert tasks == {}
