@@ -3,7 +3,8 @@ real desktop, and against a real HTTP server that answers every route with hosti
 
 Every case must end with a trajectory, never an exception out of ``EpisodeRunner.run``: the named ones from the
 issue (an ``execute`` whose command is 5, ``exact_match`` with an option it does not take, a controller answering
-``{"status": "error", "message": 5}``) as TASK_ERROR or ENV_ERROR carrying the error's type and message, and a
+``{"status": "error", "message": 5}``) as TASK_ERROR or ENV_ERROR carrying the error's type and message (a parameter of the
+wrong type is refused when the task loads in the actor, a TaskFormatError), and a
 seeded fuzz of a few hundred setup, getter, metric and controller-answer variations with zero escapes.
 """
 
@@ -121,7 +122,8 @@ async def test_named_task_faults_end_as_task_error_and_the_fuzz_has_no_escape(fl
         results = await run_all(run, desktop.controller, named)
         assert all(not isinstance(r, BaseException) for r in results), results
         assert [r.outcome for r in results[:2]] == [Outcome.TASK_ERROR] * 2, [(r.outcome, r.error) for r in results]
-        assert results[0].error.startswith("TypeError") and "'o'" in results[1].error
+        assert results[0].error.startswith("TaskFormatError") and "parameters.command" in results[0].error  # at load
+        assert results[1].error.startswith("TypeError") and "'o'" in results[1].error  # in the metric
         assert all(not r.outcome.trainable and r.error for r in results)
         fuzz = fuzz_tasks()
         assert len(fuzz) >= 150
