@@ -3,9 +3,9 @@ real desktop, and against a real HTTP server that answers every route with hosti
 
 Every case must end with a trajectory, never an exception out of ``EpisodeRunner.run``: the named ones from the
 issue (an ``execute`` whose command is 5, ``exact_match`` with an option it does not take, a controller answering
-``{"status": "error", "message": 5}``) as TASK_ERROR or ENV_ERROR carrying the error's type and message (a parameter of the
-wrong type is refused when the task loads in the actor, a TaskFormatError), and a
-seeded fuzz of a few hundred setup, getter, metric and controller-answer variations with zero escapes.
+``{"status": "error", "message": 5}``) as TASK_ERROR or ENV_ERROR carrying the error's type and message (a
+parameter of the wrong type is refused when the task loads in the actor, a TaskFormatError), and a seeded fuzz of
+a few hundred setup, getter, metric and controller-answer variations with zero escapes.
 """
 
 from __future__ import annotations
