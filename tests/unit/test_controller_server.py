@@ -212,3 +212,21 @@ def test_idle_and_stalled_connections_are_closed_after_the_io_timeout(controller
             assert code in (0, 400), body  # a stalled body may still get its 400
         assert time.monotonic() - t0 < 5
     assert controller.post("/echo", b"{}")[0] == 200
+
+
+def test_listens_on_tcp_when_asked(image_modules):
+    server, _ = image_modules
+    app = server.App(server.url_map({}, {"/echo": lambda request: server.json_answer(200, request.json_object())}))
+    httpd = server.listen(app, "127.0.0.1:0", "/nonexistent/unused.sock")
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        with socket.create_connection(("127.0.0.1", httpd.port), timeout=10) as s:
+            s.sendall(b'POST /echo HTTP/1.1\r\nHost: d\r\nContent-Length: 8\r\n\r\n{"a": 1}')
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'\r\n\r\n{"a": 1}')
+    finally:
+        httpd.shutdown()
+        thread.join(10)

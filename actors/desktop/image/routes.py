@@ -5,7 +5,9 @@ it (desktop_env/controllers/python.py, setup.py), with OSWorld's request and res
 (:func:`url_map`: every path with its method and view) and the core routes' views; the routes marked [o] are
 osworld_routes.py's, merged in. Views are plain functions ``view(request) -> Response`` (server.Request, the
 answers of server.py) and run under server.App's hardening (body limits, the memory budget, errors as JSON);
-/reset resets the boot state (reset.BootState) that controller.py records before the first request.
+/reset resets the boot state (reset.BootState) that controller.py records before the first request. Any other
+path is a 404 and a listed path with another method a 405 (JSON refusals, as OSWorld's Flask answers 404/405);
+GET routes also answer HEAD (werkzeug's routing), without a body.
 
     GET  /screenshot            -> PNG bytes of the whole screen, cursor drawn in (compress_level 1);
                                    ours: optional query ?format=png|jpeg&quality=1..100 (JPEG quality,

@@ -26,11 +26,12 @@ body, a file read or an answer reserves its worst-case size first (:meth:`Reques
 is sent) and waits (up to BUDGET_WAIT_S, then 503) while others hold it, so concurrent requests cannot add up
 past the container's memory.
 
-Invariants: every request is handled on its own thread (daemon threads), and every connection carries one request
-(werkzeug's server answers each with Connection: close), so a refusal always closes its connection; a
-connection idle or stalled for IO_TIMEOUT_S is closed (a body that stalls is a 400); a refused body that was not
-read is drained first (up to DRAIN_MAX_BYTES), so the client sees the answer rather than a broken pipe. The Unix
-socket appears only once it listens (bound under a temporary name, then renamed over the old one), mode 0660.
+Invariants: every request is handled on its own thread (daemon threads), and every connection carries one
+request (werkzeug's server answers each with Connection: close), so a refusal always closes its connection; a
+connection idle or stalled for IO_TIMEOUT_S is closed (werkzeug 2.2 first answers a stalled body with a 400); a
+refused body that was not read is drained first (up to DRAIN_MAX_BYTES), so the client sees the answer rather
+than a broken pipe. The Unix socket appears only once it listens (bound under a temporary name, then renamed
+over the old one), mode 0660.
 """
 from __future__ import annotations
 
