@@ -111,24 +111,14 @@ def bytes_answer(data: bytes | bytearray, content_type: str, status: int = 200) 
     return Response(slices(), status=status, content_type=content_type, headers={"Content-Length": str(len(data))})
 
 
-def refusal(status: int, message: str, **extra) -> Response:
-    """The controller's JSON error: {"status": "error", "message", **extra}."""
-    return json_answer(status, {"status": "error", "message": message, **extra})
-
-
 class Request(WerkzeugRequest):
-    """werkzeug's request, its body read by :class:`App` before the view runs, with the memory it reserved."""
+    """werkzeug's request; :class:`App` reads its ``body`` before the view runs and holds the memory it reserved."""
 
     def __init__(self, environ: dict) -> None:
         super().__init__(environ)
-        self.body_read = False
+        self.body, self.body_read = b"", False
         self._body_hold = contextlib.ExitStack()  # the body's reservation (release_body gives it back early)
         self._holds = contextlib.ExitStack()  # the answer's reservations: given back once it has been sent
-
-    @property
-    def body(self) -> bytes:
-        """The request body (empty until App has read it)."""
-        return self.get_data() if self.body_read else b""
 
     def json_object(self) -> dict:
         """The body parsed as a JSON object ({} when empty); TypeError when it is JSON but not an object."""
@@ -218,15 +208,17 @@ class App:
                                  f"{MAX_JSON_BYTES} bytes (ARPO_MAX_JSON_MB); this one has {n}")
         view, _ = self.url_map.bind_to_environ(request.environ).match()
         request.reserve_body(n * (BODY_EXPANSION if multipart else JSON_EXPANSION))
-        request.get_data(cache=True)  # werkzeug's LimitedStream: ClientDisconnected when it ends early
+        request.body = request.get_data(cache=False)  # werkzeug's LimitedStream: ClientDisconnected if it ends early
         request.body_read = True
         return view(request)
 
     @staticmethod
     def _refuse(request: Request, status: int, message: str, **extra) -> Response:
+        """The controller's JSON error, {"status": "error", "message", **extra}, once the request's reservations
+        are given back and its unread body drained."""
         request.release()
         request.drain()
-        return refusal(status, message, **extra)
+        return json_answer(status, {"status": "error", "message": message, **extra})
 
 
 def url_map(get: dict[str, View], post: dict[str, View]) -> Map:
