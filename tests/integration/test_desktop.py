@@ -350,17 +350,27 @@ async def assert_healthy(c: ControllerClient) -> None:
     assert (await c.execute(["echo", "alive"]))["output"] == "alive\n"
 
 
-@pytest.mark.parametrize("length, status", [("-1", 400), ("12abc", 400), (None, 411)],
-                         ids=["negative", "non-numeric", "missing"])
-async def test_controller_refuses_a_bad_content_length(fleet, length, status):
+@pytest.mark.parametrize("header, status", [(b"Content-Length: -1\r\n", 400), (b"Content-Length: 12abc\r\n", 400),
+                                            (b"", 411), (b"Content-Length: 21\r\nTransfer-Encoding: chunked\r\n", 400)],
+                         ids=["negative", "non-numeric", "missing", "chunked"])
+async def test_controller_refuses_a_bad_content_length(fleet, header, status):
     desktop = await fleet.start()
-    header = b"" if length is None else f"Content-Length: {length}\r\n".encode()
     code, answer, headers = await raw_request(
         desktop, b"POST /execute HTTP/1.1\r\nHost: d\r\nContent-Type: application/json\r\n" + header + b"\r\n",
         b'{"command": ["true"]}')
     assert code == status, answer
     assert answer["status"] == "error" and "Content-Length" in answer["message"], answer
     assert headers.get("connection") == "close"
+    await assert_healthy(desktop.controller)
+
+
+async def test_controller_answers_unknown_routes_and_methods_as_json(fleet):
+    desktop = await fleet.start()
+    code, answer, headers = await raw_request(desktop, b"GET /nowhere HTTP/1.1\r\nHost: d\r\n\r\n")
+    assert (code, answer["status"], answer["message"]) == (404, "error", "no route GET /nowhere"), answer
+    code, answer, _ = await raw_request(desktop, b"GET /execute HTTP/1.1\r\nHost: d\r\n\r\n")
+    assert code == 405 and "POST" in answer["message"], answer
+    assert headers.get("connection") == "close" and headers["content-type"] == "application/json"
     await assert_healthy(desktop.controller)
 
 

@@ -2,7 +2,8 @@
 """In-container desktop controller: OSWorld's controller HTTP API over a Unix socket; this module wires it.
 
 Runs INSIDE the desktop container with Debian's python3, the standard library, PIL, python3-xlib,
-python3-werkzeug (multipart forms) and python3-pyatspi (run in a child process, for the accessibility routes).
+python3-werkzeug (the HTTP server, requests, routing and multipart forms) and python3-pyatspi (run in a child
+process, for the accessibility routes).
 It owns the X display ``$DISPLAY`` (started by entrypoint.sh) and serves, on the Unix socket
 ``$ARPO_CONTROLLER_SOCKET`` (default /run/arpo/controller.sock, mode 0660, in a folder bind-mounted from the
 host), OSWorld's ``desktop_env/server/main.py`` API as OSWorld's own PythonController and SetupController call
@@ -11,9 +12,10 @@ it. Set ARPO_CONTROLLER_TCP=host:port to listen on TCP instead (a container with
 Modules, one per role:
 
     routes.py          every route's path, method, status codes and body shapes (the API, listed there with
-                       where ours departs from OSWorld's), and the core routes' handlers
+                       where ours departs from OSWorld's), the URL map, and the core routes' views
     osworld_routes.py  the routes OSWorld's clients call beyond the actors' core set (marked [o] in routes.py)
-    framing.py         HTTP: listeners, Content-Length checks, body limits, JSON answers and refusals
+    server.py          HTTP on werkzeug: the threaded server and its listeners, the WSGI app's Content-Length
+                       checks, body limits and budget, JSON answers and refusals
     forms.py           multipart/form-data bodies split into fields (werkzeug's decoder)
     limits.py          the size limits (ARPO_MAX_*_MB), the shared memory budget, HTTPError, bounded file reads
     reset.py           the in-place reset: the desktop's boot state and POST /reset
@@ -38,18 +40,17 @@ import threading
 import time
 
 import osworld_routes
-from framing import listen
 from limits import DISPLAY, SOCKET_PATH
 from reset import BootState
-from routes import Handler
+from routes import url_map
+from server import App, listen
 
 
 def serve() -> None:
     """Record the boot state, listen, and serve until SIGTERM."""
     boot = BootState(before_reset=osworld_routes.on_reset)  # before the first request
-    handler = type("BootHandler", (Handler,), {"boot": boot})
     tcp = os.environ.get("ARPO_CONTROLLER_TCP", "")
-    server = listen(handler, tcp, SOCKET_PATH)
+    server = listen(App(url_map(boot)), tcp, SOCKET_PATH)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     sys.stderr.write(f"controller: serving on {tcp or SOCKET_PATH} for display {DISPLAY} "
                      f"(pid {os.getpid()}, {time.strftime('%H:%M:%S')})\n")

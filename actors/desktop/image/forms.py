@@ -1,7 +1,8 @@
 """Request forms for the controller: multipart/form-data bodies (/setup/upload, /file) split into fields.
 
 Owns nothing but the parsing; the splitting itself is werkzeug's sans-IO multipart decoder (Debian's
-python3-werkzeug, in packages.txt; Flask's own layer, which OSWorld's controller runs on). Invariants: the
+python3-werkzeug, in packages.txt, which server.py runs on; werkzeug's own form parser does not decode
+Content-Transfer-Encoding and spools files to disk). Invariants: the
 body is fed to the decoder in MULTIPART_CHUNK slices, so besides the body only the fields' bytes are held
 (limits.BODY_EXPANSION counts the two); a malformed body is a ValueError, never a partial form.
 """
@@ -9,6 +10,9 @@ from __future__ import annotations
 
 import base64
 import quopri
+
+from werkzeug.http import parse_options_header
+from werkzeug.sansio.multipart import Data, Epilogue, Field, File, MultipartDecoder, NeedData
 
 MULTIPART_CHUNK = 64 * 1024
 
@@ -31,11 +35,6 @@ def parse_multipart(content_type: str, body: bytes) -> dict[str, bytes | bytearr
     """Form fields of a multipart/form-data body -> {name: bytes}; ValueError when it is malformed (no
     boundary, a part without Content-Disposition, a body that does not end with its closing boundary).
     Parts without a name are skipped; base64 and quoted-printable parts are decoded."""
-    # Imported on first use: the werkzeug package pulls in its server and test client (~0.1-0.2 s), which
-    # would otherwise delay every desktop's start (its controller answering /health).
-    from werkzeug.http import parse_options_header
-    from werkzeug.sansio.multipart import Data, Epilogue, Field, File, MultipartDecoder, NeedData
-
     boundary = parse_options_header(content_type)[1].get("boundary")
     if not boundary:
         raise ValueError("multipart/form-data without a boundary")

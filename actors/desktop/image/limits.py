@@ -1,6 +1,6 @@
 """Limits of the in-container controller, read from the environment once at start, and what enforces them.
 
-Owns: the size limits (ARPO_MAX_*_MB, see framing.py's docstring), the shared memory :class:`Budget` every
+Owns: the size limits (ARPO_MAX_*_MB, see server.py's docstring), the shared memory :class:`Budget` every
 request reserves from, :class:`HTTPError` (a refusal answered as JSON), and :func:`read_regular_file` (the
 bounded reader behind /file, /wallpaper and /end_recording). Standard library only: runs inside the desktop
 with Debian's python3.
@@ -47,17 +47,19 @@ DRAIN_MAX_BYTES = 256 * MIB  # a refused body up to this size is read and droppe
 
 class Budget:
     """Bytes of memory requests may hold at once. :meth:`hold` reserves a request's worst case (clamped to the
-    whole budget, so any single request can run alone) and waits while others hold too much."""
+    whole budget, so any single request can run alone) and waits while others hold too much: at most ``wait_s``,
+    then HTTPError 503."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, wait_s: float = BUDGET_WAIT_S) -> None:
         self.capacity = capacity
+        self.wait_s = wait_s
         self.held = 0
         self._cond = threading.Condition()
 
     @contextlib.contextmanager
-    def hold(self, n: int, wait_s: float = BUDGET_WAIT_S):
+    def hold(self, n: int):
         n = max(0, min(int(n), self.capacity))
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + self.wait_s
         with self._cond:
             while self.held + n > self.capacity:
                 left = deadline - time.monotonic()

@@ -2,10 +2,11 @@
 
 Each route mirrors OSWorld desktop_env/server/main.py (its request and response shapes, its status codes) and is
 called by OSWorld's PythonController or SetupController (desktop_env/controllers/python.py, setup.py); routes.py's
-docstring lists them (marked [o]) with their shapes, and where ours departs ("ours"). Handlers take the
-controller's request handler ``h`` (framing.RequestHandler: its ``_json_body``, ``_form``, ``_json``,
-``_text``, ``_send``) and run under its hardening: body limits, the memory budget, errors as JSON. Standard
-library, python3-xlib and (for /accessibility and /terminal) python3-pyatspi only.
+docstring lists them (marked [o]) with their shapes, and where ours departs ("ours"). Views are plain functions
+``view(request) -> Response``: they take server.Request (its ``json_object``, ``form_fields``, ``release_body``,
+``reserve``), return server.py's answers and run under server.App's hardening: body limits, the memory budget,
+errors as JSON. Standard library, python3-werkzeug, python3-xlib and (for /accessibility and /terminal)
+python3-pyatspi only.
 """
 from __future__ import annotations
 
@@ -21,11 +22,14 @@ import urllib.parse
 import urllib.request
 import uuid
 
+from werkzeug.wrappers import Response
+
 import accessibility
 import x11windows
 from limits import DISPLAY, MAX_BODY_BYTES, MAX_FILE_BYTES, MAX_OUTPUT_BYTES, HTTPError, budget, read_regular_file
 from processes import launch, run_command
 from recording import NoFfmpeg, Recorder, RecordingError
+from server import Request, bytes_answer, json_answer, text_answer
 
 ANSWER_EXPANSION = 8  # a text answer of n bytes: the str, its JSON and the bytes sent
 OPEN_FILE_DEFAULT_S = 1800.0  # OSWorld's TIMEOUT for /setup/open_file
@@ -55,20 +59,20 @@ def _expand(path: str) -> str:
     return os.path.expandvars(os.path.expanduser(path))
 
 
-def _send_json(h, code: int, obj) -> None:
-    """A JSON answer whose size is not known in advance (a tree): held against the budget while it is built."""
+def _large_json(request: Request, obj) -> Response:
+    """A JSON answer whose size is not known in advance (a tree): reserved from the budget once it is built."""
     body = json.dumps(obj).encode()
-    with budget.hold(len(body)):
-        h._send(code, body, "application/json")
+    request.reserve(len(body))
+    return bytes_answer(body, "application/json")
 
 
-def _send_file(h, path: str, ctype: str) -> None:
+def _file_answer(request: Request, path: str, content_type: str) -> Response:
     try:
         size = os.stat(path).st_size
     except OSError:
         size = 0
-    with budget.hold(min(max(size, 1 << 20), MAX_FILE_BYTES)):
-        h._send(200, read_regular_file(path, MAX_FILE_BYTES), ctype)
+    request.reserve(min(max(size, 1 << 20), MAX_FILE_BYTES))
+    return bytes_answer(read_regular_file(path, MAX_FILE_BYTES), content_type)
 
 
 # --- accessibility and terminal --------------------------------------------------------------------------
@@ -86,61 +90,53 @@ def _accessibility(what: str) -> str:
     return res["output"]
 
 
-def get_accessibility(h) -> None:
-    _send_json(h, 200, {"AT": _accessibility("tree")})
+def get_accessibility(request: Request) -> Response:
+    return _large_json(request, {"AT": _accessibility("tree")})
 
 
-def get_terminal(h) -> None:
+def get_terminal(request: Request) -> Response:
     output = json.loads(_accessibility("terminal"))["output"]
-    h._json(200, {"output": output, "status": "success"})
+    return json_answer(200, {"output": output, "status": "success"})
 
 
 # --- recording ---------------------------------------------------------------------------------------------
 
-def start_recording(h) -> None:
-    h._body()
+def start_recording(request: Request) -> Response:
     try:
         recorder.start(*x11windows.screen_size(DISPLAY))
     except NoFfmpeg as exc:
         raise HTTPError(501, str(exc)) from None
     except RecordingError as exc:
-        h._json(exc.status, {"status": "error", "message": str(exc)})
-        return
-    h._json(200, {"status": "success", "message": "Started recording successfully."})
+        return json_answer(exc.status, {"status": "error", "message": str(exc)})
+    return json_answer(200, {"status": "success", "message": "Started recording successfully."})
 
 
-def end_recording(h) -> None:
-    h._body()
+def end_recording(request: Request) -> Response:
     try:
         path = recorder.stop()
     except RecordingError as exc:
-        h._json(exc.status, {"status": "error", "message": str(exc)})
-        return
-    _send_file(h, path, "video/mp4")
+        return json_answer(exc.status, {"status": "error", "message": str(exc)})
+    return _file_answer(request, path, "video/mp4")
 
 
 # --- windows, desktop, wallpaper, folders ------------------------------------------------------------------
 
-def window_size(h) -> None:
-    form = h._form()
+def window_size(request: Request) -> Response:
+    form = request.form_fields()
     if "app_class_name" not in form:
-        h._json(400, {"error": "app_class_name is required"})
-        return
+        return json_answer(400, {"error": "app_class_name is required"})
     name = form["app_class_name"].decode("utf-8", "replace")
     size = x11windows.window_size(DISPLAY, name)
     if size is None:  # OSWorld's server answers an error page (500) here
-        h._json(404, {"error": f"no window of class {name!r}"})
-        return
-    h._json(200, {"width": size[0], "height": size[1]})
+        return json_answer(404, {"error": f"no window of class {name!r}"})
+    return json_answer(200, {"width": size[0], "height": size[1]})
 
 
-def desktop_path(h) -> None:
-    h._body()
+def desktop_path(request: Request) -> Response:
     path = os.path.join(os.path.expanduser("~"), "Desktop")
     if os.path.isdir(path):
-        h._json(200, {"desktop_path": path})
-    else:
-        h._json(404, {"error": "Unsupported operating system or desktop path not found"})
+        return json_answer(200, {"desktop_path": path})
+    return json_answer(404, {"error": "Unsupported operating system or desktop path not found"})
 
 
 def _gsettings(*args: str) -> subprocess.CompletedProcess:
@@ -151,29 +147,25 @@ def _gsettings(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([exe, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30, check=False)
 
 
-def wallpaper(h) -> None:
-    h._body()
+def wallpaper(request: Request) -> Response:
     res = _gsettings("get", *WALLPAPER_KEY)
     path = res.stdout.decode("utf-8", "replace").strip().replace("file://", "").replace("'", "")
     if res.returncode != 0 or not path:
         raise HTTPError(404, "Wallpaper file not found")
-    _send_file(h, urllib.parse.unquote(path), "image/png")
+    return _file_answer(request, urllib.parse.unquote(path), "image/png")
 
 
-def change_wallpaper(h) -> None:
-    data = h._json_body()
+def change_wallpaper(request: Request) -> Response:
+    data = request.json_object()
     if not data.get("path"):
-        h._text(400, "Path not supplied!")
-        return
+        return text_answer(400, "Path not supplied!")
     path = os.path.abspath(_expand(str(data["path"])))
     if not os.path.exists(path):
-        h._text(404, f"File not found: {path}")
-        return
+        return text_answer(404, f"File not found: {path}")
     res = _gsettings("set", *WALLPAPER_KEY, f"file://{path}")
     if res.returncode != 0:  # ours: OSWorld ignores gsettings' exit status
-        h._text(500, f"Failed to change wallpaper. Error: {res.stderr.decode('utf-8', 'replace').strip()}")
-        return
-    h._text(200, "Wallpaper changed successfully")
+        return text_answer(500, f"Failed to change wallpaper. Error: {res.stderr.decode('utf-8', 'replace').strip()}")
+    return text_answer(200, "Wallpaper changed successfully")
 
 
 def directory_tree(path: str, max_entries: int = LIST_DIRECTORY_MAX_ENTRIES) -> dict:
@@ -208,31 +200,27 @@ def directory_tree(path: str, max_entries: int = LIST_DIRECTORY_MAX_ENTRIES) -> 
     return walk(path, frozenset())
 
 
-def list_directory(h) -> None:
-    data = h._json_body()
+def list_directory(request: Request) -> Response:
+    data = request.json_object()
     if "path" not in data:
-        h._json(400, {"error": "Missing 'path' parameter"})
-        return
+        return json_answer(400, {"error": "Missing 'path' parameter"})
     path = str(data["path"])
     if not os.path.isdir(path):
-        h._json(400, {"error": "The provided path is not a directory"})
-        return
-    _send_json(h, 200, {"directory_tree": directory_tree(path)})
+        return json_answer(400, {"error": "The provided path is not a directory"})
+    return _large_json(request, {"directory_tree": directory_tree(path)})
 
 
 # --- opening and downloading files --------------------------------------------------------------------------
 
-def open_file(h) -> None:
-    data = h._json_body()
+def open_file(request: Request) -> Response:
+    data = request.json_object()
     path = data.get("path")
     if not path:
-        h._text(400, "Path not supplied!")
-        return
+        return text_answer(400, "Path not supplied!")
     try:
         timeout = min(float(data.get("timeout_seconds", OPEN_FILE_DEFAULT_S)), OPEN_FILE_MAX_S)
     except (TypeError, ValueError):
-        h._text(400, f"Invalid timeout_seconds: {data.get('timeout_seconds')}")
-        return
+        return text_answer(400, f"Invalid timeout_seconds: {data.get('timeout_seconds')}")
     full = _expand(str(path))
     if os.path.exists(full):
         opener = shutil.which("xdg-open")
@@ -245,29 +233,24 @@ def open_file(h) -> None:
         command = [str(path)]
         candidates = [data.get("window_name") or str(path)]
     else:
-        h._text(404, f"Application/file not found: {path}")
-        return
+        return text_answer(404, f"Application/file not found: {path}")
     candidates = [c for c in candidates if c]
-    h.release_body()
+    request.release_body()
     try:
         proc = launch(command, False)
     except OSError as exc:
-        h._text(500, f"Failed to open {path}. Error: {exc}")
-        return
+        return text_answer(500, f"Failed to open {path}. Error: {exc}")
     deadline = time.monotonic() + timeout
     while True:
         for w in x11windows.client_windows(DISPLAY):
             if any(c in w.title for c in candidates):  # OSWorld: a substring of `wmctrl -l`'s line
                 x11windows.activate(w)
-                h._text(200, "File opened and window activated successfully")
-                return
+                return text_answer(200, "File opened and window activated successfully")
         code = proc.poll()
         if code not in (None, 0):  # ours: the opener failed, no window will come
-            h._text(500, f"Failed to open {path}. Error: {command[0]} exited with status {code}")
-            return
+            return text_answer(500, f"Failed to open {path}. Error: {command[0]} exited with status {code}")
         if time.monotonic() > deadline:
-            h._text(500, f"Failed to find window for {candidates} within {timeout:g} seconds.")
-            return
+            return text_answer(500, f"Failed to find window for {candidates} within {timeout:g} seconds.")
         time.sleep(OPEN_FILE_POLL_S)
 
 
@@ -289,16 +272,14 @@ def _fetch(url: str, path: str) -> int:
     return written
 
 
-def download_file(h) -> None:
-    data = h._json_body()
+def download_file(request: Request) -> Response:
+    data = request.json_object()
     url, path = data.get("url"), data.get("path")
     if not url or not path:
-        h._text(400, "Path or URL not supplied!")
-        return
+        return text_answer(400, "Path or URL not supplied!")
     if urllib.parse.urlsplit(str(url)).scheme not in ("http", "https"):
-        h._text(400, f"only http and https URLs can be downloaded, not {url!r}")
-        return
-    h.release_body()
+        return text_answer(400, f"only http and https URLs can be downloaded, not {url!r}")
+    request.release_body()
     target = _expand(str(path))
     os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
     error: Exception | None = None
@@ -312,17 +293,16 @@ def download_file(h) -> None:
             except OSError:
                 pass
             continue
-        h._text(200, f"File downloaded successfully: {size} bytes")
-        return
-    h._text(500, f"Failed to download {url}. No retries left. Error: {error} ({NO_NETWORK_HINT})")
+        return text_answer(200, f"File downloaded successfully: {size} bytes")
+    return text_answer(500, f"Failed to download {url}. No retries left. Error: {error} ({NO_NETWORK_HINT})")
 
 
 # --- scripts ----------------------------------------------------------------------------------------------
 
-def _answer(h, code: int, obj: dict) -> None:
+def _answer(request: Request, code: int, obj: dict) -> Response:
     captured = len(obj.get("output") or "") + len(obj.get("error") or "") + len(obj.get("message") or "")
-    with budget.hold(ANSWER_EXPANSION * captured):
-        h._json(code, obj)
+    request.reserve(ANSWER_EXPANSION * captured)
+    return json_answer(code, obj)
 
 
 def _run_script(interpreter: str, path: str, text: str, timeout: float, **kw) -> tuple[int, dict]:
@@ -338,50 +318,45 @@ def _run_script(interpreter: str, path: str, text: str, timeout: float, **kw) ->
             pass
 
 
-def run_python(h) -> None:
-    data = h._json_body()
+def run_python(request: Request) -> Response:
+    data = request.json_object()
     code = data.get("code")
     if not code:
-        h._json(400, {"status": "error", "message": "Code not supplied!"})
-        return
-    h.release_body()
+        return json_answer(400, {"status": "error", "message": "Code not supplied!"})
+    request.release_body()
     status, res = _run_script("/usr/bin/python3", f"/tmp/python_exec_{uuid.uuid4().hex}.py", str(code),
                               RUN_PYTHON_TIMEOUT_S)
     if status != 200:
         timed_out = res.get("returncode") == -9
-        _answer(h, 500, {"status": "error", "need_more": False, "output": None,
-                         "message": ("Execution timeout: Code took too long to execute" if timed_out
-                                     else f"Execution error: {res.get('message')}"),
-                         "error": "TimeoutExpired" if timed_out else res.get("error", "")})
-        return
+        return _answer(request, 500, {"status": "error", "need_more": False, "output": None,
+                                      "message": ("Execution timeout: Code took too long to execute" if timed_out
+                                                  else f"Execution error: {res.get('message')}"),
+                                      "error": "TimeoutExpired" if timed_out else res.get("error", "")})
     out, err, rc = res["output"], res["error"], res["returncode"]
     if rc != 0 and not err:
         err = f"Process exited with code {rc}"
     message = out + (("\n" + err) if out and err else err)
-    _answer(h, 200, {"status": "success" if rc == 0 else "error", "message": message, "need_more": False,
-                     "output": out, "error": err, "return_code": rc})
+    return _answer(request, 200, {"status": "success" if rc == 0 else "error", "message": message,
+                                  "need_more": False, "output": out, "error": err, "return_code": rc})
 
 
-def run_bash_script(h) -> None:
-    data = h._json_body()
+def run_bash_script(request: Request) -> Response:
+    data = request.json_object()
     script = data.get("script")
     if not script:
-        h._json(400, {"status": "error", "output": "Script not supplied!", "error": "", "returncode": -1})
-        return
+        return json_answer(400, {"status": "error", "output": "Script not supplied!", "error": "", "returncode": -1})
     try:
         timeout = float(data.get("timeout") or RUN_BASH_DEFAULT_S)
     except (TypeError, ValueError):
-        h._json(400, {"status": "error", "output": f"Invalid timeout: {data.get('timeout')!r}", "error": "",
-                      "returncode": -1})
-        return
+        return json_answer(400, {"status": "error", "output": f"Invalid timeout: {data.get('timeout')!r}",
+                                 "error": "", "returncode": -1})
     cwd = data.get("working_dir")
     if cwd:
         cwd = os.path.expanduser(str(cwd))
         if not os.path.exists(cwd):
-            h._json(400, {"status": "error", "output": f"Working directory does not exist: {cwd}", "error": "",
-                          "returncode": -1})
-            return
-    h.release_body()
+            return json_answer(400, {"status": "error", "output": f"Working directory does not exist: {cwd}",
+                                     "error": "", "returncode": -1})
+    request.release_body()
     script = str(script)
     if "#!/bin/bash" not in script:
         script = "#!/bin/bash\n\n" + script
@@ -389,13 +364,12 @@ def run_bash_script(h) -> None:
                               cwd=cwd or None, merge_stderr=True)
     if status != 200:
         timed_out = res.get("returncode") == -9
-        _answer(h, 500, {"status": "error", "error": "", "returncode": -1,
-                         "output": (f"Script execution timed out after {timeout:g} seconds" if timed_out
-                                    else f"Failed to execute script: {res.get('message')}")})
-        return
+        return _answer(request, 500, {"status": "error", "error": "", "returncode": -1,
+                                      "output": (f"Script execution timed out after {timeout:g} seconds" if timed_out
+                                                 else f"Failed to execute script: {res.get('message')}")})
     rc = res["returncode"]
-    _answer(h, 200, {"status": "success" if rc == 0 else "error", "output": res["output"], "error": "",
-                     "returncode": rc})
+    return _answer(request, 200, {"status": "success" if rc == 0 else "error", "output": res["output"],
+                                  "error": "", "returncode": rc})
 
 
 def _verified(verification: dict) -> bool:
@@ -410,28 +384,26 @@ def _verified(verification: dict) -> bool:
     return True
 
 
-def execute_with_verification(h) -> None:
-    data = h._json_body()
-    h.release_body()
+def execute_with_verification(request: Request) -> Response:
+    data = request.json_object()
+    request.release_body()
     shell = bool(data.get("shell", False))
     verification = data.get("verification") or {}
     try:
         max_wait = float(data.get("max_wait_time", 10))
         interval = float(data.get("check_interval", 1))
     except (TypeError, ValueError):
-        h._json(400, {"status": "error", "message": "max_wait_time and check_interval must be numbers"})
-        return
+        return json_answer(400, {"status": "error", "message": "max_wait_time and check_interval must be numbers"})
     status, res = run_command(data.get("command", "" if shell else []), shell, 120.0)
     if status != 200 or not verification:
-        _answer(h, status, res)
-        return
+        return _answer(request, status, res)
     start = time.monotonic()
     while time.monotonic() - start < max_wait:
         if _verified(verification):
-            _answer(h, 200, {**res, "verification": "passed", "wait_time": time.monotonic() - start})
-            return
+            return _answer(request, 200, {**res, "verification": "passed", "wait_time": time.monotonic() - start})
         time.sleep(max(0.05, interval))
-    _answer(h, 500, {**res, "status": "verification_failed", "verification": "failed", "wait_time": max_wait})
+    return _answer(request, 500, {**res, "status": "verification_failed", "verification": "failed",
+                                  "wait_time": max_wait})
 
 
 GET_ROUTES = {

@@ -1,11 +1,13 @@
 """The controller's routes: every path, method, status code and body shape of OSWorld's controller API.
 
 Serves OSWorld's ``desktop_env/server/main.py`` API as OSWorld's own PythonController and SetupController call
-it (desktop_env/controllers/python.py, setup.py), with OSWorld's request and response shapes. Owns the route
-tables (:data:`GET_ROUTES`, :data:`POST_ROUTES`) and the core routes' handlers (the :class:`Handler` methods);
-the routes marked [o] are osworld_routes.py's, merged in. Handlers run under framing.RequestHandler's hardening
-(body limits, the memory budget, errors as JSON); /reset uses the handler class's ``boot`` (reset.BootState),
-bound by controller.py before the first request.
+it (desktop_env/controllers/python.py, setup.py), with OSWorld's request and response shapes. Owns the URL map
+(:func:`url_map`: every path with its method and view) and the core routes' views; the routes marked [o] are
+osworld_routes.py's, merged in. Views are plain functions ``view(request) -> Response`` (server.Request, the
+answers of server.py) and run under server.App's hardening (body limits, the memory budget, errors as JSON);
+/reset resets the boot state (reset.BootState) that controller.py records before the first request. Any other
+path is a 404 and a listed path with another method a 405 (JSON refusals, as OSWorld's Flask answers 404/405);
+GET routes also answer HEAD (werkzeug's routing), without a body.
 
     GET  /screenshot            -> PNG bytes of the whole screen, cursor drawn in (compress_level 1);
                                    ours: optional query ?format=png|jpeg&quality=1..100 (JPEG quality,
@@ -73,164 +75,164 @@ bound by controller.py before the first request.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
-import urllib.parse
+
+from werkzeug.routing import Map
+from werkzeug.wrappers import Response
 
 import osworld_routes
 import screen
+import server
 import x11windows
-from framing import RequestHandler
-from limits import ANSWER_EXPANSION, DEFAULT_TIMEOUT_S, DISPLAY, MAX_FILE_BYTES, MIB, HTTPError, budget, \
+from limits import ANSWER_EXPANSION, DEFAULT_TIMEOUT_S, DISPLAY, MAX_FILE_BYTES, MIB, HTTPError, \
     read_regular_file
 from processes import launch, run_command
 from reset import BootState
+from server import Request, bytes_answer, json_answer, text_answer
 
 
-class Handler(RequestHandler):
-    """OSWorld's controller API on top of the framing; ``boot`` is the desktop's boot state, for /reset."""
+def screenshot(request: Request) -> Response:
+    try:
+        fmt, quality = screen.screenshot_params(request.query_string.decode("latin-1"))
+    except ValueError as exc:
+        return json_answer(400, {"status": "error", "message": str(exc)})
+    return bytes_answer(screen.grab_screen(fmt, quality), f"image/{fmt}")
 
-    boot: BootState
 
-    def do_GET(self) -> None:
-        self._dispatch(GET_ROUTES)
+def execute(request: Request) -> Response:
+    data = request.json_object()
+    request.release_body()  # the command may run for minutes: hold no reservation meanwhile
+    shell = bool(data.get("shell", False))
+    timeout = float(data.get("timeout") or DEFAULT_TIMEOUT_S)
+    code, obj = run_command(data.get("command"), shell, timeout)
+    request.reserve(ANSWER_EXPANSION * (len(obj.get("output", "")) + len(obj.get("error", ""))))
+    return json_answer(code, obj)
 
-    def do_POST(self) -> None:
-        self._dispatch(POST_ROUTES)
 
-    # --- endpoints ------------------------------------------------------------------------------
-    def screenshot(self) -> None:
-        try:
-            fmt, quality = screen.screenshot_params(urllib.parse.urlsplit(self.path).query)
-        except ValueError as exc:
-            self._json(400, {"status": "error", "message": str(exc)})
-            return
-        self._send(200, screen.grab_screen(fmt, quality), f"image/{fmt}")
+def launch_command(request: Request) -> Response:
+    data = request.json_object()
+    shell = bool(data.get("shell", False))
+    command = data.get("command")
+    try:
+        launch(command, shell)
+    except Exception as exc:  # noqa: BLE001
+        return json_answer(500, {"status": "error", "message": str(exc)})
+    shown = command if shell or isinstance(command, str) else " ".join(map(str, command or []))
+    return text_answer(200, f"{shown} launched successfully")
 
-    def execute(self) -> None:
-        data = self._json_body()
-        self.release_body()  # the command may run for minutes: hold no reservation meanwhile
-        shell = bool(data.get("shell", False))
-        timeout = float(data.get("timeout") or DEFAULT_TIMEOUT_S)
-        code, obj = run_command(data.get("command"), shell, timeout)
-        captured = len(obj.get("output", "")) + len(obj.get("error", ""))
-        with budget.hold(ANSWER_EXPANSION * captured):
-            self._json(code, obj)
 
-    def launch(self) -> None:
-        data = self._json_body()
-        shell = bool(data.get("shell", False))
-        command = data.get("command")
-        try:
-            launch(command, shell)
-        except Exception as exc:  # noqa: BLE001
-            self._json(500, {"status": "error", "message": str(exc)})
-            return
-        shown = command if shell or isinstance(command, str) else " ".join(map(str, command or []))
-        self._text(200, f"{shown} launched successfully")
+def file(request: Request) -> Response:
+    form = request.form_fields()
+    if "file_path" not in form:
+        return json_answer(400, {"error": "file_path is required"})
+    path = os.path.expandvars(os.path.expanduser(form["file_path"].decode()))
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        size = 0  # read_regular_file says why
+    request.reserve(min(max(size, MIB), MAX_FILE_BYTES))
+    return bytes_answer(read_regular_file(path, MAX_FILE_BYTES), "application/octet-stream")
 
-    def file(self) -> None:
-        form = self._form()
-        if "file_path" not in form:
-            self._json(400, {"error": "file_path is required"})
-            return
-        path = os.path.expandvars(os.path.expanduser(form["file_path"].decode()))
-        try:
-            size = os.stat(path).st_size
-        except OSError:
-            size = 0  # read_regular_file says why
-        with budget.hold(min(max(size, MIB), MAX_FILE_BYTES)):
-            data = read_regular_file(path, MAX_FILE_BYTES)
-            self._send(200, data, "application/octet-stream")
 
-    def upload(self) -> None:
-        form = self._form()
-        if "file_path" not in form or "file_data" not in form:
-            self._json(400, {"error": "file_path and file_data are required"})
-            return
-        path = os.path.expandvars(os.path.expanduser(form["file_path"].decode()))
-        if os.path.dirname(path):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-        # O_NONBLOCK: opening a FIFO with no reader fails at once (ENXIO) instead of blocking this thread
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:
-                raise HTTPError(400, f"cannot upload to {path}: not a regular file") from None
-            raise
-        with open(fd, "wb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise HTTPError(400, f"cannot upload to {path}: not a regular file")
-            os.set_blocking(fd, True)
-            f.truncate(0)
-            f.write(form["file_data"])
-        self._text(200, f"File Uploaded: {len(form['file_data'])} bytes")
+def upload(request: Request) -> Response:
+    form = request.form_fields()
+    if "file_path" not in form or "file_data" not in form:
+        return json_answer(400, {"error": "file_path and file_data are required"})
+    path = os.path.expandvars(os.path.expanduser(form["file_path"].decode()))
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    # O_NONBLOCK: opening a FIFO with no reader fails at once (ENXIO) instead of blocking this thread
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise HTTPError(400, f"cannot upload to {path}: not a regular file") from None
+        raise
+    with open(fd, "wb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise HTTPError(400, f"cannot upload to {path}: not a regular file")
+        os.set_blocking(fd, True)
+        f.truncate(0)
+        f.write(form["file_data"])
+    return text_answer(200, f"File Uploaded: {len(form['file_data'])} bytes")
 
-    def screen_size(self) -> None:
-        self._body()
-        w, h = screen.screen_size()
-        self._json(200, {"width": w, "height": h})
 
-    def cursor_position(self) -> None:
-        x, y = screen.pointer().position()
-        self._json(200, [x, y])
+def screen_size(request: Request) -> Response:
+    w, h = screen.screen_size()
+    return json_answer(200, {"width": w, "height": h})
 
-    def platform(self) -> None:
-        self._text(200, "Linux")
 
-    def health(self) -> None:
-        if screen.x_is_up():
-            self._json(200, {"status": "ok", "display": DISPLAY})
-        else:
-            self._json(503, {"status": "error", "message": f"X display {DISPLAY} does not answer"})
+def cursor_position(request: Request) -> Response:
+    x, y = screen.pointer().position()
+    return json_answer(200, [x, y])
 
-    def reset(self) -> None:
-        self._body()
-        self._json(200, self.boot.reset())  # a failure (a process survived, a file cannot be restored) -> 500
 
-    def _window(self) -> x11windows.Window | None:
-        """The window a /setup/activate_window or /setup/close_window request names (x11windows: wmctrl's rules
-        for strict and by_class); answers 400 itself and returns None when window_name is missing."""
-        data = self._json_body()
-        name = data.get("window_name")
-        if not name:
-            self._text(400, "window_name required")
-            return None
-        window = x11windows.find(DISPLAY, str(name), strict=bool(data.get("strict", False)),
-                                 by_class=bool(data.get("by_class", False)))
-        if window is None:
-            raise HTTPError(404, f"Window {name} not found")
+def platform(request: Request) -> Response:
+    return text_answer(200, "Linux")
+
+
+def health(request: Request) -> Response:
+    if screen.x_is_up():
+        return json_answer(200, {"status": "ok", "display": DISPLAY})
+    return json_answer(503, {"status": "error", "message": f"X display {DISPLAY} does not answer"})
+
+
+def reset(boot: BootState, request: Request) -> Response:
+    return json_answer(200, boot.reset())  # a failure (a process survived, a file cannot be restored) -> 500
+
+
+def _window(request: Request) -> x11windows.Window | Response:
+    """The window a /setup/activate_window or /setup/close_window request names (x11windows: wmctrl's rules for
+    strict and by_class), or the 400 answer when window_name is missing; HTTPError 404 when there is none."""
+    data = request.json_object()
+    name = data.get("window_name")
+    if not name:
+        return text_answer(400, "window_name required")
+    window = x11windows.find(DISPLAY, str(name), strict=bool(data.get("strict", False)),
+                             by_class=bool(data.get("by_class", False)))
+    if window is None:
+        raise HTTPError(404, f"Window {name} not found")
+    return window
+
+
+def activate_window(request: Request) -> Response:
+    window = _window(request)
+    if isinstance(window, Response):
         return window
+    x11windows.activate(window)
+    return text_answer(200, "Window activated successfully")
 
-    def activate_window(self) -> None:
-        window = self._window()
-        if window is not None:
-            x11windows.activate(window)
-            self._text(200, "Window activated successfully")
 
-    def close_window(self) -> None:
-        window = self._window()
-        if window is not None:
-            x11windows.close(DISPLAY, window)
-            self._text(200, "Window closed successfully.")
+def close_window(request: Request) -> Response:
+    window = _window(request)
+    if isinstance(window, Response):
+        return window
+    x11windows.close(DISPLAY, window)
+    return text_answer(200, "Window closed successfully.")
 
 
 GET_ROUTES = {
-    "/screenshot": Handler.screenshot,
-    "/cursor_position": Handler.cursor_position,
-    "/platform": Handler.platform,
-    "/health": Handler.health,
+    "/screenshot": screenshot,
+    "/cursor_position": cursor_position,
+    "/platform": platform,
+    "/health": health,
     **osworld_routes.GET_ROUTES,
 }
 POST_ROUTES = {
-    "/execute": Handler.execute,
-    "/setup/execute": Handler.execute,
-    "/setup/launch": Handler.launch,
-    "/file": Handler.file,
-    "/setup/upload": Handler.upload,
-    "/screen_size": Handler.screen_size,
-    "/setup/activate_window": Handler.activate_window,
-    "/setup/close_window": Handler.close_window,
-    "/reset": Handler.reset,
+    "/execute": execute,
+    "/setup/execute": execute,
+    "/setup/launch": launch_command,
+    "/file": file,
+    "/setup/upload": upload,
+    "/screen_size": screen_size,
+    "/setup/activate_window": activate_window,
+    "/setup/close_window": close_window,
     **osworld_routes.POST_ROUTES,
 }
+
+
+def url_map(boot: BootState) -> Map:
+    """The controller's routes with their views; POST /reset resets ``boot``."""
+    return server.url_map(GET_ROUTES, {**POST_ROUTES, "/reset": functools.partial(reset, boot)})
