@@ -90,12 +90,15 @@ def _safe(text: str, limit: int) -> str:
     return s[:limit]
 
 
-def controller_env(memory_mb: int) -> list[str]:
-    """The controller's request limits for a container of ``memory_mb`` MiB: the largest request body and the
-    largest file /file sends are each an eighth of the memory, at most 64 MiB (its own default), at least 1.
-    The controller's memory budget for all requests together is twice that, a quarter of the container."""
+def controller_env(memory_mb: int, pids_limit: int = 256) -> list[str]:
+    """The controller's request limits for a container of ``memory_mb`` MiB and ``pids_limit`` processes: the
+    largest request body and the largest file /file sends are each an eighth of the memory, at most 64 MiB (its
+    own default), at least 1; the controller's memory budget for all requests together is twice that, a quarter
+    of the container. It serves at most a quarter of the process limit in connections at once (at least 4, at
+    most 64), so connections alone never exhaust it (each is a thread)."""
     limit = max(1, min(64, memory_mb // 8))
-    return [f"ARPO_MAX_BODY_MB={limit}", f"ARPO_MAX_FILE_MB={limit}"]
+    connections = max(4, min(64, pids_limit // 4))
+    return [f"ARPO_MAX_BODY_MB={limit}", f"ARPO_MAX_FILE_MB={limit}", f"ARPO_MAX_CONNECTIONS={connections}"]
 
 
 _libc: ctypes.CDLL | None = None
@@ -221,7 +224,7 @@ class DesktopFleet:
         memory = self.memory_mb * MIB
         return {
             "Image": self.image,
-            "Env": [f"ARPO_SCREEN={w}x{h}x24", *controller_env(self.memory_mb)],
+            "Env": [f"ARPO_SCREEN={w}x{h}x24", *controller_env(self.memory_mb, self.pids_limit)],
             "Labels": {RUN_LABEL: self.run_id, ROLE_LABEL: ROLE},
             "HostConfig": {
                 "NetworkMode": "none",

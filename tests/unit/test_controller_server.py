@@ -165,7 +165,7 @@ def test_unknown_routes_and_methods_and_failing_views_answer_json(controller):
     refused(controller.post("/nowhere", b"{}"), 404, "no route POST /nowhere")
     refused(controller.exchange(b"GET /echo HTTP/1.1\r\nHost: d\r\n\r\n"), 405, "no route GET /echo", "POST")
     refused(controller.post("/fail", b""), 500, "RuntimeError: boom")
-    refused(controller.post("/echo", b"[1]"), 500, "TypeError", "JSON object")
+    refused(controller.post("/echo", b"[1]"), 400, "must be a JSON object")
     refused(controller.post("/form", b"--b\r\n", b"Content-Type: multipart/form-data; boundary=b\r\n"),
             400, "multipart/form-data")
 
@@ -205,6 +205,7 @@ def test_budget_refuses_with_503_while_another_request_holds_it(controller):
 def test_idle_and_stalled_connections_are_closed_after_the_io_timeout(controller, image_modules, monkeypatch):
     server, _ = image_modules
     monkeypatch.setattr(server.Handler, "timeout", 0.3)
+    monkeypatch.setattr(server.Handler, "body_timeout", 0.3)
     for data in (b"", b"POST /echo HTTP/1.1\r\nHost: d\r\nContent-Length: 10\r\n\r\n{}"):
         t0 = time.monotonic()
         with contextlib.suppress(ConnectionResetError):
@@ -230,3 +231,36 @@ def test_listens_on_tcp_when_asked(image_modules):
     finally:
         httpd.shutdown()
         thread.join(10)
+
+
+def test_a_body_that_is_not_json_or_nested_too_deeply_is_a_400(controller):
+    """Issue 24 item 8: a deeply nested JSON body was a 500 (RecursionError)."""
+    refused(controller.post("/echo", b"[" * 100_000 + b"]" * 100_000), 400, "nested too deeply")
+    refused(controller.post("/echo", b'{"a": '), 400, "not JSON")
+
+
+def test_idle_connections_beyond_the_cap_wait_and_never_take_a_thread_each(image_modules, tmp_path, monkeypatch):
+    """Issue 24 item 8: 40 connections that never send a request line hold at most max_connections handler
+    threads (the rest wait in the backlog) and are closed after the header timeout, so a real request behind them
+    is answered; 256 such connections used to exhaust the container's process limit."""
+    server, limits = image_modules
+    monkeypatch.setattr(server.BoundedServer, "max_connections", 4)
+    monkeypatch.setattr(server.Handler, "timeout", 0.5)
+    c = Controller(server, limits, tmp_path / "run" / "controller.sock")
+    idle, peak = [], 0
+    try:
+        base = threading.active_count()
+        for _ in range(40):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(str(c.socket_path))
+            idle.append(s)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            peak = max(peak, threading.active_count() - base)
+            time.sleep(0.01)
+        assert 1 <= peak <= 4
+        assert c.post("/echo", b'{"ok": 1}', timeout=30)[::2] == (200, b'{"ok": 1}')
+    finally:
+        for s in idle:
+            s.close()
+        c.close()

@@ -43,6 +43,10 @@ JSON_EXPANSION = 32  # a JSON body of n bytes may parse into ~30 n bytes of Pyth
 BODY_EXPANSION = 2  # a multipart body is held twice: the body and its fields' bytes (forms.py)
 ANSWER_EXPANSION = 16  # /execute: n captured bytes -> str (<= 4 n) + JSON (<= 6 n, \ufffd escapes) + its bytes
 IO_TIMEOUT_S = 120.0  # a connection idle (or a body stalled) this long is closed
+HEADER_TIMEOUT_S = 10.0  # a connection that has not sent its request line and headers within this is closed
+MAX_CONNECTIONS = int(os.environ.get("ARPO_MAX_CONNECTIONS", "64"))
+"""Connections served at once (each is a thread, and threads count against the container's process limit,
+actors.desktop_pids = 256 by default); more wait in the listen backlog until one ends."""
 DRAIN_MAX_BYTES = 256 * MIB  # a refused body up to this size is read and dropped, so the client sees the answer
 
 class Budget:

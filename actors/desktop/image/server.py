@@ -26,9 +26,12 @@ body, a file read or an answer reserves its worst-case size first (:meth:`Reques
 is sent) and waits (up to BUDGET_WAIT_S, then 503) while others hold it, so concurrent requests cannot add up
 past the container's memory.
 
-Invariants: every request is handled on its own thread (daemon threads), and every connection carries one
-request (werkzeug's server answers each with Connection: close), so a refusal always closes its connection; a
-connection idle or stalled for IO_TIMEOUT_S is closed (werkzeug 2.2 first answers a stalled body with a 400); a
+Invariants: every request is handled on its own thread (daemon threads), at most MAX_CONNECTIONS at once (more
+wait in the listen backlog, so connections never exhaust the container's process limit), and every connection
+carries one request (werkzeug's server answers each with Connection: close), so a refusal always closes its
+connection; a connection that has not sent its headers within HEADER_TIMEOUT_S, or is idle or stalled for
+IO_TIMEOUT_S after that, is closed (werkzeug 2.2 first answers a stalled body with a 400); a JSON body that does
+not parse, is nested too deeply or is no object is a 400; a
 refused body that was not read is drained first (up to DRAIN_MAX_BYTES), so the client sees the answer rather
 than a broken pipe. The Unix socket appears only once it listens (bound under a temporary name, then renamed
 over the old one), mode 0660.
@@ -40,6 +43,7 @@ import json
 import os
 import re
 import sys
+import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
 
@@ -52,7 +56,8 @@ from werkzeug.wsgi import ClosingIterator
 
 from forms import is_multipart, parse_multipart
 from limits import (
-    BODY_EXPANSION, DRAIN_MAX_BYTES, IO_TIMEOUT_S, JSON_EXPANSION, MAX_BODY_BYTES, MAX_JSON_BYTES, HTTPError, budget,
+    BODY_EXPANSION, DRAIN_MAX_BYTES, HEADER_TIMEOUT_S, IO_TIMEOUT_S, JSON_EXPANSION, MAX_BODY_BYTES, MAX_CONNECTIONS,
+    MAX_JSON_BYTES, HTTPError, budget,
 )
 
 View = Callable[["Request"], Response]
@@ -121,10 +126,16 @@ class Request(WerkzeugRequest):
         self._holds = contextlib.ExitStack()  # the answer's reservations: given back once it has been sent
 
     def json_object(self) -> dict:
-        """The body parsed as a JSON object ({} when empty); TypeError when it is JSON but not an object."""
-        data = json.loads(self.body) if self.body else {}
+        """The body parsed as a JSON object ({} when empty); HTTPError 400 when it is not JSON, is nested too
+        deeply for the parser, or is not an object."""
+        try:
+            data = json.loads(self.body) if self.body else {}
+        except RecursionError:
+            raise HTTPError(400, "request body: JSON nested too deeply") from None
+        except ValueError as exc:
+            raise HTTPError(400, f"request body is not JSON: {exc}") from None
         if not isinstance(data, dict):
-            raise TypeError("request body must be a JSON object")
+            raise HTTPError(400, "request body must be a JSON object")
         return data
 
     def form_fields(self) -> dict[str, bytes | bytearray]:
@@ -234,9 +245,11 @@ class Handler(WSGIRequestHandler):
 
     server_version = "arpo-controller/1"
     protocol_version = "HTTP/1.1"
-    timeout = IO_TIMEOUT_S  # set on the connection: an idle or stalled one is closed, its thread freed
+    timeout = HEADER_TIMEOUT_S  # set on the connection: one that sends no headers is closed, its thread freed
+    body_timeout = IO_TIMEOUT_S  # once the headers are in: the body and the answer get this longer deadline
 
     def make_environ(self) -> dict:
+        self.connection.settimeout(self.body_timeout)
         environ = super().make_environ()
         environ[CONTENT_LENGTHS] = self.headers.get_all("Content-Length") or []
         return environ
@@ -246,17 +259,49 @@ class Handler(WSGIRequestHandler):
             sys.stderr.write(f"controller: {type}: {message % args if args else message}\n")
 
 
+class BoundedServer(ThreadedWSGIServer):
+    """werkzeug's threaded server serving at most ``max_connections`` connections at once: the accept loop waits
+    for one to end before it takes the next (the rest wait in the listen backlog)."""
+
+    max_connections = MAX_CONNECTIONS
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - werkzeug's BaseWSGIServer arguments
+        self._slots, self._stopping = threading.BoundedSemaphore(self.max_connections), False
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address) -> None:  # noqa: ANN001 - socketserver's signature
+        while not self._slots.acquire(timeout=0.5):
+            if self._stopping:
+                self.shutdown_request(request)
+                return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:  # noqa: ANN001
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        super().shutdown()
+
+
 def listen(app: App, tcp: str, socket_path: str) -> ThreadedWSGIServer:
     """A threaded werkzeug server for ``app``, listening on TCP ``host:port`` when ``tcp`` is set, else on the
     Unix socket ``socket_path`` (its folder created; an old socket replaced; mode 0660)."""
     if tcp:
         host, _, port = tcp.rpartition(":")
-        return ThreadedWSGIServer(host or "0.0.0.0", int(port), app, Handler)
+        return BoundedServer(host or "0.0.0.0", int(port), app, Handler)
     os.makedirs(os.path.dirname(socket_path), exist_ok=True)
     # Bind under a temporary name (werkzeug removes a leftover one) and rename, so the host never connects to a
     # half-set-up socket.
     tmp = socket_path + ".tmp"
-    server = ThreadedWSGIServer(f"unix://{tmp}", 0, app, Handler)
+    server = BoundedServer(f"unix://{tmp}", 0, app, Handler)
     os.chmod(tmp, 0o660)  # root (the host's actors) only; the folder is 0700 besides
     os.rename(tmp, socket_path)
     return server
