@@ -176,7 +176,7 @@ def time_ranks(model: Path, ranks: int, repeats: int, device: str, threads: int)
 async def time_publish(model: Path, repeats: int, work: Path) -> tuple[list[float], list[float]]:
     """Seconds of one publication to a real arpo-serve: disk (save + load) and distributed (gather + broadcast)."""
     from arpo_async.inference_client import PolicyClient
-    from arpo_cli.launcher import spawn, wait_healthy
+    from arpo_cli.launcher import spawn, stop, wait_healthy
     from learner.publisher import DistributedPublisher, WeightPublisher
     from learner.trainer import Trainer, TrainerConfig
 
@@ -184,10 +184,10 @@ async def time_publish(model: Path, repeats: int, work: Path) -> tuple[list[floa
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    serve = spawn([sys.executable, "-m", "arpo_serve.main", "--model", str(model), "--port", str(port)],
-                  work / "serve.log")
+    serve = await spawn([sys.executable, "-m", "arpo_serve.main", "--model", str(model), "--port", str(port)],
+                        work / "serve.log")
     try:
-        await asyncio.to_thread(wait_healthy, url, serve, work / "serve.log")
+        await wait_healthy(url, serve, work / "serve.log")
         trainer = Trainer(model, TrainerConfig(lr=1e-5))
         disk_times, dist_times = [], []
         async with PolicyClient([url]) as client:
@@ -205,8 +205,7 @@ async def time_publish(model: Path, repeats: int, work: Path) -> tuple[list[floa
                 raise RuntimeError(f"{net.failures} distributed syncs failed; see {work / 'serve.log'}")
         return disk_times, dist_times
     finally:
-        serve.terminate()
-        serve.wait(30)
+        await stop(serve, grace_s=30)
 
 
 def main() -> int:
