@@ -4,6 +4,7 @@ processes, and its progress line (from a real metrics.jsonl)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 from pathlib import Path
@@ -125,6 +126,29 @@ async def test_a_cancelled_run_cancels_its_tasks_and_reraises(logs, child):
         with pytest.raises(asyncio.CancelledError):
             await run
     assert progress.cancelled
+
+
+async def test_the_first_signal_cancels_the_run_and_a_second_never_cuts_its_cleanup_short():
+    signals = launcher._Signals()
+    installed, cleaned_up = asyncio.Event(), asyncio.Event()
+
+    async def run() -> None:
+        signals.install()
+        installed.set()
+        try:
+            await asyncio.Event().wait()  # the run, until a signal cancels it
+        finally:
+            os.kill(os.getpid(), signal.SIGINT)  # an impatient second Ctrl-C while the cleanup runs
+            await until(lambda: len(signals.received) == 2, DEADLINE_S, "the second signal to arrive")
+            cleaned_up.set()
+
+    task = asyncio.create_task(run())
+    async with asyncio.timeout(DEADLINE_S):
+        await installed.wait()
+        os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert cleaned_up.is_set() and signals.received == [signal.SIGTERM, signal.SIGINT]
 
 
 STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
