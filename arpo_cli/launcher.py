@@ -3,16 +3,22 @@
 Owns: the three child processes of a local run and their logs (``<run>/logs/{serve,learner,actors}.log``).
 Order: build the desktop image and the tiny model if missing -> write ``<run>/config.toml`` -> start
 arpo-serve and wait for /health -> start arpo-learner and arpo-actors -> show a progress line (arpo_cli.progress:
-live in a terminal, plain lines in a pipe) from ``status.json`` and ``metrics.jsonl`` and redraw ``<run>/curve.png`` every ``CURVE_EVERY_S`` -> when the learner
-exits, write summary.json and the final curve.png, stop the actors (SIGTERM, they remove their desktops; they may
-have exited already, once the learner said shutdown), then the server -> remove any container still labelled with
-this run. Exit code: the learner's (a curve that cannot be drawn is a warning, never an error). A child that
-died is reported with its log's last lines (from its last traceback: see :func:`crash_excerpt`).
-Invariant: whatever ends the run (success, a crashed child, Ctrl-C), no container of this run is left.
+live in a terminal, plain lines in a pipe) from ``status.json`` and ``metrics.jsonl`` and redraw
+``<run>/curve.png`` every ``CURVE_EVERY_S`` -> when the learner exits, write summary.json and the final curve.png,
+stop the actors (SIGTERM, they remove their desktops; they may have exited already, once the learner said
+shutdown), the learner, then the server -> remove any container still labelled with this run. Exit code: the
+learner's (a curve that cannot be drawn is a warning, never an error). A child that died is reported with its
+log's last lines (from its last traceback: see :func:`crash_excerpt`).
+
+Concurrency: one ``asyncio.run``. The children are asyncio subprocesses owned by :class:`Children`, which stops
+every one still running when its block ends, however it ends. :func:`supervise` runs one task per child in a
+TaskGroup: the learner's exit or the first child that dies (a RunError) ends the run at once; no child is polled.
+SIGINT and SIGTERM cancel the run's task once (:class:`_Signals`); the cleanup then always runs to its end.
+Invariant: whatever ends the run (success, a crashed child, Ctrl-C), no child process and no container of this
+run is left.
 A run folder that already holds a run is refused unless ``resume`` is set: then the learner continues from
 the newest checkpoint in ``<run>/checkpoints`` (see learner.checkpoint) and metrics.jsonl keeps growing.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -25,9 +31,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from asyncio.subprocess import Process
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Awaitable, Callable, NoReturn
+
+import aiohttp
+import tenacity
 
 from arpo_async.config import RunConfig, dump_toml
 from arpo_cli.curve import CurveError, write_curve
@@ -38,6 +48,10 @@ log = logging.getLogger("arpo.run")
 
 STOP_GRACE_S = 60.0
 """Seconds a child gets to exit after SIGTERM before it is killed."""
+SERVE_STOP_GRACE_S = 10.0
+"""The same for arpo-serve, stopped last (nothing it holds needs saving)."""
+PROGRESS_EVERY_S = 1.0
+"""The progress line is refreshed this often (seconds)."""
 LEARNER_EXIT_GRACE_S = 60.0
 """Seconds the learner gets to exit after arpo-actors exited 0 (which it does once the learner said shutdown)."""
 CURVE_EVERY_S = 60.0
@@ -70,29 +84,107 @@ def prepare(config: RunConfig, say: Callable[[str], None]) -> RunConfig:
     return replace(config, model=str(model.resolve()), actors=replace(config.actors, image=image))
 
 
-def spawn(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+async def spawn(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> Process:
     """Start a child process in its own process group with stdout+stderr to ``log_path``; ``env`` adds to this
     process's environment (secrets go there, not on the command line where ``ps`` shows them)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
-        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env={**os.environ, **env} if env else None)
+        return await asyncio.create_subprocess_exec(
+            *args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, **env} if env else None)
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float = 300.0) -> None:
-    """Poll ``url``/health until it answers 200. Raises RunError if the process exits or time runs out."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RunError(f"arpo-serve exited with {proc.returncode}; see {log_path}:\n{crash_excerpt(log_path)}")
+def _signal_group(proc: Process, signum: int) -> None:
+    try:
+        os.killpg(proc.pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+async def stop(proc: Process | None, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM the child's process group, wait up to ``grace_s`` for it to exit, then SIGKILL the group. A stop
+    that is cancelled kills the group at once (and re-raises): no child outlives it."""
+    if proc is None or proc.returncode is not None:
+        return
+    _signal_group(proc, signal.SIGTERM)
+    try:
+        async with asyncio.timeout(grace_s):
+            await proc.wait()
+    except TimeoutError:
+        pass
+    finally:
+        if proc.returncode is None:
+            _signal_group(proc, signal.SIGKILL)
+            await proc.wait()
+
+
+class Children:
+    """The run's child processes, as an async context manager: whatever ends the block (its end, an error, a
+    cancellation), every child still running is stopped on exit, the last started first (:func:`stop`: SIGTERM,
+    SIGKILL after the grace period given to :meth:`start`)."""
+
+    def __init__(self) -> None:
+        self._running: list[tuple[Process, float]] = []
+
+    async def start(self, args: list[str], log_path: Path, *, grace_s: float = STOP_GRACE_S) -> Process:
+        """:func:`spawn` a child, to be stopped with ``grace_s`` seconds of grace on exit."""
+        proc = await spawn(args, log_path)
+        self._running.append((proc, grace_s))
+        return proc
+
+    async def __aenter__(self) -> Children:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.2)
-    raise RunError(f"arpo-serve did not answer {url}/health within {timeout_s:.0f} s; see {log_path}")
+            while self._running:
+                await stop(*self._running[-1])
+                self._running.pop()
+        finally:  # a cancelled stop: the others get no grace, but none is left running
+            for proc, _ in self._running:
+                _signal_group(proc, signal.SIGKILL)
+            for proc, _ in self._running:
+                await proc.wait()
+
+
+class _NotReady(Exception):
+    """/health answered, but not 200."""
+
+
+async def answers_health(url: str, log_path: Path, timeout_s: float = 300.0) -> None:
+    """Return once ``url``/health answers 200: tries of 2 s each, 0.2 s apart (tenacity). Raises RunError naming
+    ``log_path`` (the server's log) when ``timeout_s`` passes first."""
+    retrying = tenacity.AsyncRetrying(
+        stop=tenacity.stop_after_delay(timeout_s), wait=tenacity.wait_fixed(0.2),
+        retry=tenacity.retry_if_exception_type((aiohttp.ClientError, OSError, _NotReady)))
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+            async for attempt in retrying:
+                with attempt:
+                    async with session.get(f"{url}/health") as reply:
+                        if reply.status != 200:
+                            raise _NotReady(reply.status)
+    except tenacity.RetryError:
+        raise RunError(f"arpo-serve did not answer {url}/health within {timeout_s:.0f} s; see {log_path}") from None
+
+
+async def exit_is_error(proc: Process, name: str, log_path: Path) -> NoReturn:
+    """Wait for ``proc`` to exit, then raise RunError naming ``name`` and quoting its log (:func:`crash_excerpt`):
+    for a child that must outlive whatever awaits this."""
+    code = await proc.wait()
+    raise RunError(f"{name} exited with {code}; see {log_path}:\n{crash_excerpt(log_path)}")
+
+
+async def wait_healthy(url: str, proc: Process, log_path: Path, timeout_s: float = 300.0) -> None:
+    """Wait until arpo-serve (``proc``, logging to ``log_path``) answers ``url``/health with 200. Raises RunError
+    as soon as the process exits, or when ``timeout_s`` passes first."""
+    try:
+        async with asyncio.TaskGroup() as tg:
+            exited = tg.create_task(exit_is_error(proc, "arpo-serve", log_path))
+            await answers_health(url, log_path, timeout_s)
+            exited.cancel()
+    except* RunError as errors:
+        raise errors.exceptions[0] from None
 
 
 def tail(path: Path, lines: int = 15) -> str:
@@ -116,40 +208,48 @@ def crash_excerpt(path: Path, max_lines: int = CRASH_LINES, context: int = 2) ->
     return "\n".join(lines[max(first, len(lines) - max_lines, 0):])
 
 
-def stop(proc: subprocess.Popen | None, grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM the child's process group, wait ``grace_s``, then SIGKILL it."""
-    if proc is None or proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
+async def watch_actors(actors: Process, learner: Process, log_path: Path) -> None:
+    """Raise RunError when arpo-actors exit while the learner runs.
 
-
-def check_children(learner: subprocess.Popen, actors: subprocess.Popen, serve: subprocess.Popen, logs: Path) -> None:
-    """Raise RunError when arpo-serve or arpo-actors ended while the learner runs.
-
-    arpo-actors exits 0 by itself only after the learner said shutdown (training is over), so then the learner
-    gets LEARNER_EXIT_GRACE_S seconds to exit; any other exit of a child is an error naming its log.
+    arpo-actors exit 0 by themselves only after the learner said shutdown (training is over): then the learner
+    gets LEARNER_EXIT_GRACE_S seconds to exit and this returns once it did; any other exit of arpo-actors, or a
+    learner that does not follow, is an error naming ``log_path`` (theirs).
     """
-    if serve.poll() is not None:
-        raise RunError(f"arpo-serve exited with {serve.returncode}; see {logs / 'serve.log'}:\n"
-                       f"{crash_excerpt(logs / 'serve.log')}")
-    code = actors.poll()
-    if code is None:
-        return
+    code = await actors.wait()
     why = f"exited with {code}"
     if code == 0:
         try:
-            learner.wait(LEARNER_EXIT_GRACE_S)
+            async with asyncio.timeout(LEARNER_EXIT_GRACE_S):
+                await learner.wait()
             return
-        except subprocess.TimeoutExpired:
+        except TimeoutError:
             why += f" and arpo-learner did not finish within {LEARNER_EXIT_GRACE_S:g} s"
-    raise RunError(f"arpo-actors {why}; see {logs / 'actors.log'}:\n{crash_excerpt(logs / 'actors.log')}")
+    raise RunError(f"arpo-actors {why}; see {log_path}:\n{crash_excerpt(log_path)}")
+
+
+async def supervise(learner: Process, actors: Process, serve: Process, logs: Path,
+                    progress: Callable[[], Awaitable[None]]) -> int:
+    """Wait for the learner to exit and return its exit code, while one task of a TaskGroup waits on each other
+    child (:func:`exit_is_error` for arpo-serve, :func:`watch_actors`) and one runs ``progress()``.
+
+    The first of these to raise ends the wait at once (the group cancels the others); when the learner exits,
+    the other tasks are cancelled. Stopping the children is the caller's (:class:`Children`).
+
+    Raises:
+        RunError: arpo-serve exited, or arpo-actors exited and the learner did not follow (the message names the
+            child's log in ``logs`` and quotes its last lines).
+    """
+    try:
+        async with asyncio.TaskGroup() as tg:
+            others = [tg.create_task(exit_is_error(serve, "arpo-serve", logs / "serve.log")),
+                      tg.create_task(watch_actors(actors, learner, logs / "actors.log")),
+                      tg.create_task(progress())]
+            code = await learner.wait()
+            for task in others:
+                task.cancel()
+    except* RunError as errors:
+        raise errors.exceptions[0] from None
+    return code
 
 
 def draw_curve(run: Path, *, quiet_if_empty: bool = False) -> Path | None:
@@ -193,6 +293,29 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+class _Signals:
+    """SIGINT and SIGTERM while the children run (handlers of the event loop): the first one cancels the run's
+    task, whose ``finally`` stops the children and removes the containers; a later one, or one that arrives once
+    that cleanup has begun, is only recorded, so the cleanup always completes."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.cleaning = False
+        self._task: asyncio.Task | None = None
+
+    def install(self) -> None:
+        """Take SIGINT and SIGTERM over for the running task (until the event loop closes)."""
+        self._task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self._received, signum)
+
+    def _received(self, signum: int) -> None:
+        if not self.received and not self.cleaning and self._task is not None:
+            self._task.cancel()
+        self.received.append(signum)
+
+
 def run_local(config: RunConfig, *, display: ProgressDisplay | None = None, resume: bool = False) -> int:
     """Run serve + learner + actors on this machine until the learner finishes. Returns the exit code.
 
@@ -200,26 +323,34 @@ def run_local(config: RunConfig, *, display: ProgressDisplay | None = None, resu
     line in a terminal, plain lines otherwise).
 
     ``resume``: continue the run in ``config.run_dir`` from its newest checkpoint (learner.steps counts all
-    steps of the run, so raise it to train further). SIGTERM is handled like Ctrl-C: the children are stopped
-    and the run's containers removed; further Ctrl-C or SIGTERM during that cleanup are ignored, so it always
-    completes (children get SIGTERM, then SIGKILL after a grace period).
+    steps of the run, so raise it to train further). SIGTERM is handled like Ctrl-C (KeyboardInterrupt): the
+    children are stopped and the run's containers removed; further Ctrl-C or SIGTERM during that cleanup are
+    ignored, so it always completes (children get SIGTERM, then SIGKILL after a grace period).
 
     Raises:
         RunError: the folder holds a run and ``resume`` is False, or ``resume`` is set and it has no
             checkpoint; a child process died (the message names its log and quotes its last lines).
+        KeyboardInterrupt: SIGINT or SIGTERM; everything was stopped and removed first.
     """
-    signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # until the event loop takes both signals over
     display = open_display() if display is None else display
     try:
-        return _run_local(config, display, resume)
+        config = _prepare_run(config, display.say, resume)
+        signals = _Signals()
+        try:
+            return asyncio.run(_run_children(config, display, signals))
+        except asyncio.CancelledError:
+            if signals.received:
+                raise KeyboardInterrupt(f"signal {signals.received[0]}") from None
+            raise
     finally:
         display.close()
+        signal.signal(signal.SIGTERM, previous)
 
 
-def _run_local(config: RunConfig, display: ProgressDisplay, resume: bool) -> int:
-    from actors.desktop.fleet import remove_run_containers
-
-    say = display.say
+def _prepare_run(config: RunConfig, say: Callable[[str], None], resume: bool) -> RunConfig:
+    """Check the run folder (a new run, or ``resume`` with a checkpoint), :func:`prepare` the image and model and
+    write ``<run>/config.toml``; returns the resolved config."""
     run = config.run_path
     if resume:
         from learner.checkpoint import checkpoint_folders
@@ -231,51 +362,69 @@ def _run_local(config: RunConfig, display: ProgressDisplay, resume: bool) -> int
                        "or pass --resume to continue it from its last checkpoint")
     config = prepare(config, say)
     (run / "logs").mkdir(parents=True, exist_ok=True)
-    config_path = run / "config.toml"
-    config_path.write_text(dump_toml(config))
-    logs = run / "logs"
-    url = config.actors.inference_urls[0]
-    py = sys.executable
-    serve = learner = actors = None
+    (run / "config.toml").write_text(dump_toml(config))
+    return config
+
+
+async def _run_children(config: RunConfig, display: ProgressDisplay, signals: _Signals) -> int:
+    """Start arpo-serve, wait for /health, start the learner and the actors, :func:`supervise` them; then write
+    summary.json and the curve. In ``finally``: stop every child and remove the run's containers."""
+    from actors.desktop.fleet import remove_run_containers
+
+    signals.install()
+    say, run = display.say, config.run_path
     started = time.monotonic()
     try:
-        say(f"run folder {run}; logs in {logs}")
-        # arpo-serve reads model and [serve] from the run file, as the learner and the actors do.
-        serve = spawn([py, "-m", "arpo_serve.main", "--config", str(config_path), "--weight-version", "0",
-                       "--weights-root", str(run / "weights")], logs / "serve.log")
-        wait_healthy(url, serve, logs / "serve.log")
-        say(f"arpo-serve ready at {url}")
-        learner = spawn([py, "-m", "learner.main", "--config", str(config_path)], logs / "learner.log")
-        actors = spawn([py, "-m", "actors.main", "--config", str(config_path), "--actor-id", "local"],
-                       logs / "actors.log")
-        rate, last_drawn = TrajectoryRate(), time.monotonic()
-        while learner.poll() is None:
-            check_children(learner, actors, serve, logs)
-            display.update(progress_line(config, started, rate), time.monotonic())
-            if time.monotonic() - last_drawn >= CURVE_EVERY_S:
-                draw_curve(run, quiet_if_empty=True)
-                last_drawn = time.monotonic()
-            time.sleep(1.0)
-        display.update(progress_line(config, started, rate), time.monotonic(), force=True)
-        write_summary(config, learner.returncode, url, time.monotonic() - started)
-        curve = draw_curve(run)
-        if curve is not None:
-            say(f"learning curve in {curve}")
-        if learner.returncode != 0:
-            say(f"arpo-learner exited with {learner.returncode}; see {logs / 'learner.log'}:\n"
-                f"{crash_excerpt(logs / 'learner.log')}")
-        return learner.returncode
+        say(f"run folder {run}; logs in {run / 'logs'}")
+        async with Children() as children:
+            try:
+                return await _train(config, display, children, started)
+            finally:
+                signals.cleaning = True  # a Ctrl-C from now on must not cut short stopping the children
     finally:
-        # A second Ctrl-C (or SIGTERM) must not cut the cleanup short and leave children or containers behind.
-        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            stop(actors)
-            stop(learner)
-            stop(serve, grace_s=10)
-            removed = asyncio.run(remove_run_containers(config.resolved_run_id))
-            if removed:
-                say(f"removed {removed} leftover desktop container(s)")
-            say(f"done in {time.monotonic() - started:.0f} s; metrics in {run / 'metrics.jsonl'}")
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        signals.cleaning = True
+        removed = await remove_run_containers(config.resolved_run_id)
+        if removed:
+            say(f"removed {removed} leftover desktop container(s)")
+        say(f"done in {time.monotonic() - started:.0f} s; metrics in {run / 'metrics.jsonl'}")
+
+
+async def _train(config: RunConfig, display: ProgressDisplay, children: Children, started: float) -> int:
+    """Start arpo-serve and wait for /health, start the learner and the actors, :func:`supervise` them until the
+    learner exits; then write summary.json and the curve. Returns the learner's exit code."""
+    say, run = display.say, config.run_path
+    logs, config_path = run / "logs", run / "config.toml"
+    url = config.actors.inference_urls[0]
+    py = sys.executable
+    # arpo-serve reads model and [serve] from the run file, as the learner and the actors do.
+    serve = await children.start([py, "-m", "arpo_serve.main", "--config", str(config_path),
+                                  "--weight-version", "0", "--weights-root", str(run / "weights")],
+                                 logs / "serve.log", grace_s=SERVE_STOP_GRACE_S)
+    await wait_healthy(url, serve, logs / "serve.log")
+    say(f"arpo-serve ready at {url}")
+    learner = await children.start([py, "-m", "learner.main", "--config", str(config_path)],
+                                   logs / "learner.log")
+    actors = await children.start([py, "-m", "actors.main", "--config", str(config_path),
+                                   "--actor-id", "local"], logs / "actors.log")
+    rate = TrajectoryRate()
+    code = await supervise(learner, actors, serve, logs, lambda: _show_progress(config, display, started, rate))
+    display.update(progress_line(config, started, rate), time.monotonic(), force=True)
+    await asyncio.to_thread(write_summary, config, code, url, time.monotonic() - started)
+    curve = await asyncio.to_thread(draw_curve, run)
+    if curve is not None:
+        say(f"learning curve in {curve}")
+    if code != 0:
+        say(f"arpo-learner exited with {code}; see {logs / 'learner.log'}:\n"
+            f"{crash_excerpt(logs / 'learner.log')}")
+    return code
+
+
+async def _show_progress(config: RunConfig, display: ProgressDisplay, started: float, rate: TrajectoryRate) -> None:
+    """Forever: refresh the progress line every PROGRESS_EVERY_S and redraw curve.png every CURVE_EVERY_S."""
+    last_drawn = time.monotonic()
+    while True:
+        display.update(progress_line(config, started, rate), time.monotonic())
+        if time.monotonic() - last_drawn >= CURVE_EVERY_S:
+            await asyncio.to_thread(draw_curve, config.run_path, quiet_if_empty=True)
+            last_drawn = time.monotonic()
+        await asyncio.sleep(PROGRESS_EVERY_S)

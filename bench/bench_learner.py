@@ -179,7 +179,7 @@ async def time_publish(model: Path, repeats: int, work: Path) -> tuple[list[floa
     """Seconds of one publication to a real arpo-serve: disk (save + load) and distributed (gather + broadcast)."""
     from arpo_async.config import LearnerConfig
     from arpo_async.inference_client import PolicyClient
-    from arpo_cli.launcher import spawn, wait_healthy
+    from arpo_cli.launcher import spawn, stop, wait_healthy
     from learner.publisher import DistributedPublisher, WeightPublisher
     from learner.trainer import Trainer
 
@@ -187,10 +187,10 @@ async def time_publish(model: Path, repeats: int, work: Path) -> tuple[list[floa
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    serve = spawn([sys.executable, "-m", "arpo_serve.main", "--model", str(model), "--port", str(port)],
-                  work / "serve.log")
+    serve = await spawn([sys.executable, "-m", "arpo_serve.main", "--model", str(model), "--port", str(port)],
+                        work / "serve.log")
     try:
-        await asyncio.to_thread(wait_healthy, url, serve, work / "serve.log")
+        await wait_healthy(url, serve, work / "serve.log")
         trainer = Trainer(model, LearnerConfig(lr=1e-5))
         disk_times, dist_times = [], []
         async with PolicyClient([url]) as client:
@@ -208,8 +208,7 @@ async def time_publish(model: Path, repeats: int, work: Path) -> tuple[list[floa
                 raise RuntimeError(f"{net.failures} distributed syncs failed; see {work / 'serve.log'}")
         return disk_times, dist_times
     finally:
-        serve.terminate()
-        serve.wait(30)
+        await stop(serve, grace_s=30)
 
 
 def main() -> int:

@@ -104,18 +104,38 @@ async def labelled(run_id: str) -> list[str]:
     return [c.id for c in found]
 
 
-async def until(predicate, timeout: float = 5.0, what: str = "the condition") -> None:
-    """Poll ``predicate`` (sync or async) every 50 ms until true; fail naming ``what`` at the deadline."""
+async def until(predicate, timeout: float = 5.0, what: str = "the condition", *, ok=bool, every_s: float = 0.05):
+    """Call ``predicate`` (sync or async) every ``every_s`` seconds until ``ok(value)`` holds for its value; returns
+    that value. Fails naming ``what`` (and the last value, when not a bool) at the deadline."""
     deadline = time.monotonic() + timeout
     while True:
-        ok = predicate()
-        if asyncio.iscoroutine(ok):
-            ok = await ok
-        if ok:
-            return
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if ok(value):
+            return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(0.05)
+            _timed_out(timeout, what, value)
+        await asyncio.sleep(every_s)
+
+
+def until_sync(predicate, timeout: float, what: str, *, check=lambda: None, every_s: float = 0.2):
+    """:func:`until` for tests that are not async: call ``predicate`` every ``every_s`` seconds until its value is
+    truthy and return it; ``check()`` runs after each miss (it raises to fail early, e.g. when a child died)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        check()
+        if time.monotonic() > deadline:
+            _timed_out(timeout, what, value)
+        time.sleep(every_s)
+
+
+def _timed_out(timeout: float, what: str, value: object) -> None:
+    last = "" if isinstance(value, bool) else f"; last value {value!r:.500}"
+    pytest.fail(f"timed out after {timeout:g} s waiting for {what}{last}")
 
 
 @contextlib.asynccontextmanager

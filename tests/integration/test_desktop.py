@@ -25,6 +25,7 @@ from actors.desktop.controller_client import ControllerClient, DesktopError, Req
 from actors.desktop.fleet import DESKTOP_CAPABILITIES, SOCKET_NAME, DesktopFleet, remove_run_containers
 from actors.evaluation import UPLOAD_MAX_BYTES, TaskSetupError, evaluate, run_setup
 from arpo_async.tasks import Task, load_tasks
+from tests.support import until
 
 pytestmark = pytest.mark.docker
 
@@ -49,14 +50,11 @@ async def type_text(c: ControllerClient, text: str) -> None:
 
 async def layout_with(c: ControllerClient, key: str, timeout: float = 10.0) -> dict:
     """The app's layout file once it holds ``key`` (polled with a deadline: the app writes it on events)."""
-    async with asyncio.timeout(timeout):
-        while True:
-            data = await c.get_file(LAYOUT)
-            if data:
-                layout = json.loads(data)
-                if key in layout:
-                    return layout
-            await asyncio.sleep(0.05)
+    async def layout() -> dict:
+        data = await c.get_file(LAYOUT)
+        return json.loads(data) if data else {}
+
+    return await until(layout, timeout, f"{key!r} in the app's layout", ok=lambda found: key in found)
 
 
 async def click_widget(c: ControllerClient, key: str) -> None:
@@ -86,9 +84,8 @@ def in_terminal(line: str) -> Callable[[ControllerClient], Awaitable[None]]:
         await click(c, 640, 360)
         marker = f"/tmp/arpo/typed-{secrets.token_hex(3)}"
         await type_text(c, f"{line}; touch {marker}\n")
-        async with asyncio.timeout(10):  # the shell runs the line on its own time: wait for its marker
-            while await c.get_file(marker) is None:
-                await asyncio.sleep(0.05)
+        # the shell runs the line on its own time: wait for its marker
+        await until(lambda: c.get_file(marker), 10, f"the shell to touch {marker}", ok=lambda v: v is not None)
     return solve
 
 

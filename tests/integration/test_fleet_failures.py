@@ -20,7 +20,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -247,12 +246,12 @@ async def actors_process(server, tiny_model, desktop_image, transport, tmp_path,
                     stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
             finally:
                 os.close(log)
-            deadline = time.monotonic() + EPISODE_DEADLINE_S
-            while not (service.status()["running"] >= 1 and len(await labelled(run_id)) >= 2):  # episodes on desktops
+            async def episodes_on_desktops() -> bool:
                 assert proc.returncode is None, log_path.read_text()[-3000:]
-                assert time.monotonic() < deadline, \
-                    "arpo-actors never started an episode:\n" + log_path.read_text()[-3000:]
-                await asyncio.sleep(0.2)
+                return service.status()["running"] >= 1 and len(await labelled(run_id)) >= 2
+
+            await until(episodes_on_desktops, EPISODE_DEADLINE_S, f"arpo-actors to start an episode (log: {log_path})",
+                        every_s=0.2)
             yield service, proc, log_path
     finally:
         if proc is not None and proc.returncode is None:
@@ -312,10 +311,7 @@ async def test_a_generation_the_server_aborts_ends_the_episode_aborted(tiny_mode
 
             await http.post(f"{serve.url}/pause_generation", json={"mode": "in_place"})
             async with learner(ctx, transport) as (_, received), actors(ctx, transport, pool, runner):
-                deadline = time.monotonic() + EPISODE_DEADLINE_S
-                while await queued() == 0:  # an episode's request waits on the paused server
-                    assert time.monotonic() < deadline, "no request reached the paused server"
-                    await asyncio.sleep(0.05)
+                await until(queued, EPISODE_DEADLINE_S, "an episode's request to wait on the paused server")
                 await http.post(f"{serve.url}/pause_generation", json={"mode": "abort"})  # ends what waits
                 await http.post(f"{serve.url}/continue_generation", json={})
                 await until(lambda: any(t.outcome == Outcome.ABORTED.value for t in received), EPISODE_DEADLINE_S,

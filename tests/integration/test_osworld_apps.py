@@ -18,10 +18,7 @@ These task files are not in tests/data/tasks/osworld/ because that folder is the
 """
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +28,13 @@ from actors.desktop.controller_client import ControllerClient
 from actors.evaluation import EvalContext, TaskSetupError, evaluate, run_setup
 from actors.osworld.getters import GETTERS, VIDEO_TYPES, chrome_profile_dir
 from arpo_async.tasks import Task, load_task_file
+from tests.support import until
 
 pytestmark = [pytest.mark.docker, pytest.mark.osworld_image]
 
 TASKS_DIR = Path(__file__).resolve().parents[1] / "data" / "tasks" / "osworld_apps"
 DEADLINE_S = 60.0
+POLL_S = 0.25  # a getter runs commands in the desktop: not every 50 ms
 
 
 def task(task_id: str) -> Task:
@@ -52,19 +51,6 @@ async def pyautogui(c: ControllerClient, code: str) -> None:
     """Run pyautogui ``code`` in the desktop with OSWorld's ``python`` (the pyautogui action path)."""
     r = await c.execute(["python", "-c", f"import pyautogui, time; pyautogui.FAILSAFE = False; {code}"], timeout=60)
     assert r["returncode"] == 0, r
-
-
-async def poll(probe: Callable[[], Awaitable[Any]], ok: Callable[[Any], bool], what: str,
-               deadline_s: float = DEADLINE_S) -> Any:
-    """Call ``probe`` every 0.25 s until ``ok(value)``; fail with the last value after ``deadline_s``."""
-    end = time.monotonic() + deadline_s
-    while True:
-        value = await probe()
-        if ok(value):
-            return value
-        if time.monotonic() > end:
-            pytest.fail(f"{what}: not reached within {deadline_s:g} s; last value {value!r}")
-        await asyncio.sleep(0.25)
 
 
 async def getter(c: ControllerClient, spec: dict, tmp_path: Path) -> Any:
@@ -89,8 +75,8 @@ async def test_chrome_tabs_restore_with_pyautogui(desktop, tmp_path):
     assert await evaluate(c, t, None) == 0.0
 
     await pyautogui(c, "pyautogui.hotkey('ctrl', 'shift', 't')")
-    await poll(lambda: getter(c, {"type": "open_tabs_info"}, tmp_path), lambda tabs: len(tabs) == 3,
-               "the closed tab restored")
+    await until(lambda: getter(c, {"type": "open_tabs_info"}, tmp_path), DEADLINE_S, "the closed tab restored",
+                ok=lambda tabs: len(tabs) == 3, every_s=POLL_S)
     active = await getter(c, {"type": "active_tab_info"}, tmp_path)
     assert active["url"] == "http://127.0.0.1:8765/c.html" and active["title"] == "Page c"
     assert await evaluate(c, t, "DONE") == 1.0
@@ -144,8 +130,8 @@ async def test_chrome_preference_getters_read_the_profile_chromium_wrote(desktop
     r = await c.execute(["python3", "-c", EDIT_PROFILE, base], timeout=30)
     assert r["returncode"] == 0, r
     await run_setup(c, t.config)
-    await poll(lambda: getter(c, {"type": "enable_do_not_track"}, tmp_path), lambda v: v == "true",
-               "Do Not Track read back")
+    await until(lambda: getter(c, {"type": "enable_do_not_track"}, tmp_path), DEADLINE_S, "Do Not Track read back",
+                ok=lambda v: v == "true", every_s=POLL_S)
     assert await evaluate(c, t, "DONE") == 1.0
 
 
@@ -161,8 +147,8 @@ PLAY = ("import base64, urllib.parse, urllib.request\n"
 async def test_vlc_playing_info_window_size_and_default_player(desktop, tmp_path):
     c, t = desktop, task("arpo-vlc-play-file")
     await run_setup(c, t.config)
-    status = await poll(lambda: getter(c, {"type": "vlc_playing_info", "dest": "status.xml"}, tmp_path),
-                        lambda p: p is not None, "VLC's web interface")
+    status = await until(lambda: getter(c, {"type": "vlc_playing_info", "dest": "status.xml"}, tmp_path),
+                         DEADLINE_S, "VLC's web interface", ok=lambda p: p is not None, every_s=POLL_S)
     assert "<state>stopped</state>" in Path(status).read_text()
     assert await evaluate(c, t, None) == 0.0
     size = await getter(c, {"type": "vm_window_size", "app_class_name": "vlc"}, tmp_path)
@@ -170,7 +156,8 @@ async def test_vlc_playing_info_window_size_and_default_player(desktop, tmp_path
 
     r = await c.execute(["python3", "-c", PLAY], timeout=30)
     assert r["returncode"] == 0, r
-    await poll(lambda: evaluate(c, t, "DONE"), lambda s: s == 1.0, "VLC playing arpo-clip.mp4")
+    await until(lambda: evaluate(c, t, "DONE"), DEADLINE_S, "VLC playing arpo-clip.mp4", ok=lambda s: s == 1.0,
+                every_s=POLL_S)
 
     before = await getter(c, {"type": "default_video_player"}, tmp_path)
     await sh(c, "mkdir -p ~/.local/share/applications && printf '[Desktop Entry]\\nType=Application\\nName=Arpo Player"
@@ -184,12 +171,13 @@ async def test_vlc_playing_info_window_size_and_default_player(desktop, tmp_path
 async def test_terminal_output_after_typing_with_pyautogui(desktop, tmp_path):
     c, t = desktop, task("arpo-os-terminal")
     await run_setup(c, t.config)
-    text = await poll(lambda: getter(c, {"type": "vm_terminal_output"}, tmp_path), lambda v: bool(v),
-                      "the terminal's prompt")
+    text = await until(lambda: getter(c, {"type": "vm_terminal_output"}, tmp_path), DEADLINE_S,
+                       "the terminal's prompt", every_s=POLL_S)
     assert "arpo-42" not in text
     assert await evaluate(c, t, None) == 0.0
     await pyautogui(c, "pyautogui.write('echo arpo-$((6*7))'); pyautogui.press('enter')")
-    await poll(lambda: evaluate(c, t, "DONE"), lambda s: s == 1.0, "arpo-42 in the terminal")
+    await until(lambda: evaluate(c, t, "DONE"), DEADLINE_S, "arpo-42 in the terminal", ok=lambda s: s == 1.0,
+                every_s=POLL_S)
 
 
 SHORTCUT = ("[Desktop Entry]\nType=Application\nName=Arpo Notes\nExec=gedit /home/user/Documents/notes.txt\n")

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import socket
 
 import pytest
 from aiohttp import web
 
 from actors.osworld.downloads import DownloadCache, DownloadError, run_download_cache
-from tests.support import local_http_server
+from tests.support import free_port, local_http_server
 
 BODY = b"osworld fixture\n" * 100
 
@@ -72,11 +71,8 @@ async def test_cap_deadline_and_no_network_are_errors(server, tmp_path):
     with pytest.raises(DownloadError, match="within 1 s") as err:
         await cache.fetch(f"{base}/stall")
     assert err.value.kind == "needs_network"
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with pytest.raises(DownloadError, match="needs network") as err:
-        await cache.fetch(f"http://127.0.0.1:{port}/x")
+    with pytest.raises(DownloadError, match="needs network") as err:  # a port nobody listens on
+        await cache.fetch(f"http://127.0.0.1:{free_port()}/x")
     assert err.value.kind == "needs_network"
     with pytest.raises(ValueError, match="http"):
         await cache.fetch("file:///etc/passwd")

@@ -183,13 +183,25 @@ async def test_unchanged_screen_gives_identical_bytes_stored_once(fleet):
     assert add_screenshot(shots, await c.screenshot()) == 2  # the cursor moved: a new screenshot
 
 
-@pytest.mark.parametrize("cancel_after_s", [0.0, 0.02, 0.1])
-async def test_cancelled_removal_then_close_leaves_nothing(fleet, cancel_after_s):
+@pytest.mark.parametrize("cancel_at", ["before it runs", "delete requested", "delete answered"])
+async def test_cancelled_removal_then_close_leaves_nothing(fleet, cancel_at):
     """close() right after a release whose background removal it cancels (the pool's shutdown race) must still
-    leave no container: a second delete of a container the engine is already removing waits for it."""
+    leave no container: a second delete of a container the engine is already removing waits for it. The cancel
+    lands before the removal ran, while its delete call waits on the engine, or once the engine answered."""
     desktop = await asyncio.wait_for(fleet.start(), BOOT_DEADLINE_S)
+    reached = {"delete requested": asyncio.Event(), "delete answered": asyncio.Event()}
+    real_delete = fleet._delete
+
+    async def delete(container_id: str) -> bool:
+        reached["delete requested"].set()
+        answer = await real_delete(container_id)
+        reached["delete answered"].set()
+        return answer
+
+    fleet._delete = delete
     removal = asyncio.create_task(fleet.remove(desktop))
-    await asyncio.sleep(cancel_after_s)
+    if cancel_at in reached:  # we run again once the removal waits on the engine (or is done)
+        await asyncio.wait_for(reached[cancel_at].wait(), 60)
     removal.cancel()
     await asyncio.wait([removal])
     await fleet.remove(desktop)  # what close() does for a desktop whose removal did not finish

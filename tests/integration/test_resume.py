@@ -17,10 +17,8 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
-from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -41,7 +39,7 @@ from learner.scheduler import GroupScheduler
 from learner.service import LearnerService
 from learner.staleness import StalenessManager
 from learner.trainer import Trainer
-from tests.support import free_port
+from tests.support import free_port, until_sync
 
 PY = sys.executable
 EPISODE_LINE = re.compile(r"actor \S+ (\S+)/(\S+) #(\d+): ([A-Z_]+) ")
@@ -92,18 +90,6 @@ class Processes:
                     proc.wait()
                 except ProcessLookupError:
                     pass
-
-
-def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, check: Callable[[], None] = lambda: None):
-    """Poll ``predicate`` until it returns something truthy (returned); fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        check()
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}", pytrace=False)
 
 
 def healthy(url: str) -> bool:
@@ -159,7 +145,7 @@ def running_job(tmp_path: Path, config: Path, url: str, model: Path, run_id: str
     try:
         procs.start("serve", [PY, "-m", "arpo_serve.main", "--model", str(model),
                               "--port", url.rsplit(":", 1)[1], "--weight-version", "0"])
-        wait_for(lambda: healthy(url), 180, "arpo-serve /health", lambda: procs.check_alive("serve"))
+        until_sync(lambda: healthy(url), 180, "arpo-serve /health", check=lambda: procs.check_alive("serve"))
         procs.start("learner", learner or [PY, "-m", "learner.main", "--config", str(config)])
         procs.start("actors", [PY, "-m", "actors.main", "--config", str(config), "--actor-id", "test-actors"])
         yield procs
@@ -186,8 +172,8 @@ def test_killed_learner_resumes_and_actors_reconnect(tmp_path, desktop_image, ti
         alive = lambda: procs.check_alive("serve", "learner", "actors")  # noqa: E731
         # 1. one optimizer step, with rollouts of this learner running on the actors (2 of 3, so that one is
         # still out when the learner dies, though status.json may be a second old)
-        wait_for(lambda: read_metrics(metrics) and read_json(status).get("running", 0) >= 2, 300,
-                 "step 1 with rollouts in flight", alive)
+        until_sync(lambda: read_metrics(metrics) and read_json(status).get("running", 0) >= 2, 300,
+                   "step 1 with rollouts in flight", check=alive)
         old_prefix = read_json(status)["learner_id"][:6] + "-"
 
         # 2. SIGKILL the learner; the actors finish their rollouts and hold the trajectories
@@ -199,17 +185,18 @@ def test_killed_learner_resumes_and_actors_reconnect(tmp_path, desktop_image, ti
         assert saved["step"] >= before[-1]["step"] and saved["policy_version"] >= before[-1]["policy_version"]
         actors_log = procs.log("actors")
         offset = actors_log.stat().st_size
-        held = wait_for(lambda: [e for e in episodes(actors_log, offset) if e[1].startswith(old_prefix)], 240,
-                        "an actor to finish a rollout of the killed learner",
-                        lambda: procs.check_alive("serve", "actors"))
+        held = until_sync(lambda: [e for e in episodes(actors_log, offset) if e[1].startswith(old_prefix)], 240,
+                          "an actor to finish a rollout of the killed learner",
+                          check=lambda: procs.check_alive("serve", "actors"))
 
         # 3. a new learner on the same run folder continues and finishes learner.steps=3 in all
         learner2 = procs.start("learner2", [PY, "-m", "learner.main", "--config", str(config)])
-        wait_for(lambda: learner2.poll() is not None, 400, "the resumed learner to finish",
-                 lambda: procs.check_alive("serve") or procs.check_alive("actors", clean_exit_ok=True))
+        until_sync(lambda: learner2.poll() is not None, 400, "the resumed learner to finish",
+                   check=lambda: procs.check_alive("serve") or procs.check_alive("actors", clean_exit_ok=True))
         assert learner2.returncode == 0, tail(procs.log("learner2"))
         actors = procs.procs["actors"]
-        wait_for(lambda: actors.poll() is not None, 120, "the actors to shut down")  # the same process, never restarted
+        # the same process, never restarted
+        until_sync(lambda: actors.poll() is not None, 120, "the actors to shut down")
         assert actors.returncode == 0, tail(actors_log)
         final_version = server_weight_version(url)
 
@@ -253,8 +240,8 @@ def test_lockstep_job_end_to_end(tmp_path, desktop_image, tiny_model):
     run = tmp_path / "run"
     with running_job(tmp_path, config, url, tiny_model, run_id) as procs:
         learner = procs.procs["learner"]
-        wait_for(lambda: learner.poll() is not None, 400, "the lockstep learner to finish",
-                 lambda: procs.check_alive("serve") or procs.check_alive("actors", clean_exit_ok=True))
+        until_sync(lambda: learner.poll() is not None, 400, "the lockstep learner to finish",
+                   check=lambda: procs.check_alive("serve") or procs.check_alive("actors", clean_exit_ok=True))
         assert learner.returncode == 0, tail(procs.log("learner"))
         final_version = server_weight_version(url)
     records = read_metrics(run / "metrics.jsonl")

@@ -11,12 +11,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from arpo_async.metrics import REQUIRED_KEYS, read_metrics
+from tests.support import until_sync
 
 pytestmark = pytest.mark.docker
 
@@ -142,17 +142,16 @@ def test_ctrl_c_twice_still_stops_every_child_and_container(tmp_path, desktop_im
          "--steps", "50", "--actors", "2", "--set", "serve.port=31787",
          "--set", 'actors.inference_urls=["http://127.0.0.1:31787"]', "--set", "transport.endpoint=tcp://127.0.0.1:31788"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while not run_containers("twice"):  # serve, learner and actors are up once desktops exist
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
-            time.sleep(0.2)
+    def running() -> None:
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+
+    try:  # serve, learner and actors are up once desktops exist
+        until_sync(lambda: run_containers("twice"), 300, "the run's desktops", check=running)
         actors = [pid for pid in _processes_mentioning(str(run_dir)) if pid in _processes_mentioning("actors.main")]
         assert actors and len(_processes_mentioning(str(run_dir))) >= 3
         proc.send_signal(signal.SIGINT)
-        while any(Path(f"/proc/{pid}").exists() for pid in actors):  # the cleanup has begun: actors first
-            assert time.monotonic() < deadline + 120
-            time.sleep(0.05)
+        until_sync(lambda: not any(Path(f"/proc/{pid}").exists() for pid in actors), 120,
+                   "arpo-actors to exit (the cleanup has begun: actors first)", every_s=0.05)
         proc.send_signal(signal.SIGINT)  # while it stops the learner and arpo-serve
         out, _ = proc.communicate(timeout=120)
     finally:

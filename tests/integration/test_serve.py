@@ -22,7 +22,7 @@ from PIL import Image
 from arpo_async.model.init_model import create_tiny_model
 from arpo_async.model.inputs import PromptEncoder, load_policy
 from tests.reference_logprobs import token_logprobs
-from tests.support import free_port
+from tests.support import free_port, until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ACTION_REGEX = (
@@ -103,9 +103,8 @@ async def _server_state(session, server) -> dict:
 
 async def _wait_for_queue(session, server, depth: int) -> None:
     """Wait (deadline) until `depth` requests are queued on the paused server."""
-    async with asyncio.timeout(DEADLINE_S):
-        while (await _server_state(session, server))["queue_depth"] < depth:
-            await asyncio.sleep(0.02)
+    await until(lambda: _server_state(session, server), DEADLINE_S, f"{depth} requests queued",
+                ok=lambda state: state["queue_depth"] >= depth, every_s=0.02)
 
 
 async def test_generate_shape_and_logprobs_match_trainer(server, model_dir, prompt):
@@ -298,9 +297,8 @@ async def test_flush_cache_is_refused_while_requests_run_and_allowed_when_paused
             "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
     async with aiohttp.ClientSession() as s:
         long = asyncio.create_task(_post(s, f"{server}/generate", body))
-        async with asyncio.timeout(DEADLINE_S):
-            while (await _server_state(s, server))["running_requests"] < 1:
-                await asyncio.sleep(0.02)
+        await until(lambda: _server_state(s, server), DEADLINE_S, "the long request to run",
+                    ok=lambda state: state["running_requests"] >= 1, every_s=0.02)
         async with s.post(f"{server}/flush_cache") as resp:
             assert resp.status == 400
         queued = asyncio.create_task(_post(s, f"{server}/generate", {**body, "sampling_params": {"max_new_tokens": 2}}))

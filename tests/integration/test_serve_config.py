@@ -32,30 +32,30 @@ def run_file(tmp_path, tiny_model) -> tuple[Path, int]:
     return path, port
 
 
-def test_serve_takes_model_port_and_key_from_the_run_file(run_file, tiny_model, tmp_path, monkeypatch):
+async def test_serve_takes_model_port_and_key_from_the_run_file(run_file, tiny_model, tmp_path, monkeypatch):
     monkeypatch.delenv("ARPO_API_KEY", raising=False)
     path, port = run_file
     log = tmp_path / "serve.log"
-    proc = spawn([sys.executable, "-m", "arpo_serve.main", "--config", str(path), "--weight-version", "7"], log)
+    proc = await spawn([sys.executable, "-m", "arpo_serve.main", "--config", str(path), "--weight-version", "7"], log)
     try:
-        wait_healthy(f"http://127.0.0.1:{port}", proc, log, timeout_s=120)
+        await wait_healthy(f"http://127.0.0.1:{port}", proc, log, timeout_s=120)
         assert get(f"http://127.0.0.1:{port}/get_model_info")[0] == 401  # serve.api_key from the file
         status, info = get(f"http://127.0.0.1:{port}/get_model_info", "file-key")
         assert status == 200 and info["weight_version"] == "7" and Path(info["model_path"]) == Path(tiny_model)
     finally:
-        stop(proc, grace_s=10)
+        await stop(proc, grace_s=10)
 
 
-def test_a_flag_wins_over_the_run_file(run_file, tmp_path, monkeypatch):
+async def test_a_flag_wins_over_the_run_file(run_file, tmp_path, monkeypatch):
     monkeypatch.delenv("ARPO_API_KEY", raising=False)
     path, _ = run_file
     port = free_port()
     log = tmp_path / "serve.log"
-    proc = spawn([sys.executable, "-m", "arpo_serve.main", "--config", str(path), "--port", str(port),
-                  "--api-key", "flag-key"], log)
+    proc = await spawn([sys.executable, "-m", "arpo_serve.main", "--config", str(path), "--port", str(port),
+                        "--api-key", "flag-key"], log)
     try:
-        wait_healthy(f"http://127.0.0.1:{port}", proc, log, timeout_s=120)
+        await wait_healthy(f"http://127.0.0.1:{port}", proc, log, timeout_s=120)
         assert get(f"http://127.0.0.1:{port}/get_model_info", "file-key")[0] == 401
         assert get(f"http://127.0.0.1:{port}/get_model_info", "flag-key")[0] == 200
     finally:
-        stop(proc, grace_s=10)
+        await stop(proc, grace_s=10)

@@ -9,7 +9,6 @@ task's evaluator.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from arpo_async.config import load_config
 from arpo_async.tasks import Task, load_tasks
 from bench.probe_learning import expected_label
 from learner.main import select_tasks
+from tests.support import until
 
 SHAPES_DIR = Path(__file__).resolve().parent.parent / "data" / "tasks" / "shapes"
 LABELS = ["Circle", "Square", "Star", "Arrow"]
@@ -75,14 +75,11 @@ def test_expected_label_is_the_string_a_single_metric_expects_by_rule():
 
 async def read_layout(c: ControllerClient, timeout: float = 10.0) -> dict:
     """The app's layout file (as bench/probe_learning.py reads it) once it holds every button."""
-    async with asyncio.timeout(timeout):
-        while True:
-            answer = await c.execute(["cat", LAYOUT])
-            if answer.get("returncode") == 0:
-                layout = json.loads(answer["output"])
-                if set(LABELS) <= set(layout):
-                    return layout
-            await asyncio.sleep(0.05)
+    async def layout() -> dict:
+        answer = await c.execute(["cat", LAYOUT])
+        return json.loads(answer["output"]) if answer.get("returncode") == 0 else {}
+
+    return await until(layout, timeout, "the app's layout of every button", ok=lambda found: set(LABELS) <= set(found))
 
 
 async def click_as_actor(c: ControllerClient, x: float, y: float) -> None:
@@ -94,9 +91,7 @@ async def click_as_actor(c: ControllerClient, x: float, y: float) -> None:
 
 async def wait_result(c: ControllerClient, label: str, timeout: float = 10.0) -> None:
     """Until the app has written ``label`` (its click handler runs on the Tk loop's own time)."""
-    async with asyncio.timeout(timeout):
-        while await c.get_file(RESULT) != label.encode():
-            await asyncio.sleep(0.05)
+    await until(lambda: c.get_file(RESULT), timeout, f"the app to write {label!r}", ok=lambda v: v == label.encode())
 
 
 @pytest.mark.docker

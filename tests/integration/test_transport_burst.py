@@ -11,7 +11,7 @@ from arpo_async import codec
 from arpo_async.config import TransportConfig
 from arpo_async.messages import Heartbeat, LearnerStatus
 from arpo_async.transport import INBOX_SIZE, OUTBOX_SIZE, Outbox, SocketPump, router_socket
-from tests.support import free_port
+from tests.support import free_port, until
 
 
 
@@ -34,9 +34,8 @@ async def test_replies_to_a_burst_larger_than_the_outbox_all_go_out_in_order():
     try:
         for i in range(burst):  # all queued at the ROUTER before the pump starts: one burst
             await actor.send_multipart(codec.encode(Heartbeat(f"a{i}", 0, 0, 0)))
-        async with asyncio.timeout(60):
-            while pump._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN == 0:
-                await asyncio.sleep(0.01)
+        await until(lambda: pump._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN, 60, "the burst queued at the ROUTER",
+                    every_s=0.01)
         tasks = [asyncio.create_task(pump.run()), asyncio.create_task(reply())]
         try:
             async with asyncio.timeout(60):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import time
 from pathlib import Path
 
 import aiohttp
@@ -23,7 +22,7 @@ from learner.publisher import DistributedPublisher, WeightPublisher, WeightsMism
 from learner.trainer import Trainer
 from learner.weight_check import served_checksums
 from tests.rank_driver import batch, screenshot
-from tests.support import ServeProcess, free_port
+from tests.support import ServeProcess, free_port, until
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +42,6 @@ async def scored(url: str, model_dir: Path) -> tuple[list[float], str]:
             assert resp.status == 200
             out = await resp.json()
     return [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]], out["meta_info"]["weight_version"]
-
-
-def wait_for_line(path: Path, text: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while text not in path.read_text(errors="replace"):
-        assert time.monotonic() < deadline, f"{text!r} never appeared in {path}"
-        time.sleep(0.01)
 
 
 async def test_distributed_sync_matches_disk_and_survives_a_server_killed_mid_sync(model_dir, tmp_path):
@@ -80,7 +72,8 @@ async def test_distributed_sync_matches_disk_and_survives_a_server_killed_mid_sy
             slow = DistributedPublisher(client, [net_server.url], bucket_mb=0.001, timeout_s=20.0)
             slow._groups = net._groups  # the same learner: its group to this server exists already
             syncing = asyncio.create_task(slow.publish_from(trainer, 2))
-            await asyncio.to_thread(wait_for_line, log, "weight bucket of")
+            await until(lambda: "weight bucket of" in log.read_text(errors="replace"), 60,
+                        f"'weight bucket of' in {log}", every_s=0.01)
             net_server.proc.kill()
             async with asyncio.timeout(60):
                 await syncing  # returns: a dead server never stops the learner

@@ -1,28 +1,49 @@
-"""arpo run's watch over its children (arpo_cli.launcher.check_children), with real child processes, and its
-progress line (from a real metrics.jsonl)."""
+"""arpo run's watch over its children (arpo_cli.launcher: supervise, Children, wait_healthy), with real child
+processes, and its progress line (from a real metrics.jsonl)."""
 
 from __future__ import annotations
 
-import subprocess
+import asyncio
+import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from arpo_cli import launcher
 from arpo_async.config import load_config
-from arpo_cli.launcher import RunError, check_children, progress_line
+from arpo_cli.launcher import Children, RunError, progress_line, supervise, wait_healthy
 from arpo_async.metrics import MetricsWriter
+from tests.support import free_port, local_http_server, until
+
+DEADLINE_S = 30.0  # generous: python start-ups on 2 busy cores
 
 
-def child(code: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code])
+@pytest.fixture
+async def child():
+    """``child(code)`` starts ``python -c code`` with a stdin pipe; ``exit_on_eof(status)`` is code that exits
+    with ``status`` once the test closes that pipe. Every child is killed at the end."""
+    procs: list[asyncio.subprocess.Process] = []
+
+    async def start(code: str) -> asyncio.subprocess.Process:
+        procs.append(await asyncio.create_subprocess_exec(sys.executable, "-c", code, stdin=asyncio.subprocess.PIPE))
+        return procs[-1]
+
+    yield start
+    for proc in procs:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
 
 
-def exited(status: int) -> subprocess.Popen:
-    proc = child(f"raise SystemExit({status})")
-    proc.wait(30)
-    return proc
+def exit_on_eof(status: int = 0) -> str:
+    return f"import sys; sys.stdin.read(); sys.exit({status})"
+
+
+def release(proc: asyncio.subprocess.Process) -> None:
+    proc.stdin.close()
 
 
 @pytest.fixture
@@ -32,46 +53,165 @@ def logs(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.fixture
-def running():
-    procs: list[subprocess.Popen] = []
+class Progress:
+    """A progress coroutine that records its start and its cancellation."""
 
-    def start() -> subprocess.Popen:
-        procs.append(child("import time; time.sleep(60)"))
-        return procs[-1]
+    def __init__(self) -> None:
+        self.started, self.cancelled = asyncio.Event(), False
 
-    yield start
-    for proc in procs:
-        proc.kill()
-        proc.wait()
-
-
-def test_all_running_is_fine(logs, running):
-    children = [running(), running(), running()]
-    assert check_children(*children, logs) is None  # no RunError
-    assert all(child.poll() is None for child in children)  # and nobody was waited for or stopped
+    async def __call__(self) -> None:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
 
 
-def test_dead_server_is_an_error_naming_its_log(logs, running):
+async def test_the_learner_exiting_ends_the_run_with_its_code_and_stops_the_watchers(logs, child):
+    learner, actors, serve = [await child(exit_on_eof(3)) for _ in range(3)]
+    progress = Progress()
+    run = asyncio.create_task(supervise(learner, actors, serve, logs, progress))
+    async with asyncio.timeout(DEADLINE_S):
+        await progress.started.wait()
+        release(learner)
+        assert await run == 3
+    assert progress.cancelled
+    assert actors.returncode is None and serve.returncode is None  # watched, never waited for or stopped
+
+
+async def test_a_dead_server_ends_the_run_at_once_naming_its_log(logs, child):
+    learner, actors, serve = [await child(exit_on_eof(1)) for _ in range(3)]
+    release(serve)
     with pytest.raises(RunError, match=r"arpo-serve exited with 1; see .*serve.log:\nlast line of serve"):
-        check_children(running(), running(), exited(1), logs)
+        async with asyncio.timeout(DEADLINE_S):  # the learner would run forever: the error alone ends the wait
+            await supervise(learner, actors, serve, logs, Progress())
+    assert learner.returncode is None
 
 
-def test_failed_actors_are_an_error_naming_their_log(logs, running):
+async def test_failed_actors_are_an_error_naming_their_log(logs, child):
+    learner, actors, serve = await child(exit_on_eof()), await child(exit_on_eof(3)), await child(exit_on_eof())
+    release(actors)
     with pytest.raises(RunError, match=r"arpo-actors exited with 3; see .*actors.log:\nlast line of actors"):
-        check_children(running(), exited(3), running(), logs)
+        async with asyncio.timeout(DEADLINE_S):
+            await supervise(learner, actors, serve, logs, Progress())
 
 
-def test_actors_done_waits_for_the_learner_to_finish(logs, running):
-    learner = child("import time; time.sleep(0.5)")  # still finishing after it said shutdown
-    check_children(learner, exited(0), running(), logs)
-    assert learner.returncode == 0
+async def test_actors_done_waits_for_the_learner_to_finish(logs, child):
+    learner, actors, serve = [await child(exit_on_eof(0)) for _ in range(3)]
+    run = asyncio.create_task(supervise(learner, actors, serve, logs, Progress()))
+    release(actors)  # they exit 0 once the learner said shutdown; the learner is still finishing
+    async with asyncio.timeout(DEADLINE_S):
+        await actors.wait()
+        release(learner)
+        assert await run == 0
 
 
-def test_actors_done_but_learner_never_finishes_is_an_error(logs, running, monkeypatch):
+async def test_actors_done_but_learner_never_finishes_is_an_error(logs, child, monkeypatch):
     monkeypatch.setattr(launcher, "LEARNER_EXIT_GRACE_S", 0.2)
+    learner, actors, serve = [await child(exit_on_eof(0)) for _ in range(3)]
+    release(actors)
     with pytest.raises(RunError, match=r"arpo-actors exited with 0 and arpo-learner did not finish within 0.2 s"):
-        check_children(running(), exited(0), running(), logs)
+        async with asyncio.timeout(DEADLINE_S):
+            await supervise(learner, actors, serve, logs, Progress())
+
+
+async def test_a_cancelled_run_cancels_its_tasks_and_reraises(logs, child):
+    learner, actors, serve = [await child(exit_on_eof()) for _ in range(3)]
+    progress = Progress()
+    run = asyncio.create_task(supervise(learner, actors, serve, logs, progress))
+    async with asyncio.timeout(DEADLINE_S):
+        await progress.started.wait()
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+    assert progress.cancelled
+
+
+async def test_the_first_signal_cancels_the_run_and_a_second_never_cuts_its_cleanup_short():
+    signals = launcher._Signals()
+    installed, cleaned_up = asyncio.Event(), asyncio.Event()
+
+    async def run() -> None:
+        signals.install()
+        installed.set()
+        try:
+            await asyncio.Event().wait()  # the run, until a signal cancels it
+        finally:
+            os.kill(os.getpid(), signal.SIGINT)  # an impatient second Ctrl-C while the cleanup runs
+            await until(lambda: len(signals.received) == 2, DEADLINE_S, "the second signal to arrive")
+            cleaned_up.set()
+
+    task = asyncio.create_task(run())
+    async with asyncio.timeout(DEADLINE_S):
+        await installed.wait()
+        os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert cleaned_up.is_set() and signals.received == [signal.SIGTERM, signal.SIGINT]
+
+
+STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+            "time.sleep(600)")
+"""A child that ignores SIGTERM (it says ``ready`` once it does)."""
+POLITE = "import time; print('ready', flush=True); time.sleep(600)"
+
+
+async def started(children: Children, code: str, log: Path, grace_s: float = 0.2) -> asyncio.subprocess.Process:
+    proc = await children.start([sys.executable, "-c", code], log, grace_s=grace_s)
+    await until(lambda: "ready" in log.read_text(), DEADLINE_S, f"{log.name} to say ready")
+    return proc
+
+
+async def test_children_are_all_stopped_whatever_ends_the_block(tmp_path):
+    with pytest.raises(RunError):
+        async with asyncio.timeout(DEADLINE_S), Children() as children:
+            polite = await started(children, POLITE, tmp_path / "polite.log", grace_s=DEADLINE_S)
+            stubborn = await started(children, STUBBORN, tmp_path / "stubborn.log")
+            raise RunError("a child died")
+    assert stubborn.returncode == -signal.SIGKILL  # ignored SIGTERM: killed after its grace
+    assert polite.returncode == -signal.SIGTERM
+
+
+async def test_a_cancelled_cleanup_still_kills_every_child(tmp_path):
+    cleanup_began = asyncio.Event()
+
+    async def run() -> None:
+        async with Children() as children:
+            procs.extend([await started(children, STUBBORN, tmp_path / f"{i}.log", grace_s=600) for i in range(2)])
+            cleanup_began.set()
+
+    procs: list[asyncio.subprocess.Process] = []
+    task = asyncio.create_task(run())
+    async with asyncio.timeout(DEADLINE_S):
+        await cleanup_began.wait()  # we run again once the task waits in its first stop (SIGTERM sent, 600 s grace)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert [p.returncode for p in procs] == [-signal.SIGKILL] * 2
+
+
+async def test_wait_healthy_returns_on_200_and_fails_when_the_server_dies(tmp_path, child):
+    log = tmp_path / "serve.log"
+    log.write_text("Traceback (most recent call last):\nOSError: address in use\n")
+    server = await child(exit_on_eof())
+
+    async def health(request):
+        return web.Response(text="ok")
+
+    async with asyncio.timeout(DEADLINE_S), local_http_server({"/health": health}) as port:
+        await wait_healthy(f"http://127.0.0.1:{port}", server, log)
+    release(server)
+    with pytest.raises(RunError, match=r"(?s)arpo-serve exited with 0; see .*serve.log:\n.*address in use"):
+        async with asyncio.timeout(DEADLINE_S):  # nothing listens on this port: only the exit can end the wait
+            await wait_healthy(f"http://127.0.0.1:{free_port()}", server, log)
+
+
+async def test_wait_healthy_gives_up_after_its_timeout(tmp_path, child):
+    server = await child(exit_on_eof())
+    with pytest.raises(RunError, match=r"did not answer http://127.0.0.1:\d+/health within 1 s; see .*serve.log"):
+        async with asyncio.timeout(DEADLINE_S):
+            await wait_healthy(f"http://127.0.0.1:{free_port()}", server, tmp_path / "serve.log", timeout_s=1)
 
 
 def write_steps(run: Path, success_rates: list[float]) -> None:

@@ -4,6 +4,7 @@ arpo_cli.launcher.crash_excerpt quotes."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import sys
@@ -76,13 +77,14 @@ def test_progress_line_counts_optimizer_steps_when_a_batch_takes_several(tmp_pat
     assert "step 4/8 version 2 |" in progress_line(config, started=0.0, now=1.0)
 
 
-def test_a_crashed_child_logs_its_traceback_at_error_and_the_excerpt_quotes_it(tmp_path):
+async def test_a_crashed_child_logs_its_traceback_at_error_and_the_excerpt_quotes_it(tmp_path):
     log = tmp_path / "learner.log"
     log.write_text("".join(f"earlier line {i}\n" for i in range(200)))
-    proc = spawn([sys.executable, "-m", "learner.main", "--set", f'run_dir="{tmp_path / "run"}"',
-                  "--set", 'learner.task_ids=["no-such-task"]', "--set", 'transport.endpoint="tcp://127.0.0.1:0"'],
-                 log)
-    assert proc.wait(timeout=300) == 1
+    proc = await spawn([sys.executable, "-m", "learner.main", "--set", f'run_dir="{tmp_path / "run"}"',
+                        "--set", 'learner.task_ids=["no-such-task"]',
+                        "--set", 'transport.endpoint="tcp://127.0.0.1:0"'], log)
+    async with asyncio.timeout(300):
+        assert await proc.wait() == 1
     text = log.read_text()
     assert "arpo-learner ERROR Traceback (most recent call last):" in text
     excerpt = crash_excerpt(log)
