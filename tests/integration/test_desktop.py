@@ -99,6 +99,23 @@ async def file_export(c: ControllerClient) -> None:
     await click_widget(c, "File/Export")
 
 
+SETTINGS_CLICKS = {  # the settings family: open a section, turn a switch on (then Apply): 2 and 3 actions
+    "settings-sound-mute": ["Sound", "Sound/Mute"],
+    "settings-display-dark-mode": ["Display", "Display/Dark mode"],
+    "settings-network-wifi": ["Network", "Network/Wi-Fi"],
+    "settings-network-bluetooth": ["Network", "Network/Bluetooth"],
+    "settings-apply-sound-beep": ["Sound", "Sound/Beep", "Apply"],
+    "settings-apply-display-large-text": ["Display", "Display/Large text", "Apply"],
+}
+
+
+def click_in_order(keys: list[str]) -> Callable[[ControllerClient], Awaitable[None]]:
+    async def solve(c: ControllerClient) -> None:
+        for key in keys:
+            await click_widget(c, key)
+    return solve
+
+
 SOLUTIONS: dict[str, Callable[[ControllerClient], Awaitable[None]]] = {
     "grid4-red": press_button("Red"),
     "grid4-green": press_button("Green"),
@@ -113,6 +130,7 @@ SOLUTIONS: dict[str, Callable[[ControllerClient], Awaitable[None]]] = {
     "terminal-mkdir": in_terminal("mkdir -p /root/projects/arpo"),
     "checklist-groceries": tick_milk_eggs,
     "menu-export": file_export,
+    **{task_id: click_in_order(keys) for task_id, keys in SETTINGS_CLICKS.items()},
 }
 
 
@@ -131,6 +149,24 @@ async def test_builtin_task_scores_zero_untouched_and_one_when_solved(fleet, tas
     assert await evaluate(c, task, last_action="DONE") == 1.0
     # OSWorld: giving up scores 0 even when the desktop state is right
     assert await evaluate(c, task, last_action="FAIL") == 0.0
+
+
+@pytest.mark.parametrize("task_id", sorted(SETTINGS_CLICKS))
+async def test_no_shorter_sequence_solves_a_settings_task(fleet, task_id):
+    """Every proper prefix of the solution, and the right switch of another section, scores 0: the task needs
+    its 2 (or 3) actions in order (issue 25 item 1)."""
+    task, keys = BUILTIN[task_id], SETTINGS_CLICKS[task_id]
+    desktop = await fleet.start()
+    c = desktop.controller
+    await run_setup(c, task.config)
+    for key in keys[:-1]:
+        await click_widget(c, key)
+        assert await evaluate(c, task, last_action="DONE") == 0.0, f"{task_id} solved after {key}"
+    other = next(s for s in ("Sound", "Display", "Network") if s != keys[0])
+    await click_widget(c, other)
+    first_switch = {"Sound": "Sound/Mute", "Display": "Display/Dark mode", "Network": "Network/Wi-Fi"}[other]
+    await click_widget(c, first_switch)
+    assert await evaluate(c, task, last_action="DONE") == 0.0  # a switch of another section is another setting
 
 
 async def _screen(c: ControllerClient) -> Image.Image:
