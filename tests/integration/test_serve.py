@@ -267,7 +267,7 @@ async def test_pause_abort_mode_ends_queued_requests(server, prompt):
     ("/generate", {"input_ids": [1, 2], "sampling_params": {"temperature": -1}}, None, "temperature"),
     ("/generate", {"input_ids": [1, 10**9]}, None, "input_ids"),
     ("/generate", {"input_ids": [1, 2], "image_data": ["%%%not-base64"]}, None, "image_data"),
-    ("/generate", {"input_ids": [1, 2], "image_data": [base64.b64encode(b"junk").decode()]}, None, "decode image"),
+    ("/generate", {"input_ids": [1, 2], "image_data": [base64.b64encode(b"junk").decode()]}, None, "image_pad"),
     ("/generate", {"input_ids": [1, 2], "sampling_params": {"regex": "(["}}, None, "regex"),
     ("/generate", {"input_ids": [1, 2], "stream": True}, None, "stream"),
     ("/update_weights_from_disk", {}, None, "model_path"),
@@ -313,3 +313,4 @@ async def test_flush_cache_is_refused_while_requests_run_and_allowed_when_paused
         for task in (long, queued):
             status, out = await task
             assert status == 200 and out["meta_info"]["finish_reason"]["type"] == "length"
+
