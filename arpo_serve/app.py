@@ -54,6 +54,7 @@ SCHEDULER_KEY = web.AppKey("scheduler", Scheduler)
 GROUPS_KEY = web.AppKey("weight_groups", dict)
 SESSION_KEY = web.AppKey("weight_session", dict)
 WEIGHTS_ROOT_KEY = web.AppKey("weights_root", object)
+IMAGE_ROOT_KEY = web.AppKey("image_root", object)
 
 
 def _error(message: str, status: int = 400) -> web.Response:
@@ -90,9 +91,9 @@ async def _json_body(request: web.Request, *, required: bool = True) -> dict:
     return body
 
 
-def _prepare(engine: Engine, inp: GenerateInput) -> PreparedRequest:
+def _prepare(engine: Engine, inp: GenerateInput, image_root: Path | None) -> PreparedRequest:
     """Blocking: tokenize text, decode images, compute pixels, compile the grammar."""
-    images = [decode_image_data(item) for item in inp.image_data]
+    images = [decode_image_data(item, image_root) for item in inp.image_data]
     ids = inp.input_ids if inp.input_ids is not None else engine.encoder.tokenize(inp.text or "")
     return engine.prepare(inp.rid, ids, images, inp.sampling_params, return_logprob=inp.return_logprob,
                           logprob_start_len=inp.logprob_start_len,
@@ -104,7 +105,8 @@ async def generate(request: web.Request) -> web.Response:
     engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
     inputs, is_batch = parse_generate(await _json_body(request))
     started = time.monotonic()
-    prepared = await asyncio.to_thread(lambda: [_prepare(engine, inp) for inp in inputs])
+    image_root = request.app[IMAGE_ROOT_KEY]
+    prepared = await asyncio.to_thread(lambda: [_prepare(engine, inp, image_root) for inp in inputs])
     try:
         async with asyncio.TaskGroup() as tg:
             tasks = [tg.create_task(scheduler.submit(p)) for p in prepared]
@@ -460,14 +462,16 @@ def _bearer(api_key: str):
 
 
 def build_app(engine: Engine, scheduler: Scheduler, *, api_key: str = "",
-              weights_root: Path | None = None) -> web.Application:
+              weights_root: Path | None = None, image_root: Path | None = None) -> web.Application:
     """The aiohttp application with every route; the caller runs ``scheduler.run()`` beside it.
 
     ``api_key``: require it as a bearer token on every route but GET /health. ``weights_root``: load weights from
-    disk only from folders under it (None: any folder this process can read)."""
+    disk only from folders under it (None: any folder this process can read). ``image_root``: read local image
+    files named in ``image_data`` only under it (None: none at all)."""
     middlewares = [_bearer(api_key), _errors] if api_key else [_errors]
     app = web.Application(middlewares=middlewares, client_max_size=256 * 1024 * 1024)
     app[WEIGHTS_ROOT_KEY] = weights_root
+    app[IMAGE_ROOT_KEY] = image_root
     app[ENGINE_KEY] = engine
     app[SCHEDULER_KEY] = scheduler
     app[GROUPS_KEY] = {}

@@ -36,8 +36,9 @@ async def serve(config: ServeConfig, engine: Engine) -> None:
     """Run the HTTP server and the scheduler until SIGINT/SIGTERM."""
     scheduler = Scheduler(engine, config.max_batch)
     weights_root = Path(config.weights_root).resolve() if config.weights_root else None
-    runner = web.AppRunner(build_app(engine, scheduler, api_key=config.api_key, weights_root=weights_root),
-                           access_log=None)
+    image_root = Path(config.image_root).resolve() if config.image_root else None
+    app = build_app(engine, scheduler, api_key=config.api_key, weights_root=weights_root, image_root=image_root)
+    runner = web.AppRunner(app, access_log=None)
     warning = exposure_warning(config.host, config.api_key)
     if warning:
         log.warning("%s", warning)
@@ -60,7 +61,8 @@ async def serve(config: ServeConfig, engine: Engine) -> None:
 
 FLAG_KEYS = {"model": "model", "host": "serve.host", "port": "serve.port", "max_batch": "serve.max_batch",
              "weight_version": "serve.weight_version", "seed": "serve.seed", "logprob_mode": "serve.logprob_mode",
-             "jump_forward": "serve.jump_forward", "api_key": "serve.api_key", "weights_root": "serve.weights_root"}
+             "jump_forward": "serve.jump_forward", "api_key": "serve.api_key", "weights_root": "serve.weights_root",
+             "image_root": "serve.image_root"}
 """arpo-serve's flags and the run-file key each one sets."""
 
 
@@ -97,6 +99,9 @@ def parse_args(argv: list[str] | None) -> RunConfig:
     p.add_argument("--weights-root", type=Path,
                    help="load weights (/update_weights_from_disk) only from folders under this one "
                         "(default: serve.weights_root)")
+    p.add_argument("--image-root", type=Path,
+                   help="read image_data naming a local file only under this folder (default: serve.image_root; "
+                        "unset: no local files)")
     a = p.parse_args(argv)
     if a.model is None and a.config is None and not a.overrides:
         p.error("--model or --config is required")

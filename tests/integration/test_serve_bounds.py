@@ -61,10 +61,17 @@ def pad(tiny_model) -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):
-    """arpo-serve on the tiny model (context 32768)."""
+def image_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("shots")
+    (root / "ok.png").write_bytes(_png())
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, image_root, tmp_path_factory):
+    """arpo-serve on the tiny model (context 32768) with --image-root."""
     proc = ServeProcess(tiny_model, free_port(), tmp_path_factory.mktemp("serve-logs"),
-                        args=("--max-batch", "4"))
+                        args=("--max-batch", "4", "--image-root", str(image_root)))
     proc.start()
     try:
         yield proc.url
@@ -173,3 +180,26 @@ async def test_more_images_than_pads_or_than_the_cap_are_refused_before_decoding
         status, out = await _generate(s, server, {"input_ids": [TOKEN, pad], "image_data": [junk]})
         assert status == 400 and "cannot read the image header" in out["error"]["message"], out
 
+
+# ------------------------------------------------------------ local image files
+
+
+async def test_a_local_image_is_read_only_under_the_image_root(server, image_root, pad, tmp_path):
+    outside = tmp_path / "secret.png"
+    outside.write_bytes(_png(color=(1, 2, 3)))
+    (image_root / "link.png").symlink_to(outside)
+    refused = {}
+    async with aiohttp.ClientSession() as s:
+        for item in (str(image_root / "ok.png"), f"file://{image_root / 'ok.png'}"):
+            status, out = await _generate(s, server, {"input_ids": [TOKEN, pad], "image_data": [item],
+                                                      "sampling_params": {"max_new_tokens": 2}})
+            assert status == 200, out
+        for item in (str(outside), "/etc/hostname", "/no/such/file.png", str(image_root / "link.png"),
+                     f"{image_root}/../{tmp_path.name}/secret.png", "file:///etc/hostname"):
+            status, out = await _generate(s, server, {"input_ids": [TOKEN, pad], "image_data": [item]})
+            assert status == 400, (item, out)
+            refused[item] = out["error"]["message"]
+    # one answer whatever the file: it does not tell whether the file exists, nor its size
+    assert len(set(refused.values())) == 1, refused
+    message = next(iter(refused.values()))
+    assert "outside serve.image_root" in message and "bytes" not in message
