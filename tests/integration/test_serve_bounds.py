@@ -6,6 +6,7 @@ refused elsewhere without saying whether it exists."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -20,7 +21,7 @@ import pytest
 from PIL import Image
 
 from arpo_async.model.inputs import PromptEncoder
-from tests.support import ServeProcess, free_port
+from tests.support import ServeProcess, free_port, until
 
 CONTEXT = 32768
 """max_position_embeddings of the tiny model (create_tiny_model)."""
@@ -144,6 +145,27 @@ async def test_max_new_tokens_is_capped_to_the_context(short_model, tmp_path):
             assert status == 400 and f"maximum allowed length ({SHORT_CONTEXT - 6} tokens)" in out["error"]["message"]
     finally:
         proc.stop()
+
+
+# ------------------------------------------------------------ a client that leaves, a signal
+
+
+async def test_a_client_that_disconnects_aborts_its_request(server):
+    async with aiohttp.ClientSession() as watcher:
+        aborted_before = (await _state(watcher, server))["requests_aborted"]
+        async with aiohttp.ClientSession() as leaver:
+            hog = asyncio.create_task(_generate(leaver, server, {"input_ids": [TOKEN] * 10,
+                                                                 "sampling_params": LONG_RUN}))
+            await until(lambda: _running(server), timeout=30, what="the long request to run")
+            hog.cancel()  # closes its connection
+            with pytest.raises(asyncio.CancelledError):
+                await hog
+        started = time.monotonic()
+        status, out = await _generate(watcher, server, {"input_ids": [TOKEN] * 10,
+                                                        "sampling_params": {"max_new_tokens": 4}})
+        assert status == 200 and out["meta_info"]["completion_tokens"] == 4, out
+        assert time.monotonic() - started < 15, "the honest request waited for the abandoned one"
+        assert (await _state(watcher, server))["requests_aborted"] == aborted_before + 1
 
 
 # ------------------------------------------------------------ images: count and size before decoding
