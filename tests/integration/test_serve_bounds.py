@@ -168,6 +168,26 @@ async def test_a_client_that_disconnects_aborts_its_request(server):
         assert (await _state(watcher, server))["requests_aborted"] == aborted_before + 1
 
 
+async def test_sigterm_stops_the_server_mid_request_within_seconds(tiny_model, tmp_path):
+    proc = ServeProcess(tiny_model, free_port(), tmp_path)
+    proc.start()
+    try:
+        async with aiohttp.ClientSession() as s:
+            reply = asyncio.create_task(_generate(s, proc.url, {"input_ids": [TOKEN] * 10,
+                                                                "sampling_params": LONG_RUN}))
+            await until(lambda: _running(proc.url), timeout=30, what="the long request to run")
+            proc.proc.terminate()
+            started = time.monotonic()
+            await until(lambda: proc.proc.poll() is not None, timeout=15, what="arpo-serve to exit after SIGTERM")
+            assert time.monotonic() - started < 10
+            status, out = await reply
+        assert status == 200 and out["meta_info"]["finish_reason"]["type"] == "abort", out
+        assert proc.proc.returncode == 0
+        assert "stopped by signal; cleaned up" in proc.log_path.read_text()
+    finally:
+        proc.stop()
+
+
 # ------------------------------------------------------------ images: count and size before decoding
 
 
