@@ -412,6 +412,9 @@ class ServeConfig:
     weights_root: str = ""
     """When set, /update_weights_from_disk loads only folders under it (`arpo run` passes <run>/weights); empty =
     any folder arpo-serve can read."""
+    image_root: str = ""
+    """When set, /generate reads an image_data entry that names a local file (absolute path or file:// URI) only
+    under this folder; empty = no local files at all (actors send base64 data URIs)."""
 
 
 @_config("")

@@ -27,7 +27,7 @@ from aiohttp import web
 
 import arpo_async
 from arpo_async.model.inputs import ModelInputError
-from arpo_serve.engine import Engine, PreparedRequest, RequestError, SamplingParams
+from arpo_serve.engine import Engine, GenerationResult, PreparedRequest, RequestError, SamplingParams
 from arpo_async.grammar import GrammarError
 from arpo_serve.protocol import (
     GenerateInput,
@@ -54,6 +54,14 @@ SCHEDULER_KEY = web.AppKey("scheduler", Scheduler)
 GROUPS_KEY = web.AppKey("weight_groups", dict)
 SESSION_KEY = web.AppKey("weight_session", dict)
 WEIGHTS_ROOT_KEY = web.AppKey("weights_root", object)
+IMAGE_ROOT_KEY = web.AppKey("image_root", object)
+DISCONNECT_POLL_S = 0.5
+"""How often /generate checks whether its client is still connected (SGLang checks ``is_disconnected`` every 4 s
+while a request runs)."""
+
+
+class ClientGone(Exception):
+    """The client of a /generate request disconnected before its answer; its requests were aborted."""
 
 
 def _error(message: str, status: int = 400) -> web.Response:
@@ -90,30 +98,56 @@ async def _json_body(request: web.Request, *, required: bool = True) -> dict:
     return body
 
 
-def _prepare(engine: Engine, inp: GenerateInput) -> PreparedRequest:
+def _prepare(engine: Engine, inp: GenerateInput, image_root: Path | None) -> PreparedRequest:
     """Blocking: tokenize text, decode images, compute pixels, compile the grammar."""
-    images = [decode_image_data(item) for item in inp.image_data]
+    images = [decode_image_data(item, image_root) for item in inp.image_data]
     ids = inp.input_ids if inp.input_ids is not None else engine.encoder.tokenize(inp.text or "")
     return engine.prepare(inp.rid, ids, images, inp.sampling_params, return_logprob=inp.return_logprob,
                           logprob_start_len=inp.logprob_start_len,
                           return_text_in_logprobs=inp.return_text_in_logprobs)
 
 
-async def generate(request: web.Request) -> web.Response:
-    """POST /generate: SGLang's GenerateReqInput -> response map (or a list for a batch body)."""
-    engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
-    inputs, is_batch = parse_generate(await _json_body(request))
-    started = time.monotonic()
-    prepared = await asyncio.to_thread(lambda: [_prepare(engine, inp) for inp in inputs])
+def _connected(request: web.Request) -> bool:
+    transport = request.transport  # aiohttp sets it to None when the connection is lost
+    return transport is not None and not transport.is_closing()
+
+
+async def _run_while_connected(request: web.Request, scheduler: Scheduler,
+                               prepared: list[PreparedRequest]) -> list[GenerationResult]:
+    """Submit ``prepared`` and wait for the results; when the client disconnects first, abort them (cancelling
+    ``Scheduler.submit`` aborts its request, queued or running) and raise ClientGone, as SGLang aborts the request
+    of a client that left. Raises EngineFailure when the engine failed on a batch."""
     try:
         async with asyncio.TaskGroup() as tg:
             tasks = [tg.create_task(scheduler.submit(p)) for p in prepared]
+            while not all(task.done() for task in tasks):
+                if not _connected(request):
+                    raise ClientGone(f"client left; aborted {[p.rid for p in prepared]}")
+                await asyncio.wait(tasks, timeout=DISCONNECT_POLL_S)
     except* EngineFailure as group:
         raise group.exceptions[0] from None
+    except* ClientGone as group:
+        raise group.exceptions[0] from None
+    return [task.result() for task in tasks]
+
+
+async def generate(request: web.Request) -> web.Response:
+    """POST /generate: SGLang's GenerateReqInput -> response map (or a list for a batch body). A client that
+    disconnects aborts its requests (their batch goes on without them)."""
+    engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
+    inputs, is_batch = parse_generate(await _json_body(request))
+    started = time.monotonic()
+    image_root = request.app[IMAGE_ROOT_KEY]
+    prepared = await asyncio.to_thread(lambda: [_prepare(engine, inp, image_root) for inp in inputs])
+    try:
+        results = await _run_while_connected(request, scheduler, prepared)
+    except ClientGone as e:
+        log.info("%s", e)
+        return web.Response(status=499)  # nobody reads it
     latency = time.monotonic() - started
     decode_token = lambda t: engine.encoder.decode([t], skip_special_tokens=False)  # noqa: E731
-    out = [generate_response(inp, task.result(), p.input_ids, latency, decode_token)
-           for inp, p, task in zip(inputs, prepared, tasks)]
+    out = [generate_response(inp, result, p.input_ids, latency, decode_token)
+           for inp, p, result in zip(inputs, prepared, results)]
     return web.json_response(out if is_batch else out[0])
 
 
@@ -460,14 +494,16 @@ def _bearer(api_key: str):
 
 
 def build_app(engine: Engine, scheduler: Scheduler, *, api_key: str = "",
-              weights_root: Path | None = None) -> web.Application:
+              weights_root: Path | None = None, image_root: Path | None = None) -> web.Application:
     """The aiohttp application with every route; the caller runs ``scheduler.run()`` beside it.
 
     ``api_key``: require it as a bearer token on every route but GET /health. ``weights_root``: load weights from
-    disk only from folders under it (None: any folder this process can read)."""
+    disk only from folders under it (None: any folder this process can read). ``image_root``: read local image
+    files named in ``image_data`` only under it (None: none at all)."""
     middlewares = [_bearer(api_key), _errors] if api_key else [_errors]
     app = web.Application(middlewares=middlewares, client_max_size=256 * 1024 * 1024)
     app[WEIGHTS_ROOT_KEY] = weights_root
+    app[IMAGE_ROOT_KEY] = image_root
     app[ENGINE_KEY] = engine
     app[SCHEDULER_KEY] = scheduler
     app[GROUPS_KEY] = {}

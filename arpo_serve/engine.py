@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -41,6 +41,7 @@ from arpo_async.model.inputs import (
     ModelInputError,
     PromptEncoder,
     forward_kwargs,
+    image_size,
     load_policy,
     pixel_inputs,
 )
@@ -52,6 +53,15 @@ log = logging.getLogger(__name__)
 LOGPROB_MODES = ("model", "sglang")
 PIXEL_CACHE_SIZE = 512
 """Screenshots whose pixel inputs are kept (about 0.2 MB each for the tiny model, 12 MB for 1932x1092)."""
+DEFAULT_MAX_NEW_TOKENS = 128
+"""max_new_tokens of a request that sends none (SGLang's default)."""
+MAX_IMAGE_PIXELS = 7680 * 4320
+"""Largest image decoded, in pixels (an 8K screen, about 100 MB as RGB; Qwen2.5-VL's processor shrinks anything above
+its max_pixels, 12.8 M, anyway). Checked from the image header before any pixel is decoded."""
+MAX_REQUEST_PIXELS = 4 * MAX_IMAGE_PIXELS
+"""Most pixels over all images of one request (15 history screenshots of 1920x1080 are 31 M)."""
+MAX_IMAGES_PER_REQUEST = 64
+"""Most images in one request (SGLang's ``limit_mm_data_per_request``, which it leaves unset)."""
 
 
 class RequestError(ValueError):
@@ -62,8 +72,9 @@ class RequestError(ValueError):
 class SamplingParams:
     """SGLang's ``sampling_params`` (python/sglang/srt/sampling/sampling_params.py), the part we honour."""
 
-    max_new_tokens: int = 128
-    """Most tokens to generate (SGLang's default 128)."""
+    max_new_tokens: int | None = None
+    """Most tokens to generate; None (not sent) = SGLang's default 128. `Engine.prepare` caps it to what fits in
+    the context and refuses a sent value that does not fit, as SGLang does."""
     temperature: float = 1.0
     """Softmax temperature; < 1e-6 means greedy."""
     top_p: float = 1.0
@@ -126,7 +137,7 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raises RequestError on out-of-range values."""
-        if self.max_new_tokens < 0:
+        if self.max_new_tokens is not None and self.max_new_tokens < 0:
             raise RequestError("max_new_tokens must be >= 0")
         if self.temperature < 0:
             raise RequestError("temperature must be >= 0")
@@ -229,12 +240,21 @@ class Engine:
         """Validate one request and compute its pixel inputs (blocking: image decoding and resizing).
 
         ``input_ids`` may carry one ``<|image_pad|>`` per image (expanded here) or the already expanded pads.
-        Raises RequestError on out-of-vocabulary ids, image/pad mismatch, undecodable images or a bad grammar.
+        Everything that bounds the work is checked before any pixel is decoded: the prompt length against the
+        context (also from the image headers, the prompt as it will run), the image count and each image's size
+        (`MAX_IMAGES_PER_REQUEST`, `MAX_IMAGE_PIXELS`, `MAX_REQUEST_PIXELS`). The returned request's
+        ``max_new_tokens`` is capped to the context (`fit_context`).
+        Raises RequestError on out-of-vocabulary ids, a prompt or images over those bounds, image/pad mismatch,
+        undecodable images or a bad grammar.
         """
         if not input_ids:
             raise RequestError("the prompt is empty")
         if any((not isinstance(t, int)) or t < 0 or t >= self.vocab_size for t in input_ids):
             raise RequestError(f"input_ids must be integers in [0, {self.vocab_size})")
+        self.fit_context(params, len(input_ids))  # the prompt as sent; expansion only makes it longer
+        sizes = self._image_sizes(input_ids, images)
+        pad_counts = [self.encoder.image_token_count(w, h) for w, h in sizes]
+        params = self.fit_context(params, _expanded_length(input_ids, self.encoder.image_pad_id, pad_counts))
         pixels = self._pixels(images)
         input_ids = self._expand_pads(input_ids, pixels)
         matcher = None
@@ -245,6 +265,60 @@ class Engine:
                 raise RequestError(str(e)) from e
         return PreparedRequest(rid, input_ids, pixels, params, return_logprob, logprob_start_len,
                                return_text_in_logprobs, matcher)
+
+    def fit_context(self, params: SamplingParams, n_input: int) -> SamplingParams:
+        """``params`` with ``max_new_tokens`` capped so that ``n_input`` prompt tokens and the output fit in the
+        context; raises RequestError when they cannot.
+
+        As SGLang 0.5.23 with its defaults (context_len = the text config's ``max_position_embeddings``, C): its
+        tokenizer manager (``_validate_one_request``) refuses a prompt of >= C tokens, and a sent max_new_tokens
+        with prompt + max_new_tokens > C; its scheduler (``init_req_max_new_tokens``, ``validate_input_length``)
+        caps max_new_tokens to max_req_len - prompt - 1 (max_req_len = C - 1) and refuses a prompt of
+        >= max_req_len - 5 tokens. Error texts are SGLang's.
+        """
+        context = self.max_context_tokens
+        if n_input >= context:
+            raise RequestError(f"The input ({n_input} tokens) is longer than the model's context length "
+                               f"({context} tokens).")
+        sent = params.max_new_tokens
+        if sent is not None and sent + n_input > context:
+            raise RequestError(
+                f"Requested token count exceeds the model's maximum context length of {context} tokens. You "
+                f"requested a total of {sent + n_input} tokens: {n_input} tokens from the input messages and "
+                f"{sent} tokens for the completion. Please reduce the number of tokens in the input messages or "
+                "the completion to fit within the limit.")
+        max_req_len = context - 1
+        if n_input >= max_req_len - 5:
+            raise RequestError(f"Input length ({n_input} tokens) exceeds the maximum allowed length "
+                               f"({max_req_len - 5} tokens). Use a shorter input.")
+        wanted = DEFAULT_MAX_NEW_TOKENS if sent is None else sent
+        return replace(params, max_new_tokens=max(0, min(wanted, max_req_len - n_input - 1)))
+
+    def _image_sizes(self, input_ids: list[int], images: list[bytes]) -> list[tuple[int, int]]:
+        """(width, height) of each image from its header alone; raises RequestError, before any pixel is decoded,
+        for too many images (more than the prompt's pads, or `MAX_IMAGES_PER_REQUEST`), an unreadable header or
+        too many pixels (`MAX_IMAGE_PIXELS` per image, `MAX_REQUEST_PIXELS` in all)."""
+        if len(images) > MAX_IMAGES_PER_REQUEST:  # SGLang's _validate_mm_limits text
+            raise RequestError(f"Image count {len(images)} exceeds limit {MAX_IMAGES_PER_REQUEST} per request.")
+        n_pads = input_ids.count(self.encoder.image_pad_id)
+        if len(images) > n_pads:
+            raise RequestError(f"{len(images)} images were sent but the prompt has {n_pads} <|image_pad|> tokens: "
+                               "at most one image per pad")
+        sizes = []
+        for i, data in enumerate(images):
+            try:
+                width, height = image_size(data)
+            except ModelInputError as e:
+                raise RequestError(f"image {i}: {e}") from e
+            if width * height > MAX_IMAGE_PIXELS:
+                raise RequestError(f"image {i} is {width}x{height} = {width * height:,} pixels; arpo-serve takes "
+                                   f"images of at most {MAX_IMAGE_PIXELS:,} pixels (7680x4320)")
+            sizes.append((width, height))
+        total = sum(w * h for w, h in sizes)
+        if total > MAX_REQUEST_PIXELS:
+            raise RequestError(f"the images hold {total:,} pixels in all; arpo-serve takes at most "
+                               f"{MAX_REQUEST_PIXELS:,} pixels per request")
+        return sizes
 
     def _pixels(self, images: list[bytes]) -> dict:
         """Pixel inputs of ``images``, each image processed once and cached by content hash (actors resend the
@@ -279,19 +353,13 @@ class Engine:
         grid = pixels.get("image_grid_thw")
         merge = self.encoder.merge_size
         counts = [] if grid is None else [int(t * h * w) // merge**2 for t, h, w in grid.tolist()]
-        n_pads = sum(1 for t in input_ids if t == pad)
-        if n_pads == sum(counts):
+        if _expanded_length(input_ids, pad, counts) == len(input_ids):
             return list(input_ids)
-        if n_pads == len(counts):
-            out: list[int] = []
-            it = iter(counts)
-            for t in input_ids:
-                out.extend([t] * next(it) if t == pad else [t])
-            return out
-        raise RequestError(
-            f"prompt has {n_pads} <|image_pad|> tokens but {len(counts)} images were sent: expected "
-            f"{len(counts)} (one per image) or {sum(counts)} (already expanded)"
-        )
+        out: list[int] = []
+        it = iter(counts)
+        for t in input_ids:
+            out.extend([t] * next(it) if t == pad else [t])
+        return out
 
     # ------------------------------------------------------------ batches (worker thread only)
 
@@ -367,6 +435,20 @@ class Engine:
         with self._thread_guard:
             own = self.model.state_dict()
             return {ck: tensor_checksum(own[name]) for ck, name in self.checkpoint_names.items()}
+
+
+def _expanded_length(input_ids: list[int], pad: int, counts: list[int]) -> int:
+    """Length of ``input_ids`` once its ``pad`` tokens stand for images of ``counts`` pads each: unchanged when the
+    pads are already expanded (sum(counts) of them), else one pad per image. Raises RequestError otherwise."""
+    n_pads = input_ids.count(pad)
+    if n_pads == sum(counts):
+        return len(input_ids)
+    if n_pads == len(counts):
+        return len(input_ids) - n_pads + sum(counts)
+    raise RequestError(
+        f"prompt has {n_pads} <|image_pad|> tokens but {len(counts)} images were sent: expected "
+        f"{len(counts)} (one per image) or {sum(counts)} (already expanded)"
+    )
 
 
 class _BatchRun:

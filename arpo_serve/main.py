@@ -1,7 +1,10 @@
 """`arpo-serve`: the embedded CPU inference server speaking SGLang's HTTP API.
 
 Wires the engine (model on the CPU), the batching scheduler and the aiohttp routes in one function (`serve`),
-runs until SIGINT/SIGTERM. Prints one line ``arpo-serve ready on http://HOST:PORT`` once it accepts requests.
+runs until SIGINT/SIGTERM. Prints one line ``arpo-serve ready on http://HOST:PORT`` once it accepts requests. On a
+signal it aborts every queued and running request (their clients get finish_reason abort), waits at most
+`STOP_GRACE_S` for the running batch to stop at its next decode step, closes the server and logs ``stopped by
+signal; cleaned up``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from arpo_serve.scheduler import Scheduler
 
 log = logging.getLogger("arpo_serve")
 
+STOP_GRACE_S = 5.0
+"""Seconds a signal waits for the running batch (aborted at once) to end, and then for handlers to answer."""
+
 
 def exposure_warning(host: str, api_key: str) -> str | None:
     """The warning to print when ``host`` listens beyond this machine and no API key guards the server."""
@@ -36,8 +42,9 @@ async def serve(config: ServeConfig, engine: Engine) -> None:
     """Run the HTTP server and the scheduler until SIGINT/SIGTERM."""
     scheduler = Scheduler(engine, config.max_batch)
     weights_root = Path(config.weights_root).resolve() if config.weights_root else None
-    runner = web.AppRunner(build_app(engine, scheduler, api_key=config.api_key, weights_root=weights_root),
-                           access_log=None)
+    image_root = Path(config.image_root).resolve() if config.image_root else None
+    app = build_app(engine, scheduler, api_key=config.api_key, weights_root=weights_root, image_root=image_root)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=STOP_GRACE_S)
     warning = exposure_warning(config.host, config.api_key)
     if warning:
         log.warning("%s", warning)
@@ -52,15 +59,27 @@ async def serve(config: ServeConfig, engine: Engine) -> None:
             scheduler_task = tg.create_task(scheduler.run(), name="scheduler")
             print(f"arpo-serve ready on http://{config.host}:{config.port}", flush=True)
             await stop.wait()
+            await _drain(scheduler)
             scheduler_task.cancel()
     finally:
         await runner.cleanup()
     log.info("stopped by signal; cleaned up")
 
 
+async def _drain(scheduler: Scheduler) -> None:
+    """Abort every request and wait (at most STOP_GRACE_S) until no batch runs, so no worker thread outlives the
+    loop: asyncio.run joins its worker threads, and a batch left running would keep the process alive."""
+    try:
+        async with asyncio.timeout(STOP_GRACE_S):
+            await scheduler.pause("abort")
+    except TimeoutError:
+        log.warning("the running batch did not stop within %.0f s of the signal", STOP_GRACE_S)
+
+
 FLAG_KEYS = {"model": "model", "host": "serve.host", "port": "serve.port", "max_batch": "serve.max_batch",
              "weight_version": "serve.weight_version", "seed": "serve.seed", "logprob_mode": "serve.logprob_mode",
-             "jump_forward": "serve.jump_forward", "api_key": "serve.api_key", "weights_root": "serve.weights_root"}
+             "jump_forward": "serve.jump_forward", "api_key": "serve.api_key", "weights_root": "serve.weights_root",
+             "image_root": "serve.image_root"}
 """arpo-serve's flags and the run-file key each one sets."""
 
 
@@ -97,6 +116,9 @@ def parse_args(argv: list[str] | None) -> RunConfig:
     p.add_argument("--weights-root", type=Path,
                    help="load weights (/update_weights_from_disk) only from folders under this one "
                         "(default: serve.weights_root)")
+    p.add_argument("--image-root", type=Path,
+                   help="read image_data naming a local file only under this folder (default: serve.image_root; "
+                        "unset: no local files)")
     a = p.parse_args(argv)
     if a.model is None and a.config is None and not a.overrides:
         p.error("--model or --config is required")

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from arpo_serve.engine import GenerationResult, RequestError, SamplingParams
 
@@ -110,19 +111,42 @@ def _image_list(value: Any) -> list[str]:
     raise RequestError("image_data must be a string or a list of strings (base64, data URI or file path)")
 
 
-def decode_image_data(item: str) -> bytes:
-    """An ``image_data`` entry -> image bytes: a data URI, plain base64, or a local file path (as SGLang's
-    ``load_image``; URLs are refused: arpo-serve fetches nothing). Raises RequestError."""
+def decode_image_data(item: str, image_root: Path | None = None) -> bytes:
+    """An ``image_data`` entry -> image bytes: a data URI, plain base64, or a local file named by an absolute path
+    or a ``file://`` URI (as SGLang's ``load_image``) that lies under ``image_root`` (symlinks resolved). URLs are
+    refused: arpo-serve fetches nothing. Raises RequestError.
+
+    Whether an entry is base64 is decided from the string alone, never by looking at the disk, and a file outside
+    ``image_root`` (or any file when it is None, the default) is refused with one message whether it exists or
+    not, so a refusal tells a client nothing about the host's files."""
     if item.startswith(("http://", "https://")):
         raise RequestError("image URLs are not supported by arpo-serve; send base64 data")
     if item.startswith("data:"):
         _, _, payload = item.partition(",")
-        item = payload
-    elif len(item) < 4096 and os.path.isfile(item):
-        with open(item, "rb") as f:
-            return f.read()
+        return _base64(payload)
+    if not item.startswith(("/", "file://")):
+        return _base64(item)
     try:
-        return base64.b64decode(item, validate=True)
+        return base64.b64decode(item, validate=True)  # plain base64 may start with "/" (JPEG: "/9j/")
+    except (binascii.Error, ValueError):
+        pass
+    path = unquote(urlparse(item).path) if item.startswith("file://") else item
+    if image_root is None:
+        raise RequestError("image_data names a local file, and arpo-serve reads no local files unless "
+                           "serve.image_root (--image-root) is set: send the image as base64 or a data URI")
+    resolved = Path(path).resolve()
+    if not resolved.is_relative_to(image_root):
+        raise RequestError(f"image_data names a file outside serve.image_root ({image_root}): arpo-serve reads "
+                           "local images only under it; send the image as base64 or a data URI")
+    try:
+        return resolved.read_bytes()
+    except OSError as e:  # under the allowed folder only: naming why is safe there
+        raise RequestError(f"cannot read image_data file {path}: {e.strerror}") from e
+
+
+def _base64(payload: str) -> bytes:
+    try:
+        return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as e:
         raise RequestError(f"image_data is neither base64 nor a file path: {e}") from e
 

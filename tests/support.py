@@ -40,11 +40,12 @@ class ServeProcess:
 
     ``start`` returns once it printed its ready line and raises RuntimeError (naming the log folder) when it exits
     or is not ready within ``start_timeout_s``; ``stop`` sends SIGTERM (SIGKILL after 30 s). ``starts`` counts
-    starts; each writes its stderr to ``<log_dir>/serve-<port>-<n>.log``.
+    starts; each writes its stderr to ``<log_dir>/serve-<port>-<n>.log`` (`log_path`). ``args``: more flags.
     """
 
-    def __init__(self, model: Path, port: int, log_dir: Path, *, start_timeout_s: float = 180.0) -> None:
-        self.model, self.port, self.log_dir = model, port, log_dir
+    def __init__(self, model: Path, port: int, log_dir: Path, *, start_timeout_s: float = 180.0,
+                 args: tuple[str, ...] = ()) -> None:
+        self.model, self.port, self.log_dir, self.args = model, port, log_dir, args
         self.start_timeout_s = start_timeout_s
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
@@ -52,14 +53,20 @@ class ServeProcess:
 
     def start(self) -> None:
         self.starts += 1
-        with open(self.log_dir / f"serve-{self.port}-{self.starts}.log", "wb") as log:
+        with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "arpo_serve.main", "--model", str(self.model), "--port", str(self.port)],
+                [sys.executable, "-m", "arpo_serve.main", "--model", str(self.model), "--port", str(self.port),
+                 *self.args],
                 stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         ready, seen = read_until(self.proc, b"arpo-serve ready", self.start_timeout_s)
         if not ready:
             self.stop()
             raise RuntimeError(f"arpo-serve did not become ready (logs in {self.log_dir}); stdout: {seen!r}")
+
+    @property
+    def log_path(self) -> Path:
+        """The stderr log of the latest start."""
+        return self.log_dir / f"serve-{self.port}-{self.starts}.log"
 
     def stop(self) -> None:
         if self.proc is None:

@@ -304,6 +304,23 @@ def decode_image(data: bytes):
     return image.convert("RGB")
 
 
+def image_size(data: bytes) -> tuple[int, int]:
+    """PNG/JPEG bytes -> ``(width, height)`` from the header alone: Pillow opens lazily and no pixel is decoded, so
+    this costs microseconds whatever the image's size. Raises ModelInputError on bytes Pillow cannot identify, or
+    an image over twice Pillow's ``MAX_IMAGE_PIXELS`` (its decompression-bomb error)."""
+    import warnings
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # callers apply their own cap
+            with Image.open(io.BytesIO(data)) as image:
+                return image.size
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as e:
+        raise ModelInputError(f"cannot read the image header ({len(data)} bytes): {e}") from e
+
+
 def pixel_inputs(image_processor, images: list) -> dict:
     """Images (PNG/JPEG bytes or PIL images) -> ``{"pixel_values", "image_grid_thw"}`` tensors.
 

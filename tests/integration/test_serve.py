@@ -266,7 +266,7 @@ async def test_pause_abort_mode_ends_queued_requests(server, prompt):
     ("/generate", {"input_ids": [1, 2], "sampling_params": {"temperature": -1}}, None, "temperature"),
     ("/generate", {"input_ids": [1, 10**9]}, None, "input_ids"),
     ("/generate", {"input_ids": [1, 2], "image_data": ["%%%not-base64"]}, None, "image_data"),
-    ("/generate", {"input_ids": [1, 2], "image_data": [base64.b64encode(b"junk").decode()]}, None, "decode image"),
+    ("/generate", {"input_ids": [1, 2], "image_data": [base64.b64encode(b"junk").decode()]}, None, "image_pad"),
     ("/generate", {"input_ids": [1, 2], "sampling_params": {"regex": "(["}}, None, "regex"),
     ("/generate", {"input_ids": [1, 2], "stream": True}, None, "stream"),
     ("/update_weights_from_disk", {}, None, "model_path"),
@@ -311,3 +311,17 @@ async def test_flush_cache_is_refused_while_requests_run_and_allowed_when_paused
         for task in (long, queued):
             status, out = await task
             assert status == 200 and out["meta_info"]["finish_reason"]["type"] == "length"
+
+
+async def test_image_files_are_refused_without_an_image_root(server, prompt, tmp_path):
+    # serve.image_root is unset by default: no image_data names a host file, whether it exists or not
+    shot = tmp_path / "shot.png"
+    shot.write_bytes(prompt["images"][0])
+    async with aiohttp.ClientSession() as s:
+        answers = []
+        for item in (str(shot), str(tmp_path / "missing.png")):
+            status, out = await _post(s, f"{server}/generate", {"input_ids": prompt["input_ids"],
+                                                                "image_data": [item, prompt["image_data"][1]]})
+            assert status == 400, out
+            answers.append(out["error"]["message"])
+    assert answers[0] == answers[1] and "serve.image_root" in answers[0]
