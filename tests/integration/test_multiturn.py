@@ -28,11 +28,12 @@ from learner.grpo import correction_weights
 from learner.policy_forward import CompletionLogprobs, PixelCache, check_pad_id, collate, image_pad_problem
 from learner.replay import make_replay, trajectory_version
 from learner.scheduler import Group
-from tests.support import ServeProcess, free_port
+from tests.support import ServeProcess, free_port, until
 
 pytestmark = pytest.mark.docker
 
 LAYOUT = "/tmp/arpo/layout.json"
+RESULT = "/tmp/arpo/form.txt"
 SCREEN = (1280, 720)
 IMG = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|><|im_end|>\n"
 GEN = "<|im_start|>assistant\n"
@@ -80,7 +81,9 @@ async def test_step_prompts_carry_the_window_of_screenshots_and_every_reply_as_t
             elif step == 2:
                 reply = "Thought: save it\nAction: click(start_box='({},{})')".format(
                     *await layout_centre(env, "Save"))
-            else:
+            else:  # Tk runs Save's command on its own time: the evaluator must not read the file before it
+                await until(lambda: env.controller.get_file(RESULT), 10, f"the form app to write {RESULT}",
+                            ok=lambda v: v is not None)
                 reply = "Thought: done\nAction: finished(content='saved')"
             output_ids = encoder.tokenize(reply) + [encoder.eos_token_ids[0]]
             expanded = encoder.expand_image_pads(input_ids, [SCREEN] * len(images))
@@ -93,7 +96,8 @@ async def test_step_prompts_carry_the_window_of_screenshots_and_every_reply_as_t
         runner = EpisodeRunner(encoder, policy, config)
         traj = await runner.run_task(await env.reset_desktop(), "form-name", desktop=env.desktop.name)
 
-    assert traj.outcome == Outcome.SUCCESS and traj.score == 1.0, (traj.outcome, traj.error)
+    assert traj.outcome == Outcome.SUCCESS and traj.score == 1.0, (traj.outcome, traj.error,
+                                                                   [s.action for s in traj.steps])
     assert len(traj.steps) == len(sent) == 4
     observed = [call["images"][-1] for call in sent]  # each step's own screenshot is the last image it was shown
     assert observed[0] != observed[2]  # "Alice" was typed in between: the window must move over real screens
