@@ -15,6 +15,7 @@ from arpo_async.messages import Outcome
 from arpo_cli.viewer import ViewerError, make_server, marks_svg, render_page, write_page
 from learner.trajectory_sample import TrajectorySampler
 from tests.support import parse_html
+from tests.unit.test_multiturn_replay import TASK as MULTI_STEP_TASK, three_step_success
 from tests.unit.test_trajectory_sample import TASK, trajectory
 
 
@@ -133,3 +134,22 @@ def test_arpo_view_serve_command(run_dir):
     bad = subprocess.run([sys.executable, "-m", "arpo_cli.cli", "view", str(run_dir / "absent")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "not a folder" in bad.stderr
+
+
+def test_every_step_of_a_multi_step_episode_shows_its_screenshot_thought_and_action(tmp_path):
+    traj = three_step_success()
+    sampler = TrajectorySampler(tmp_path / "trajectories", rate=1.0, disk_mb=10)
+    folder = asyncio.run(sampler.offer(traj, MULTI_STEP_TASK, step=3, version=5))
+    page = render_page(tmp_path)
+    figures = page.split('<figure class="step">')[1:]
+    assert len(figures) == len(traj.steps) == 3
+    for number, (figure, step) in enumerate(zip(figures, traj.steps), start=1):
+        found = parse_html(figure.split("</figure>")[0])
+        (src,) = found.images  # the screenshot the step acted on: the last of its prompt's window
+        assert (tmp_path / src).read_bytes() == traj.screenshots[step.image_indices[-1]], number
+        assert src.startswith(f"trajectories/{folder.name}/")
+        text = "".join(found.text)
+        thought = step.text.split("Thought: ")[1].split("\nAction:")[0]
+        assert f"step {number}" in text and f"Thought: {thought}" in text and f"Action: {step.action}" in text
+    assert [parse_html(f).images[0].rsplit("/", 1)[1] for f in figures] == ["shot-0.png", "shot-1.png", "shot-2.png"]
+    assert "v4-5" in figures[1] and "3 steps" in page  # step 2 was sampled across a weight publication
