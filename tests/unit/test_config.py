@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -164,3 +165,16 @@ def test_the_trainers_runtime_config_errors_are_config_errors():
     from learner.trainer_errors import TrainerConfigError
 
     assert issubclass(TrainerConfigError, ConfigError)
+
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_config_loads_and_names_built_in_tasks(path):
+    """configs/*.toml (the README's runs) load with every key valid, and their task_ids name built-in tasks."""
+    from arpo_async.tasks import load_tasks
+
+    config = load_config(path, [])
+    ids = {t.id for t in load_tasks()}
+    assert config.learner.task_ids and all(any(i == p or i.startswith(p) for i in ids) for p in config.learner.task_ids)
