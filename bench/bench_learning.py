@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from arpo_async.config import load_config  # noqa: E402
 from arpo_async.metrics import read_metrics  # noqa: E402
-from arpo_async.tasks import Task  # noqa: E402
+from arpo_async.tasks import Task, load_tasks  # noqa: E402
 from bench._arpo_run import ROOT, ensure_model, run_arpo  # noqa: E402
 from learner.main import select_tasks  # noqa: E402
 
@@ -69,17 +69,27 @@ task), the default lr (5e-4: on the grid4 family 1e-3 took twice the steps, 2e-3
 and 3e-3 not in 80; bench/README.md)."""
 
 
+MULTI_STEP = {"settings": 2, "settings-apply": 3}
+"""The built-in multi-step families -> the actions each of their tasks takes (episodes get that many steps)."""
+
+
 def task_selection(family: str) -> tuple[str, list[str]]:
     """What ``--family`` names -> (its name for run folders and plots, the `--set` overrides that pick its tasks).
 
     ``family``: an existing folder of task files (all its tasks, as ``learner.tasks``, made absolute; named after
-    the folder), else a family of the task suite such as ``grid4`` (every ``grid4-*`` task) or one task id such as
-    ``grid4-green`` (``learner.task_ids``, a prefix filter). Nothing is loaded here: see :func:`check_tasks`.
+    the folder); a multi-step family of :data:`MULTI_STEP` (its tasks by id, episodes of its number of actions,
+    the last 2 screenshots in the prompt: configs/multistep.toml); else a family of the task suite such as
+    ``grid4`` (every ``grid4-*`` task) or one task id such as ``grid4-green`` (``learner.task_ids``, a prefix
+    filter). Only a multi-step family loads the built-in suite (to find its tasks): see :func:`check_tasks`.
     """
     folder = Path(family)
     if folder.is_dir():
         folder = folder.resolve()
         return folder.name, [f"learner.tasks={json.dumps(str(folder))}"]
+    if family in MULTI_STEP:
+        ids = [t.id for t in load_tasks() if t.family == family]
+        return family, [f"learner.task_ids={json.dumps(ids)}", f"actors.max_steps={MULTI_STEP[family]}",
+                        "actors.history_images=2", f"learner.groups_per_step={len(ids)}"]
     prefix = family if "-" in family else f"{family}-"  # a family, or one task of it
     return family, [f"learner.task_ids=[{json.dumps(prefix)}]"]
 

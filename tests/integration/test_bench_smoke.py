@@ -78,3 +78,17 @@ def test_osworld_coverage_quick():
     figures = run_bench("osworld_coverage", "--quick", timeout=600)
     assert int(figures["tasks"]) >= 7 and figures["load"] == figures["tasks"]
     assert int(figures["evaluate"]) >= 1
+
+
+def test_bench_learning_poses_a_multi_step_family_with_its_number_of_actions():
+    """`bench/bench_learning.py --family settings` trains the 2-step family with 2-step episodes (and
+    settings-apply with 3), one group per task, as configs/multistep.toml does."""
+    from arpo_async.config import load_config
+    from bench.bench_learning import TASK_SETUP, check_tasks, task_selection
+
+    for family, actions in (("settings", 2), ("settings-apply", 3)):
+        name, selection = task_selection(family)
+        tasks = check_tasks(selection)
+        assert name == family and tasks and {t.family for t in tasks} == {family}
+        config = load_config(None, TASK_SETUP + selection)  # the family's overrides win over the one-click setup
+        assert config.actors.max_steps == actions and config.learner.groups_per_step == len(tasks)
