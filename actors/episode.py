@@ -130,7 +130,7 @@ class EpisodeRunner:
             async with asyncio.timeout(self.config.setup_timeout_s):
                 traj.score = float(await evaluate(controller, task, last_action, self.downloads))
             traj.timings["evaluate_s"] = time.perf_counter() - t0
-            traj.outcome = self._outcome(traj, last_action)
+            traj.outcome = episode_outcome(traj.score, traj.format_ok, last_action)
         except (DesktopError, TaskSetupError, EvaluationError, TimeoutError) as e:
             traj.outcome, traj.error = Outcome.ENV_ERROR, f"{type(e).__name__}: {e or 'deadline passed'}"
         except (PolicyUnavailable, PolicyRequestError, GenerationAborted) as e:
@@ -170,15 +170,6 @@ class EpisodeRunner:
         if sink is not None:
             await sink.submit(traj)
         return traj
-
-    def _outcome(self, traj: Trajectory, last_action: str | None) -> Outcome:
-        if traj.score >= SUCCESS_SCORE:
-            return Outcome.SUCCESS
-        if not traj.format_ok:
-            return Outcome.POLICY_ERROR
-        if last_action is None:
-            return Outcome.TRUNCATED
-        return Outcome.FAILURE
 
     async def _loop(self, controller: ControllerClient, task: Task, traj: Trajectory) -> str | None:
         """The step loop; returns the terminal action ("DONE" or "FAIL"), or None if the budget ran out."""
@@ -231,6 +222,18 @@ class EpisodeRunner:
             step.act_s = await perform(controller, parsed.actions, backend=cfg.action_backend,
                                        timeout_s=cfg.step_timeout_s)
         return None
+
+
+def episode_outcome(score: float, format_ok: bool, last_action: str | None) -> Outcome:
+    """The outcome of an evaluated episode (the module docstring's table): its evaluator ``score``, whether every
+    reply parsed, and how the step loop ended ("DONE", "FAIL", or None when the step budget ran out)."""
+    if score >= SUCCESS_SCORE:
+        return Outcome.SUCCESS
+    if not format_ok:
+        return Outcome.POLICY_ERROR
+    if last_action is None:
+        return Outcome.TRUNCATED
+    return Outcome.FAILURE
 
 
 async def perform(controller: ControllerClient, actions: Sequence[Action], *, backend: str = "xdotool",

@@ -1,4 +1,4 @@
-"""Learning probe: how many rollout batches the learner's recipe needs on a button-grid family (sample efficiency).
+"""Learning probe: how many rollout batches the learner's recipe needs on a task family (sample efficiency).
 
 bench_learning.py measures success against wall-clock time with the whole system (8 desktops, arpo-serve, the
 learner, all on the same 2 cores), so its figures mix two things: how fast the machine makes trajectories and
@@ -6,9 +6,12 @@ how much the recipe learns from each. This probe isolates the second. It runs, i
 arpo-serve `Engine` (grammar-constrained sampling with behaviour log-probs), the learner's real `Batcher`
 (replay injection, zero-variance filter, GRPO advantages) and its training step (learner.training_step: the
 samples, the optimizer steps per batch, the `Trainer`), for every arm of bench_learning.py. The desktop is
-consulted once per task instead of once per episode: a real desktop runs the task's setup, the probe keeps its
-screenshot and the button boxes the app reports (`/tmp/arpo/layout.json`), and a rollout succeeds when its click
-lands inside the target button's box (what the app's click handler and the task's evaluator would report).
+consulted once per task instead of once per episode: real desktops capture the task's click tree
+(bench/_click_tree.py: from the task's setup, every state ``actors.max_steps`` clicks on the app's widgets reach,
+each with its screenshot, the widget boxes the app reports in `/tmp/arpo/layout.json` and the task's evaluator
+score). An episode is played on that tree (:class:`EmulatedEpisode`): each step's prompt is built as the actors
+build it (earlier replies, the last ``history_images`` screenshots), a click moves to the state of the widget it
+lands in (none: the state stays), and the episode scores what the task's evaluator said of the state it ends in.
 Asynchrony is emulated by sampling with the weights of ``--lag`` optimizer steps earlier (AReaL's bounded
 staleness; arm c, lockstep, always samples with the current weights).
 
@@ -18,6 +21,8 @@ Usage:
   python bench/probe_learning.py --model runs/my-model         # another policy checkpoint
   python bench/probe_learning.py --family grid4-green --arms a  # one task alone (no instruction to read)
   python bench/probe_learning.py --family tests/data/tasks/shapes --arms a  # another 4-button family (a folder)
+  python bench/probe_learning.py --config configs/multistep.toml --arms a   # settings-sound-mute: 2 clicks in order
+  python bench/probe_learning.py --config configs/multistep.toml --family settings --set actors.max_steps=3
 
 Prints one line per step and arm, and as its last line key=value figures: per arm the rollout batches to the
 target success (trailing mean of 5 steps; ``inf`` if never), the final success (mean of the last 10 steps) and
@@ -32,12 +37,11 @@ import argparse
 import asyncio
 import collections
 import copy
-import json
 import math
 import random
 import secrets
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -45,16 +49,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from actors.desktop.build import build_image  # noqa: E402
 from actors.desktop.fleet import DesktopFleet  # noqa: E402
-from actors.episode import EpisodeRunner  # noqa: E402
-from actors.evaluation import run_setup  # noqa: E402
+from actors.episode import SUCCESS_SCORE, EpisodeRunner, add_screenshot, describe, episode_outcome  # noqa: E402
 from actors.uitars.actions import ActionParseError, parse_reply  # noqa: E402
 from actors.uitars.prompt import build_messages  # noqa: E402
-from arpo_async.config import RunConfig, load_config  # noqa: E402
+from arpo_async.config import ActorConfig, RunConfig, load_config  # noqa: E402
 from arpo_async.messages import Outcome, Step, Trajectory  # noqa: E402
 from arpo_async.model.inputs import PromptEncoder  # noqa: E402
 from arpo_async.tasks import Task  # noqa: E402
 from arpo_serve.engine import Engine, SamplingParams  # noqa: E402
 from bench._arpo_run import ROOT, ensure_model  # noqa: E402
+from bench._click_tree import CaptureError, Node, capture_trees  # noqa: E402
 from bench._common import fmt, result_line  # noqa: E402
 from bench.bench_learning import ARMS, TASK_SETUP, task_selection  # noqa: E402
 from learner.batcher import Batcher  # noqa: E402
@@ -64,82 +68,146 @@ from learner.scheduler import Group  # noqa: E402
 from learner.trainer import Trainer, TrainerInputError  # noqa: E402
 from learner.training_step import train_on_batch  # noqa: E402
 
-LAYOUT_FILE = "/tmp/arpo/layout.json"
+CAPTURE_DESKTOPS = 3
+"""Desktops that capture the click trees together (bench/_click_tree.py: each tree level's replays are shared out)."""
 
 
 @dataclass(frozen=True)
 class Scene:
-    """One task as the policy sees it at its first step: the screenshot after setup and the target's box."""
+    """One task as the policy meets it: its click tree (the states ``actors.max_steps`` clicks reach from its setup,
+    each with the task's evaluator score), captured once on a real desktop."""
 
     task: Task
-    screenshot: bytes
-    box: dict  # {"x", "y", "w", "h"} in screen pixels (the app's widget_box)
+    root: Node
 
-    def hit(self, x: float, y: float) -> bool:
-        b = self.box
-        return b["x"] <= x < b["x"] + b["w"] and b["y"] <= y < b["y"] + b["h"]
+    def score(self, node: Node) -> float:
+        """The task's evaluator score of an episode that ends in ``node`` (the step budget ran out)."""
+        return node.scores[self.task.id]
 
-
-def expected_label(task: Task) -> str | None:
-    """The string ``task``'s single-metric evaluator expects by rule (``expected.rules.expected``: the label a
-    button-grid task must click); None when the evaluator has no such rule (a list of metrics, a getter, ...)."""
-    expected = task.evaluator.get("expected")
-    rules = expected.get("rules") if isinstance(expected, dict) else None
-    value = rules.get("expected") if isinstance(rules, dict) else None
-    return value if isinstance(value, str) else None
+    def solutions(self, node: Node | None = None, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+        """The click paths (widget keys) from ``node`` (default the root) that end in a state scoring >= 0.5."""
+        node = node or self.root
+        found = [path] if self.score(node) >= SUCCESS_SCORE else []
+        for key, child in node.children.items():
+            found += self.solutions(child, (*path, key))
+        return found
 
 
-async def capture_scenes(config: RunConfig) -> list[Scene]:
-    """Run each task's setup on a fresh real desktop; keep its screenshot and the expected button's box.
+async def capture_scenes(config: RunConfig, desktops: int = CAPTURE_DESKTOPS) -> list[Scene]:
+    """Capture the click tree of each task (``actors.max_steps`` clicks deep) on ``desktops`` fresh real desktops.
 
     Raises:
-        SystemExit: a task is not a button-grid task (its evaluator names no expected label, or the app's
-            layout has no button of that label).
+        SystemExit: a task's app reports no widget (no ``/tmp/arpo/layout.json``), or a task is infeasible.
     """
     ac = config.actors
+    tasks = select_tasks(config.learner)
     image = ac.image or build_image(log=lambda line: print(f"[build] {line}", flush=True))
     fleet = DesktopFleet(image, f"probe-learning-{secrets.token_hex(3)}", screen=ac.screen_size)
-    scenes = []
     try:
-        for task in select_tasks(config.learner):
-            desktop = await fleet.start()
-            try:
-                await run_setup(desktop.controller, task.config)
-                shot = await desktop.controller.screenshot(ac.screenshot_format, ac.screenshot_quality)
-                answer = await desktop.controller.execute(["cat", LAYOUT_FILE])
-                layout = json.loads(answer["output"]) if answer.get("returncode") == 0 else {}
-            finally:
-                await fleet.remove(desktop)
-            label = expected_label(task)
-            if label not in layout:
-                raise SystemExit(f"task {task.id} is not a button-grid task: its expected label {label!r} is "
-                                 f"not a button of {LAYOUT_FILE} ({sorted(layout)})")
-            scenes.append(Scene(task, shot, layout[label]))
-            print(f"scene {task.id}: target {label!r} at {layout[label]}", flush=True)
+        async with asyncio.TaskGroup() as tg:
+            started = [tg.create_task(fleet.start()) for _ in range(desktops)]
+        roots = await capture_trees([d.result().controller for d in started], tasks, ac, ac.max_steps,
+                                    log=lambda line: print(line, flush=True))
+    except (CaptureError, ValueError) as e:
+        raise SystemExit(f"probe_learning: {e}") from None
     finally:
         await fleet.remove_all()
         await fleet.close()
+    scenes = [Scene(task, roots[task.id]) for task in tasks]
+    for scene in scenes:
+        solved = scene.solutions()
+        print(f"scene {scene.task.id}: solved by " + (" | ".join(" > ".join(p) for p in solved[:4]) if solved else
+                                                     f"no path of up to {ac.max_steps} clicks"), flush=True)
     return scenes
+
+
+@dataclass
+class EmulatedEpisode:
+    """One rollout played on a scene's click tree, recorded as EpisodeRunner records a real episode.
+
+    Each policy step builds the prompt as the actors do (actors.uitars.prompt.build_messages with the earlier
+    replies and the last ``history_images`` screenshots, PromptEncoder.encode with one screen-sized image per
+    screenshot shown) and appends one Step (prompt ids, image indices into the trajectory's screenshots, sampled
+    ids, behaviour log-probs, the sampling version). A click moves to the state :meth:`Node.after_click` gives;
+    any other action leaves the state as it is (the trees hold clicks only: use ``actors.grammar_actions =
+    ["click"]``). The episode ends as the actors' step loop does: a reply that does not parse (FAIL), finished
+    (DONE), call_user (FAIL) or the step budget.
+    """
+
+    scene: Scene
+    trajectory: Trajectory
+    node: Node
+    replies: list[str] = field(default_factory=list)
+    shot_of_step: list[int] = field(default_factory=list)
+    last_action: str | None = None
+    done: bool = False
+
+    def request(self, encoder: PromptEncoder, engine: Engine, params: SamplingParams, ac: ActorConfig):
+        """The engine request of the next step (its Step is appended by :meth:`take`)."""
+        traj = self.trajectory
+        self.shot_of_step.append(add_screenshot(traj.screenshots, self.node.screenshot))
+        prompt = build_messages(self.scene.task.instruction, self.replies, history_images=ac.history_images,
+                                style=ac.prompt_style)
+        image_indices = [self.shot_of_step[i] for i in prompt.image_indices]
+        prompt_ids = encoder.encode(prompt.messages, [ac.screen_size] * len(image_indices))
+        traj.steps.append(Step(prompt_ids=prompt_ids, image_indices=image_indices, output_ids=[], logprobs=[],
+                               versions=[], text="", action=""))
+        return engine.prepare(f"{traj.trajectory_id}-{len(traj.steps) - 1}", encoder.collapse_image_pads(prompt_ids),
+                              [traj.screenshots[i] for i in image_indices], params, return_logprob=True)
+
+    def take(self, result, runner: EpisodeRunner, version: int) -> None:
+        """Record the engine's reply to the last request and act on it."""
+        ac, step = runner.config, self.trajectory.steps[-1]
+        step.output_ids, step.logprobs, step.text = result.output_ids, result.output_logprobs, result.text
+        step.versions = [version] * len(result.output_ids)
+        try:
+            parsed = parse_reply(result.text, resized_size=runner.resized_size, screen_size=ac.screen_size,
+                                 coordinate_mode=ac.coordinate_mode)
+        except ActionParseError as e:
+            self.trajectory.format_ok, self.trajectory.error = False, f"ActionParseError: {e}"
+            self.last_action, self.done = "FAIL", True
+            return
+        step.action = "; ".join(describe(a) for a in parsed.actions)
+        self.replies.append(result.text)
+        if parsed.action.kind in ("finished", "fail"):
+            self.last_action, self.done = ("DONE" if parsed.action.kind == "finished" else "FAIL"), True
+            return
+        for action in parsed.actions:
+            if action.kind == "click" and action.point is not None:
+                self.node = self.node.after_click(*action.point)
+        self.done = len(self.trajectory.steps) >= ac.max_steps
+
+    def finish(self, inverted: bool) -> bool:
+        """Score the ended episode as the evaluator would (a FAIL scores 0) and set its outcome; whether it
+        succeeded by the task's own score. ``inverted``: an episode whose replies all parsed is rewarded
+        1 - that score (the negative control); one with a reply that did not parse still scores 0."""
+        traj = self.trajectory
+        true_score = 0.0 if self.last_action == "FAIL" else self.scene.score(self.node)
+        traj.score = 1.0 - true_score if inverted and traj.format_ok else true_score
+        traj.outcome = episode_outcome(traj.score, traj.format_ok, self.last_action)
+        return true_score >= SUCCESS_SCORE
 
 
 def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps: int, lag: int, *,
             inverted_reward: bool = False, log: Callable[[str], None] = print) -> list[dict]:
     """Train a fresh copy of ``model`` for ``steps`` rollout batches under ``arm``'s settings; one record per batch.
 
-    The recipe is the product's, from ``config``: the prompt style, the action grammar (coordinate format, forced
-    text emitted as canonical tokens when ``serve.jump_forward``), the Batcher (replay, zero-variance drop,
-    stratified batches) and the learner's training step (learner.training_step.train_on_batch: the forced-token
-    loss mask, ``learner.updates_per_batch`` optimizer steps per batch, the Trainer). Each step samples
-    ``groups_per_step`` groups whose tasks come in turn from a seeded shuffled order of the scenes (the learner's
-    round-robin task choice), so a step covers distinct tasks.
+    The recipe is the product's, from ``config``: the prompt style and history window, the action grammar
+    (coordinate format, forced text emitted as canonical tokens when ``serve.jump_forward``), the step budget
+    (``actors.max_steps``), the Batcher (replay, zero-variance drop, stratified batches) and the learner's
+    training step (learner.training_step.train_on_batch: the forced-token loss mask, ``learner.updates_per_batch``
+    optimizer steps per batch, the Trainer). Each step samples ``groups_per_step`` groups whose tasks come in turn
+    from a seeded shuffled order of the scenes (the learner's round-robin task choice), so a step covers distinct
+    tasks; their episodes (:class:`EmulatedEpisode`) advance together, one ``Engine.generate_batch`` per policy
+    step for every episode still running.
 
     Args:
-        inverted_reward: the environment rewards a click anywhere but the target (:func:`score_reply`), so the
-            recipe trains away from the target: a negative control whose success (target clicked) must not rise.
+        inverted_reward: episodes are rewarded 1 - the evaluator's score (:meth:`EmulatedEpisode.finish`), so the
+            recipe trains away from solving the task: a negative control whose success must not rise.
         log: receives one progress line per step.
     Returns:
         one ``{"step", "success", "task_success", "dropped_groups", "groups", "injected", "trained",
-        "optimizer_steps"}`` per batch (``success``: the share of rollouts whose click landed in the target's box,
+        "optimizer_steps"}`` per batch (``success``: the share of episodes the task's evaluator scores >= 0.5,
         whatever the reward; ``trained``: whether it took an optimizer step; ``optimizer_steps``: how many).
     """
     lc, ac = config.learner, config.actors
@@ -166,20 +234,16 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
                 order = rng.sample(scenes, len(scenes))
             groups.append(Group(f"g{serial}", order.pop().task, lc.group_size))
             serial += 1
-        requests = []
-        for g in groups:
-            scene = by_id[g.task.id]
-            prompt = build_messages(g.task.instruction, [], history_images=ac.history_images, style=ac.prompt_style)
-            ids = encoder.encode(prompt.messages, [ac.screen_size])
-            for k in range(g.size):
-                requests.append((g, k, ids, engine.prepare(f"{g.group_id}-{k}", ids, [scene.screenshot], params,
-                                                           return_logprob=True)))
-        results = engine.generate_batch([r for *_, r in requests])
+        episodes = [(g, k, EmulatedEpisode(by_id[g.task.id], _trajectory(g, k, runner, sampled_version),
+                                           by_id[g.task.id].root)) for g in groups for k in range(g.size)]
+        while running := [e for _, _, e in episodes if not e.done]:
+            results = engine.generate_batch([e.request(encoder, engine, params, ac) for e in running])
+            for e, res in zip(running, results):
+                e.take(res, runner, sampled_version)
         by_task: dict[str, list[float]] = collections.defaultdict(list)
-        for (g, k, ids, _), res in zip(requests, results):
-            traj, hit = score_reply(g, k, ids, res, by_id[g.task.id], runner, sampled_version, inverted_reward)
-            by_task[g.task.id].append(float(hit))
-            g.results[k] = traj
+        for g, k, e in episodes:
+            by_task[g.task.id].append(float(e.finish(inverted_reward)))
+            g.results[k] = e.trajectory
         dropped = sum(batcher.add_group(g, version) is None for g in groups)
         batch = batcher.take_batch() or []
         stats, updates = {}, 0
@@ -205,32 +269,12 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
     return records
 
 
-def score_reply(group: Group, k: int, prompt_ids: list[int], result, scene: Scene, runner: EpisodeRunner,
-                version: int, inverted: bool = False) -> tuple[Trajectory, bool]:
-    """The one-step trajectory of rollout ``k`` and whether its click landed in the target's box.
-
-    The trajectory is SUCCESS (score 1) when the reply's click lands in the target's box, FAILURE (score 0) when
-    it lands elsewhere, POLICY_ERROR (score 0) when the reply does not parse. ``inverted``: the other way round
-    for a reply that parses (a click in the target's box fails, anything else succeeds).
-    """
-    ac = runner.config
-    traj = Trajectory(trajectory_id=f"{group.group_id}-{k}", actor_id="probe", task_id=group.task.id,
-                      group_id=group.group_id, rollout_index=k, outcome=Outcome.FAILURE.value, score=0.0,
-                      format_ok=True, steps=[], screenshots=[scene.screenshot], assigned_version=version,
+def _trajectory(group: Group, k: int, runner: EpisodeRunner, version: int) -> Trajectory:
+    """The empty trajectory of rollout ``k`` of ``group``, as EpisodeRunner.run starts one."""
+    return Trajectory(trajectory_id=f"{group.group_id}-{k}", actor_id="probe", task_id=group.task.id,
+                      group_id=group.group_id, rollout_index=k, outcome=Outcome.ABORTED, score=0.0, format_ok=True,
+                      steps=[], screenshots=[], assigned_version=version,
                       grammar=runner.sampling_params.get("regex", ""))
-    traj.steps.append(Step(prompt_ids=prompt_ids, image_indices=[0], output_ids=result.output_ids,
-                           logprobs=result.output_logprobs, versions=[version] * len(result.output_ids),
-                           text=result.text, action=""))
-    try:
-        point = parse_reply(result.text, resized_size=runner.resized_size, screen_size=ac.screen_size,
-                            coordinate_mode=ac.coordinate_mode).action.point
-    except ActionParseError:
-        traj.format_ok, traj.outcome = False, Outcome.POLICY_ERROR
-        return traj, False
-    hit = point is not None and scene.hit(*point)
-    if hit != inverted:
-        traj.score, traj.outcome = 1.0, Outcome.SUCCESS
-    return traj, hit
 
 
 def steps_to(records: list[dict], target: float, window: int = 5) -> float:
@@ -244,9 +288,13 @@ def steps_to(records: list[dict], target: float, window: int = 5) -> float:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--family", default="grid4",
-                   help="grid4 (4 buttons) or grid8 (8 buttons), one task id such as grid4-green, or a folder of "
-                        "task files (all its tasks, e.g. tests/data/tasks/shapes)")
+    p.add_argument("--family", default=None,
+                   help="grid4 (4 buttons), grid8 (8 buttons) or settings (2 and 3 clicks in order: give --config), "
+                        "one task id such as grid4-green, or a folder of task files (all its tasks, e.g. "
+                        "tests/data/tasks/shapes); default: grid4, or the --config file's own tasks")
+    p.add_argument("--config", type=Path, default=None,
+                   help="a run config (e.g. configs/multistep.toml) as the task setup instead of bench_learning's "
+                        "one-click TASK_SETUP; each arm's overrides, --family and --set apply on top")
     p.add_argument("--arms", default="a,b,c", help="comma-separated arms of bench_learning.py")
     p.add_argument("--steps", type=int, default=100,
                    help="rollout batches per arm (each takes the arm's learner.updates_per_batch optimizer steps)")
@@ -268,15 +316,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     model = ensure_model(args.model)
-    _, selection = task_selection(args.family)  # a family, one task id, or a folder of task files
-    base = TASK_SETUP + [*selection, f"learner.seed={args.seed}", *args.overrides]
+    family = args.family or (None if args.config else "grid4")
+    selection = task_selection(family)[1] if family else []  # a family, one task id, or a folder of task files
+    setup = [] if args.config else TASK_SETUP
+    rest = [*selection, f"learner.seed={args.seed}", *args.overrides]
     try:
-        scenes = asyncio.run(capture_scenes(load_config(None, base)))
-    except ValueError as e:  # no task of the family, or a bad --set
+        scenes = asyncio.run(capture_scenes(load_config(args.config, setup + rest)))
+    except ValueError as e:  # no task of the family, or a bad --set or --config
         raise SystemExit(f"probe_learning: {e}") from None
     figures = {}
     for arm in args.arms.split(","):
-        config = load_config(None, TASK_SETUP + ARMS[arm][1] + base[len(TASK_SETUP):])
+        config = load_config(args.config, setup + ARMS[arm][1] + rest)
         lag = 0 if config.learner.schedule == "lockstep" else args.lag
         records = run_arm(arm, scenes, config, model, args.steps, lag)
         last = records[-10:]

@@ -1,9 +1,10 @@
 """Learnability: the product's recipe makes the embedded tiny policy learn, and the test fails when it does not.
 
-In one process, as bench/probe_learning.py does: one real desktop runs each task's setup and gives its screenshot
-and the target button's box; the real arpo-serve `Engine` samples with the actors' action grammar (compact prompt,
-fixed-width coordinates, forced text emitted as canonical tokens); a reply succeeds when its click lands in the
-target's box (what the app and the task's evaluator report); the learner's real `Batcher` and its training step
+In one process, as bench/probe_learning.py does: real desktops capture each task's click tree (the screenshot after
+its setup, the app's button boxes, and the task's evaluator score after a click on each button); the real arpo-serve
+`Engine` samples with the actors' action grammar (compact prompt, fixed-width coordinates, forced text emitted as
+canonical tokens); a reply succeeds when its click lands in the box of the button the evaluator scores 1 (a click on
+no button changes nothing and scores 0); the learner's real `Batcher` and its training step
 (learner.training_step: the forced tokens left out of the loss, ``updates_per_batch`` optimizer steps per batch,
 the `Trainer`) train on the groups. The settings are bench_learning.py's arm a (its task setup and the arm's
 overrides). The whole run is seeded.

@@ -20,7 +20,6 @@ from actors.uitars.actions import Action
 from actors.uitars.xdotool import to_commands
 from arpo_async.config import load_config
 from arpo_async.tasks import Task, load_tasks
-from bench.probe_learning import expected_label
 from learner.main import select_tasks
 from tests.support import until
 
@@ -28,6 +27,15 @@ SHAPES_DIR = Path(__file__).resolve().parent.parent / "data" / "tasks" / "shapes
 LABELS = ["Circle", "Square", "Star", "Arrow"]
 LAYOUT = "/tmp/arpo/layout.json"
 RESULT = "/tmp/arpo/result.txt"
+
+
+def expected_label(task: Task) -> str | None:
+    """The string ``task``'s single-metric evaluator expects by rule (``expected.rules.expected``: the label a
+    button-grid task must click); None when the evaluator has no such rule (a list of metrics, a getter, ...)."""
+    expected = task.evaluator.get("expected")
+    rules = expected.get("rules") if isinstance(expected, dict) else None
+    value = rules.get("expected") if isinstance(rules, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def shapes() -> dict:
