@@ -22,7 +22,8 @@ from arpo_async.config import load_config
 from arpo_async.messages import Hello, WorkRequest
 from arpo_async.metrics import read_metrics
 from bench.fuzz_wire import base_trajectory, reencode
-from tests.integration.test_resume import read_json, running_job, tail, wait_for, write_config
+from tests.integration.test_resume import read_json, running_job, tail, write_config
+from tests.support import until_sync
 
 pytestmark = pytest.mark.docker
 
@@ -69,12 +70,12 @@ def test_hostile_peer_is_rejected_and_honest_training_goes_on(tmp_path, desktop_
     metrics, status = tmp_path / "run" / "metrics.jsonl", tmp_path / "run" / "status.json"
     with running_job(tmp_path, config, url, tiny_model, run_id) as procs:
         alive = lambda: procs.check_alive("serve", "learner", "actors", clean_exit_ok=True)  # noqa: E731
-        wait_for(lambda: read_json(status).get("actors", 0) >= 1, 300, "the honest actors", alive)
+        until_sync(lambda: read_json(status).get("actors", 0) >= 1, 300, "the honest actors", check=alive)
         received: list[str] = []
         asyncio.run(hostile(endpoint, received))
         learner_log = tmp_path / "logs" / "learner.log"
-        wait_for(lambda: "silent" in learner_log.read_text(), 120, "the silent hostile peer to be dropped", alive)
-        wait_for(lambda: len(read_metrics(metrics)) >= 10, 300, "10 steps of honest training", alive)
+        until_sync(lambda: "silent" in learner_log.read_text(), 120, "the silent hostile peer to be dropped", check=alive)
+        until_sync(lambda: len(read_metrics(metrics)) >= 10, 300, "10 steps of honest training", check=alive)
         procs.procs["learner"].wait(timeout=120)
         assert procs.procs["learner"].returncode == 0, tail(procs.log("learner"))
     assert received.count("reject") >= 4 and "assignment" in received

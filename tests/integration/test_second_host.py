@@ -28,7 +28,8 @@ from arpo_cli.cli import write_keys
 from arpo_async.config import dump_toml, load_config
 from arpo_async.messages import Hello
 from arpo_async.metrics import read_metrics
-from tests.integration.test_resume import Processes, healthy, remove_containers, tail, wait_for
+from tests.integration.test_resume import Processes, healthy, remove_containers, tail
+from tests.support import until_sync
 from tests.support import free_port
 
 pytestmark = pytest.mark.docker
@@ -100,7 +101,7 @@ def test_actor_host_in_its_own_namespace_over_curve_and_a_token(tmp_path, deskto
         try:
             procs.start("serve", [PY, "-m", "arpo_serve.main", "--model", str(tiny_model), "--host", host_ip,
                                   "--port", str(serve_port), "--api-key", token])
-            wait_for(lambda: healthy(url), 180, "arpo-serve /health", lambda: procs.check_alive("serve"))
+            until_sync(lambda: healthy(url), 180, "arpo-serve /health", check=lambda: procs.check_alive("serve"))
             procs.start("learner", [PY, "-m", "learner.main", "--config", str(path),
                                     "--set", f'transport.curve_secret_key_file="{learner_secret}"',
                                     "--set", f'transport.curve_authorized_dir="{authorized}"'])
@@ -112,7 +113,7 @@ def test_actor_host_in_its_own_namespace_over_curve_and_a_token(tmp_path, deskto
                                    "--set", f'transport.curve_server_key_file="{learner_public}"'])
             metrics = tmp_path / "run" / "metrics.jsonl"
             alive = lambda: procs.check_alive("serve", "learner", "actors", clean_exit_ok=True)  # noqa: E731
-            wait_for(lambda: len(read_metrics(metrics)) >= 2, 300, "2 steps from the actor host", alive)
+            until_sync(lambda: len(read_metrics(metrics)) >= 2, 300, "2 steps from the actor host", check=alive)
             assert procs.procs["learner"].wait(timeout=120) == 0, tail(procs.log("learner"))
 
             with pytest.raises(urllib.error.HTTPError) as refused:  # no token: 401 (only /health is open)
@@ -148,8 +149,8 @@ def test_the_learner_refuses_peers_without_a_listed_key(tmp_path, tiny_model):
         server_key = zmq.auth.load_certificate(str(learner_public))[0]
         listed = zmq.auth.load_certificate(str(listed_secret))
         stranger = zmq.auth.load_certificate(str(stranger_secret))
-        wait_for(lambda: asyncio.run(answered(endpoint, listed, server_key)), 120, "the learner to answer a listed key",
-                 lambda: procs.check_alive("learner"))
+        until_sync(lambda: asyncio.run(answered(endpoint, listed, server_key)), 120, "the learner to answer a listed key",
+                   check=lambda: procs.check_alive("learner"))
         assert not asyncio.run(answered(endpoint, stranger, server_key))
         assert not asyncio.run(answered(endpoint, None, None))
         assert asyncio.run(answered(endpoint, listed, server_key))
