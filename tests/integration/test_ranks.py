@@ -83,7 +83,8 @@ def test_learner_on_two_ranks_trains_survives_a_killed_rank_and_resumes(tmp_path
     import uuid
 
     from arpo_async.metrics import read_metrics
-    from tests.integration.test_resume import running_job, server_weight_version, tail, wait_for, write_config
+    from tests.integration.test_resume import running_job, server_weight_version, tail, write_config
+    from tests.support import until_sync
 
     run_id = f"ranks-{uuid.uuid4().hex[:8]}"
     config, url = write_config(tmp_path, tiny_model, desktop_image, run_id, "learner.steps=4",
@@ -93,7 +94,7 @@ def test_learner_on_two_ranks_trains_survives_a_killed_rank_and_resumes(tmp_path
                 "-m", "learner.main", "--config", str(config)]
     with running_job(tmp_path, config, url, tiny_model, run_id, learner=torchrun) as procs:
         alive = lambda: procs.check_alive("serve", "learner", "actors")  # noqa: E731
-        wait_for(lambda: len(read_metrics(metrics)) >= 2, 300, "2 steps on 2 ranks", alive)
+        until_sync(lambda: len(read_metrics(metrics)) >= 2, 300, "2 steps on 2 ranks", check=alive)
         assert (tmp_path / "run" / "checkpoints").is_dir()
         assert any((c / "trainer.dcp" / "trainer.json").is_file()
                    for c in (tmp_path / "run" / "checkpoints").iterdir())
@@ -101,7 +102,7 @@ def test_learner_on_two_ranks_trains_survives_a_killed_rank_and_resumes(tmp_path
         assert not (tmp_path / "run" / "weights").exists()  # distributed sync: nothing written to disk
 
         learner = procs.procs["learner"]
-        ranks = wait_for(lambda: rank_pids(learner.pid), 30, "torchrun's worker processes")
+        ranks = until_sync(lambda: rank_pids(learner.pid), 30, "torchrun's worker processes")
         assert set(ranks) == {0, 1}
         before = procs.log("learner").stat().st_size
         os.kill(ranks[1], signal.SIGKILL)
@@ -114,7 +115,7 @@ def test_learner_on_two_ranks_trains_survives_a_killed_rank_and_resumes(tmp_path
         done_before = len(read_metrics(metrics))
 
         procs.start("learner", torchrun)
-        wait_for(lambda: len(read_metrics(metrics)) >= 4, 300, "the restarted learner's steps", alive)
+        until_sync(lambda: len(read_metrics(metrics)) >= 4, 300, "the restarted learner's steps", check=alive)
         procs.procs["learner"].wait(timeout=120)
         assert procs.procs["learner"].returncode == 0, tail(procs.log("learner"))
     records = read_metrics(metrics)
