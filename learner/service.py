@@ -36,7 +36,6 @@ import logging
 import uuid
 from typing import Any
 
-from arpo_async import codec
 from arpo_async.messages import Ack, Heartbeat, Hello, Outcome, Reject, Trajectory, WorkRequest
 from arpo_async.process import WarningBudget
 from arpo_async.transport import Envelope, Outbox, Undecodable
@@ -54,13 +53,13 @@ log = logging.getLogger(__name__)
 
 
 def _digest(traj: Trajectory) -> bytes:
-    """A 16-byte fingerprint of a trajectory's wire encoding (tells a re-send from another trajectory reusing
-    its id)."""
-    h = hashlib.blake2b(digest_size=16)
-    for frame in codec.encode(traj):
-        h.update(len(frame).to_bytes(8, "little"))
-        h.update(frame)
-    return h.digest()
+    """A 16-byte fingerprint of what a trajectory says: its slot, outcome, score, and each step's sampled ids,
+    versions, log-probs and prompt length, and its screenshots' lengths (tells a re-send from another trajectory
+    reusing its id; the prompt ids and screenshot bytes are left out, which keeps it ~50x cheaper than encoding)."""
+    steps = [(len(s.prompt_ids), s.image_indices, s.output_ids, s.versions, s.logprobs) for s in traj.steps]
+    summary = (traj.actor_id, traj.task_id, traj.group_id, traj.rollout_index, str(traj.outcome), traj.score,
+               traj.format_ok, traj.assigned_version, steps, [len(shot) for shot in traj.screenshots])
+    return hashlib.blake2b(repr(summary).encode(), digest_size=16).digest()
 
 
 def _number(value: Any) -> int | float:
@@ -207,7 +206,6 @@ class LearnerService:
         await self.outbox.send(Ack([traj.trajectory_id]), peer)
         running = self.scheduler.is_running(*slot)
         owned = running and self.peers.assigned.get(slot) == peer
-        digest = _digest(traj)
         seen = self._seen.get(traj.trajectory_id, False)
         try:
             check_trajectory(traj, vocab_size=self.vocab_size, version=self.version, limits=self.limits)
@@ -219,8 +217,13 @@ class LearnerService:
             if seen is not False or not owned:
                 return
             # never trained on: its slot ends as ABORTED, so the rollout is handed out again (rollout_retries)
+            remember(self._seen, traj.trajectory_id, _digest(traj))  # a re-send of it is a duplicate
+            self.peers.returned(*slot)
             traj = Trajectory(traj.trajectory_id, traj.actor_id, traj.task_id, traj.group_id, traj.rollout_index,
                               Outcome.ABORTED.value, 0.0, False, [], [], error=f"rejected: {invalid}"[:500])
+            await self._take(traj)
+            return
+        digest = _digest(traj)  # only for a valid trajectory: a flood of invalid ones costs no fingerprint
         if seen is not False:
             if seen != digest:
                 await self._reject(peer, InvalidMessage("duplicate", f"trajectory id {traj.trajectory_id[:80]!r} "
@@ -237,6 +240,12 @@ class LearnerService:
             return
         remember(self._seen, traj.trajectory_id, digest)
         self.peers.returned(*slot)
+        await self._take(traj)
+
+    async def _take(self, traj: Trajectory) -> None:
+        """Record a trajectory accepted for its running slot: counters, the statistics window, the sample kept
+        for `arpo view`, the scheduler; a complete group goes to the baseline pass or the batcher."""
+        totals = self.stats.totals
         totals["from_desktop"] += bool(traj.desktop)
         totals["desktop_busy_s"] += traj.timings.get("episode_s", 0.0)  # for desktop utilisation
         task = self.scheduler.running_task(traj.group_id, traj.rollout_index)
