@@ -62,10 +62,10 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
 
 
 class WarningBudget:
-    """Per-message warnings at most ``burst`` per ``period_s`` seconds; the rest are not logged but counted in
-    ``suppressed``, and the first warning of the next period says how many were left out. A hostile peer's flood
-    of bad frames then writes a few dozen log lines, not one per frame (the messages themselves are counted by
-    reason in the learner's metrics either way).
+    """Per-message warnings at most ``burst`` per ``period_s`` seconds; the rest are not logged (:meth:`warning`
+    returns False for them, so the caller counts them), and the first warning of the next period says how many were
+    left out. A hostile peer's flood of bad frames then writes a few dozen log lines, not one per frame (the
+    messages themselves are counted by reason in the learner's metrics either way).
 
     Args:
         log: where the warnings go.
@@ -75,8 +75,6 @@ class WarningBudget:
 
     def __init__(self, log: logging.Logger, burst: int = 20, period_s: float = 10.0) -> None:
         self.log, self.burst, self.period_s = log, burst, period_s
-        self.suppressed = 0
-        """Warnings left out since this budget was made."""
         self._period_start = -period_s
         self._logged = self._left_out = 0
 
@@ -93,5 +91,4 @@ class WarningBudget:
             self.log.warning(message, *args)
             return True
         self._left_out += 1
-        self.suppressed += 1
         return False

@@ -394,8 +394,8 @@ def _check_upload_sources(steps: list, folder: Path, fail) -> None:
         for j, entry in enumerate(files if isinstance(files, list) else []):
             where = f"config[{i}].parameters.files[{j}].local_path"
             local = entry.get("local_path") if isinstance(entry, dict) else None
-            if not isinstance(local, str) or not local:
-                raise fail(where, "must be a non-empty string (a file next to the task file)")
+            if not isinstance(local, str) or not local or "\0" in local:
+                raise fail(where, "must be a non-empty string without NUL (a file next to the task file)")
             resolved = os.path.realpath(os.path.join(root, local))
             if os.path.commonpath([root, resolved]) != root:
                 raise fail(where, f"{local[:200]!r} lies outside the task's folder {root}; upload_file sends only "

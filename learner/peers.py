@@ -127,7 +127,7 @@ class Peers:
             InvalidMessage: reason "run", when ``run_id`` and this run's are both set and differ.
         """
         if run_id and self.run_id and run_id != self.run_id:
-            why = (f"this learner runs {self.run_id!r} but actor {peer} belongs to run {run_id!r} (an arpo-actors "
+            why = (f"this learner runs {self.run_id!r} but actor {peer} belongs to run {run_id[:80]!r} (an arpo-actors "
                    "left over from another run?); stop it, or give both the same run_id")
             await self.outbox.send(Shutdown(why, refused=True), peer)
             raise InvalidMessage("run", why)

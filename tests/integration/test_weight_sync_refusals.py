@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 from aiohttp import web
 
 from arpo_async.config import LearnerConfig
@@ -18,10 +19,24 @@ from tests.support import ServeProcess, catch_all_http_server, free_port
 RETRY = RetryPolicy(attempts=1, request_timeout_s=30.0, admin_timeout_s=30.0)
 
 
-async def test_a_session_left_open_is_closed_once_and_the_publication_goes_through(tmp_path, caplog):
-    model = create_tiny_model(tmp_path / "policy", seed=0)
-    trainer = Trainer(model, LearnerConfig(lr=1e-2))
-    server = ServeProcess(model, free_port(), tmp_path)
+@pytest.fixture
+def trainer(tmp_path) -> Trainer:
+    """A trainer of a tiny random policy (its weights are what the publisher sends)."""
+    return Trainer(create_tiny_model(tmp_path / "policy", seed=0), LearnerConfig(lr=1e-2))
+
+
+async def publish_once(url: str, trainer: Trainer, caplog) -> DistributedPublisher:
+    """One distributed publication of version 1 to the server at ``url`` (a test's own HTTP server), its
+    warnings captured; returns the publisher (its ``failures``)."""
+    async with PolicyClient([url], retry=RETRY) as client:
+        publisher = DistributedPublisher(client, [url], timeout_s=3.0)
+        with caplog.at_level(logging.WARNING, logger="arpo.learner.publish"):
+            await publisher.publish_from(trainer, 1)  # returns: a server never stops the learner
+    return publisher
+
+
+async def test_a_session_left_open_is_closed_once_and_the_publication_goes_through(trainer, tmp_path, caplog):
+    server = ServeProcess(tmp_path / "policy", free_port(), tmp_path)  # the trainer fixture's policy
     server.start()
     try:
         async with PolicyClient([server.url], retry=RETRY) as client:
@@ -38,9 +53,7 @@ async def test_a_session_left_open_is_closed_once_and_the_publication_goes_throu
         server.stop()
 
 
-async def test_a_server_that_never_joins_is_skipped_after_the_rendezvous_timeout(tmp_path, caplog):
-    model = create_tiny_model(tmp_path / "policy", seed=0)
-    trainer = Trainer(model, LearnerConfig(lr=1e-2))
+async def test_a_server_that_never_joins_is_skipped_after_the_rendezvous_timeout(trainer, caplog):
     calls: list[str] = []
 
     async def answer(request: web.Request) -> web.Response:
@@ -52,19 +65,14 @@ async def test_a_server_that_never_joins_is_skipped_after_the_rendezvous_timeout
         return web.json_response({"success": True, "message": "Succeeded to initialize custom process group."})
 
     async with catch_all_http_server(answer) as url:
-        async with PolicyClient([url], retry=RETRY) as client:
-            publisher = DistributedPublisher(client, [url], timeout_s=3.0)
-            with caplog.at_level(logging.WARNING, logger="arpo.learner.publish"):
-                await publisher.publish_from(trainer, 1)  # returns: a server never stops the learner
+        publisher = await publish_once(url, trainer, caplog)
     assert publisher.failures == 1
     assert "/begin_weight_update" not in calls and "/update_weights_from_distributed" not in calls
     [line] = [r.getMessage() for r in caplog.records if "weight sync of version 1" in r.getMessage()]
     assert url in line and "cannot join weight group" in line
 
 
-async def test_a_server_reporting_a_nonsense_tp_size_is_skipped_with_a_reason(tmp_path, caplog):
-    model = create_tiny_model(tmp_path / "policy", seed=0)
-    trainer = Trainer(model, LearnerConfig(lr=1e-2))
+async def test_a_server_reporting_a_nonsense_tp_size_is_skipped_with_a_reason(trainer, caplog):
     calls: list[str] = []
 
     async def answer(request: web.Request) -> web.Response:
@@ -74,9 +82,6 @@ async def test_a_server_reporting_a_nonsense_tp_size_is_skipped_with_a_reason(tm
         return web.Response() if request.path == "/health" else web.json_response({"success": True})
 
     async with catch_all_http_server(answer) as url:
-        async with PolicyClient([url], retry=RETRY) as client:
-            publisher = DistributedPublisher(client, [url], timeout_s=3.0)
-            with caplog.at_level(logging.WARNING, logger="arpo.learner.publish"):
-                await publisher.publish_from(trainer, 1)
+        publisher = await publish_once(url, trainer, caplog)
     assert publisher.failures == 1 and "/init_weights_update_group" not in calls
     assert any("tp_size 'eight'" in r.getMessage() and url in r.getMessage() for r in caplog.records)

@@ -90,6 +90,7 @@ def test_a_task_id_that_walks_out_or_an_upload_from_outside_its_folder_is_refuse
     _write(tmp_path, "os", "dotdot", {**GOOD, "id": "t-dotdot", "config": steps("../../../etc/passwd")})
     (tmp_path / "os" / "link").symlink_to("/etc/passwd")
     _write(tmp_path, "os", "symlink", {**GOOD, "id": "t-link", "config": steps("link")})
+    _write(tmp_path, "os", "nul", {**GOOD, "id": "t-nul", "config": steps("notes\u0000.txt")})  # was a ValueError
     (tmp_path / "os" / "notes.txt").write_text("next to the task")
     _write(tmp_path, "os", "inside", {**GOOD, "id": "t-inside", "config": steps("notes.txt")})
     reports, tasks = check_load(task_files(tmp_path))
@@ -97,6 +98,7 @@ def test_a_task_id_that_walks_out_or_an_upload_from_outside_its_folder_is_refuse
     assert "field 'id'" in by_id["../../etc"].detail and by_id["../../etc"].reason == "format"
     for refused in ("t-abs", "t-dotdot", "t-link"):
         assert "lies outside the task's folder" in by_id[refused].detail, by_id[refused]
+    assert "without NUL" in by_id["t-nul"].detail
     assert by_id["t-inside"].loaded and list(tasks) == [str(tmp_path / "os" / "inside.json")]
 
 

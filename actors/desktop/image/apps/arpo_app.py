@@ -52,16 +52,22 @@ def widget_box(widget: tk.Misc) -> dict[str, int]:
     return {"x": x, "y": y, "w": w, "h": h, "cx": x + w // 2, "cy": y + h // 2}
 
 
+def write_layout(root: tk.Tk, path: str, widgets: dict[str, tk.Misc]) -> None:
+    """Write the layout file now: every widget's screen box, and the window's as "_window"."""
+    root.update_idletasks()
+    layout = {name: widget_box(w) for name, w in widgets.items()}
+    layout["_window"] = widget_box(root)
+    write_atomic(path, json.dumps(layout, indent=1, sort_keys=True))
+
+
 def track_layout(root: tk.Tk, path: str, widgets: dict[str, tk.Misc]) -> None:
-    """Rewrite the layout file whenever the window settles (after it is mapped or resized)."""
+    """Rewrite the layout file whenever the window settles (after it is mapped or resized); ``widgets`` is read
+    at each write, so an app may change it."""
     pending = {"id": None}
 
     def write() -> None:
         pending["id"] = None
-        root.update_idletasks()
-        layout = {name: widget_box(w) for name, w in widgets.items()}
-        layout["_window"] = widget_box(root)
-        write_atomic(path, json.dumps(layout, indent=1, sort_keys=True))
+        write_layout(root, path, widgets)
 
     def schedule(_event=None) -> None:
         if pending["id"] is not None:

@@ -12,7 +12,6 @@ Usage:
 """
 from __future__ import annotations
 
-import json
 import tkinter as tk
 
 import arpo_app
@@ -54,12 +53,6 @@ def main() -> None:
     def write_result() -> None:
         arpo_app.write_atomic(args.result, "".join(f"{key}\n" for key, on in state.items() if on))
 
-    def write_layout() -> None:
-        root.update_idletasks()
-        layout = {k: arpo_app.widget_box(w) for k, w in widgets.items()}
-        layout["_window"] = arpo_app.widget_box(root)
-        arpo_app.write_atomic(args.layout, json.dumps(layout, indent=1, sort_keys=True))
-
     def flip(key: str, button: tk.Button) -> None:
         state[key] = not state[key]
         button.configure(bg=ON if state[key] else OFF, activebackground=ON if state[key] else OFF,
@@ -92,7 +85,7 @@ def main() -> None:
                 shown[key] = b
             b.grid(row=row, column=0, sticky="nsew", padx=24, pady=12)
         widgets.update(shown)
-        root.after(50, write_layout)
+        root.after(50, arpo_app.write_layout, root, args.layout, widgets)
 
     tk.Label(panel, text="Pick a section", font=arpo_app.SMALL_FONT, bg="#f0f0f0").pack(expand=True)
     tabs.columnconfigure(0, weight=1)
