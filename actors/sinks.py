@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
 from arpo_async.messages import Trajectory
 
 
@@ -88,4 +90,11 @@ class JsonlSink:
         record["screenshots"] = shots
         record["screenshot_count"] = len(trajectory.screenshots)
         with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record) + "\n")
+            fh.write(json.dumps(record, default=_json_array) + "\n")
+
+
+def _json_array(value: object) -> list:
+    """A step's packed array (token ids, log-probs, versions) as a JSON list; TypeError for anything else."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")

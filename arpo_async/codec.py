@@ -3,9 +3,11 @@
 A message travels as a ZeroMQ multipart message: frame 0 is a msgpack map
 ``{"type": str, "schema": int, "body": map}``; frames 1..n hold raw blobs (screenshots and other bytes
 fields of at least ``BLOB_MIN_BYTES``), referenced from the body by msgpack ExtType(1, frame index).
-Integer lists travel as little-endian int32 arrays (ExtType 2), float lists as float64 arrays (ExtType 3);
-a string enum field (Trajectory.outcome) as its value, and decodes only to one of its members.
-Never pickle; never base64.
+Array fields (``messages.TokenArray``: int32, ``messages.LogprobArray``: float64) and integer lists travel as
+little-endian int32 arrays (ExtType 2) or float64 arrays (ExtType 3): an array's own bytes out, a read-only NumPy
+view of the received bytes in (no per-element work on either side; a plain msgpack list is accepted too, checked
+item by item). A string enum field (Trajectory.outcome) travels as its value, and decodes only to one of its
+members. Never pickle; never base64.
 
 Every decoder enforces a maximum total size and frame count, rejects unknown types and schema versions,
 and checks every field against the message's type hints, raising WireError with the reason. A hostile or
@@ -21,9 +23,9 @@ import typing
 from typing import Any
 
 import msgpack
-import struct
+import numpy as np
 
-from arpo_async.messages import MESSAGE_TYPES, SCHEMA_VERSION
+from arpo_async.messages import FLOAT64, INT32, MESSAGE_TYPES, SCHEMA_VERSION, float_array, int_array
 
 BLOB_MIN_BYTES = 4096
 """bytes fields at least this long travel in their own frame (zero-copy on the receiving side)."""
@@ -31,24 +33,26 @@ MAX_FRAMES = 4096
 """Most frames one message may have (one per screenshot, plus the header)."""
 
 _EXT_BLOB, _EXT_INT32, _EXT_FLOAT64 = 1, 2, 3
+_EXT_OF_DTYPE = {INT32: _EXT_INT32, FLOAT64: _EXT_FLOAT64}
+_DTYPE_OF_EXT = {code: dtype for dtype, code in _EXT_OF_DTYPE.items()}
 
 
 class WireError(ValueError):
     """A message that cannot be decoded or encoded: too large, malformed, unknown type, wrong field types."""
 
 
-class _PackedInts(list):
-    """A list decoded from an int32 array (ExtType 2): every element is already a Python int."""
-
-
-class _PackedFloats(list):
-    """A list decoded from a float64 array (ExtType 3): every element is already a Python float."""
-
-
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
-    """Resolved type hints of a message dataclass (cached: resolving them costs more than checking a field)."""
-    return typing.get_type_hints(cls)
+    """Resolved type hints of a message dataclass, ``Annotated`` kept (an array field's dtype); cached: resolving
+    them costs more than checking a field."""
+    return typing.get_type_hints(cls, include_extras=True)
+
+
+def _array_dtype(hint: Any) -> np.dtype | None:
+    """The dtype of an array field's hint (``Annotated[np.ndarray, dtype]``), or None for any other hint."""
+    if typing.get_origin(hint) is typing.Annotated and typing.get_args(hint)[0] is np.ndarray:
+        return typing.get_args(hint)[1]
+    return None
 
 
 @functools.cache
@@ -97,14 +101,11 @@ def decode(frames: list[bytes], *, max_bytes: int) -> Any:
             if index >= len(blobs):
                 raise WireError(f"blob reference {index} but only {len(blobs)} blob frames")
             return bytes(blobs[index])
-        if code == _EXT_INT32:
-            if len(data) % 4:
-                raise WireError("int32 array length is not a multiple of 4")
-            return _PackedInts(struct.unpack(f"<{len(data) // 4}i", data))
-        if code == _EXT_FLOAT64:
-            if len(data) % 8:
-                raise WireError("float64 array length is not a multiple of 8")
-            return _PackedFloats(struct.unpack(f"<{len(data) // 8}d", data))
+        dtype = _DTYPE_OF_EXT.get(code)
+        if dtype is not None:
+            if len(data) % dtype.itemsize:
+                raise WireError(f"{dtype.name} array length is not a multiple of {dtype.itemsize}")
+            return np.frombuffer(data, dtype)  # a read-only view of ``data``: no copy, no per-element work
         raise WireError(f"unknown msgpack extension type {code}")
 
     try:
@@ -134,10 +135,9 @@ def _value_to_wire(value: Any, hint: Any, blobs: list[bytes], name: str) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if dataclasses.is_dataclass(hint):
         return _to_wire(value, _hints(hint), blobs)
-    if origin is list and args == (int,):
-        return msgpack.ExtType(_EXT_INT32, _packed(value, "i", name))
-    if origin is list and args == (float,):
-        return msgpack.ExtType(_EXT_FLOAT64, _packed(value, "d", name))
+    dtype = _array_dtype(hint) or (INT32 if origin is list and args == (int,) else None)
+    if dtype is not None:
+        return msgpack.ExtType(_EXT_OF_DTYPE[dtype], _packed(value, dtype, name))
     if origin is list and args == (bytes,):
         return [_value_to_wire(v, bytes, blobs, name) for v in value]
     if origin is list and dataclasses.is_dataclass(args[0]):
@@ -150,14 +150,19 @@ def _value_to_wire(value: Any, hint: Any, blobs: list[bytes], name: str) -> Any:
     return value
 
 
-def _packed(values: list, code: str, name: str) -> bytes:
-    """``values`` as a little-endian int32 (``code`` "i") or float64 ("d") array. struct packs a list of Python
-    numbers about 3x faster than NumPy converts one (the conversion is most of the cost of a trajectory)."""
+def _packed(values: Any, dtype: np.dtype, name: str) -> bytes:
+    """``values`` (an array, or a list of numbers) as the bytes of a 1-D array of ``dtype`` (int32 or float64).
+
+    Raises:
+        WireError: values that are not integers in int32's range (int32) or not numbers (float64).
+    """
     try:
-        return struct.pack(f"<{len(values)}{code}", *values)
-    except struct.error as e:
-        kind = "int32 integers" if code == "i" else "numbers"
-        raise WireError(f"{name}: values must be {kind} ({e})") from None
+        arr = int_array(values) if dtype == INT32 else float_array(values)
+    except TypeError as e:
+        raise WireError(f"{name}: {e}") from None
+    if arr.dtype != dtype:
+        raise WireError(f"{name}: values must be int32 integers (found {arr.min()}..{arr.max()})")
+    return arr.tobytes()
 
 
 def _member(hint: type[enum.StrEnum], value: Any, path: str) -> enum.StrEnum:
@@ -192,11 +197,16 @@ def _check(value: Any, hint: Any, path: str) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if dataclasses.is_dataclass(hint):
         return _from_wire(hint, value, path)
+    dtype = _array_dtype(hint)
+    if dtype is not None:
+        return _check_array(value, dtype, path)
     if origin is list:
+        if type(value) is np.ndarray and args == (int,) and value.dtype == INT32:
+            return value.tolist()  # a short packed list (image indices)
         if not isinstance(value, list):
             raise WireError(f"{path}: expected a list, got {type(value).__name__}")
         if _all_of_type(value, args[0]):
-            return list(value)  # fast path: nothing to convert (the per-item loop costs ~1 us per token id)
+            return list(value)  # fast path: nothing to convert (the per-item loop costs ~1 us per item)
         return [_check(v, args[0], f"{path}[{i}]") for i, v in enumerate(value)]
     if origin is dict or hint is dict:
         if not isinstance(value, dict):
@@ -221,11 +231,33 @@ def _check(value: Any, hint: Any, path: str) -> Any:
     raise WireError(f"{path}: unsupported field type {hint!r}")
 
 
+def _check_array(value: Any, dtype: np.dtype, path: str) -> np.ndarray:
+    """An array field's value as a 1-D array: a packed array of ``dtype`` as it is (an int32 one also for a
+    float64 field), or a plain msgpack list of integers (int32 field) / numbers (float64 field) converted.
+
+    Raises:
+        WireError: anything else (a float array or float item for an int32 field, a bool, a string, a map).
+    """
+    if type(value) is np.ndarray:
+        if value.dtype == dtype:
+            return value
+        if dtype == FLOAT64 and value.dtype == INT32:
+            return value.astype(FLOAT64)
+        raise WireError(f"{path}: expected a packed {dtype.name} array, got a {value.dtype.name} array")
+    if not isinstance(value, list):
+        raise WireError(f"{path}: expected a packed {dtype.name} array or a list, got {type(value).__name__}")
+    item = int if dtype == INT32 else float
+    if not _all_of_type(value, item):
+        value = [_check(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
+    try:
+        return int_array(value) if dtype == INT32 else float_array(value)
+    except (TypeError, OverflowError) as e:  # integers past 64 bits
+        raise WireError(f"{path}: {e}") from None
+
+
 def _all_of_type(values: list, hint: Any) -> bool:
     """True when every item of ``values`` is exactly of the primitive type ``hint`` (so `_check` would return it
     unchanged); False means "check item by item" (which converts ints to floats or raises the precise error)."""
-    if hint is int and type(values) is _PackedInts or hint is float and type(values) is _PackedFloats:
-        return True
     if hint in (int, float, str, bytes, bool):
         return all(type(v) is hint for v in values)
     return False

@@ -136,7 +136,7 @@ class GrammarBackend:
         mask: list[bool] = []
         pending = b""
         broken = False
-        for token in output_ids:
+        for token in map(int, output_ids):  # Python ints for xgrammar (the ids may be a packed array)
             if broken or not 0 <= token < len(vocab):
                 broken = True
                 mask.append(False)

@@ -2,19 +2,66 @@
 
 Owns: the message dataclasses, the trajectory record and the Outcome enum.
 Invariants: every message has a ``TYPE`` (its wire ``type``); fields hold only msgpack-native values
-(int, float, str, bytes, bool, lists and dicts of them, nested message dataclasses) or a string enum (Outcome,
-which travels as its value); screenshots are raw
-bytes; token ids and log-probs are plain lists on the message and packed arrays on the wire (see codec).
+(int, float, str, bytes, bool, lists and dicts of them, nested message dataclasses), a string enum (Outcome,
+which travels as its value) or a 1-D NumPy array of a declared dtype (:data:`TokenArray`, :data:`LogprobArray`);
+screenshots are raw bytes. A step's token ids, behaviour log-probs and token versions are packed arrays from the
+actor that records them, over the wire (see codec), to the trainer's tensors: no list of Python ints on the way.
 Bumping SCHEMA_VERSION is required for any change a peer of the previous version would misread.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import ClassVar
+from dataclasses import dataclass, field, fields
+from typing import Annotated, Any, ClassVar
+
+import numpy as np
 
 SCHEMA_VERSION = 1
+
+INT32 = np.dtype("<i4")
+FLOAT64 = np.dtype("<f8")
+TokenArray = Annotated[np.ndarray, INT32]
+"""A 1-D array of token ids or policy versions: little-endian int32 (the wire's dtype). :func:`int_array` makes one."""
+LogprobArray = Annotated[np.ndarray, FLOAT64]
+"""A 1-D array of log-probs (nats): little-endian float64 (the wire's dtype). :func:`float_array` makes one."""
+
+
+def int_array(values: Any) -> np.ndarray:
+    """``values`` (a sequence of integers or an integer array) as a 1-D int32 array; no copy when it is one.
+
+    Integers outside int32 keep a wider integer dtype (int64 / uint64), so that validation can name the bad value
+    (no id of a real vocabulary is that large) and the codec refuses to encode it; nothing is truncated.
+
+    Raises:
+        TypeError: not a 1-D sequence of integers (floats, bools, nested lists, integers past 64 bits).
+    """
+    if type(values) is np.ndarray and values.dtype == INT32 and values.ndim == 1:
+        return values
+    arr = np.asarray(values)
+    if arr.size == 0 and arr.ndim == 1:
+        return np.zeros(0, INT32)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise TypeError(f"expected a 1-D sequence of integers, got {arr.ndim}-D of {arr.dtype}")
+    if arr.dtype.itemsize <= 4 and arr.dtype != np.uint32 or (arr.min() >= -(1 << 31) and arr.max() < 1 << 31):
+        return arr.astype(INT32, copy=False)
+    return arr
+
+
+def float_array(values: Any) -> np.ndarray:
+    """``values`` (a sequence of numbers or a numeric array) as a 1-D float64 array; no copy when it is one.
+
+    Raises:
+        TypeError: not a 1-D sequence of real numbers.
+    """
+    if type(values) is np.ndarray and values.dtype == FLOAT64 and values.ndim == 1:
+        return values
+    arr = np.asarray(values)
+    if arr.size == 0 and arr.ndim == 1:
+        return np.zeros(0, FLOAT64)
+    if arr.ndim != 1 or arr.dtype.kind not in "iuf":
+        raise TypeError(f"expected a 1-D sequence of numbers, got {arr.ndim}-D of {arr.dtype}")
+    return arr.astype(FLOAT64, copy=False)
 
 
 class Outcome(enum.StrEnum):
@@ -48,21 +95,43 @@ class Outcome(enum.StrEnum):
 class Step:
     """One policy step of an episode: the exact tokens sampled, with their behaviour log-probs.
 
-    Shapes: ``len(output_ids) == len(logprobs) == len(versions)``; ``image_indices`` index the
-    trajectory's ``screenshots`` in the order their images appear in ``prompt_ids``.
+    Shapes: ``prompt_ids`` [P] int32, ``output_ids`` [T] int32, ``logprobs`` [T] float64 (nats), ``versions`` [T]
+    int32 (the policy version that produced each output token); ``image_indices`` index the trajectory's
+    ``screenshots`` in the order their images appear in ``prompt_ids``. Lists given to the constructor become
+    arrays (:func:`int_array`, :func:`float_array`; TypeError for values that are not integers / numbers); arrays of
+    the right dtype are kept as they are (a decoded step's are read-only views of the received message). Two steps
+    are equal when every field holds equal values.
     """
 
-    prompt_ids: list[int]
+    prompt_ids: TokenArray
     image_indices: list[int]
-    output_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
+    output_ids: TokenArray
+    logprobs: LogprobArray
+    versions: TokenArray
     text: str
     action: str
     """The parsed action as a compact string (e.g. "click(640,360)"), or "" when the reply did not parse."""
     generate_s: float = 0.0
     act_s: float = 0.0
     observe_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.prompt_ids = int_array(self.prompt_ids)
+        self.output_ids = int_array(self.output_ids)
+        self.logprobs = float_array(self.logprobs)
+        self.versions = int_array(self.versions)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not Step:
+            return NotImplemented
+        return all(_equal(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """``a == b`` as one bool, arrays compared element by element (shapes and values; not the dtype)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return bool(np.array_equal(a, b))
+    return a == b
 
 
 @dataclass
@@ -98,6 +167,12 @@ class Trajectory:
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.outcome)  # ValueError for a string that names no Outcome
+
+    def oldest_version(self) -> int | None:
+        """The oldest policy version among the generated tokens of all steps (min of every ``step.versions``),
+        or None when no step generated a token."""
+        lows = [int(step.versions.min()) for step in self.steps if len(step.versions)]
+        return min(lows) if lows else None
 
 
 @dataclass

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from arpo_async.messages import Hello, Outcome, Trajectory, WorkRequest
 
 __all__ = ["InvalidMessage", "WireLimits", "check_hello", "check_trajectory", "check_work_request"]
@@ -71,13 +73,34 @@ def _check_id(name: str, value: str, limits: WireLimits, *, empty_ok: bool = Fal
         _fail("fields", f"{name} is empty")
 
 
-def _check_token_ids(name: str, ids: list[int], vocab_size: int | None) -> None:
-    if not ids:
+def _span(values: np.ndarray) -> tuple[int, int]:
+    """(min, max) of a non-empty integer array, as Python ints (vectorised: one pass each over packed values)."""
+    return int(values.min()), int(values.max())
+
+
+def _check_token_ids(name: str, ids: np.ndarray, vocab_size: int | None) -> None:
+    if not len(ids):
         return
-    low, high = min(ids), max(ids)
+    low, high = _span(ids)
     if low < 0 or (vocab_size is not None and high >= vocab_size):
         bad = low if low < 0 else high
         _fail("token_ids", f"{name} holds {bad}, outside [0, {vocab_size if vocab_size is not None else 'inf'})")
+
+
+def _arrays(where: str, step) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A step's (prompt_ids, output_ids, logprobs, versions) as 1-D integer / float arrays (no copy for the arrays
+    a decoded or locally built step holds; a list assigned to a field after construction is converted)."""
+    try:
+        arrays = tuple(np.asarray(getattr(step, name))
+                       for name in ("prompt_ids", "output_ids", "logprobs", "versions"))
+    except (TypeError, ValueError) as e:  # ragged nesting
+        _fail("fields", f"{where}: {e}")
+    for name, arr, kinds in zip(("prompt_ids", "output_ids", "logprobs", "versions"), arrays,
+                                ("iu", "iu", "iuf", "iu")):
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in kinds):
+            _fail("fields", f"{where}.{name} is a {arr.ndim}-D array of {arr.dtype}, not 1-D "
+                            f"{'numbers' if kinds == 'iuf' else 'integers'}")
+    return arrays
 
 
 def check_trajectory(traj: Trajectory, *, vocab_size: int | None, version: int | None,
@@ -120,24 +143,27 @@ def check_trajectory(traj: Trajectory, *, vocab_size: int | None, version: int |
         _fail("size", f"{len(traj.screenshots)} screenshots (most {limits.max_screenshots})")
     for i, step in enumerate(traj.steps):
         where = f"steps[{i}]"
-        n = len(step.output_ids)
+        prompt_ids, output_ids, logprobs, versions = _arrays(where, step)
+        n = len(output_ids)
         if n == 0 and traj.outcome.trainable:
             _fail("lengths", f"{where}.output_ids is empty")
-        if len(step.logprobs) != n or len(step.versions) != n:
-            _fail("lengths", f"{where}: {n} output ids, {len(step.logprobs)} log-probs, {len(step.versions)} "
+        if len(logprobs) != n or len(versions) != n:
+            _fail("lengths", f"{where}: {n} output ids, {len(logprobs)} log-probs, {len(versions)} "
                              "versions (must be equal)")
-        if len(step.prompt_ids) > limits.max_prompt_tokens or n > limits.max_output_tokens:
-            _fail("size", f"{where}: {len(step.prompt_ids)} prompt / {n} output tokens")
+        if len(prompt_ids) > limits.max_prompt_tokens or n > limits.max_output_tokens:
+            _fail("size", f"{where}: {len(prompt_ids)} prompt / {n} output tokens")
         if len(step.text) > limits.max_text_chars or len(step.action) > limits.max_text_chars:
             _fail("size", f"{where}: text or action too long")
-        _check_token_ids(f"{where}.prompt_ids", step.prompt_ids, vocab_size)
-        _check_token_ids(f"{where}.output_ids", step.output_ids, vocab_size)
-        if any(not (math.isfinite(lp) and lp <= 0.0) for lp in step.logprobs):
-            bad = next(lp for lp in step.logprobs if not (math.isfinite(lp) and lp <= 0.0))
+        _check_token_ids(f"{where}.prompt_ids", prompt_ids, vocab_size)
+        _check_token_ids(f"{where}.output_ids", output_ids, vocab_size)
+        good = np.isfinite(logprobs) & (logprobs <= 0.0)
+        if not good.all():
+            bad = float(logprobs[np.argmin(good)])
             _fail("logprobs", f"{where}.logprobs holds {bad!r} (log-probs are finite and <= 0)")
-        if step.versions and (min(step.versions) < 0 or (version is not None and max(step.versions) > version)):
-            _fail("versions", f"{where}.versions span {min(step.versions)}..{max(step.versions)}; the learner has "
-                              f"published up to {version}")
+        if n:
+            low, high = _span(versions)
+            if low < 0 or (version is not None and high > version):
+                _fail("versions", f"{where}.versions span {low}..{high}; the learner has published up to {version}")
         if step.image_indices and (min(step.image_indices) < 0
                                    or max(step.image_indices) >= len(traj.screenshots)):
             _fail("image_indices", f"{where}.image_indices {min(step.image_indices)}..{max(step.image_indices)} "

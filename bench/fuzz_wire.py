@@ -32,6 +32,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import msgpack  # noqa: E402
+import numpy as np  # noqa: E402
 
 from arpo_async import codec  # noqa: E402
 from arpo_async.messages import Outcome, Step, Trajectory  # noqa: E402
@@ -89,7 +90,8 @@ def mutations(rng: random.Random, traj: Trajectory) -> tuple[str, Any, bool | No
     if kind == 2:
         target = rng.choice(["logprobs", "versions", "output_ids"])
         values = getattr(step, target)
-        setattr(step, target, values + values[:1] if rng.random() < 0.5 or len(values) < 2 else values[:-1])
+        setattr(step, target, np.concatenate([values, values[:1]]) if rng.random() < 0.5 or len(values) < 2
+                else values[:-1])
         return "lengths", traj, False
     if kind == 3:
         bad = rng.choice([-1, VOCAB, VOCAB + 5, 2**31 - 1, -(2**31)])
@@ -99,7 +101,7 @@ def mutations(rng: random.Random, traj: Trajectory) -> tuple[str, Any, bool | No
     if kind == 4:  # a plain msgpack list of huge ints, as a hostile peer would send
         bad = rng.choice([2**40, -(2**40), 2**32 + 1])
         return "token_ids_plain", _set_step(rng.choice(["prompt_ids", "output_ids"]),
-                                            [bad] + step.output_ids[1:]), False
+                                            [bad] + step.output_ids[1:].tolist()), False
     if kind == 5:
         step.image_indices = [rng.choice([-1, 2, 3, 1000])]
         return "image_indices", traj, False

@@ -50,8 +50,8 @@ class ScoredGroup:
 
 def policy_lag(traj: Trajectory, version: int) -> int:
     """Policy lag of a trajectory at ``version``: version minus the oldest version among its tokens."""
-    versions = [v for step in traj.steps for v in step.versions]
-    return version - min(versions) if versions else 0
+    oldest = traj.oldest_version()
+    return 0 if oldest is None else version - oldest
 
 
 class Batcher:
@@ -162,7 +162,7 @@ def train_samples(batch: list[ScoredGroup], forced: ForcedTokens | None = None) 
         flags = group.replayed or [False] * len(group.trajectories)
         for traj, advantage, replayed in zip(group.trajectories, group.advantages, flags):
             for step in traj.steps:
-                if not step.output_ids:
+                if not len(step.output_ids):
                     continue
                 samples.append(TrainSample(
                     prompt_ids=step.prompt_ids,

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -119,27 +120,28 @@ def collate(policy, samples: Sequence["TrainSample"], pixels: PixelCache, pad_id
     Raises:
         ModelInputError: a sample's image pad tokens do not match its images, or an image cannot be decoded.
     """
-    seqs = [list(s.prompt_ids) + list(s.output_ids) for s in samples]
-    width = max(map(len, seqs))
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for b, seq in enumerate(seqs):
-        ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        mask[b, : len(seq)] = 1
+    lengths = [len(s.prompt_ids) + len(s.output_ids) for s in samples]
+    width = max(lengths)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(samples), width), dtype=torch.long)
+    for b, (s, n) in enumerate(zip(samples, lengths)):
+        ids[b, :n] = _long(np.concatenate([s.prompt_ids, s.output_ids]))
+        mask[b, :n] = 1
     images = [pixels.get(image) for s in samples for image in s.images]
     pixel_values = torch.cat([p for p, _ in images]) if images else None
     grid = torch.cat([g for _, g in images]) if images else None
     check_image_pads(policy, ids, {} if grid is None else {"image_grid_thw": grid})
     position_ids, _ = rope_positions(policy, ids, mask, grid)
-    rows, cols, targets = [], [], []
-    for b, s in enumerate(samples):
-        p, t = len(s.prompt_ids), len(s.output_ids)
-        rows += [b] * t
-        cols += range(p - 1, p - 1 + t)
-        targets += s.output_ids
-    as_long = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
-    return MicroBatch(ids, position_ids, pixel_values, grid, as_long(rows), as_long(cols), as_long(targets),
-                      [len(s.output_ids) for s in samples])
+    counts = [len(s.output_ids) for s in samples]
+    rows = np.repeat(np.arange(len(samples)), counts)
+    cols = np.concatenate([len(s.prompt_ids) - 1 + np.arange(t) for s, t in zip(samples, counts)])
+    targets = np.concatenate([s.output_ids for s in samples])
+    return MicroBatch(ids, position_ids, pixel_values, grid, _long(rows), _long(cols), _long(targets), counts)
+
+
+def _long(values: np.ndarray) -> torch.Tensor:
+    """A 1-D integer array as a new int64 tensor (a copy: a decoded step's arrays are read-only views)."""
+    return torch.from_numpy(np.array(values, dtype=np.int64))
 
 
 class CompletionLogprobs(torch.nn.Module):
@@ -186,7 +188,7 @@ def image_pad_problem(policy, sample: "TrainSample", pixels: PixelCache) -> str 
     pad tokens that differs from what its screenshots make), or None."""
     try:
         grids = [pixels.get(image)[1] for image in sample.images]
-        ids = torch.tensor([sample.prompt_ids], dtype=torch.long)
+        ids = _long(sample.prompt_ids)[None]
         check_image_pads(policy, ids, {"image_grid_thw": torch.cat(grids)} if grids else {})
     except ModelInputError as error:
         return str(error)

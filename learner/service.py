@@ -36,6 +36,8 @@ import logging
 import uuid
 from typing import Any
 
+import numpy as np
+
 from arpo_async.messages import Ack, Heartbeat, Hello, Outcome, Reject, Trajectory, WorkRequest
 from arpo_async.process import WarningBudget
 from arpo_async.transport import Envelope, Outbox, Undecodable
@@ -54,12 +56,18 @@ log = logging.getLogger(__name__)
 
 def _digest(traj: Trajectory) -> bytes:
     """A 16-byte fingerprint of what a trajectory says: its slot, outcome, score, and each step's sampled ids,
-    versions, log-probs and prompt length, and its screenshots' lengths (tells a re-send from another trajectory
-    reusing its id; the prompt ids and screenshot bytes are left out, which keeps it ~50x cheaper than encoding)."""
-    steps = [(len(s.prompt_ids), s.image_indices, s.output_ids, s.versions, s.logprobs) for s in traj.steps]
+    versions, log-probs (their packed bytes) and prompt length, and its screenshots' lengths (tells a re-send from
+    another trajectory reusing its id; the prompt ids and screenshot bytes are left out, which keeps it ~50x
+    cheaper than encoding)."""
     summary = (traj.actor_id, traj.task_id, traj.group_id, traj.rollout_index, str(traj.outcome), traj.score,
-               traj.format_ok, traj.assigned_version, steps, [len(shot) for shot in traj.screenshots])
-    return hashlib.blake2b(repr(summary).encode(), digest_size=16).digest()
+               traj.format_ok, traj.assigned_version, [len(shot) for shot in traj.screenshots],
+               [(len(s.prompt_ids), s.image_indices, len(s.output_ids)) for s in traj.steps])
+    digest = hashlib.blake2b(repr(summary).encode(), digest_size=16)
+    for step in traj.steps:
+        for values in map(np.ascontiguousarray, (step.output_ids, step.versions, step.logprobs)):
+            digest.update(values.dtype.str.encode())
+            digest.update(values)  # the array's buffer (no copy for a decoded step's arrays)
+    return digest.digest()
 
 
 def _number(value: Any) -> int | float:

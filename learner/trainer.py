@@ -35,10 +35,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from arpo_async.config import LearnerConfig
+from arpo_async.messages import LogprobArray, TokenArray, float_array, int_array
 from arpo_async.model.checkpoint_names import tied_names
 from arpo_async.model.inputs import load_policy
 from learner import trainer_checkpoint, weights_export
@@ -58,10 +60,10 @@ class TrainSample:
     """One generated reply to train on: the exact tokens the sampler saw and produced, and the rollout's advantage.
 
     Attributes:
-        prompt_ids: the prompt token ids as sent to the sampler (image pad tokens already expanded), length P.
+        prompt_ids: the prompt token ids as sent to the sampler (image pad tokens already expanded), [P] int32.
         images: the screenshots the prompt references, encoded image bytes (PNG/JPEG), in prompt order.
-        output_ids: the generated token ids, length T >= 1; the loss covers exactly these tokens.
-        behaviour_logprobs: the sampler's log-prob of each output token (nats), length T.
+        output_ids: the generated token ids, [T] int32, T >= 1; the loss covers exactly these tokens.
+        behaviour_logprobs: the sampler's log-prob of each output token (nats), [T] float64.
         advantage: the rollout's group-relative advantage, broadcast to all T tokens.
         replayed: True when the step belongs to a trajectory the replay buffer injected (its behaviour
             log-probs are those recorded when it was sampled); only used to report its correction separately.
@@ -69,13 +71,18 @@ class TrainSample:
             (`learner.forced_tokens`). None = every token. A sample with no True token adds nothing to the loss.
     """
 
-    prompt_ids: list[int]
+    prompt_ids: TokenArray
     images: list[bytes]
-    output_ids: list[int]
-    behaviour_logprobs: list[float]
+    output_ids: TokenArray
+    behaviour_logprobs: LogprobArray
     advantage: float
     replayed: bool = False
     loss_mask: list[bool] | None = None
+
+    def __post_init__(self) -> None:  # the step's arrays as they are; lists (tests, tools) become arrays
+        self.prompt_ids = int_array(self.prompt_ids)
+        self.output_ids = int_array(self.output_ids)
+        self.behaviour_logprobs = float_array(self.behaviour_logprobs)
 
     @property
     def loss_tokens(self) -> int:
@@ -102,7 +109,7 @@ def sample_problem(sample: TrainSample, proximal: Sequence[float] | None = None)
     n = len(sample.output_ids)
     if n == 0:
         return "no output tokens"
-    if not sample.prompt_ids:
+    if not len(sample.prompt_ids):
         return "no prompt tokens"
     if len(sample.behaviour_logprobs) != n:
         return f"{n} output tokens but {len(sample.behaviour_logprobs)} behaviour log-probs"
@@ -112,7 +119,7 @@ def sample_problem(sample: TrainSample, proximal: Sequence[float] | None = None)
         return f"{n} output tokens but {len(proximal)} proximal log-probs"
     if not math.isfinite(sample.advantage):
         return f"advantage {sample.advantage!r} is not finite"
-    if not all(math.isfinite(x) for x in sample.behaviour_logprobs):
+    if not np.isfinite(sample.behaviour_logprobs).all():
         return "behaviour log-probs must be finite"
     if proximal is not None and not all(math.isfinite(x) for x in proximal):
         return "proximal log-probs must be finite"
@@ -269,13 +276,16 @@ class Trainer:
         """(loss_sum, stats, replayed_stats) of a micro-batch's kept tokens, in one vectorised call of
         learner.grpo.corrected_token_loss; ``replayed_stats`` covers the replayed samples' tokens (None if none)."""
         lp = torch.cat(list(logprobs))
-        as_tensor = lambda v, dtype=lp.dtype: torch.tensor(v, dtype=dtype, device=lp.device)  # noqa: E731
-        prox = lp.detach() if proximal is None else as_tensor([x for p in proximal for x in p])
-        behaviour = as_tensor([x for s in samples for x in s.behaviour_logprobs])
-        advantages = as_tensor([float(s.advantage) for s in samples for _ in s.output_ids])
-        keep = as_tensor([bool(k) for s in samples for k in (s.loss_mask or [True] * len(s.output_ids))],
-                         torch.bool)
-        replayed = as_tensor([s.replayed for s in samples for _ in s.output_ids], torch.bool) & keep
+        as_tensor = lambda v, dtype=lp.dtype: torch.as_tensor(v).to(lp.device, dtype)  # noqa: E731
+        counts = [len(s.output_ids) for s in samples]
+        per_token = lambda values: np.repeat(np.asarray(values), counts)  # noqa: E731 - one value per sample
+        prox = lp.detach() if proximal is None else as_tensor(np.concatenate([np.asarray(p, np.float64)
+                                                                              for p in proximal]))
+        behaviour = as_tensor(np.concatenate([s.behaviour_logprobs for s in samples]))
+        advantages = as_tensor(per_token([float(s.advantage) for s in samples]))
+        keep = as_tensor(np.concatenate([np.ones(n, bool) if s.loss_mask is None else np.asarray(s.loss_mask, bool)
+                                         for s, n in zip(samples, counts)]), torch.bool)
+        replayed = as_tensor(per_token([s.replayed for s in samples]), torch.bool) & keep
         kwargs = dict(mode=self.config.correction, eps_low=self.config.eps_low, eps_high=self.config.eps_high,
                       dual_clip=self.config.dual_clip, cap=self.config.correction_cap)
         loss_sum, stats = corrected_token_loss(lp[keep], prox[keep], behaviour[keep], advantages[keep], **kwargs)

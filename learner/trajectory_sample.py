@@ -113,7 +113,7 @@ def step_record(step: Step) -> dict[str, Any]:
     return {"text": step.text, "thought": thought_of(step.text), "action": step.action,
             "actions": parse_compact_actions(step.action),
             "screenshot": step.image_indices[-1] if step.image_indices else None,
-            "versions": [min(step.versions), max(step.versions)] if step.versions else [],
+            "versions": [int(step.versions.min()), int(step.versions.max())] if len(step.versions) else [],
             "generate_s": step.generate_s, "act_s": step.act_s, "observe_s": step.observe_s}
 
 

@@ -21,7 +21,7 @@ def completion_logits(model, image_processor, input_ids: list[int], images: list
     """
     import torch
 
-    if not completion_ids:
+    if not len(completion_ids):
         raise ModelInputError("completion_ids is empty")
     pixels = pixel_inputs(image_processor, images)
     ids = torch.tensor([list(input_ids) + list(completion_ids)], dtype=torch.long)

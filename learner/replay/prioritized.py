@@ -33,8 +33,8 @@ _PRIORITIZED_SCHEMA = 1
 def trajectory_version(trajectory: Any) -> int:
     """Policy version that sampled a trajectory: the oldest version among its tokens (``step.versions``), or its
     ``assigned_version`` when it has no generated token. Works on :class:`arpo_async.messages.Trajectory`."""
-    versions = [v for step in trajectory.steps for v in step.versions]
-    return int(min(versions)) if versions else int(getattr(trajectory, "assigned_version", 0))
+    oldest = trajectory.oldest_version()
+    return oldest if oldest is not None else int(getattr(trajectory, "assigned_version", 0))
 
 
 def trajectory_length(trajectory: Any) -> int:

@@ -184,7 +184,7 @@ async def test_custom_policy_drives_episode_runner_into_list_and_jsonl_sinks(tin
     for t in listed:
         assert [s.action.split("(")[0] for s in t.steps] == ["click", "finished"]
         assert t.task_id == "grid4-green" and t.group_id == "grid4-green" and t.screenshots
-        assert all(s.output_ids == [] and s.text for s in t.steps)
+        assert all(len(s.output_ids) == 0 and s.text for s in t.steps)
         assert {"setup_s", "evaluate_s", "episode_s"} <= set(t.timings)
     (line,) = (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
     record = json.loads(line)

@@ -109,12 +109,14 @@ async def test_step_prompts_carry_the_window_of_screenshots_and_every_reply_as_t
     windows = [[0], [0, 1], [1, 2]]
     for k, (step, call, text, window) in enumerate(zip(traj.steps, sent, texts, windows)):
         expected_ids = encoder.expand_image_pads(encoder.tokenize(text), [SCREEN] * len(window))
-        assert step.prompt_ids == expected_ids, (k, encoder.decode(step.prompt_ids, skip_special_tokens=False))
+        assert step.prompt_ids.tolist() == expected_ids, (k, encoder.decode(step.prompt_ids,
+                                                                             skip_special_tokens=False))
         assert call["input_ids"] == encoder.collapse_image_pads(expected_ids), k  # what the server was sent
         assert call["images"] == [observed[i] for i in window], k
         assert [traj.screenshots[i] for i in step.image_indices] == call["images"], k
-        assert step.text == call["reply"] and step.output_ids == call["output_ids"], k
-        assert step.versions == [3] * len(step.output_ids) and step.logprobs == [-0.25 - k] * len(step.output_ids)
+        assert step.text == call["reply"] and step.output_ids.tolist() == call["output_ids"], k
+        assert step.versions.tolist() == [3] * len(step.output_ids)
+        assert step.logprobs.tolist() == [-0.25 - k] * len(step.output_ids)
     assert [s.action.split("(")[0] for s in traj.steps] == ["click", "type", "click", "finished"]
 
     # The learner trains on the same ids and screenshots the server ran, and its forward accepts them.
@@ -124,9 +126,9 @@ async def test_step_prompts_carry_the_window_of_screenshots_and_every_reply_as_t
     model, image_processor = load_policy(tiny_model)
     pixels = PixelCache(image_processor)
     for sample, call, step in zip(samples, sent, traj.steps):
-        assert encoder.collapse_image_pads(sample.prompt_ids) == call["input_ids"]
-        assert sample.prompt_ids == step.prompt_ids and sample.images == call["images"]
-        assert sample.output_ids == call["output_ids"] and sample.behaviour_logprobs == step.logprobs
+        assert encoder.collapse_image_pads(sample.prompt_ids.tolist()) == call["input_ids"]
+        assert sample.prompt_ids is step.prompt_ids and sample.images == call["images"]  # the step's own arrays
+        assert sample.output_ids.tolist() == call["output_ids"] and sample.behaviour_logprobs is step.logprobs
         assert image_pad_problem(model, sample, pixels) is None
     with torch.no_grad():
         logprobs = CompletionLogprobs(model)(collate(model, samples, pixels, check_pad_id(model)))
@@ -167,12 +169,12 @@ async def test_an_episode_across_a_weight_publication_keeps_each_steps_version_a
 
     assert traj.outcome == Outcome.TRUNCATED and traj.assigned_version == 0, (traj.outcome, traj.error)
     assert published and published[0].get("success") is True, published
-    assert [sorted(set(s.versions)) for s in traj.steps] == [[0], [1], [1]]
+    assert [sorted(set(s.versions.tolist())) for s in traj.steps] == [[0], [1], [1]]
     assert all(len(s.versions) == len(s.output_ids) == len(s.logprobs) > 0 for s in traj.steps)
 
     # Behaviour log-probs: each step's are those of the version that sampled it, as the learner computes them.
     samples = train_samples([ScoredGroup("grid4-green", [traj], [0.0], [1.0], False, 0.0, [1])])
-    assert [s.behaviour_logprobs for s in samples] == [s.logprobs for s in traj.steps]
+    assert [s.behaviour_logprobs.tolist() for s in samples] == [s.logprobs.tolist() for s in traj.steps]
     per_version = {}
     for version, folder in ((0, tiny_model), (1, v1)):
         model, image_processor = load_policy(folder)

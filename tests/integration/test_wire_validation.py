@@ -33,7 +33,7 @@ def _traj():
     (lambda t: setattr(t, "score", 1.5), "score"),
     (lambda t: t.steps[0].logprobs.__setitem__(0, 0.25), "logprobs"),
     (lambda t: t.steps[0].logprobs.__setitem__(0, -math.inf), "logprobs"),
-    (lambda t: t.steps[0].versions.pop(), "lengths"),
+    (lambda t: setattr(t.steps[0], "versions", t.steps[0].versions[:-1]), "lengths"),
     (lambda t: t.steps[0].output_ids.__setitem__(0, VOCAB), "token_ids"),
     (lambda t: t.steps[1].prompt_ids.__setitem__(0, -3), "token_ids"),
     (lambda t: setattr(t.steps[0], "image_indices", [2]), "image_indices"),

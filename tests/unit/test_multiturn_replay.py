@@ -77,8 +77,9 @@ def test_a_replayed_multi_step_success_trains_every_step_as_sampled(mode, throug
     assert len(samples) == 3 + 3 and len(replayed) == 3
     original = three_step_success()
     for sample, step in zip(replayed, original.steps):
-        assert sample.prompt_ids == step.prompt_ids and sample.output_ids == step.output_ids
+        assert sample.prompt_ids.tolist() == step.prompt_ids.tolist()
+        assert sample.output_ids.tolist() == step.output_ids.tolist()
         assert sample.images == [original.screenshots[i] for i in step.image_indices]
-        assert sample.behaviour_logprobs == step.logprobs
+        assert sample.behaviour_logprobs.tolist() == step.logprobs.tolist()
         assert sample.advantage == scored.advantages[at] > 0
-    assert [s.versions for s in scored.trajectories[at].steps] == [[4, 4], [4, 5, 5], [5]]
+    assert [s.versions.tolist() for s in scored.trajectories[at].steps] == [[4, 4], [4, 5, 5], [5]]
