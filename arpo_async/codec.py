@@ -2,7 +2,9 @@
 
 A message travels as a ZeroMQ multipart message: frame 0 is a msgpack map
 ``{"type": str, "schema": int, "body": map}``; frames 1..n hold raw blobs (screenshots and other bytes
-fields of at least ``BLOB_MIN_BYTES``), referenced from the body by msgpack ExtType(1, frame index).
+fields of at least ``BLOB_MIN_BYTES``), referenced from the body by msgpack ExtType(1, frame index). A decoded
+blob is a read-only ``memoryview`` of its frame (zero copy; bytes-like: ``len``, slicing, ``==`` with bytes,
+hashing, file writes, PIL); ``bytes(value)`` makes a copy where a bytes method is needed.
 Array fields (``messages.TokenArray``: int32, ``messages.LogprobArray``: float64) and integer lists travel as
 little-endian int32 arrays (ExtType 2) or float64 arrays (ExtType 3): an array's own bytes out, a read-only NumPy
 view of the received bytes in (no per-element work on either side; a plain msgpack list is accepted too, checked
@@ -20,7 +22,7 @@ import dataclasses
 import enum
 import functools
 import typing
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 import numpy as np
@@ -43,21 +45,33 @@ class WireError(ValueError):
 
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
-    """Resolved type hints of a message dataclass, ``Annotated`` kept (an array field's dtype); cached: resolving
-    them costs more than checking a field."""
+    """Resolved type hints of a message dataclass, ``Annotated`` kept (an array field's dtype)."""
     return typing.get_type_hints(cls, include_extras=True)
 
 
 def _array_dtype(hint: Any) -> np.dtype | None:
-    """The dtype of an array field's hint (``Annotated[np.ndarray, dtype]``), or None for any other hint."""
-    if typing.get_origin(hint) is typing.Annotated and typing.get_args(hint)[0] is np.ndarray:
-        return typing.get_args(hint)[1]
-    return None
+    """The dtype of an array field's hint (``Annotated[np.ndarray, dtype]``; int32 for ``list[int]``), or None."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Annotated and args[0] is np.ndarray:
+        return args[1]
+    return INT32 if origin is list and args == (int,) else None
+
+
+_Encoder = Callable[[Any, list, str], Any]
+"""(value, blobs, field name) -> the msgpack value of one field (blobs collects the frames of large bytes)."""
+_Decoder = Callable[[Any, str], Any]
+"""(wire value, path) -> the checked field value; raises WireError naming ``path``."""
 
 
 @functools.cache
-def _fields(cls: type) -> tuple[dataclasses.Field, ...]:
-    return dataclasses.fields(cls)
+def _plan(cls: type) -> tuple[tuple[tuple[str, _Encoder, _Decoder], ...], frozenset[str]]:
+    """Per message dataclass, once: each field's (name, encoder, decoder), and the names of the required ones.
+    Resolving type hints per field costs far more than converting the value, so the dispatch is done here."""
+    hints = _hints(cls)
+    fields = tuple((f.name, _encoder(hints[f.name]), _decoder(hints[f.name])) for f in dataclasses.fields(cls))
+    required = frozenset(f.name for f in dataclasses.fields(cls)
+                         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    return fields, required
 
 
 def encode(message: Any) -> list[bytes]:
@@ -70,7 +84,7 @@ def encode(message: Any) -> list[bytes]:
     if msg_type not in MESSAGE_TYPES or not isinstance(message, MESSAGE_TYPES[msg_type]):
         raise WireError(f"not a wire message: {type(message).__name__}")
     blobs: list[bytes] = []
-    body = _to_wire(message, _hints(type(message)), blobs)
+    body = _to_wire(message, blobs)
     header = msgpack.packb({"type": msg_type, "schema": SCHEMA_VERSION, "body": body}, use_bin_type=True)
     return [header, *blobs]
 
@@ -79,7 +93,8 @@ def decode(frames: list[bytes], *, max_bytes: int) -> Any:
     """Decode multipart frames into a message dataclass.
 
     Args:
-        frames: frame 0 the msgpack header, then the blobs it references.
+        frames: frame 0 the msgpack header, then the blobs it references (bytes or buffers, e.g. the
+            ``Frame.buffer`` of a ZeroMQ frame received with ``copy=False``; blob fields keep views of them).
         max_bytes: largest total size accepted (the sum of all frames).
 
     Raises:
@@ -100,7 +115,7 @@ def decode(frames: list[bytes], *, max_bytes: int) -> Any:
             index = int.from_bytes(data, "little")
             if index >= len(blobs):
                 raise WireError(f"blob reference {index} but only {len(blobs)} blob frames")
-            return bytes(blobs[index])
+            return memoryview(blobs[index]).toreadonly()  # zero copy: a view of the frame
         dtype = _DTYPE_OF_EXT.get(code)
         if dtype is not None:
             if len(data) % dtype.itemsize:
@@ -109,7 +124,7 @@ def decode(frames: list[bytes], *, max_bytes: int) -> Any:
         raise WireError(f"unknown msgpack extension type {code}")
 
     try:
-        header = msgpack.unpackb(bytes(frames[0]), raw=False, ext_hook=ext_hook, strict_map_key=True)
+        header = msgpack.unpackb(frames[0], raw=False, ext_hook=ext_hook, strict_map_key=True)
     except WireError:
         raise
     except Exception as e:  # msgpack raises several unrelated exception types on corrupt input
@@ -124,27 +139,33 @@ def decode(frames: list[bytes], *, max_bytes: int) -> Any:
     return _from_wire(cls, header.get("body"), header["type"])
 
 
-def _to_wire(obj: Any, hints: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for f in _fields(type(obj)):
-        out[f.name] = _value_to_wire(getattr(obj, f.name), hints[f.name], blobs, f.name)
-    return out
+def _to_wire(obj: Any, blobs: list[bytes]) -> dict[str, Any]:
+    return {name: encode_field(getattr(obj, name), blobs, name) for name, encode_field, _ in _plan(type(obj))[0]}
 
 
-def _value_to_wire(value: Any, hint: Any, blobs: list[bytes], name: str) -> Any:
+@functools.cache
+def _encoder(hint: Any) -> _Encoder:
+    """The encoder of a field of type ``hint`` (see :data:`_Encoder`)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if dataclasses.is_dataclass(hint):
-        return _to_wire(value, _hints(hint), blobs)
-    dtype = _array_dtype(hint) or (INT32 if origin is list and args == (int,) else None)
+        return lambda value, blobs, name: _to_wire(value, blobs)
+    dtype = _array_dtype(hint)
     if dtype is not None:
-        return msgpack.ExtType(_EXT_OF_DTYPE[dtype], _packed(value, dtype, name))
-    if origin is list and args == (bytes,):
-        return [_value_to_wire(v, bytes, blobs, name) for v in value]
-    if origin is list and dataclasses.is_dataclass(args[0]):
-        return [_to_wire(v, _hints(args[0]), blobs) for v in value]
+        code = _EXT_OF_DTYPE[dtype]
+        return lambda value, blobs, name: msgpack.ExtType(code, _packed(value, dtype, name))
+    if origin is list and (args == (bytes,) or dataclasses.is_dataclass(args[0])):
+        item = _encoder(args[0])
+        return lambda value, blobs, name: [item(v, blobs, name) for v in value]
     if isinstance(hint, type) and issubclass(hint, enum.StrEnum):
-        return _member(hint, value, name).value
-    if hint is bytes and isinstance(value, (bytes, bytearray, memoryview)) and len(value) >= BLOB_MIN_BYTES:
+        return lambda value, blobs, name: _member(hint, value, name).value
+    if hint is bytes:
+        return _blob
+    return lambda value, blobs, name: value
+
+
+def _blob(value: Any, blobs: list[bytes], name: str) -> Any:
+    """A bytes field: inline when short, else its own frame referenced by ExtType(1, frame index)."""
+    if isinstance(value, (bytes, bytearray, memoryview)) and len(value) >= BLOB_MIN_BYTES:
         blobs.append(bytes(value))
         return msgpack.ExtType(_EXT_BLOB, (len(blobs) - 1).to_bytes(4, "little"))
     return value
@@ -178,42 +199,66 @@ def _member(hint: type[enum.StrEnum], value: Any, path: str) -> enum.StrEnum:
 def _from_wire(cls: type, data: Any, path: str) -> Any:
     if not isinstance(data, dict):
         raise WireError(f"{path}: expected a map, got {type(data).__name__}")
-    hints = _hints(cls)
-    fields = {f.name: f for f in _fields(cls)}
-    unknown = set(data) - set(fields)
-    if unknown:
-        raise WireError(f"{path}: unknown field(s) {sorted(map(str, unknown))}")
+    fields, required = _plan(cls)
+    if len(data) > len(fields) or not required <= data.keys():
+        unknown = set(data) - {name for name, _, _ in fields}
+        if unknown:
+            raise WireError(f"{path}: unknown field(s) {sorted(map(str, unknown))}")
+        missing = next(name for name, _, _ in fields if name in required and name not in data)
+        raise WireError(f"{path}: missing field {missing!r}")
     kwargs: dict[str, Any] = {}
-    for name, f in fields.items():
-        if name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise WireError(f"{path}: missing field {name!r}")
-            continue
-        kwargs[name] = _check(data[name], hints[name], f"{path}.{name}")
+    for name, _, decode_field in fields:
+        if name in data:
+            kwargs[name] = decode_field(data[name], f"{path}.{name}")
+    if len(kwargs) != len(data):
+        raise WireError(f"{path}: unknown field(s) {sorted(map(str, set(data) - kwargs.keys()))}")
     return cls(**kwargs)
 
 
 def _check(value: Any, hint: Any, path: str) -> Any:
+    """``value`` checked (and converted) as a field of type ``hint``; raises WireError naming ``path``."""
+    return _decoder(hint)(value, path)
+
+
+@functools.cache
+def _decoder(hint: Any) -> _Decoder:
+    """The decoder of a field of type ``hint`` (see :data:`_Decoder`)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if dataclasses.is_dataclass(hint):
-        return _from_wire(hint, value, path)
+        return lambda value, path: _from_wire(hint, value, path)
     dtype = _array_dtype(hint)
-    if dtype is not None:
-        return _check_array(value, dtype, path)
+    if dtype is not None and origin is not list:
+        return lambda value, path: _check_array(value, dtype, path)
     if origin is list:
-        if type(value) is np.ndarray and args == (int,) and value.dtype == INT32:
-            return value.tolist()  # a short packed list (image indices)
-        if not isinstance(value, list):
-            raise WireError(f"{path}: expected a list, got {type(value).__name__}")
-        if _all_of_type(value, args[0]):
-            return list(value)  # fast path: nothing to convert (the per-item loop costs ~1 us per item)
-        return [_check(v, args[0], f"{path}[{i}]") for i, v in enumerate(value)]
+        return functools.partial(_check_list, item=args[0], decode_item=_decoder(args[0]))
     if origin is dict or hint is dict:
-        if not isinstance(value, dict):
-            raise WireError(f"{path}: expected a map, got {type(value).__name__}")
-        if args:
-            return {_check(k, args[0], path): _check(v, args[1], f"{path}[{k!r}]") for k, v in value.items()}
-        return value
+        return functools.partial(_check_map, key_value=args)
+    if isinstance(hint, type) and issubclass(hint, enum.StrEnum):
+        return lambda value, path: _member(hint, value, path)
+    if hint in (float, int, str, bytes, bool):
+        return functools.partial(_check_scalar, hint=hint)
+    raise WireError(f"unsupported field type {hint!r}")
+
+
+def _check_list(value: Any, path: str, *, item: Any, decode_item: _Decoder) -> list:
+    if item is int and type(value) is np.ndarray and value.dtype == INT32:
+        return value.tolist()  # a short packed list (image indices)
+    if not isinstance(value, list):
+        raise WireError(f"{path}: expected a list, got {type(value).__name__}")
+    if _all_of_type(value, item):
+        return list(value)  # fast path: nothing to convert (the per-item loop costs ~1 us per item)
+    return [decode_item(v, f"{path}[{i}]") for i, v in enumerate(value)]
+
+
+def _check_map(value: Any, path: str, *, key_value: tuple) -> dict:
+    if not isinstance(value, dict):
+        raise WireError(f"{path}: expected a map, got {type(value).__name__}")
+    if key_value:
+        return {_check(k, key_value[0], path): _check(v, key_value[1], f"{path}[{k!r}]") for k, v in value.items()}
+    return value
+
+
+def _check_scalar(value: Any, path: str, *, hint: type) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise WireError(f"{path}: expected a number, got {type(value).__name__}")
@@ -222,13 +267,9 @@ def _check(value: Any, hint: Any, path: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise WireError(f"{path}: expected an integer, got {type(value).__name__}")
         return value
-    if isinstance(hint, type) and issubclass(hint, enum.StrEnum):
-        return _member(hint, value, path)
-    if hint in (str, bytes, bool):
-        if not isinstance(value, hint):
-            raise WireError(f"{path}: expected {hint.__name__}, got {type(value).__name__}")
-        return value
-    raise WireError(f"{path}: unsupported field type {hint!r}")
+    if not isinstance(value, hint) and not (hint is bytes and type(value) is memoryview):  # a blob's view
+        raise WireError(f"{path}: expected {hint.__name__}, got {type(value).__name__}")
+    return value
 
 
 def _check_array(value: Any, dtype: np.dtype, path: str) -> np.ndarray:

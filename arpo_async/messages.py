@@ -153,6 +153,8 @@ class Trajectory:
     """False when a reply did not parse (ARPO's format reward is then -1)."""
     steps: list[Step]
     screenshots: list[bytes]
+    """Encoded images (PNG/JPEG), indexed by ``Step.image_indices``. On a decoded trajectory each is a read-only
+    memoryview of the ZeroMQ frame it arrived in (bytes-like, no copy; see arpo_async.codec)."""
     error: str = ""
     """For ENV_ERROR / ABORTED / POLICY_ERROR: the error's type and message."""
     timings: dict[str, float] = field(default_factory=dict)

@@ -280,11 +280,14 @@ class SocketPump:
     async def _drain_incoming(self) -> None:
         """Receive while the socket has messages and the inbox has room (else leave one put pending)."""
         while self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=True)
+            # copy=False: no copy of the frames into new bytes objects (~1 ms per 2.9 MB trajectory); the codec
+            # decodes from the frames' buffers and a large bytes field (a screenshot) stays a view of its frame
+            frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
             frames = await frames if asyncio.isfuture(frames) else frames
+            frames = [frame.buffer for frame in frames]
             peer = None
             if self._routed:
-                peer = frames[0].decode("latin-1")  # routing ids are bytes; latin-1 round-trips any of them
+                peer = bytes(frames[0]).decode("latin-1")  # routing ids are bytes; latin-1 round-trips any of them
                 frames = frames[1:]
             try:
                 envelope = Envelope(codec.decode(frames, max_bytes=self._max_bytes), peer)

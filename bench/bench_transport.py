@@ -27,7 +27,6 @@ import asyncio
 import dataclasses
 import multiprocessing as mp
 import os
-import random
 import socket
 import sys
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 import zmq.asyncio  # noqa: E402
 
@@ -44,6 +44,7 @@ from _common import desktop_png, median, result_line  # noqa: E402
 STEPS = 15
 PROMPT_TOKENS = 3000
 OUTPUT_TOKENS = 40
+VOCAB = 151_000
 
 
 def free_port() -> int:
@@ -56,19 +57,21 @@ def make_trajectory(seed: int = 0):
     """One realistic 15-step trajectory (see the module docstring)."""
     from arpo_async.messages import Step, Trajectory
 
-    rng = random.Random(seed)
+    rng = np.random.default_rng(seed)
     shots = [desktop_png(seed * 100 + i) for i in range(STEPS)]
     steps = []
     for i in range(STEPS):
-        prompt = [rng.randrange(151_000) for _ in range(PROMPT_TOKENS)]
-        out = [rng.randrange(151_000) for _ in range(OUTPUT_TOKENS)]
-        steps.append(Step(prompt_ids=prompt, image_indices=[max(0, i - 1), i], output_ids=out,
-                          logprobs=[-rng.random() * 3 for _ in out], versions=[7] * OUTPUT_TOKENS,
+        steps.append(Step(prompt_ids=rng.integers(0, VOCAB, PROMPT_TOKENS, dtype=np.int32),
+                          image_indices=[max(0, i - 1), i],
+                          output_ids=rng.integers(0, VOCAB, OUTPUT_TOKENS, dtype=np.int32),
+                          logprobs=-3 * rng.random(OUTPUT_TOKENS), versions=np.zeros(OUTPUT_TOKENS, np.int32),
                           text="Thought: click the red button.\nAction: click(start_box='(640,360)')",
                           action="click(640,360)", generate_s=0.8, act_s=0.02, observe_s=0.01))
+    # version 0, the learner's: the trajectory passes every check of the learner's validation (a newer version
+    # would be refused at its first check and skip the rest of the receive path)
     return Trajectory(trajectory_id="t", actor_id="bench/0", task_id="grid4-red", group_id="g-none",
                       rollout_index=0, outcome="FAILURE", score=0.0, format_ok=True, steps=steps,
-                      screenshots=shots, timings={"episode_s": 12.0}, assigned_version=7, desktop="d0")
+                      screenshots=shots, timings={"episode_s": 12.0}, assigned_version=0, desktop="d0")
 
 
 # ------------------------------------------------------------------ learner side (child process)
@@ -95,7 +98,7 @@ async def _stack_learner_async(endpoint: str, ready) -> None:
     inbox, outbox = asyncio.Queue(INBOX_SIZE), Outbox(routed=True)
     pump = SocketPump(router_socket(ctx, config), inbox=inbox, outbox=outbox, max_bytes=config.max_message_bytes)
     service = LearnerService(outbox, GroupScheduler([task], group_size=8), StalenessManager(8, 1),
-                             Batcher(SuccessReplay(), max_staleness=1, groups_per_step=1))
+                             Batcher(SuccessReplay(), max_staleness=1, groups_per_step=1), vocab_size=VOCAB)
     ready.set()
     try:
         async with asyncio.TaskGroup() as tg:

@@ -61,7 +61,8 @@ class TrainSample:
 
     Attributes:
         prompt_ids: the prompt token ids as sent to the sampler (image pad tokens already expanded), [P] int32.
-        images: the screenshots the prompt references, encoded image bytes (PNG/JPEG), in prompt order.
+        images: the screenshots the prompt references, encoded image bytes (PNG/JPEG; a received one is a
+            memoryview of its ZeroMQ frame), in prompt order.
         output_ids: the generated token ids, [T] int32, T >= 1; the loss covers exactly these tokens.
         behaviour_logprobs: the sampler's log-prob of each output token (nats), [T] float64.
         advantage: the rollout's group-relative advantage, broadcast to all T tokens.
@@ -83,6 +84,11 @@ class TrainSample:
         self.prompt_ids = int_array(self.prompt_ids)
         self.output_ids = int_array(self.output_ids)
         self.behaviour_logprobs = float_array(self.behaviour_logprobs)
+
+    def __getstate__(self) -> dict:
+        """Pickled state (torch.distributed sends samples to the other ranks as objects): the images as bytes,
+        since a received screenshot is a memoryview of its ZeroMQ frame, which does not pickle."""
+        return {**self.__dict__, "images": [bytes(image) for image in self.images]}
 
     @property
     def loss_tokens(self) -> int:

@@ -92,6 +92,7 @@ def thought_of(reply: str) -> str:
 
 def image_suffix(data: bytes) -> str:
     """File suffix for screenshot bytes: ".png", ".jpg", else ".bin" (from the magic bytes)."""
+    data = bytes(data[:8])  # a received screenshot is a memoryview of its frame (arpo_async.codec)
     if data.startswith(b"\x89PNG\r\n\x1a\n"):
         return ".png"
     if data.startswith(b"\xff\xd8"):
