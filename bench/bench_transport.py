@@ -11,12 +11,20 @@ What runs (two processes, as in a deployment: the learner's side in a child proc
   DEALER -> ROUTER pair, receiving with ``copy=False``, no codec, one "done" reply per round.
 
 Trajectories are realistic: 15 steps, 15 distinct 1280x720 PNG screenshots drawn like desktops (100-200 KB
-each), ~3,000 prompt token ids per step, 40 output tokens with log-probs and versions (~3.3 MB per trajectory).
+each), 3,000 prompt token ids per step, 40 output tokens with log-probs and versions (2.9 MB per trajectory),
+valid for the learner (version 0, ids inside its vocabulary), so it runs every check.
 
-Last line: ``traj_per_s=... mb_per_s=... raw_mb_per_s=... ratio=...`` (medians over rounds; MB = 10^6 bytes;
-ratio = stack MB/s / raw MB/s, target >= 0.8).
+CPU per trajectory on each side (process time, all threads, ZeroMQ's I/O thread included, per trajectory of a
+stack round): ``actor_cpu_ms_per_traj`` (encode + send + the link's bookkeeping and the Ack) and
+``learner_cpu_ms_per_traj`` (receive + decode + validate + the service's handling and the Ack); target <= 2 ms
+each. Their codec part alone, in this process: ``encode_ms`` (codec.encode) and ``decode_validate_ms``
+(codec.decode + validation.check_trajectory).
 
-    python bench/bench_transport.py            # 5 rounds x 200 trajectories per mode
+Last line: ``traj_per_s=... mb_per_s=... raw_mb_per_s=... ratio=... actor_cpu_ms_per_traj=...
+learner_cpu_ms_per_traj=... encode_ms=... decode_validate_ms=...`` (medians over rounds; MB = 10^6 bytes; ratio =
+stack MB/s / raw MB/s, target >= 0.8).
+
+    python bench/bench_transport.py            # 7 rounds x 200 trajectories per mode
     python bench/bench_transport.py --quick    # 3 rounds x 60
 """
 
@@ -231,6 +239,28 @@ async def run_rounds(traj, frames: list[bytes], n: int, rounds: int, hwm: int) -
     return raw_rounds, stack_rounds
 
 
+def codec_cpu_ms(traj, n: int, rounds: int) -> tuple[float, float]:
+    """(encode, decode + validate) process CPU milliseconds per trajectory, medians of ``rounds`` of ``n``."""
+    from arpo_async import codec
+    from arpo_async.validation import check_trajectory
+
+    frames = codec.encode(traj)
+
+    def receive() -> None:
+        check_trajectory(codec.decode(frames, max_bytes=1 << 30), vocab_size=VOCAB, version=0)
+
+    def per_call(fn) -> float:
+        times = []
+        for _ in range(rounds):
+            t0 = time.process_time()
+            for _ in range(n):
+                fn()
+            times.append((time.process_time() - t0) / n * 1e3)
+        return median(times)
+
+    return per_call(lambda: codec.encode(traj)), per_call(receive)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds of 60 trajectories per mode")
@@ -264,11 +294,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'mode':<6} {'traj/s':>8} {'MB/s':>8} {'actor ms/traj':>13} {'learner ms/traj':>15}   "
           f"MB/s per round (CPU: process time, all threads)")
     raw, stack = row("raw", raw_rounds), row("stack", stack_rounds)
+    encode_ms, receive_ms = codec_cpu_ms(traj, n, rounds)
+    print(f"codec alone, per trajectory: encode {encode_ms:.3f} ms (actor), decode + validate {receive_ms:.3f} ms "
+          f"(learner)")
     print(f"load average after the run: {os.getloadavg()[0]:.1f}")
     print(result_line({"traj_per_s": stack["traj_per_s"], "mb_per_s": stack["mb_per_s"],
                        "raw_mb_per_s": raw["mb_per_s"], "ratio": stack["mb_per_s"] / raw["mb_per_s"],
                        "traj_mb": traj_bytes / 1e6, "actor_cpu_ms_per_traj": stack["actor_cpu_ms"],
-                       "learner_cpu_ms_per_traj": stack["learner_cpu_ms"]}))
+                       "learner_cpu_ms_per_traj": stack["learner_cpu_ms"], "encode_ms": encode_ms,
+                       "decode_validate_ms": receive_ms}))
     return 0
 
 

@@ -30,7 +30,15 @@ def run_bench(name: str, *args: str, timeout: float) -> dict[str, str]:
 
 
 def test_bench_transport_quick():
-    assert {"traj_per_s", "ratio"} <= set(run_bench("bench_transport", "--quick", timeout=300))
+    figures = run_bench("bench_transport", "--quick", timeout=300)
+    assert {"traj_per_s", "ratio", "actor_cpu_ms_per_traj", "learner_cpu_ms_per_traj", "encode_ms",
+            "decode_validate_ms"} <= set(figures)
+
+
+def test_bench_prompt_prefix_quick():
+    figures = run_bench("bench_prompt_prefix", "--quick", timeout=300)
+    assert {"h2_saved_frac", "h15_saved_frac", "h2_prefix_pack_us", "h15_prefix_unpack_us"} <= set(figures)
+    assert 0 < float(figures["h2_saved_frac"]) < float(figures["h15_saved_frac"]) < 1
 
 
 def test_bench_actor_loop_quick():
