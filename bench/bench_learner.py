@@ -100,7 +100,7 @@ def time_plain(model: Path, samples: list, repeats: int, device: str, threads: i
     policy, processor = load_policy(model)
     policy.to(dev)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-5, weight_decay=0.01)
-    seqs = [s.prompt_ids + s.output_ids for s in samples]
+    seqs = [s.prompt_ids.tolist() + s.output_ids.tolist() for s in samples]  # the plain way: Python lists
     width = max(map(len, seqs))
     ids = torch.zeros((len(seqs), width), dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -112,7 +112,7 @@ def time_plain(model: Path, samples: list, repeats: int, device: str, threads: i
     kw = {k: v.to(dev) for k, v in {"input_ids": ids, "attention_mask": mask, **pixels}.items()}
     rows = torch.tensor([b for b, s in enumerate(samples) for _ in s.output_ids], device=dev)
     cols = torch.tensor([len(s.prompt_ids) - 1 + t for s in samples for t in range(len(s.output_ids))], device=dev)
-    targets = torch.tensor([t for s in samples for t in s.output_ids], device=dev)
+    targets = torch.tensor([t for s in samples for t in s.output_ids.tolist()], device=dev)
     advantages = torch.tensor([s.advantage for s in samples for _ in s.output_ids], device=dev)
 
     def step() -> None:

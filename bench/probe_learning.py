@@ -47,13 +47,15 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np  # noqa: E402
+
 from actors.desktop.build import build_image  # noqa: E402
 from actors.desktop.fleet import DesktopFleet  # noqa: E402
 from actors.episode import SUCCESS_SCORE, EpisodeRunner, add_screenshot, describe, episode_outcome  # noqa: E402
 from actors.uitars.actions import ActionParseError, parse_reply  # noqa: E402
 from actors.uitars.prompt import build_messages  # noqa: E402
 from arpo_async.config import ActorConfig, RunConfig, load_config  # noqa: E402
-from arpo_async.messages import Outcome, Step, Trajectory  # noqa: E402
+from arpo_async.messages import Outcome, Step, Trajectory, float_array, int_array  # noqa: E402
 from arpo_async.model.inputs import PromptEncoder  # noqa: E402
 from arpo_async.tasks import Task  # noqa: E402
 from arpo_serve.engine import Engine, SamplingParams  # noqa: E402
@@ -158,8 +160,8 @@ class EmulatedEpisode:
     def take(self, result, runner: EpisodeRunner, version: int) -> None:
         """Record the engine's reply to the last request and act on it."""
         ac, step = runner.config, self.trajectory.steps[-1]
-        step.output_ids, step.logprobs, step.text = result.output_ids, result.output_logprobs, result.text
-        step.versions = [version] * len(result.output_ids)
+        step.output_ids, step.logprobs = int_array(result.output_ids), float_array(result.output_logprobs)
+        step.text, step.versions = result.text, np.full(len(step.output_ids), version, np.int32)
         try:
             parsed = parse_reply(result.text, resized_size=runner.resized_size, screen_size=ac.screen_size,
                                  coordinate_mode=ac.coordinate_mode)

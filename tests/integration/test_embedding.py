@@ -189,6 +189,9 @@ async def test_custom_policy_drives_episode_runner_into_list_and_jsonl_sinks(tin
     (line,) = (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
     record = json.loads(line)
     assert record["outcome"] == "SUCCESS" and record["score"] == 1.0 and len(record["steps"]) == 2
+    # the step's packed arrays are JSON lists (traj is the trajectory the JSONL sink took)
+    assert record["steps"][0]["prompt_ids"] == traj.steps[0].prompt_ids.tolist() != []
+    assert record["steps"][0]["output_ids"] == record["steps"][0]["logprobs"] == []
     assert record["screenshot_count"] == len(record["screenshots"]) >= 1
     for rel in record["screenshots"]:
         assert png_size((tmp_path / "out" / rel).read_bytes()) == (1280, 720)

@@ -305,8 +305,8 @@ def test_sglang_runs_the_ids_we_train_on(episodes, scenario):
             f"ours {len(step.prompt_ids)}")
         assert got["image_grid_thw"] == [[1, h // 14, w // 14]] * len(step.image_indices), (
             f"step {i}: SGLang's image grids {got['image_grid_thw']} differ from our smart_resize ({w}x{h})")
-        assert got["input_ids"] == step.prompt_ids, f"step {i}: " + first_difference(
-            encoder, step.prompt_ids, got["input_ids"])
+        assert got["input_ids"] == step.prompt_ids.tolist(), f"step {i}: " + first_difference(
+            encoder, step.prompt_ids.tolist(), got["input_ids"])
         assert not [line for line in got["log"] if "retokenize" in line], got["log"]  # kept verbatim, no warning
         # the wire form: one pad per image, the screenshots in prompt order
         assert body["input_ids"] == encoder.collapse_image_pads(step.prompt_ids)

@@ -102,3 +102,66 @@ def test_encode_refuses_non_messages_and_out_of_range_ids():
     traj.steps[0].output_ids = [2**40]
     with pytest.raises(codec.WireError, match="int32"):
         codec.encode(traj)
+
+
+def test_decoded_token_arrays_are_packed_views_not_python_lists():
+    traj = codec.decode(codec.encode(sample_trajectory()), max_bytes=LIMIT)
+    for step in traj.steps:
+        for values, dtype in ((step.prompt_ids, "<i4"), (step.output_ids, "<i4"), (step.versions, "<i4"),
+                              (step.logprobs, "<f8")):
+            assert type(values) is np.ndarray and values.dtype == np.dtype(dtype) and values.ndim == 1
+            assert not values.flags.writeable  # a view of the received bytes, not a copy
+    assert traj.steps[0].prompt_ids.tolist() == [1, 2, 3, 151655, 151655]
+    assert traj.steps[0].logprobs.tolist() == [-0.5, -1.25, -3.0e-7]  # float64: bit-exact
+
+
+def test_a_decoded_screenshot_is_a_view_of_its_frame():
+    frames = codec.encode(sample_trajectory())
+    frame = bytearray(frames[1])
+    traj = codec.decode([frames[0], frame], max_bytes=LIMIT)
+    assert type(traj.screenshots[0]) is memoryview and traj.screenshots[0].readonly
+    assert traj.screenshots[0] == sample_trajectory().screenshots[0] and traj.screenshots[1] == b"small"
+    frame[0] = 0  # no copy was made: the screenshot is the frame's memory
+    assert traj.screenshots[0][0] == 0
+    assert codec.decode(codec.encode(traj), max_bytes=LIMIT) == traj  # a view encodes like bytes
+
+
+def _with_step_field(name, value):
+    header = msgpack.unpackb(codec.encode(sample_trajectory())[0], raw=False,
+                             ext_hook=lambda code, data: msgpack.ExtType(code, data))
+    header["body"]["steps"][0][name] = value
+    return [msgpack.packb(header, use_bin_type=True), *codec.encode(sample_trajectory())[1:]]
+
+
+def test_plain_lists_are_accepted_and_checked_item_by_item():
+    traj = codec.decode(_with_step_field("output_ids", [7, 8, 9]), max_bytes=LIMIT)
+    assert traj == sample_trajectory() and traj.steps[0].output_ids.dtype == np.int32
+    traj = codec.decode(_with_step_field("logprobs", [-1, -0.5, 0]), max_bytes=LIMIT)
+    assert traj.steps[0].logprobs.dtype == np.float64 and traj.steps[0].logprobs.tolist() == [-1.0, -0.5, 0.0]
+
+
+@pytest.mark.parametrize("name,value,reason", [
+    ("output_ids", [7, 8.0, 9], "expected an integer"),
+    ("output_ids", [7, True, 9], "expected an integer"),
+    ("output_ids", msgpack.ExtType(3, np.zeros(3).tobytes()), "expected a packed int32 array, got a float64"),
+    ("output_ids", msgpack.ExtType(2, b"\0" * 5), "not a multiple of 4"),
+    ("output_ids", "789", "expected a packed int32 array or a list"),
+    ("output_ids", [[7], [8], [9]], "expected an integer"),
+    ("logprobs", [-1.0, False, -2.0], "expected a number"),
+    ("logprobs", {"a": 1}, "expected a packed float64 array or a list"),
+    ("versions", [2**64 - 1, -1, 0], "integers"),
+])
+def test_array_fields_refuse_what_is_not_their_dtype(name, value, reason):
+    with pytest.raises(codec.WireError, match=reason):
+        codec.decode(_with_step_field(name, value), max_bytes=LIMIT)
+
+
+def test_steps_hold_arrays_whatever_they_were_built_from():
+    step = sample_trajectory().steps[0]
+    assert type(step.prompt_ids) is np.ndarray and step.prompt_ids.dtype == np.int32
+    assert step.logprobs.dtype == np.float64 and step == sample_trajectory().steps[0]
+    assert Step([1, 2], [0], [3], [-0.5], [4], "t", "a") != Step([1, 2], [0], [3], [-0.5], [5], "t", "a")
+    with pytest.raises(TypeError):
+        Step([1.5], [0], [3], [-0.5], [4], "t", "a")  # a float is no token id: never truncated
+    wide = Step([2**40], [0], [3], [-0.5], [4], "t", "a")  # kept wide for validation to name, never wrapped
+    assert wide.prompt_ids.tolist() == [2**40]

@@ -127,3 +127,28 @@ def test_stratified_batches_fill_with_the_oldest_when_too_few_tasks_are_ready():
         b.add_group(complete_group(s, [("SUCCESS", 1.0), ("FAILURE", 0.0)]), version=0)
     oldest = list(b.ready)
     assert b.take_batch() == oldest[:2] and b.ready == oldest[2:]
+
+
+def test_samples_of_a_received_trajectory_keep_its_arrays_and_pickle_for_other_ranks():
+    """What the learner received (arrays viewing the message, screenshots viewing their frames) reaches the
+    TrainSample as it is, and pickles (torch.distributed sends samples to the other ranks as objects)."""
+    import pickle
+
+    from arpo_async import codec
+
+    s = GroupScheduler([task("a")], group_size=2)
+    r0, r1 = s.next_rollout(), s.next_rollout()
+    received = []
+    for r, outcome, score in ((r0, "SUCCESS", 1.0), (r1, "FAILURE", 0.0)):
+        sent = traj(r, outcome, score, versions=(1, 2))
+        sent.screenshots = [bytes(range(256)) * 20]  # a blob: its own frame
+        received.append(codec.decode(codec.encode(sent), max_bytes=1 << 24))
+    s.on_trajectory(received[0])
+    group = s.on_trajectory(received[1])
+    samples = train_samples([Batcher(SuccessReplay(), max_staleness=4, groups_per_step=1).add_group(group, 3)])
+    step = received[0].steps[0]
+    assert samples[0].prompt_ids is step.prompt_ids and samples[0].behaviour_logprobs is step.logprobs
+    assert type(samples[0].images[0]) is memoryview
+    copy = pickle.loads(pickle.dumps(samples[0]))
+    assert copy.images == [bytes(range(256)) * 20] and type(copy.images[0]) is bytes
+    assert copy.prompt_ids.tolist() == step.prompt_ids.tolist() and copy.advantage == samples[0].advantage
