@@ -36,14 +36,8 @@ def int_array(values: Any) -> np.ndarray:
     Raises:
         TypeError: not a 1-D sequence of integers (floats, bools, nested lists, integers past 64 bits).
     """
-    if type(values) is np.ndarray and values.dtype == INT32 and values.ndim == 1:
-        return values
-    arr = np.asarray(values)
-    if arr.size == 0 and arr.ndim == 1:
-        return np.zeros(0, INT32)
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise TypeError(f"expected a 1-D sequence of integers, got {arr.ndim}-D of {arr.dtype}")
-    if arr.dtype.itemsize <= 4 and arr.dtype != np.uint32 or (arr.min() >= -(1 << 31) and arr.max() < 1 << 31):
+    arr = _one_dim(values, INT32, "iu", "integers")
+    if arr.dtype.itemsize < 4 or arr.dtype == INT32 or (arr.min() >= -(1 << 31) and arr.max() < 1 << 31):
         return arr.astype(INT32, copy=False)
     return arr
 
@@ -54,14 +48,19 @@ def float_array(values: Any) -> np.ndarray:
     Raises:
         TypeError: not a 1-D sequence of real numbers.
     """
-    if type(values) is np.ndarray and values.dtype == FLOAT64 and values.ndim == 1:
+    return _one_dim(values, FLOAT64, "iuf", "numbers").astype(FLOAT64, copy=False)
+
+
+def _one_dim(values: Any, dtype: np.dtype, kinds: str, what: str) -> np.ndarray:
+    """``values`` as a 1-D NumPy array whose dtype kind is in ``kinds`` (an empty one of ``dtype``)."""
+    if type(values) is np.ndarray and values.dtype == dtype and values.ndim == 1:
         return values
     arr = np.asarray(values)
     if arr.size == 0 and arr.ndim == 1:
-        return np.zeros(0, FLOAT64)
-    if arr.ndim != 1 or arr.dtype.kind not in "iuf":
-        raise TypeError(f"expected a 1-D sequence of numbers, got {arr.ndim}-D of {arr.dtype}")
-    return arr.astype(FLOAT64, copy=False)
+        return np.zeros(0, dtype)
+    if arr.ndim != 1 or arr.dtype.kind not in kinds:
+        raise TypeError(f"expected a 1-D sequence of {what}, got a {arr.ndim}-D array of {arr.dtype}")
+    return arr
 
 
 class Outcome(enum.StrEnum):
