@@ -212,7 +212,10 @@ def _from_wire(cls: type, data: Any, path: str) -> Any:
             kwargs[name] = decode_field(data[name], f"{path}.{name}")
     if len(kwargs) != len(data):
         raise WireError(f"{path}: unknown field(s) {sorted(map(str, set(data) - kwargs.keys()))}")
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:  # a __post_init__ refusing a value the checks above let through
+        raise WireError(f"{path}: {e}") from None
 
 
 def _check(value: Any, hint: Any, path: str) -> Any:
