@@ -63,12 +63,18 @@ _Decoder = Callable[[Any, str], Any]
 """(wire value, path) -> the checked field value; raises WireError naming ``path``."""
 
 
+_PLAIN = (str, int, float, bool, bytes)
+"""Field types whose wire value is used as it is when it has exactly that type."""
+
+
 @functools.cache
-def _plan(cls: type) -> tuple[tuple[tuple[str, _Encoder, _Decoder], ...], frozenset[str]]:
-    """Per message dataclass, once: each field's (name, encoder, decoder), and the names of the required ones.
-    Resolving type hints per field costs far more than converting the value, so the dispatch is done here."""
+def _plan(cls: type) -> tuple[tuple[tuple[str, _Encoder, _Decoder, type | None], ...], frozenset[str]]:
+    """Per message dataclass, once: each field's (name, encoder, decoder, plain type or None), and the names of the
+    required ones. Resolving type hints per field costs far more than converting the value, so the dispatch is
+    done here."""
     hints = _hints(cls)
-    fields = tuple((f.name, _encoder(hints[f.name]), _decoder(hints[f.name])) for f in dataclasses.fields(cls))
+    fields = tuple((f.name, _encoder(hints[f.name]), _decoder(hints[f.name]),
+                    hints[f.name] if hints[f.name] in _PLAIN else None) for f in dataclasses.fields(cls))
     required = frozenset(f.name for f in dataclasses.fields(cls)
                          if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
     return fields, required
@@ -140,7 +146,7 @@ def decode(frames: list[bytes], *, max_bytes: int) -> Any:
 
 
 def _to_wire(obj: Any, blobs: list[bytes]) -> dict[str, Any]:
-    return {name: encode_field(getattr(obj, name), blobs, name) for name, encode_field, _ in _plan(type(obj))[0]}
+    return {name: encode_field(getattr(obj, name), blobs, name) for name, encode_field, _, _ in _plan(type(obj))[0]}
 
 
 @functools.cache
@@ -201,15 +207,16 @@ def _from_wire(cls: type, data: Any, path: str) -> Any:
         raise WireError(f"{path}: expected a map, got {type(data).__name__}")
     fields, required = _plan(cls)
     if len(data) > len(fields) or not required <= data.keys():
-        unknown = set(data) - {name for name, _, _ in fields}
+        unknown = set(data) - {field[0] for field in fields}
         if unknown:
             raise WireError(f"{path}: unknown field(s) {sorted(map(str, unknown))}")
-        missing = next(name for name, _, _ in fields if name in required and name not in data)
+        missing = next(field[0] for field in fields if field[0] in required and field[0] not in data)
         raise WireError(f"{path}: missing field {missing!r}")
     kwargs: dict[str, Any] = {}
-    for name, _, decode_field in fields:
+    for name, _, decode_field, plain in fields:
         if name in data:
-            kwargs[name] = decode_field(data[name], f"{path}.{name}")
+            value = data[name]
+            kwargs[name] = value if type(value) is plain else decode_field(value, f"{path}.{name}")
     if len(kwargs) != len(data):
         raise WireError(f"{path}: unknown field(s) {sorted(map(str, set(data) - kwargs.keys()))}")
     try:

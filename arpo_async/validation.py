@@ -87,6 +87,29 @@ def _check_token_ids(name: str, ids: np.ndarray, vocab_size: int | None) -> None
         _fail("token_ids", f"{name} holds {bad}, outside [0, {vocab_size if vocab_size is not None else 'inf'})")
 
 
+def _values_ok(steps: list, vocab_size: int | None, version: int | None) -> bool:
+    """True when the token ids, log-probs and versions of all ``steps`` pass the per-step value checks of
+    :func:`check_trajectory`, tested over all steps at once (a dozen NumPy calls per trajectory instead of a dozen
+    per step). False when any fails or is not a 1-D array of its kind: the per-step checks then find and name the
+    first problem, in the same order as ever."""
+    if not steps:
+        return True
+    try:
+        ids = np.concatenate([ids for step in steps for ids in (step.prompt_ids, step.output_ids)])
+        logprobs = np.concatenate([step.logprobs for step in steps])
+        versions = np.concatenate([step.versions for step in steps])
+    except (TypeError, ValueError):  # a 0-d value, mixed dimensions, ragged nesting
+        return False
+    for arr, kinds in ((ids, "iu"), (logprobs, "iuf"), (versions, "iu")):
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in kinds):
+            return False
+    if ids.size and (ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size)):
+        return False
+    if versions.size and (versions.min() < 0 or (version is not None and versions.max() > version)):
+        return False
+    return bool((np.isfinite(logprobs) & (logprobs <= 0.0)).all())
+
+
 def _arrays(where: str, step) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A step's (prompt_ids, output_ids, logprobs, versions) as 1-D integer / float arrays (no copy for the arrays
     a decoded or locally built step holds; a list assigned to a field after construction is converted)."""
@@ -141,9 +164,11 @@ def check_trajectory(traj: Trajectory, *, vocab_size: int | None, version: int |
         _fail("lengths", "a SUCCESS trajectory with no step (nothing the policy did to learn from)")
     if len(traj.screenshots) > limits.max_screenshots:
         _fail("size", f"{len(traj.screenshots)} screenshots (most {limits.max_screenshots})")
+    values_ok = _values_ok(traj.steps, vocab_size, version)  # then the per-step value checks are skipped
     for i, step in enumerate(traj.steps):
         where = f"steps[{i}]"
-        prompt_ids, output_ids, logprobs, versions = _arrays(where, step)
+        prompt_ids, output_ids, logprobs, versions = (
+            (step.prompt_ids, step.output_ids, step.logprobs, step.versions) if values_ok else _arrays(where, step))
         n = len(output_ids)
         if n == 0 and traj.outcome.trainable:
             _fail("lengths", f"{where}.output_ids is empty")
@@ -154,16 +179,18 @@ def check_trajectory(traj: Trajectory, *, vocab_size: int | None, version: int |
             _fail("size", f"{where}: {len(prompt_ids)} prompt / {n} output tokens")
         if len(step.text) > limits.max_text_chars or len(step.action) > limits.max_text_chars:
             _fail("size", f"{where}: text or action too long")
-        _check_token_ids(f"{where}.prompt_ids", prompt_ids, vocab_size)
-        _check_token_ids(f"{where}.output_ids", output_ids, vocab_size)
-        good = np.isfinite(logprobs) & (logprobs <= 0.0)
-        if not good.all():
-            bad = float(logprobs[np.argmin(good)])
-            _fail("logprobs", f"{where}.logprobs holds {bad!r} (log-probs are finite and <= 0)")
-        if n:
-            low, high = _span(versions)
-            if low < 0 or (version is not None and high > version):
-                _fail("versions", f"{where}.versions span {low}..{high}; the learner has published up to {version}")
+        if not values_ok:
+            _check_token_ids(f"{where}.prompt_ids", prompt_ids, vocab_size)
+            _check_token_ids(f"{where}.output_ids", output_ids, vocab_size)
+            good = np.isfinite(logprobs) & (logprobs <= 0.0)
+            if not good.all():
+                bad = float(logprobs[np.argmin(good)])
+                _fail("logprobs", f"{where}.logprobs holds {bad!r} (log-probs are finite and <= 0)")
+            if n:
+                low, high = _span(versions)
+                if low < 0 or (version is not None and high > version):
+                    _fail("versions", f"{where}.versions span {low}..{high}; the learner has published up to "
+                                      f"{version}")
         if step.image_indices and (min(step.image_indices) < 0
                                    or max(step.image_indices) >= len(traj.screenshots)):
             _fail("image_indices", f"{where}.image_indices {min(step.image_indices)}..{max(step.image_indices)} "

@@ -71,3 +71,23 @@ def test_hello_slots_are_bounded():
     for slots in (-1, 10**6):
         with pytest.raises(InvalidMessage, match="slots"):
             check_hello(Hello("a", slots))
+
+
+def test_the_first_problem_is_named_in_step_order():
+    """Token ids, log-probs and versions are checked over all steps at once; when that finds a problem the per-step
+    checks name the first one, in step order, as they always did."""
+    traj = _traj()
+    traj.steps[0].image_indices = [2]  # a problem of step 0 that the all-steps check does not look at
+    traj.steps[1].output_ids[0] = VOCAB  # and a token id past the vocabulary in step 1
+    with pytest.raises(InvalidMessage) as caught:
+        check_trajectory(traj, vocab_size=VOCAB, version=VERSION)
+    assert caught.value.reason == "image_indices"
+    traj.steps[0].image_indices = [0]
+    with pytest.raises(InvalidMessage, match=r"steps\[1\]\.output_ids holds 771") as caught:
+        check_trajectory(traj, vocab_size=VOCAB, version=VERSION)
+    assert caught.value.reason == "token_ids"
+    traj.steps[1].output_ids[0] = 0
+    traj.steps[1].logprobs = traj.steps[1].logprobs.tolist()  # a list assigned after construction is checked too
+    traj.steps[1].logprobs[-1] = math.nan
+    with pytest.raises(InvalidMessage, match=r"steps\[1\]\.logprobs holds nan"):
+        check_trajectory(traj, vocab_size=VOCAB, version=VERSION)
