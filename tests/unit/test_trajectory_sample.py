@@ -55,6 +55,8 @@ def test_small_helpers():
     assert thought_of("Action: click(1,2)") == ""
     assert image_suffix(png()) == ".png" and image_suffix(b"\xff\xd8\xff") == ".jpg" and image_suffix(b"x") == ".bin"
     assert image_size(png(80, 40)) == (80, 40) and image_size(b"garbage") == (0, 0)
+    # a received screenshot is a memoryview of its ZeroMQ frame (arpo_async.codec)
+    assert image_suffix(memoryview(png())) == ".png" and image_size(memoryview(png(80, 40))) == (80, 40)
 
 
 def test_bad_settings_are_refused(tmp_path):
