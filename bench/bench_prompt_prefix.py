@@ -41,7 +41,8 @@ SCREEN = (1280, 720)
 SCREENSHOT_BYTES = 2.70e6
 """bench_transport's 15 screenshots (180 KB mean PNG each)."""
 QWEN_MAX_PIXELS = 2_116_800
-REPLY = "Thought: The Save button is at the bottom right of the dialog; click it.\nAction: click(start_box='(1180,650)')"
+REPLY = ("Thought: The Save button is at the bottom right of the dialog; click it.\n"
+         "Action: click(start_box='(1180,650)')")
 
 
 def episode_prompts(model_dir: Path, history_images: int) -> list[np.ndarray]:
@@ -60,10 +61,12 @@ def episode_prompts(model_dir: Path, history_images: int) -> list[np.ndarray]:
 
 
 def pack_whole(prompts: list[np.ndarray]) -> list[bytes]:
+    """Today's wire: each prompt's int32 bytes (what the actor's codec writes)."""
     return [p.tobytes() for p in prompts]
 
 
 def unpack_whole(packed: list[bytes]) -> list[np.ndarray]:
+    """Inverse of :func:`pack_whole`: a read-only view of each prompt's bytes (what the learner's codec keeps)."""
     return [np.frombuffer(b, np.int32) for b in packed]
 
 
@@ -75,6 +78,7 @@ def shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def pack_prefix(prompts: list[np.ndarray]) -> list[tuple[int, bytes]]:
+    """Per step ``(k, int32 bytes of prompt[k:])``, ``k`` the prefix shared with the step before (0 for the first)."""
     out, prev = [], np.zeros(0, np.int32)
     for p in prompts:
         k = shared_prefix(prev, p)
@@ -84,6 +88,7 @@ def pack_prefix(prompts: list[np.ndarray]) -> list[tuple[int, bytes]]:
 
 
 def unpack_prefix(packed: list[tuple[int, bytes]]) -> list[np.ndarray]:
+    """Inverse of :func:`pack_prefix`: each prompt rebuilt as ``concat(previous[:k], suffix)`` (a new array)."""
     out, prev = [], np.zeros(0, np.int32)
     for k, suffix in packed:
         prev = np.concatenate([prev[:k], np.frombuffer(suffix, np.int32)])
@@ -103,6 +108,7 @@ def cpu_us(fn, arg, n: int, rounds: int) -> float:
 
 
 def measure(prompts: list[np.ndarray], n: int, rounds: int) -> dict[str, float]:
+    """Ids, bytes (whole / prefix), bytes saved over the whole trajectory, and pack / unpack CPU both ways."""
     whole, prefix = pack_whole(prompts), pack_prefix(prompts)
     assert all(np.array_equal(a, b) for a, b in zip(unpack_prefix(prefix), prompts))  # the round trip is exact
     whole_bytes = sum(map(len, whole))
@@ -110,7 +116,8 @@ def measure(prompts: list[np.ndarray], n: int, rounds: int) -> dict[str, float]:
     return {"ids": sum(map(len, prompts)), "suffix_ids": sum(len(s) // 4 for _, s in prefix),
             "bytes": whole_bytes, "prefix_bytes": prefix_bytes,
             "saved_frac": (whole_bytes - prefix_bytes) / (whole_bytes + SCREENSHOT_BYTES),
-            "pack_us": cpu_us(pack_whole, prompts, n, rounds), "prefix_pack_us": cpu_us(pack_prefix, prompts, n, rounds),
+            "pack_us": cpu_us(pack_whole, prompts, n, rounds),
+            "prefix_pack_us": cpu_us(pack_prefix, prompts, n, rounds),
             "unpack_us": cpu_us(unpack_whole, whole, n, rounds),
             "prefix_unpack_us": cpu_us(unpack_prefix, prefix, n, rounds)}
 
