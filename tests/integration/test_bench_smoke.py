@@ -68,6 +68,15 @@ def test_probe_learning_three_batches(desktop_image):
     assert figures.get("a_steps_per_batch") == "2" and figures.get("c_steps_per_batch") == "2"
 
 
+def test_probe_learning_chance_mode_samples_the_untrained_policy(desktop_image):
+    """--chance takes no optimizer step and reports each task's chance success rate (issue 25 item 1)."""
+    figures = run_bench("probe_learning", "--steps", "3", "--arms", "a", "--chance", timeout=600)
+    assert "a_steps_per_batch" not in figures  # no batch was trained
+    chances = {k: float(v) for k, v in figures.items() if k.startswith("chance_")}
+    assert set(chances) == {f"chance_grid4-{c}" for c in ("blue", "green", "red", "yellow")}
+    assert all(0.0 <= v <= 1.0 for v in chances.values())
+
+
 def test_fuzz_wire_smoke():
     figures = run_bench("fuzz_wire", "--cases", "500", timeout=120)
     assert figures["cases"] == "500" and figures["crashes"] == "0" and figures["wrong_accepts"] == "0"
