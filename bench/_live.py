@@ -18,8 +18,9 @@ the pool's start retries) to N desktops in use, then measures all of them:
   against kernel.keys.root_maxkeys, and this process's open files; each gives the number of desktops at which it
   would run out (``max_desktops_by``), from what the desktops added so far.
 
-It stops at the first step whose starts fail (the error is kept), or when the next step would leave less than
-``min_free_gb`` of MemAvailable (at the host MiB per desktop measured so far).
+It stops at the first step whose starts fail (the error is kept), when the next step would leave less than
+``min_free_gb`` of MemAvailable (at the host MiB per desktop measured so far), or, during a step, as soon as
+MemAvailable falls below ``min_free_gb`` (the machine's other users come first; that step is not reported).
 """
 from __future__ import annotations
 
@@ -222,12 +223,39 @@ async def idle_figures(fleet: DesktopFleet, desktops: list[Desktop], window_s: f
     return (sum(mem) / len(mem) if mem else float("nan"), sum(cpu) / len(cpu) if cpu else float("nan"))
 
 
-async def grow(pool: DesktopPool, live: list[Desktop], target: int) -> tuple[float, list[BaseException]]:
+class LowMemory(Exception):
+    """The host's MemAvailable fell below the floor while a step was starting desktops."""
+
+
+async def _watch_memory(min_free_gb: float) -> None:
+    """Return (raise LowMemory) once MemAvailable is below ``min_free_gb``; checks every second."""
+    while (free := mem_available_gb()) >= min_free_gb:
+        await asyncio.sleep(1.0)
+    raise LowMemory(f"MemAvailable fell to {free:.1f} GiB (< {min_free_gb:g}) while starting desktops")
+
+
+async def grow(pool: DesktopPool, live: list[Desktop], target: int,
+               min_free_gb: float) -> tuple[float, list[BaseException]]:
     """Acquire ``target - len(live)`` more desktops from ``pool`` all at once; append them to ``live``.
-    Returns (seconds until the last answered, the errors of the acquires that failed)."""
+    Returns (seconds until the last answered, the errors of the acquires that failed).
+
+    Raises LowMemory (the acquires cancelled) when MemAvailable falls below ``min_free_gb`` meanwhile: other
+    users of the machine come first; close the pool then, as starts already under way still finish."""
     t0 = time.perf_counter()
-    got = await asyncio.gather(*(pool.acquire() for _ in range(target - len(live))), return_exceptions=True)
+    acquires = asyncio.gather(*(pool.acquire() for _ in range(target - len(live))), return_exceptions=True)
+    watch = asyncio.ensure_future(_watch_memory(min_free_gb))
+    try:
+        await asyncio.wait([acquires, watch], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not acquires.done():
+        acquires.cancel()
+        await asyncio.wait([acquires])
+        if not acquires.cancelled():
+            acquires.exception()  # retrieved: the cancelled acquires' CancelledError is expected
+        raise watch.exception() or LowMemory("MemAvailable fell below the floor")
     elapsed = time.perf_counter() - t0
+    got = acquires.result()
     live.extend(d for d in got if isinstance(d, Desktop))
     return elapsed, [e for e in got if isinstance(e, BaseException)]
 
@@ -251,7 +279,11 @@ async def probe(fleet: DesktopFleet, steps: list[int], *, window_s: float, min_f
                               f"({done[-1].host_mb:.0f} MiB each)")
                     break
             before = len(live)
-            elapsed, errors = await grow(pool, live, n)
+            try:
+                elapsed, errors = await grow(pool, live, n, min_free_gb)
+            except LowMemory as exc:
+                reason = f"memory, on the way to {n}: {exc}"
+                break
             added = live[before:]
             healthy = sum(r is True for r in await _bounded(DESKTOP_CALLS_AT_ONCE, [_answers(d) for d in live]))
             ram, cpu = await idle_figures(fleet, live, window_s)

@@ -237,6 +237,7 @@ async def main_async(args: argparse.Namespace) -> dict:
     run_id = f"bench-desktops-{secrets.token_hex(3)}"
     fleet = DesktopFleet(image, run_id)
     big = DesktopFleet(image, run_id, screen=(1920, 1080))
+    capacity = DesktopFleet(image, run_id, max_concurrent_starts=args.concurrency)
     fig: dict = {}
     try:
         start = await bench_start(fleet, args.starts)
@@ -263,9 +264,8 @@ async def main_async(args: argparse.Namespace) -> dict:
         print("screenshot p50: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in shots.items()), flush=True)
         print(f"action (xdotool click via /execute) p50 {median(action) * 1e3:.1f} ms; /execute of `true` "
               f"p50 {median(noop) * 1e3:.1f} ms", flush=True)
-        steps, reason = await probe(DesktopFleet(image, run_id, max_concurrent_starts=args.concurrency),
-                                    [args.max_desktops], window_s=args.window_s, min_free_gb=args.min_free_gb,
-                                    log=lambda line: print(line, flush=True))
+        steps, reason = await probe(capacity, [args.max_desktops], window_s=args.window_s,
+                                    min_free_gb=args.min_free_gb, log=lambda line: print(line, flush=True))
         live, ram = (steps[-1].healthy, steps[-1].ram_mb) if steps else (0, float("nan"))
         print(f"live desktops: {live} healthy (stopped at: {reason}), RAM {ram:.0f} MiB per desktop", flush=True)
         fig = {"start_p50_s": median(start), "start_p95_s": p95(start), "reset_cold_p50_s": median(cold),
@@ -279,6 +279,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         print(f"removed {removed} leftover containers of {run_id}", flush=True)
         await fleet.close()
         await big.close()
+        await capacity.close()
     return fig
 
 
