@@ -201,6 +201,7 @@ class Step:
     ready_p50_s: float
     ready_max_s: float
     failed: int
+    retried: int  # single start tries that failed and were tried again (DesktopPool.stats["start_failures"])
     host: HostUse
 
     @property
@@ -228,7 +229,7 @@ class LowMemory(Exception):
 
 
 async def _watch_memory(min_free_gb: float) -> None:
-    """Return (raise LowMemory) once MemAvailable is below ``min_free_gb``; checks every second."""
+    """Raise LowMemory once MemAvailable is below ``min_free_gb`` (checked every second)."""
     while (free := mem_available_gb()) >= min_free_gb:
         await asyncio.sleep(1.0)
     raise LowMemory(f"MemAvailable fell to {free:.1f} GiB (< {min_free_gb:g}) while starting desktops")
@@ -292,11 +293,13 @@ async def probe(fleet: DesktopFleet, steps: list[int], *, window_s: float, min_f
                         host_mb=(base.mem_available_gb - host.mem_available_gb) * 1024 / max(1, len(live)),
                         cpu_pct=cpu, queued_max_s=max((d.queued_s for d in added), default=0.0),
                         ready_p50_s=median(d.ready_s for d in added),
-                        ready_max_s=max((d.ready_s for d in added), default=0.0), failed=len(errors), host=host)
+                        ready_max_s=max((d.ready_s for d in added), default=0.0), failed=len(errors),
+                        retried=pool.stats["start_failures"], host=host)
             done.append(step)
             log(f"live {step.live}: +{step.added} in {step.start_s:.0f} s ({step.start_per_s:.2f}/s; boot p50 "
                 f"{step.ready_p50_s:.2f} s, max {step.ready_max_s:.1f} s; longest wait for a start slot "
-                f"{step.queued_max_s:.0f} s), {step.failed} failed; healthy+screenshot {step.healthy}/{step.live}; "
+                f"{step.queued_max_s:.0f} s), {step.failed} failed, {step.retried} tries retried; "
+                f"healthy+screenshot {step.healthy}/{step.live}; "
                 f"idle: {step.ram_mb:.1f} MiB cgroup, {step.host_mb:.1f} MiB host, {step.cpu_pct:.3f}% of a core "
                 f"per desktop; MemAvailable {host.mem_available_gb:.1f} GiB; load {os.getloadavg()[0]:.1f}")
             log("  host use (used / limit): " + ", ".join(f"{k} {u}/{lim}" for k, (u, lim) in host.resources.items()))

@@ -222,7 +222,7 @@ async def bench_live(image: str, args: argparse.Namespace) -> dict:
     fig = {"live": last.live, "ram_mb_per_desktop": last.ram_mb, "start_per_s": last.start_per_s,
            "healthy": last.healthy, "host_mb_per_desktop": last.host_mb, "cpu_pct_per_desktop": last.cpu_pct,
            "queued_max_s": last.queued_max_s, "boot_p50_s": last.ready_p50_s, "boot_max_s": last.ready_max_s,
-           "start_failures": last.failed, "concurrency": args.concurrency, "asked": max(args.live)}
+           "start_failures": last.failed, "start_retries": last.retried, "concurrency": args.concurrency, "asked": max(args.live)}
     fig.update({f"live_{s.live}_start_per_s": s.start_per_s for s in steps[:-1]})
     return fig
 
