@@ -43,6 +43,14 @@ def test_bench_desktops_quick(desktop_image):
     assert {"start_p50_s", "reset_inplace_p50_s"} <= set(figures)
 
 
+def test_bench_desktops_live_small(desktop_image):
+    """`--live` in two small steps: the last line starts with the fixed names, and every desktop answered."""
+    figures = run_bench("bench_desktops", "--live", "2,3", "--concurrency", "2", "--window-s", "2", timeout=600)
+    assert list(figures)[:4] == ["live", "ram_mb_per_desktop", "start_per_s", "healthy"]
+    assert figures["live"] == figures["healthy"] == "3" and figures["start_failures"] == "0"
+    assert "live_2_start_per_s" in figures
+
+
 def test_bench_e2e_one_short_arm(desktop_image, tmp_path):
     figures = run_bench("bench_e2e", "--arms", "async", "--minutes", "0.5", "--out", str(tmp_path), timeout=600)
     assert figures
