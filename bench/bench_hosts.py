@@ -236,6 +236,8 @@ class Setup:
     group_size: int
     groups_per_step: int
     max_staleness: int
+    tasks: int
+    """Task ids (copies of one task): with 32, the success replay fills to its default total of 256."""
 
     @property
     def actors(self) -> int:
@@ -312,12 +314,14 @@ def healthy(url: str) -> bool:
 
 
 def learner_config(work: Path, model: Path, setup: Setup, port: int, serve_url: str, run_id: str) -> Path:
-    """The run file of the learner: the bench's one task, groups of ``group_size``, training until stopped."""
+    """The run file of the learner: ``setup.tasks`` copies of the bench's task, groups of ``group_size``, training
+    until stopped."""
     from arpo_async.config import dump_toml, load_config
 
     tasks = work / "tasks"
     tasks.mkdir()
-    (tasks / "task.json").write_text(json.dumps(TASK))
+    for i in range(setup.tasks):  # copies of one task: the replay buffer fills as over ARPO's task set
+        (tasks / f"task-{i:03d}.json").write_text(json.dumps({**TASK, "id": f"bench-hosts-{i:03d}"}))
     config = load_config(None, [
         f'run_dir="{work / "run"}"', f'model="{model}"', f'run_id="{run_id}"',
         f'transport.endpoint="tcp://0.0.0.0:{port}"', "transport.heartbeat_s=1.0",
@@ -499,6 +503,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--groups-per-step", type=int, default=4)
     p.add_argument("--eta", type=int, default=4, help="learner.max_staleness")
+    p.add_argument("--tasks", type=int, default=32, help="task ids the learner hands out (copies of one task)")
     p.add_argument("--model", type=Path, default=ROOT / "runs" / "tiny-model", help="created when missing")
     p.add_argument("--no-netns", action="store_true", help="run the hosts on loopback")
     p.add_argument("--keep", type=Path, default=None, help="copy the run folder and logs here")
@@ -521,10 +526,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         setup = Setup(hosts=2, actors_per_host=32, seconds=20, latency_s=0.5, max_steps=2, group_size=4,
-                      groups_per_step=2, max_staleness=2)
+                      groups_per_step=2, max_staleness=2, tasks=4)
     else:
         setup = Setup(args.hosts, args.actors_per_host, args.seconds, args.latency, args.max_steps,
-                      args.group_size, args.groups_per_step, args.eta)
+                      args.group_size, args.groups_per_step, args.eta, args.tasks)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed bench still stops its processes, links
     model = ensure_model(args.model)
     netns = not args.no_netns
@@ -542,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copytree(tmp, args.keep, dirs_exist_ok=True)
     print(f"{setup.hosts} hosts x {setup.actors_per_host} actors ({'network namespaces' if netns else 'loopback'}); "
           f"policy stand-in {setup.latency_s:g} s per step, episodes of 1..{setup.max_steps} steps; G = "
-          f"{setup.group_size}, {setup.groups_per_step} groups per step, eta = {setup.max_staleness}; "
+          f"{setup.group_size}, {setup.groups_per_step} groups per step, eta = {setup.max_staleness}, "
+          f"{setup.tasks} tasks; "
           f"{os.cpu_count()} CPUs", flush=True)
     figures, lines = analyse(setup, out)
     for line in lines:

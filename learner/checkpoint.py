@@ -106,11 +106,36 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
+class _Unencoded:
+    """A stored trajectory in a :func:`capture` snapshot, encoded to frames only by :func:`encode_snapshot` (in the
+    saver's thread): a received trajectory is never changed, so encoding it later gives the same frames."""
+
+    __slots__ = ("trajectory",)
+
+    def __init__(self, trajectory: Trajectory) -> None:
+        self.trajectory = trajectory
+
+
+def encode_snapshot(value: Any) -> Any:
+    """``value`` (a :func:`capture` snapshot, or any part of it) with every stored trajectory as wire-codec frames
+    (:func:`encode_trajectory`); dicts, lists and tuples are rebuilt, everything else is kept as it is. Blocking
+    (about 1 ms per 2.9 MB trajectory, bench_transport.py): :meth:`Checkpointer.save` calls it in its thread."""
+    if isinstance(value, _Unencoded):
+        return encode_trajectory(value.trajectory)
+    if isinstance(value, dict):
+        return {key: encode_snapshot(item) for key, item in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(encode_snapshot(item) for item in value)
+    return value
+
+
 def capture(service: LearnerService, replay: Replay, extra: Mapping[str, Stateful] = {}) -> dict[str, Any]:
     """Snapshot the learner's non-model state. Call on the event loop (no await in between), so the snapshot
-    is consistent; writing it (:meth:`Checkpointer.save`) can then happen in a thread."""
+    is consistent; writing it (:meth:`Checkpointer.save`) can then happen in a thread. The replay buffer's
+    trajectories are taken by reference and encoded when saved (:func:`encode_snapshot`): encoding a full buffer
+    (256 OSWorld-length trajectories) on the event loop would hold it for ~0.3 s at every checkpoint."""
     return {"schema": SCHEMA, "service": service.state_dict(),
-            "replay": replay.state_dict(encode=encode_trajectory),
+            "replay": replay.state_dict(encode=_Unencoded),
             "extra": {name: component.state_dict() for name, component in extra.items()},
             "rng": rng_state()}
 
@@ -155,7 +180,7 @@ class Checkpointer:
         Args:
             step: the optimizer step just taken (names the folder).
             trainer: saved with :meth:`Trainer.save_checkpoint`; must not train meanwhile.
-            state: :func:`capture`'s snapshot.
+            state: :func:`capture`'s snapshot (its trajectories are encoded here).
             meta: JSON-able summary; ``step`` and ``trainer_steps`` are added.
 
         Returns:
@@ -167,7 +192,7 @@ class Checkpointer:
         tmp.mkdir()
         try:
             trainer.save_checkpoint(tmp / checkpoint_name(trainer))
-            torch.save(state, tmp / "learner.pt")
+            torch.save(encode_snapshot(state), tmp / "learner.pt")
             summary = {**meta, "step": step, "trainer_steps": trainer.steps, "saved_at": time.time()}
             (tmp / "meta.json").write_text(json.dumps(summary, indent=1, default=_json_default))
             if final.exists():  # a step redone after an older checkpoint was resumed
