@@ -52,14 +52,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._arpo_run import ROOT, ensure_model  # noqa: E402
-from bench._common import desktop_png, median, result_line  # noqa: E402
+from bench._common import desktop_png, healthy, median, result_line  # noqa: E402
 from bench._netns import NamespaceUnavailable, in_namespace, private_link  # noqa: E402
 from bench.bench_actor_loop import (HISTORY_IMAGES, OUTPUT_TOKENS, REPLY, TASK, FixedLatencyPolicy,  # noqa: E402
                                     InstantController, InstantPool, free_port)
@@ -303,14 +302,6 @@ class Processes:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-
-
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def learner_config(work: Path, model: Path, setup: Setup, port: int, serve_url: str, run_id: str) -> Path:
