@@ -3,7 +3,7 @@
 Role: keep the big part of a learner checkpoint (the replay buffer's screenshots: up to 256 trajectories of
 several MB) out of ``torch.save``. ``torch.save`` pickles into one in-memory buffer and writes it as one record,
 holding the GIL throughout (py-spy on the learner during bench_hosts.py: the checkpoint thread held the GIL for
-77% of the samples, in ``pickler.dump`` and ``write_record``), which stalled the learner's event loop for up to
+76% of the samples, in ``pickler.dump`` and ``write_record``), which stalled the learner's event loop for up to
 2 s per checkpoint on a loaded machine. Here each frame is its own ``write`` (the GIL is released during the
 system call, and the event loop gets it back between frames), and ``learner.pt`` holds only a small reference
 per trajectory.
