@@ -102,6 +102,7 @@ class RandomBudget:
         self._runners, self._rng = runners, rng
 
     async def run(self, *args, **kwargs):
+        """EpisodeRunner.run with a budget drawn at random."""
         return await self._rng.choice(self._runners).run(*args, **kwargs)
 
 
@@ -115,6 +116,7 @@ class StoppableWork:
 
     @property
     def running(self) -> int:
+        """Episodes in flight on this host (the link's count, reported in heartbeats)."""
         return self.link.running
 
     @running.setter
@@ -122,6 +124,7 @@ class StoppableWork:
         self.link.running = value
 
     async def request_work(self):
+        """The link's next assignment, or None once ``stop`` is set (also while a request waits)."""
         if self.stop.is_set():
             return None
         request = asyncio.ensure_future(self.link.request_work())
@@ -136,6 +139,7 @@ class StoppableWork:
         return None
 
     async def submit(self, trajectory) -> None:
+        """Hand the trajectory to the link (held until the learner acks it)."""
         await self.link.submit(trajectory)
 
 
@@ -274,6 +278,7 @@ class Processes:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, name: str, argv: list[str]) -> subprocess.Popen:
+        """Start ``argv`` as ``name`` (log: ``<folder>/<name>.log``)."""
         with (self.folder / f"{name}.log").open("w") as log:
             self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                                                 start_new_session=True)
@@ -288,10 +293,12 @@ class Processes:
                 raise RuntimeError(f"{name} exited with {code}:\n{tail}")
 
     def signal(self, name: str, sig: int) -> None:
+        """Send ``sig`` to ``name`` (gone already: nothing)."""
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.procs[name].pid, sig)
 
     def stop_all(self) -> None:
+        """SIGTERM every process group still running; SIGKILL what is left after 60 s."""
         for proc in self.procs.values():
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
