@@ -109,3 +109,13 @@ def test_bench_learning_poses_a_multi_step_family_with_its_number_of_actions():
         assert name == family and tasks and {t.family for t in tasks} == {family}
         config = load_config(None, TASK_SETUP + selection)  # the family's overrides win over the one-click setup
         assert config.actors.max_steps == actions and config.learner.groups_per_step == len(tasks)
+
+
+def test_bench_hosts_quick():
+    """2 x 32 actors on two hosts (network namespaces where this machine can make them) against the real learner:
+    nothing lost, every queue within its bound, and the lag figures present."""
+    figures = run_bench("bench_hosts", "--quick", timeout=600)
+    assert figures["actors"] == "64" and figures["hosts"] == "2"
+    assert figures["lost"] == "0" and figures["unbounded"] == "0"
+    assert int(figures["steps"]) >= 1 and int(figures["trajectories"]) >= 1
+    assert {"loop_lag_p99_ms", "max_queue_depth", "idle_lag_p99_ms"} <= set(figures)
