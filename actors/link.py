@@ -178,7 +178,8 @@ class LearnerLink:
         while True:
             await asyncio.sleep(self._config.heartbeat_s)
             waiting = sum(not f.done() for f in self._requests.values())
-            await self.outbox.send(Heartbeat(self.actor_id, self.running, waiting, len(self._held)))
+            await self.outbox.send(Heartbeat(self.actor_id, self.running, waiting, len(self._held),
+                                             self.outbox.qsize()))
             now = time.monotonic()
             for held in list(self._held.values()):
                 if now - held.sent_at > self._config.resend_after_s:

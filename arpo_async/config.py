@@ -354,7 +354,9 @@ class ActorConfig:
     """Booted desktops kept ready beyond those in use, so a reset takes one from the pool instead of waiting
     for a container to boot. Trades RAM (about one desktop's memory each) for reset latency; 0 = boot on demand."""
     max_concurrent_starts: PositiveInt = 2
-    """Desktop containers booting at once (staggered starts; more = faster refill, more CPU contention)."""
+    """Desktop containers booting at once per actors process (DesktopFleet's start slots, first come first served;
+    more = faster refill, more CPU contention). A desktop's boot deadline counts from its own slot, so starts queued
+    behind hundreds of others do not time out (bench_desktops.py --live: 256 asked for at once)."""
     desktop_start_attempts: PositiveInt = 3
     """Tries to start one desktop (exponential backoff between tries) before a DesktopError surfaces."""
     desktop_health_interval_s: PositiveFloat = 10.0

@@ -198,6 +198,8 @@ class Heartbeat:
     running: int
     waiting: int
     unacked: int
+    outbox: int = 0
+    """Messages queued in the actor process's outbox (for the learner's socket) when the heartbeat was sent."""
 
 
 @dataclass

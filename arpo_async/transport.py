@@ -245,6 +245,10 @@ class SocketPump:
         self.outbox = outbox
         self.received = 0
         self.sent = 0
+        self.received_types: collections.Counter[str] = collections.Counter()
+        """Messages decoded, by message type (``Hello.TYPE`` ...); see :meth:`message_counts`."""
+        self.sent_types: collections.Counter[str] = collections.Counter()
+        """Messages handed to ZeroMQ, by message type."""
         self.rejected: collections.Counter[str] = collections.Counter()
         """Messages that failed to decode, by the codec's reason."""
         self._outgoing: asyncio.Task | None = None  # the pending outbox.get() of `run`
@@ -292,6 +296,7 @@ class SocketPump:
             try:
                 envelope = Envelope(codec.decode(frames, max_bytes=self._max_bytes), peer)
                 self.received += 1
+                self.received_types[type(envelope.message).TYPE] += 1
             except codec.WireError as e:
                 self.rejected[str(e).split(":")[0]] += 1
                 envelope = Envelope(Undecodable(str(e)), peer)
@@ -329,3 +334,10 @@ class SocketPump:
             frames = [peer.encode("latin-1"), *frames]
         await self._sock.send_multipart(frames, copy=False)
         self.sent += 1
+        self.sent_types[type(message).TYPE] += 1
+
+    def message_counts(self) -> dict[str, dict[str, int]]:
+        """``{"received": {type: n}, "sent": {type: n}}``: messages this pump decoded and handed to ZeroMQ so far,
+        by message type (an undecodable message is counted only in ``rejected``). Comparing one end's ``sent``
+        with the other end's ``received`` shows whether the wire lost any (bench/bench_hosts.py)."""
+        return {"received": dict(self.received_types), "sent": dict(self.sent_types)}

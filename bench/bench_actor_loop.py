@@ -95,14 +95,17 @@ class InstantDesktop:
 
 
 class InstantPool:
-    """Quacks like DesktopPool: ``acquire`` hands out an instant desktop, ``release`` forgets it."""
+    """Quacks like DesktopPool: ``acquire`` hands out an instant desktop, ``release`` forgets it.
 
-    def __init__(self, pngs: list[bytes]) -> None:
+    ``controller``: makes each desktop's controller from the PNGs (InstantController, or a subclass)."""
+
+    def __init__(self, pngs: list[bytes], controller=InstantController) -> None:
         self._pngs = pngs
+        self._controller = controller
         self._ids = iter(range(1 << 62))
 
     async def acquire(self) -> InstantDesktop:
-        return InstantDesktop(f"instant-{next(self._ids)}", InstantController(self._pngs))
+        return InstantDesktop(f"instant-{next(self._ids)}", self._controller(self._pngs))
 
     async def release(self, desktop: InstantDesktop, *, reusable: bool = True) -> None:
         """DesktopPool.release's signature; an instant desktop needs no reset or removal."""
@@ -125,9 +128,12 @@ class FixedLatencyPolicy:
         await asyncio.sleep(self.latency_s)
         self.steps += 1
         n = len(self.output_ids)
+        # prompt_tokens 0: not reported. A server reports the prompt with every image's pads expanded, which the
+        # stand-in cannot count without the image processor; len(input_ids) (one pad per image) made the episode
+        # runner's prompt check abort every episode after its first step.
         return self._generation(text=REPLY, output_ids=list(self.output_ids), logprobs=list(self.logprobs),
                                 weight_version=0, token_versions=[0] * n, finish_reason="stop",
-                                prompt_tokens=len(input_ids) + n, latency_s=self.latency_s)
+                                prompt_tokens=0, latency_s=self.latency_s)
 
 
 class PrecomputedEncoder:

@@ -11,9 +11,14 @@ Measures, each with the real arpo-desktop image through DesktopFleet / DesktopPo
   between the episodes of one container, ``actors.desktop_max_episodes``);
 - screenshot: GET /screenshot p50 at 1280x720 and 1920x1080, PNG and JPEG (quality 85);
 - action: one xdotool click through POST /execute (p50);
-- capacity: start desktops (``--max-desktops``, ``--concurrency`` at a time) until the cap, a failed start or
-  less than ``--min-free-gb`` of host memory left; all must answer /health; RAM per desktop is the mean
-  of the containers' cgroup memory usage (Docker stats ``memory_stats.usage``).
+- capacity: the live probe (below) with one step of ``--max-desktops``.
+
+``--live N[,N...]`` measures only the live probe (bench/_live.py): a DesktopPool grown to each N in turn (all of a
+step's starts asked for at once, ``--concurrency`` booting at a time through DesktopFleet's start slots), then
+/health and a screenshot from every desktop, RAM (cgroup, and host MemAvailable) and CPU (cgroup, over an idle
+window of ``--window-s``) per idle desktop, the start rate, and the host limits each step brings closer. It stops
+at a failed start or when the next step would leave less than ``--min-free-gb`` of MemAvailable. Its last line
+begins ``live=N ram_mb_per_desktop=... start_per_s=... healthy=...`` (the largest step reached).
 
 ``--profile osworld`` measures the osworld image instead (arpo-desktop-osworld, built when missing; desktops
 of ``--memory-mb``, default 2048): image size; start to first screenshot; RAM of an idle desktop and with
@@ -36,20 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import median, p95, result_line
+from _live import probe
 
 from actors.desktop.build import build_image, image_size_mb
 from actors.desktop.fleet import Desktop, DesktopFleet
 from actors.desktop.pool import DesktopPool
 from actors.evaluation import run_setup
 from arpo_async.tasks import load_tasks
-
-
-def mem_available_gb() -> float:
-    """Host MemAvailable from /proc/meminfo, GiB."""
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) / 2**20
-    return float("nan")
 
 
 async def timed(coro) -> tuple[float, object]:
@@ -156,37 +154,6 @@ async def desktop_memory_mb(fleet: DesktopFleet, d: Desktop) -> float:
     return stats.get("memory_stats", {}).get("usage", 0) / 2**20
 
 
-async def bench_capacity(fleet: DesktopFleet, cap: int, concurrency: int, min_free_gb: float) -> tuple[int, float, str]:
-    """Start desktops until ``cap`` / a failure / low host memory; returns (live healthy, MiB each, stop reason)."""
-    live: list[Desktop] = []
-    slots = asyncio.Semaphore(concurrency)
-    reason = f"cap {cap}"
-    stop = asyncio.Event()
-
-    async def one() -> None:
-        nonlocal reason
-        async with slots:
-            if stop.is_set():
-                return
-            if mem_available_gb() < min_free_gb:
-                reason = f"host MemAvailable < {min_free_gb} GiB"
-                stop.set()
-                return
-            try:
-                live.append(await fleet.start())
-            except Exception as exc:  # noqa: BLE001 - the first failure ends the capacity probe
-                reason = f"start failed: {type(exc).__name__}: {str(exc)[:200]}"
-                stop.set()
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(one() for _ in range(cap)))
-    print(f"capacity: started {len(live)} desktops in {time.perf_counter() - t0:.0f} s ({reason}); "
-          f"host MemAvailable now {mem_available_gb():.1f} GiB", flush=True)
-    healthy = await asyncio.gather(*(d.controller.health(timeout=30) for d in live))
-    mems = await asyncio.gather(*(desktop_memory_mb(fleet, d) for d in live))
-    return sum(healthy), (sum(mems) / len(mems) if mems else float("nan")), reason
-
-
 CALC_CLASS = "libreoffice-calc"  # WM_CLASS of LibreOffice Calc's document window (GTK3 UI)
 
 
@@ -237,14 +204,40 @@ async def bench_osworld(image: str, args: argparse.Namespace) -> dict:
         await fleet.close()
 
 
+async def bench_live(image: str, args: argparse.Namespace) -> dict:
+    """``--live``: the live probe's figures at the largest step reached (see the module doc)."""
+    run_id = f"bench-live-{secrets.token_hex(3)}"
+    fleet = DesktopFleet(image, run_id, max_concurrent_starts=args.concurrency)
+    try:
+        steps, reason = await probe(fleet, args.live, window_s=args.window_s, min_free_gb=args.min_free_gb,
+                                    log=lambda line: print(line, flush=True))
+    finally:
+        removed = await fleet.remove_all()
+        print(f"removed {removed} leftover containers of {run_id}", flush=True)
+        await fleet.close()
+    print(f"stopped: {reason}", flush=True)
+    if not steps:
+        raise RuntimeError(f"no live desktop: {reason}")
+    last = steps[-1]
+    fig = {"live": last.live, "ram_mb_per_desktop": last.ram_mb, "start_per_s": last.start_per_s,
+           "healthy": last.healthy, "host_mb_per_desktop": last.host_mb, "cpu_pct_per_desktop": last.cpu_pct,
+           "queued_max_s": last.queued_max_s, "boot_p50_s": last.ready_p50_s, "boot_max_s": last.ready_max_s,
+           "start_failures": last.failed, "start_retries": last.retried, "concurrency": args.concurrency, "asked": max(args.live)}
+    fig.update({f"live_{s.live}_start_per_s": s.start_per_s for s in steps[:-1]})
+    return fig
+
+
 async def main_async(args: argparse.Namespace) -> dict:
     image = args.image or build_image(log=lambda line: print(f"[build] {line}", flush=True),
                                       profile=args.profile)
     if args.profile == "osworld":
         return await bench_osworld(image, args)
+    if args.live:
+        return await bench_live(image, args)
     run_id = f"bench-desktops-{secrets.token_hex(3)}"
     fleet = DesktopFleet(image, run_id)
     big = DesktopFleet(image, run_id, screen=(1920, 1080))
+    capacity = DesktopFleet(image, run_id, max_concurrent_starts=args.concurrency)
     fig: dict = {}
     try:
         start = await bench_start(fleet, args.starts)
@@ -271,7 +264,9 @@ async def main_async(args: argparse.Namespace) -> dict:
         print("screenshot p50: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in shots.items()), flush=True)
         print(f"action (xdotool click via /execute) p50 {median(action) * 1e3:.1f} ms; /execute of `true` "
               f"p50 {median(noop) * 1e3:.1f} ms", flush=True)
-        live, ram, reason = await bench_capacity(fleet, args.max_desktops, args.concurrency, args.min_free_gb)
+        steps, reason = await probe(capacity, [args.max_desktops], window_s=args.window_s,
+                                    min_free_gb=args.min_free_gb, log=lambda line: print(line, flush=True))
+        live, ram = (steps[-1].healthy, steps[-1].ram_mb) if steps else (0, float("nan"))
         print(f"live desktops: {live} healthy (stopped at: {reason}), RAM {ram:.0f} MiB per desktop", flush=True)
         fig = {"start_p50_s": median(start), "start_p95_s": p95(start), "reset_cold_p50_s": median(cold),
                "reset_cold_pool_p50_s": median(cold_pool), "reset_warm_p50_s": median(warm), "ratio_cold_over_warm": median(cold) / median(warm),
@@ -284,6 +279,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         print(f"removed {removed} leftover containers of {run_id}", flush=True)
         await fleet.close()
         await big.close()
+        await capacity.close()
     return fig
 
 
@@ -302,13 +298,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shots", type=int, default=30, help="screenshots per resolution and format")
     p.add_argument("--actions", type=int, default=30, help="xdotool clicks measured")
     p.add_argument("--max-desktops", type=int, default=64, help="cap for the live-desktop capacity probe")
-    p.add_argument("--concurrency", type=int, default=4, help="desktops booting at once in the capacity probe")
+    p.add_argument("--live", type=_counts, default=[], metavar="N[,N...]",
+                   help="only the live probe: grow to each N desktops in turn (e.g. 32,64,128,256)")
+    p.add_argument("--concurrency", type=int, default=4,
+                   help="desktops booting at once in the capacity and live probes (actors.max_concurrent_starts)")
+    p.add_argument("--window-s", type=float, default=20.0, help="idle window for CPU per desktop, seconds")
     p.add_argument("--min-free-gb", type=float, default=2.0, help="stop the capacity probe below this MemAvailable")
     args = p.parse_args(argv)
     if args.quick:
         args.starts, args.resets, args.shots, args.actions = 3, 4, 10, 10
         args.max_desktops = min(args.max_desktops, 16)
+        args.window_s = min(args.window_s, 5.0)
     return args
+
+
+def _counts(text: str) -> list[int]:
+    """``--live``'s value: positive desktop counts separated by commas."""
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected desktop counts such as 32,64,128, got {text!r}")
+    return counts
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ Usage:
   python bench/probe_learning.py --family tests/data/tasks/shapes --arms a  # another 4-button family (a folder)
   python bench/probe_learning.py --config configs/multistep.toml --arms a   # settings-sound-mute: 2 clicks in order
   python bench/probe_learning.py --config configs/multistep.toml --family settings --set actors.max_steps=3
+  python bench/probe_learning.py --config configs/multistep3.toml --arms a --chance --steps 200  # chance rates
 
 Prints one line per step and arm, and as its last line key=value figures: per arm the rollout batches to the
 target success (trailing mean of 5 steps; ``inf`` if never), the final success (mean of the last 10 steps) and
@@ -191,7 +192,7 @@ class EmulatedEpisode:
 
 
 def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps: int, lag: int, *,
-            inverted_reward: bool = False, log: Callable[[str], None] = print) -> list[dict]:
+            inverted_reward: bool = False, train: bool = True, log: Callable[[str], None] = print) -> list[dict]:
     """Train a fresh copy of ``model`` for ``steps`` rollout batches under ``arm``'s settings; one record per batch.
 
     The recipe is the product's, from ``config``: the prompt style and history window, the action grammar
@@ -206,6 +207,8 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
     Args:
         inverted_reward: episodes are rewarded 1 - the evaluator's score (:meth:`EmulatedEpisode.finish`), so the
             recipe trains away from solving the task: a negative control whose success must not rise.
+        train: False takes no optimizer step, so every batch samples the untrained policy: its success is the
+            tasks' chance success rate.
         log: receives one progress line per step.
     Returns:
         one ``{"step", "success", "task_success", "dropped_groups", "groups", "injected", "trained",
@@ -249,7 +252,7 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
         dropped = sum(batcher.add_group(g, version) is None for g in groups)
         batch = batcher.take_batch() or []
         stats, updates = {}, 0
-        if batch:  # else every group was dropped: no step, as the learner's lockstep loop skips an empty batch
+        if batch and train:  # else every group was dropped: no step, as the learner's lockstep loop skips an empty batch
             try:
                 stats, updates = train_on_batch(trainer, batch, lc, forced, optimizer_steps)
             except TrainerInputError:  # no usable sample: no step, as the learner's training loop skips it
@@ -303,6 +306,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lag", type=int, default=1, help="policy versions behind for the async arms a and b")
     p.add_argument("--target", type=float, default=0.8, help="success rate for the steps-to-target figure")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chance", action="store_true",
+                   help="take no optimizer step: --steps batches of the untrained policy give each task's chance "
+                        "success rate (printed per task; one arm is enough)")
     p.add_argument("--model", type=Path, default=ROOT / "runs" / "tiny-model", help="policy checkpoint folder")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every arm, after the task setup (repeatable)")
@@ -330,7 +336,13 @@ def main(argv: list[str] | None = None) -> int:
     for arm in args.arms.split(","):
         config = load_config(args.config, setup + ARMS[arm][1] + rest)
         lag = 0 if config.learner.schedule == "lockstep" else args.lag
-        records = run_arm(arm, scenes, config, model, args.steps, lag)
+        records = run_arm(arm, scenes, config, model, args.steps, lag, train=not args.chance)
+        if args.chance:
+            for task_id in sorted({t for r in records for t in r["task_success"]}):
+                rates = [r["task_success"][task_id] for r in records if task_id in r["task_success"]]
+                figures[f"chance_{task_id}"] = sum(rates) / len(rates)
+                print(f"chance {task_id}: {sum(rates) / len(rates):.4f} over {len(rates) * config.learner.group_size}"
+                      " episodes of the untrained policy", flush=True)
         last = records[-10:]
         figures[f"{arm}_steps_to_{int(args.target * 100)}"] = steps_to(records, args.target)
         figures[f"{arm}_final"] = sum(r["success"] for r in last) / len(last)

@@ -8,8 +8,11 @@ it was taken after) holding:
 - ``learner.pt``: ``torch.save`` of plain data and Outcome members (loaded with ``weights_only=True`` and only
   :class:`~arpo_async.messages.Outcome` allowed besides, never unpickled code):
   the learner service's state (policy version, step, totals, drop counters, scheduler order and task
-  statistics, admitted-trajectory count), the replay buffer (each stored trajectory as wire-codec frames), the
-  state of any extra component (e.g. task selection), and the Python, NumPy and torch RNG states;
+  statistics, admitted-trajectory count), the replay buffer (each stored trajectory as a reference into
+  ``replay.frames``), the state of any extra component (e.g. task selection), and the Python, NumPy and torch RNG
+  states;
+- ``replay.frames``: the replay buffer's trajectories as wire-codec frames, one write per frame
+  (learner.frames_file: torch.save of them held the GIL, and so the event loop, for seconds on a loaded machine);
 - ``meta.json``: a human-readable summary (step, policy version, trainer steps, replay stats, wall time) and
   the metrics records of its last batch, so metrics.jsonl can be repaired after a crash (:func:`reconcile_metrics`).
 
@@ -38,6 +41,7 @@ import torch
 from arpo_async import codec
 from arpo_async.messages import Outcome, Trajectory
 from arpo_async.metrics import MetricsWriter, read_metrics
+from learner.frames_file import FramesWriter, externalize, internalize, read_frames
 from learner.service import LearnerService
 from learner.trainer import Trainer
 from learner.trainer_checkpoint import checkpoint_name
@@ -46,6 +50,8 @@ log = logging.getLogger(__name__)
 
 SCHEMA = 1
 PREFIX = "step-"
+FRAMES_FILE = "replay.frames"
+"""The replay buffer's trajectories as frames, written outside torch.save (learner.frames_file)."""
 _MAX_TRAJECTORY_BYTES = 1 << 40  # trajectories were size-checked when they arrived; this only guards the decoder
 
 
@@ -106,11 +112,36 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
+class _Unencoded:
+    """A stored trajectory in a :func:`capture` snapshot, encoded to frames only by :func:`encode_snapshot` (in the
+    saver's thread): a received trajectory is never changed, so encoding it later gives the same frames."""
+
+    __slots__ = ("trajectory",)
+
+    def __init__(self, trajectory: Trajectory) -> None:
+        self.trajectory = trajectory
+
+
+def encode_snapshot(value: Any, writer: FramesWriter | None = None) -> Any:
+    """``value`` (a :func:`capture` snapshot, or any part of it) with every stored trajectory as wire-codec frames
+    (:func:`encode_trajectory`), or, with a ``writer``, written to its frames file and replaced by the reference
+    (learner.frames_file). Blocking (about 1 ms per 2.9 MB trajectory, bench_transport.py): :meth:`Checkpointer.save`
+    calls it in its thread."""
+    def leaf(item: Any) -> Any | None:
+        if not isinstance(item, _Unencoded):
+            return None
+        frames = encode_trajectory(item.trajectory)
+        return frames if writer is None else writer.add(frames)
+    return externalize(value, leaf)
+
+
 def capture(service: LearnerService, replay: Replay, extra: Mapping[str, Stateful] = {}) -> dict[str, Any]:
     """Snapshot the learner's non-model state. Call on the event loop (no await in between), so the snapshot
-    is consistent; writing it (:meth:`Checkpointer.save`) can then happen in a thread."""
+    is consistent; writing it (:meth:`Checkpointer.save`) can then happen in a thread. The replay buffer's
+    trajectories are taken by reference and encoded when saved (:func:`encode_snapshot`): encoding a full buffer
+    (256 OSWorld-length trajectories) on the event loop would hold it for ~0.3 s at every checkpoint."""
     return {"schema": SCHEMA, "service": service.state_dict(),
-            "replay": replay.state_dict(encode=encode_trajectory),
+            "replay": replay.state_dict(encode=_Unencoded),
             "extra": {name: component.state_dict() for name, component in extra.items()},
             "rng": rng_state()}
 
@@ -155,7 +186,7 @@ class Checkpointer:
         Args:
             step: the optimizer step just taken (names the folder).
             trainer: saved with :meth:`Trainer.save_checkpoint`; must not train meanwhile.
-            state: :func:`capture`'s snapshot.
+            state: :func:`capture`'s snapshot (its trajectories are encoded here).
             meta: JSON-able summary; ``step`` and ``trainer_steps`` are added.
 
         Returns:
@@ -167,7 +198,9 @@ class Checkpointer:
         tmp.mkdir()
         try:
             trainer.save_checkpoint(tmp / checkpoint_name(trainer))
-            torch.save(state, tmp / "learner.pt")
+            with (tmp / FRAMES_FILE).open("wb") as frames:
+                plain = encode_snapshot(state, FramesWriter(frames))
+            torch.save(plain, tmp / "learner.pt")
             summary = {**meta, "step": step, "trainer_steps": trainer.steps, "saved_at": time.time()}
             (tmp / "meta.json").write_text(json.dumps(summary, indent=1, default=_json_default))
             if final.exists():  # a step redone after an older checkpoint was resumed
@@ -202,6 +235,8 @@ class Checkpointer:
                     state = torch.load(folder / "learner.pt", map_location="cpu", weights_only=True)
                 if state.get("schema") != SCHEMA:
                     raise CheckpointError(f"schema {state.get('schema')!r}, expected {SCHEMA}")
+                if (folder / FRAMES_FILE).exists():  # checkpoints before it held the frames in learner.pt
+                    state = internalize(state, read_frames(folder / FRAMES_FILE, _MAX_TRAJECTORY_BYTES))
                 trainer.load_checkpoint(folder / checkpoint_name(trainer))
                 return folder, state, meta
             except Exception as error:  # noqa: BLE001 - torch/pickle/json raise many types; listed below

@@ -6,7 +6,8 @@ Dataflow (every queue and task is made in `run_learner`): ROUTER SocketPump -> i
 ``service.on_trained(step, version)`` announces the version -> checkpoint -> metrics.jsonl via learner.records).
 Stops after ``learner.steps`` optimizer steps in all (0 = until SIGINT/SIGTERM), then tells the actors to shut
 down. Schedules: learner.training_loop. Baseline pass (``learner.baseline_k`` > 0): learner.baseline, run before
-training starts.
+training starts. Observability tasks: the event-loop lag probe (arpo_async.loop_lag) and the queue-depth peaks
+(learner.run_stats.RunStats.watch_depths), both in every metrics record and in status.json.
 
 Ranks: ``torchrun --nproc-per-node N -m learner.main --config run.toml`` trains with N ranks (FSDP2); rank 0
 runs everything above and drives the other ranks' trainers (learner.distributed, :func:`run_ranks`).
@@ -96,14 +97,15 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
     inbox: asyncio.Queue[Envelope] = asyncio.Queue(INBOX_SIZE)  # ROUTER pump -> service
     outbox = Outbox(routed=True)  # service -> ROUTER pump
     batches = BatchQueue(1)  # service -> training loop
-    service = LearnerService(outbox, scheduler, admission, batcher, batches=batches, rounds=lockstep,
-                             learner_id=learner_id, selector=plan.selector, vocab_size=vocab_size,
-                             peer_timeout_s=config.transport.peer_timeout_s, run_id=config.resolved_run_id,
-                             max_slots_per_peer=config.transport.max_slots_per_peer,
-                             sampler=TrajectorySampler(run / "trajectories", rate=lc.sample_trajectories,
-                                                       disk_mb=lc.sample_disk_mb))
     with learner_socket(config.transport) as socket:
         pump = SocketPump(socket, inbox=inbox, outbox=outbox, max_bytes=config.transport.max_message_bytes)
+        service = LearnerService(outbox, scheduler, admission, batcher, batches=batches, rounds=lockstep,
+                                 learner_id=learner_id, selector=plan.selector, vocab_size=vocab_size,
+                                 peer_timeout_s=config.transport.peer_timeout_s, run_id=config.resolved_run_id,
+                                 max_slots_per_peer=config.transport.max_slots_per_peer,
+                                 sampler=TrajectorySampler(run / "trajectories", rate=lc.sample_trajectories,
+                                                           disk_mb=lc.sample_disk_mb),
+                                 message_counts=pump.message_counts)
         async with PolicyClient(list(config.actors.inference_urls), api_key=config.serve.api_key) as client:
             loop = TrainingLoop(service, batches, trainer, weight_publisher(config, client),
                                 Checkpointer(run / "checkpoints", keep=lc.keep_checkpoints), replay, lc,
@@ -117,7 +119,9 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
                     background = [tg.create_task(pump.run()), tg.create_task(service.serve(inbox)),
                                   tg.create_task(service.peers.expire_loop()),
                                   tg.create_task(write_status(run / "status.json", service.status)),
-                                  tg.create_task(service.stats.watch_stall(lc.stall_warning_s, lc.stall_timeout_s))]
+                                  tg.create_task(service.stats.watch_stall(lc.stall_warning_s, lc.stall_timeout_s)),
+                                  tg.create_task(service.stats.lag.run()),
+                                  tg.create_task(service.stats.watch_depths(service.queue_depths))]
                     if isinstance(trainer, LeadTrainer):
                         background.append(tg.create_task(keep_ranks_alive(trainer)))
                     await plan.run_baseline(service, lc, 0 if lockstep else None)

@@ -98,8 +98,8 @@ class Peers:
         """Peer -> when it was last heard from (time.monotonic)."""
         self.peer_slots: dict[str, int] = {}
         """Rollout slots each peer announced in its Hello: the most requests it may have waiting or running."""
-        self.actor_queues: dict[str, tuple[int, int, int]] = {}
-        """Peer -> (running, waiting, unacked) from its last Heartbeat (see :meth:`depths`)."""
+        self.actor_queues: dict[str, tuple[int, int, int, int]] = {}
+        """Peer -> (running, waiting, unacked, outbox) from its last Heartbeat (see :meth:`depths`)."""
         self.max_slots_per_peer = max_slots_per_peer
         self.waiting: collections.OrderedDict[str, collections.deque[WorkRequest]] = collections.OrderedDict()
         """Peer -> its waiting requests (oldest first); the peers in the order the next rollouts go to them."""
@@ -143,7 +143,7 @@ class Peers:
             self.peer_slots[peer] = hello.slots
             self._unannounced.discard(peer)
         else:
-            self.actor_queues[peer] = (hello.running, hello.waiting, hello.unacked)
+            self.actor_queues[peer] = (hello.running, hello.waiting, hello.unacked, hello.outbox)
         await self.outbox.send(LearnerStatus(self.learner_id, self.version), peer)
 
     async def request(self, peer: str, request: WorkRequest) -> None:
@@ -279,9 +279,14 @@ class Peers:
             await self.outbox.send(Shutdown(reason), peer)
 
     def depths(self) -> dict[str, int]:
-        """``waiting_requests`` (not yet admitted), ``running`` (rollouts out) and, summed over the actors heard
-        from, their last Heartbeat's ``actor_running``, ``actor_waiting`` and ``actor_unacked``."""
+        """``waiting_requests`` (not yet admitted, over all peers), ``waiting_max_peer`` (the longest one peer's
+        request queue), ``running`` (rollouts out) and, over the actors heard from, their last Heartbeat's
+        ``actor_running``, ``actor_waiting``, ``actor_unacked`` and ``actor_outbox`` (summed) and
+        ``actor_outbox_max`` (the fullest actor process's outbox). O(peers)."""
         heard = [q for peer, q in self.actor_queues.items() if peer in self.actors]
-        return {"waiting_requests": self.waiting_count, "running": self.admission.running,
+        return {"waiting_requests": self.waiting_count,
+                "waiting_max_peer": max(map(len, self.waiting.values()), default=0),
+                "running": self.admission.running,
                 "actor_running": sum(q[0] for q in heard), "actor_waiting": sum(q[1] for q in heard),
-                "actor_unacked": sum(q[2] for q in heard)}
+                "actor_unacked": sum(q[2] for q in heard), "actor_outbox": sum(q[3] for q in heard),
+                "actor_outbox_max": max((q[3] for q in heard), default=0)}

@@ -59,7 +59,10 @@ def step_record(step: int, version: int, batch: list[ScoredGroup], stats: Mappin
         window: what arrived since the last batch: success_rate (and task_success, family_success) is over its
             trainable trajectories, stage_s is p50/p95 of its per-stage timings (arpo_async.stage_timings).
         counters: the learner's counters now (learner.service.LearnerService.counters): ``replay``,
-            ``task_selection``, ``drops``, ``totals``, ``rejections`` and ``queues`` (queue depths).
+            ``task_selection``, ``drops``, ``totals``, ``rejections``, ``queues`` (queue depths now),
+            ``queues_max`` (each queue's peak since the previous record), ``loop_lag_ms`` (the event loop's lag
+            since the previous record: p50, p99, max in ms, samples; arpo_async.loop_lag) and, when the
+            service knows its pump, ``messages`` (received and sent, by type).
         publish_s, wall_s: seconds the publication took; training wall time in all.
         extra: schedule-level counters, added as they are.
 
@@ -84,5 +87,7 @@ def step_record(step: int, version: int, batch: list[ScoredGroup], stats: Mappin
         "outcomes": dict(window.outcomes), "drops": counters["drops"], "totals": counters["totals"],
         "rejections": counters["rejections"],
         "stage_s": window.stages.summary(), "queues": counters["queues"],
+        "queues_max": counters["queues_max"], "loop_lag_ms": counters["loop_lag_ms"],
+        **({"messages": counters["messages"]} if "messages" in counters else {}),
         "wall_s": round(wall_s, 3), **extra,
     }

@@ -4,7 +4,9 @@ and <run>/status.json.
 Role: the learner service's bookkeeping half; it reads the batcher's drop counts and never changes a component.
 Owns: :class:`WindowStats` (counts since the last optimizer step, taken by the training loop for each metrics
 record), the run's ``totals`` and ``rejections`` counters (checkpointed with the service), when the last optimizer
-step finished, and why no step happens while that lasts (``stall``).
+step finished, and why no step happens while that lasts (``stall``); the event loop's lag probe (``lag``,
+arpo_async.loop_lag) and the peak depth of every queue (:meth:`RunStats.watch_depths`), per metrics record and
+over the run.
 
 Invariants: a window counts each trajectory the learner takes into training once; ``take`` starts a new window;
 ``stall`` is None from the moment an optimizer step finishes until the stall check next finds none for
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from arpo_async.loop_lag import LoopLag
 from arpo_async.messages import Outcome
 from arpo_async.stage_timings import StageTimings
 from arpo_async.tasks import Task
@@ -86,6 +89,12 @@ class RunStats:
         """Why no optimizer step is happening, while that lasts (shown in status.json and the progress line)."""
         self.evaluating = False
         """True while the baseline pass runs (set by LearnerService.evaluate): the stall check is quiet then."""
+        self.lag = LoopLag()
+        """The learner's event-loop lag (its :meth:`LoopLag.run` is one of the learner's tasks)."""
+        self.peak_depths: collections.Counter[str] = collections.Counter()
+        """Queue name -> the deepest it was seen since the last metrics record (:meth:`take_peaks`)."""
+        self.run_peak_depths: collections.Counter[str] = collections.Counter()
+        """Queue name -> the deepest it was seen in this process's run."""
 
     def on_step(self) -> None:
         """An optimizer step finished just now: restart the stall clock."""
@@ -129,6 +138,29 @@ class RunStats:
             timeout = self.stall_reason(now, after_s=timeout_s) if timeout_s else None
             if timeout:
                 raise StalledRun(f"{timeout} (learner.stall_timeout_s = {timeout_s:g} s)")
+
+    def note_depths(self, depths: dict[str, int]) -> None:
+        """Fold one sample of queue depths (name -> items) into the window's and the run's peaks."""
+        for name, depth in depths.items():
+            if depth > self.peak_depths[name]:
+                self.peak_depths[name] = depth
+            if depth > self.run_peak_depths[name]:
+                self.run_peak_depths[name] = depth
+
+    def take_peaks(self) -> dict[str, int]:
+        """The peak depth of every queue since the last call (metrics.jsonl ``queues_max``); a new window starts
+        at the depths of now (a queue that stays deep shows in every window)."""
+        taken = {name: int(depth) for name, depth in sorted(self.peak_depths.items())}
+        self.peak_depths = collections.Counter()
+        return taken
+
+    async def watch_depths(self, depths: Callable[[], dict[str, int]], period_s: float = 0.05) -> None:
+        """Sample ``depths()`` (learner.service.LearnerService.queue_depths) every ``period_s`` seconds into the
+        peaks, until cancelled: a queue that fills and drains between two metrics records still shows its peak
+        (to within one period)."""
+        while True:
+            self.note_depths(depths())
+            await asyncio.sleep(period_s)
 
     @property
     def wall_s(self) -> float:

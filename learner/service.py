@@ -34,7 +34,7 @@ import collections
 import hashlib
 import logging
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -95,6 +95,8 @@ class LearnerService:
         sampler: keeps a sample of received trajectories with their screenshots (learner.trajectory_sample).
         run_id: this run's id: actors of another run are refused (:meth:`learner.peers.Peers.check_run`).
         max_slots_per_peer: see :class:`learner.peers.Peers`.
+        message_counts: the ROUTER pump's messages by type (arpo_async.transport.SocketPump.message_counts),
+            reported in metrics and status.json as ``messages`` (None: left out).
     """
 
     def __init__(self, outbox: Outbox, scheduler: GroupScheduler, admission: Admission,
@@ -102,7 +104,8 @@ class LearnerService:
                  learner_id: str | None = None, selector: TaskSelector | None = None,
                  vocab_size: int | None = None, limits: WireLimits = WireLimits(), peer_timeout_s: float = 30.0,
                  sampler: TrajectorySampler | None = None, run_id: str = "",
-                 max_slots_per_peer: int = 1024) -> None:
+                 max_slots_per_peer: int = 1024,
+                 message_counts: Callable[[], dict[str, dict[str, int]]] | None = None) -> None:
         self.outbox = outbox
         self.scheduler = scheduler
         self.admission = admission
@@ -128,6 +131,9 @@ class LearnerService:
         self._round_open = False
         self._seen: collections.OrderedDict[str, bytes] = collections.OrderedDict()
         """Trajectory ids taken (or late), with the fingerprint of their content (:func:`_digest`)."""
+        self._inbox: asyncio.Queue[Envelope] | None = None
+        """The inbox :meth:`serve` consumes (for its depth)."""
+        self.message_counts = message_counts
         self._warnings = WarningBudget(log)
         """Rejections are logged within a budget (a flood of bad frames writes a few lines; every one is counted)."""
 
@@ -148,6 +154,7 @@ class LearnerService:
         Raises:
             learner.task_selection.NoTaskLeft: every task has been set aside after TASK_ERRORs (the run stops).
         """
+        self._inbox = inbox
         while True:
             envelope = await inbox.get()
             try:
@@ -347,12 +354,15 @@ class LearnerService:
         self.stats.totals["unusable_batches"] += 1
 
     def queue_depths(self) -> dict[str, int]:
-        """Queue depths now (metrics.jsonl ``queues``): the learner's ``waiting_requests`` (work requests not yet
-        admitted), ``running`` (rollouts out), ``ready_groups`` (scored groups not yet trained on), ``outbox``
-        (messages queued for the socket) and ``outbox_full_waits`` (sends that found it full), and, summed over the
-        actors heard from, their last Heartbeat's ``actor_running``, ``actor_waiting`` and ``actor_unacked``
-        (trajectories not yet acked)."""
-        return {**self.peers.depths(), "ready_groups": self._ready_groups(), "outbox": self.outbox.qsize(),
+        """Queue depths now (metrics.jsonl ``queues``): the learner's ``inbox`` (messages received, not yet
+        handled), ``waiting_requests`` (work requests not yet admitted) and ``waiting_max_peer`` (the longest
+        single peer's), ``running`` (rollouts out), ``ready_groups`` (scored groups not yet trained on),
+        ``outbox`` (messages queued for the socket) and ``outbox_full_waits`` (sends that found it full), and,
+        over the actors heard from, their last Heartbeat's ``actor_running``, ``actor_waiting``, ``actor_unacked``
+        (trajectories not yet acked) and ``actor_outbox`` (summed), and ``actor_outbox_max``
+        (learner.peers.Peers.depths)."""
+        return {"inbox": self._inbox.qsize() if self._inbox is not None else 0, **self.peers.depths(),
+                "ready_groups": self._ready_groups(), "outbox": self.outbox.qsize(),
                 "outbox_full_waits": self.outbox.full_waits}
 
     def _ready_groups(self) -> int:
@@ -360,11 +370,15 @@ class LearnerService:
         return len(self.batcher.ready) + sum(len(batch) for batch in self.batches.pending())
 
     def counters(self) -> dict[str, Any]:
-        """The counters a metrics record carries now (learner.records.step_record's ``counters``)."""
+        """The counters a metrics record carries now (learner.records.step_record's ``counters``); takes the
+        window of the loop-lag probe (``loop_lag_ms``) and of the queue peaks (``queues_max``), so each record
+        covers the time since the previous one."""
         return {"replay": self.batcher.replay.stats(),
                 "task_selection": self.selector.stats() if self.selector is not None else {},
                 "drops": dict(self.batcher.drops), "totals": dict(self.stats.totals),
-                "rejections": dict(self.stats.rejections), "queues": self.queue_depths()}
+                "rejections": dict(self.stats.rejections), "queues": self.queue_depths(),
+                "queues_max": self.stats.take_peaks(), "loop_lag_ms": self.stats.lag.take(),
+                **({"messages": self.message_counts()} if self.message_counts is not None else {})}
 
     def status(self) -> dict:
         """A snapshot for progress displays (written to <run>/status.json by learner.run_stats.write_status)."""
@@ -376,7 +390,9 @@ class LearnerService:
                 "waiting_requests": self.peers.waiting_count, "actors": len(self.peers.actors),
                 "outcomes": {k: v for k, v in totals.items() if k.isupper()},
                 "drops": dict(self.batcher.drops), "ready_groups": self._ready_groups(),
-                "queues": self.queue_depths(),
+                "queues": self.queue_depths(), "queues_max": dict(self.stats.run_peak_depths),
+                "loop_lag_ms": self.stats.lag.summary(),
+                **({"messages": self.message_counts()} if self.message_counts is not None else {}),
                 "totals": dict(totals), "wall_s": self.stats.wall_s,
                 "set_aside": self.selector.set_aside if self.selector is not None else [],
                 **({"baseline": {"groups_recorded": self.baseline.recorded_groups,

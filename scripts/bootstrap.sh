@@ -6,6 +6,8 @@
 #   3. Python packages: torch 2.13.0 (CPU build), then this project with its test extras
 #   4. the desktop image arpo-desktop:<version>, built locally if missing (not the ~2 GB osworld image: build
 #      it with `arpo desktop build --profile osworld`; its tests build it through the osworld_image fixture)
+#   5. host limits for hundreds of live desktops (scripts/host_limits.sh: inotify instances, pid_max); dockerd
+#      is started with its open-files soft limit raised to the hard one
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf '[bootstrap] %s\n' "$*"; }
@@ -19,6 +21,7 @@ fi
 
 if ! docker info >/dev/null 2>&1; then
   say "starting the Docker engine (log: /tmp/dockerd.log)"
+  ulimit -n "$(ulimit -Hn)" 2>/dev/null || ulimit -n 1048576 2>/dev/null || true  # dockerd: ~6.3 files per desktop
   nohup dockerd --iptables=false --bridge=none >/tmp/dockerd.log 2>&1 &
   for _ in $(seq 1 120); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
   docker info >/dev/null 2>&1 || { say "the Docker engine did not start; see /tmp/dockerd.log"; exit 1; }
@@ -32,6 +35,8 @@ fi
 say "installing arpo-async and its test tools"
 "$PY" -m pip install -q -e '.[test]'
 command -v pyenv >/dev/null && pyenv rehash || true
+
+scripts/host_limits.sh
 
 say "building the desktop image if missing"
 "$PY" -m arpo_cli.cli desktop build

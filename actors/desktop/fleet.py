@@ -17,6 +17,13 @@ run's folder is removed with its last desktop.
 
 The controller's request limits are set from the memory limit (:func:`controller_env`).
 
+Start-ups are bounded and fair: at most ``max_concurrent_starts`` desktops (``actors.max_concurrent_starts``)
+are between POST /containers/create and their first healthy /health at once, in every caller of
+:meth:`DesktopFleet.start` together (the pool, the benches, `arpo tasks check`); the others wait for a slot in
+arrival order (asyncio.Semaphore is FIFO). A desktop's deadline (``ready_timeout``) counts from when it got its
+slot, never from when it was queued, so 250 queued starts do not make the 251st time out (tested in
+tests/integration/test_pool.py; `bench/bench_desktops.py --live` asks for hundreds at once).
+
 Invariants: :meth:`DesktopFleet.start` returns only a desktop whose controller answered /health; on any
 failure it removes what it created and raises DesktopError with the container's last log lines.
 Socket paths stay short (< 100 bytes; the Unix limit is 108).
@@ -42,6 +49,7 @@ import aiodocker
 from aiodocker.exceptions import DockerError
 
 from actors.desktop.controller_client import ControllerClient, DesktopError
+from arpo_async.config import ActorConfig
 
 SOCKET_NAME = "controller.sock"
 DEFAULT_SOCKET_ROOT = Path("/tmp/arpo-desktops")
@@ -81,7 +89,8 @@ class Desktop:
     socket_dir: Path
     controller: ControllerClient
     started_at: float = field(default_factory=time.monotonic)
-    ready_s: float = 0.0  # seconds from create to the first healthy answer
+    ready_s: float = 0.0  # seconds from create (its start slot taken) to the first healthy answer
+    queued_s: float = 0.0  # seconds it waited for a start slot before that (not counted in any deadline)
     episodes: int = 0  # episodes handed out on this desktop (DesktopPool resets it in place between them)
 
 
@@ -189,12 +198,21 @@ class DesktopFleet:
         memory_mb: container memory limit in MiB.
         pids_limit: container process limit.
         docker: an aiodocker client to use (not closed by :meth:`close`); default: one of our own.
-        ready_timeout: seconds :meth:`start` waits for the controller's /health before failing.
+        ready_timeout: seconds one desktop may take from its start slot to the controller's first healthy
+            /health before :meth:`start` fails (time queued for the slot does not count).
+        max_concurrent_starts: desktops booting at once (>= 1; the run config's ``actors.max_concurrent_starts``).
+            More = a faster fleet start while the CPUs have room, more contention (and slower boots) beyond.
+
+    Raises:
+        ValueError: ``max_concurrent_starts`` < 1 or ``ready_timeout`` <= 0.
     """
 
     def __init__(self, image: str, run_id: str, *, socket_root: Path = DEFAULT_SOCKET_ROOT,
                  screen: tuple[int, int] = (1280, 720), memory_mb: int = 512, pids_limit: int = 256,
-                 docker: aiodocker.Docker | None = None, ready_timeout: float = 60.0) -> None:
+                 docker: aiodocker.Docker | None = None, ready_timeout: float = 60.0,
+                 max_concurrent_starts: int = ActorConfig().max_concurrent_starts) -> None:
+        if max_concurrent_starts < 1 or ready_timeout <= 0:
+            raise ValueError("need max_concurrent_starts >= 1 and ready_timeout > 0")
         self.image = image
         self.run_id = run_id
         self.socket_root = Path(socket_root)
@@ -202,6 +220,8 @@ class DesktopFleet:
         self.memory_mb = memory_mb
         self.pids_limit = pids_limit
         self.ready_timeout = ready_timeout
+        self.max_concurrent_starts = max_concurrent_starts
+        self._start_slots = asyncio.Semaphore(max_concurrent_starts)
         self._docker = docker
         self._own_docker = docker is None
         self._desktops: dict[str, Desktop] = {}
@@ -242,11 +262,24 @@ class DesktopFleet:
         }
 
     async def start(self) -> Desktop:
-        """Create and start one desktop; return it once its controller reports X up.
+        """Create and start one desktop under a start slot; return it once its controller reports X up.
+
+        Waits (first come, first served) while ``max_concurrent_starts`` others boot; the desktop's
+        ``queued_s`` is that wait and its ``ready_s`` the boot from the slot on.
 
         Raises DesktopError when the image is missing, the container fails to start or exits, or /health
-        does not answer within ``ready_timeout`` seconds (the message has the container's last log lines).
+        does not answer within ``ready_timeout`` seconds of taking the slot (the message has the container's
+        last log lines).
         """
+        queued_at = time.monotonic()
+        async with self._start_slots:
+            t0 = time.monotonic()
+            desktop = await self._start(t0)
+        desktop.queued_s = t0 - queued_at
+        return desktop
+
+    async def _start(self, t0: float) -> Desktop:
+        """One boot, its deadline ``ready_timeout`` after ``t0`` (monotonic seconds: when the slot was taken)."""
         token = secrets.token_hex(4)
         name = f"arpo-{_safe(self.run_id, 24)}-{token}"
         socket_dir = self._run_dir / token
@@ -254,7 +287,6 @@ class DesktopFleet:
             raise DesktopError(f"socket path {socket_dir / SOCKET_NAME} is longer than {MAX_SOCKET_PATH} "
                                "bytes; use a shorter socket_root")
         self._make_socket_dir(socket_dir)
-        t0 = time.monotonic()
         container = None
         try:
             try:
@@ -265,7 +297,7 @@ class DesktopFleet:
                                    f"{exc.status} {exc.message}") from exc
             desktop = Desktop(name=name, container_id=container.id, socket_dir=socket_dir,
                               controller=ControllerClient(str(socket_dir / SOCKET_NAME)))
-            await self._wait_ready(desktop, container)
+            await self._wait_ready(desktop, container, t0 + self.ready_timeout)
         except BaseException:
             if container is not None:
                 await self._delete(container.id)
@@ -311,10 +343,9 @@ class DesktopFleet:
             await self._delete(made.id)
             raise
 
-    async def _wait_ready(self, desktop: Desktop, container) -> None:
-        """Poll /health (every 50 ms) until it answers, the container exits, or the deadline passes."""
+    async def _wait_ready(self, desktop: Desktop, container, deadline: float) -> None:
+        """Poll /health (every 50 ms) until it answers, the container exits, or ``deadline`` (monotonic) passes."""
         sock = desktop.socket_dir / SOCKET_NAME
-        deadline = time.monotonic() + self.ready_timeout
         checks = 0
         while True:
             if sock.exists() and await desktop.controller.health(timeout=2.0):

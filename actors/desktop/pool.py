@@ -9,7 +9,9 @@ Invariants:
 
 - the pool keeps ``warm_spares`` booted desktops beyond those in use, plus one being started for each waiting
   actor: ``len(spares) + starting + resetting >= warm_spares + waiting`` after every change (the refill rule);
-- at most ``max_concurrent_starts`` containers boot at once (a semaphore), so starts are staggered;
+- at most the fleet's ``max_concurrent_starts`` containers boot at once (a semaphore in DesktopFleet.start,
+  first come first served), so starts are staggered; a boot's deadline counts from its own slot, so a start
+  queued behind hundreds of others never times out for the wait;
 - :meth:`acquire` returns a spare at once when there is one (after a /health check), else the next desktop that
   finishes booting (first come, first served);
 - a desktop serves at most ``max_episodes`` episodes: :meth:`release` resets a reusable one in place (the
@@ -21,6 +23,9 @@ Invariants:
   capped at ``retry_max_s``); then the oldest waiting :meth:`acquire` raises DesktopError (with no one
   waiting, the pool waits ``retry_max_s`` before trying again);
 - spares are health-checked every ``health_interval_s`` and when handed out; a dead one is removed and replaced;
+  at most ``HEALTH_CHECKS_AT_ONCE`` checks run at once (each /health runs xdpyinfo in its desktop), and each
+  check's ``health_timeout_s`` counts from its own call, so 256 spares are not declared dead because they were
+  all asked at the same moment on 2 cores;
 - :meth:`close` cancels the background tasks and removes every desktop the pool started, wherever it is.
 
 The trade-offs: each warm spare costs one desktop's RAM (~100-200 MB, see bench/README.md) and buys a reset
@@ -45,6 +50,8 @@ from arpo_async.config import ActorConfig
 log = logging.getLogger(__name__)
 
 _DEFAULTS = ActorConfig()
+HEALTH_CHECKS_AT_ONCE = 8
+"""Periodic /health checks of spares in flight at once (each runs xdpyinfo in its desktop)."""
 """The run config's defaults: a pool built without arguments behaves as ``arpo run`` configures it."""
 
 
@@ -54,14 +61,15 @@ class DesktopPool:
     Use as ``async with DesktopPool(fleet) as pool: d = await pool.acquire(); ...; await pool.release(d)``,
     or call :meth:`start` and :meth:`close` yourself. Must be used from one event loop.
 
-    Defaults of the arguments that are run-config keys (warm_spares, max_concurrent_starts, start_attempts =
+    Start-ups are bounded by the fleet (``DesktopFleet(max_concurrent_starts=...)``, ``actors.max_concurrent_starts``).
+
+    Defaults of the arguments that are run-config keys (warm_spares, start_attempts =
     ``actors.desktop_start_attempts``, health_interval_s = ``actors.desktop_health_interval_s``, max_episodes =
     ``actors.desktop_max_episodes``) are that key's default in :class:`arpo_async.config.ActorConfig`.
 
     Args:
         fleet: starts and removes the containers (its ``start`` returns only healthy desktops).
         warm_spares: booted desktops kept ready beyond those in use (>= 0). More = faster resets, more RAM.
-        max_concurrent_starts: containers booting at once (>= 1).
         start_attempts: tries per desktop before DesktopError surfaces (>= 1).
         retry_base_s: wait after the first failed start (seconds); doubles per failure.
         retry_max_s: cap on one wait between tries, and the pause after a start gave up with no one waiting.
@@ -73,14 +81,12 @@ class DesktopPool:
     """
 
     def __init__(self, fleet: DesktopFleet, *, warm_spares: int = _DEFAULTS.warm_spares,
-                 max_concurrent_starts: int = _DEFAULTS.max_concurrent_starts,
                  start_attempts: int = _DEFAULTS.desktop_start_attempts, retry_base_s: float = 1.0,
                  retry_max_s: float = 10.0, health_interval_s: float = _DEFAULTS.desktop_health_interval_s,
                  health_timeout_s: float = 5.0, max_episodes: int = _DEFAULTS.desktop_max_episodes,
                  reset_timeout_s: float = 30.0) -> None:
-        if warm_spares < 0 or max_concurrent_starts < 1 or start_attempts < 1 or max_episodes < 1:
-            raise ValueError("need warm_spares >= 0, max_concurrent_starts >= 1, start_attempts >= 1 and "
-                             "max_episodes >= 1")
+        if warm_spares < 0 or start_attempts < 1 or max_episodes < 1:
+            raise ValueError("need warm_spares >= 0, start_attempts >= 1 and max_episodes >= 1")
         if min(retry_base_s, retry_max_s) < 0 or min(health_interval_s, health_timeout_s) <= 0:
             raise ValueError("retry delays must be >= 0 and health periods > 0")
         self.fleet = fleet
@@ -92,7 +98,7 @@ class DesktopPool:
         self.health_timeout_s = health_timeout_s
         self.max_episodes = max_episodes
         self.reset_timeout_s = reset_timeout_s
-        self._start_slots = asyncio.Semaphore(max_concurrent_starts)
+        self._health_slots = asyncio.Semaphore(HEALTH_CHECKS_AT_ONCE)
         self._spares: collections.deque[Desktop] = collections.deque()
         self._in_use: dict[str, Desktop] = {}
         self._all: dict[str, Desktop] = {}  # every desktop started and not yet removed
@@ -317,7 +323,7 @@ class DesktopPool:
             self._wake.set()
 
     async def _start_with_retry(self) -> Desktop:
-        """One desktop, started under a start slot, tried ``start_attempts`` times (tenacity: waits of
+        """One desktop, started under the fleet's start slot, tried ``start_attempts`` times (tenacity: waits of
         ``retry_base_s * 2**(i-1)`` capped at ``retry_max_s``). Raises DesktopError after the last failure."""
 
         def failed(state: tenacity.RetryCallState) -> None:
@@ -332,8 +338,7 @@ class DesktopPool:
         try:
             async for attempt in retrying:
                 with attempt:
-                    async with self._start_slots:
-                        desktop = await self.fleet.start()
+                    desktop = await self.fleet.start()
         except DesktopError as exc:
             raise DesktopError(f"could not start a desktop in {self.start_attempts} tries: {exc}") from exc
         return desktop
@@ -380,13 +385,18 @@ class DesktopPool:
         self.stats["removed"] += 1
         return True
 
+    async def _check(self, desktop: Desktop) -> bool:
+        """One spare's /health under a health slot; its deadline starts when the slot is taken."""
+        async with self._health_slots:
+            return await desktop.controller.health(timeout=self.health_timeout_s)
+
     async def _health_loop(self) -> None:
         """Every ``health_interval_s``: /health on every spare; dead ones are removed and replaced."""
         while True:
             await asyncio.sleep(self.health_interval_s)
             spares = list(self._spares)
             t0 = time.monotonic()
-            healthy = await asyncio.gather(*(d.controller.health(timeout=self.health_timeout_s) for d in spares))
+            healthy = await asyncio.gather(*(self._check(d) for d in spares))
             for desktop, ok in zip(spares, healthy):
                 if not ok and desktop in self._spares:
                     log.warning("spare desktop %s failed its health check; replacing it", desktop.name)

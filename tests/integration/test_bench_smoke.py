@@ -51,6 +51,14 @@ def test_bench_desktops_quick(desktop_image):
     assert {"start_p50_s", "reset_inplace_p50_s"} <= set(figures)
 
 
+def test_bench_desktops_live_small(desktop_image):
+    """`--live` in two small steps: the last line starts with the fixed names, and every desktop answered."""
+    figures = run_bench("bench_desktops", "--live", "2,3", "--concurrency", "2", "--window-s", "2", timeout=600)
+    assert list(figures)[:4] == ["live", "ram_mb_per_desktop", "start_per_s", "healthy"]
+    assert figures["live"] == figures["healthy"] == "3" and figures["start_failures"] == "0"
+    assert "live_2_start_per_s" in figures
+
+
 def test_bench_e2e_one_short_arm(desktop_image, tmp_path):
     figures = run_bench("bench_e2e", "--arms", "async", "--minutes", "0.5", "--out", str(tmp_path), timeout=600)
     assert figures
@@ -74,6 +82,15 @@ def test_probe_learning_three_batches(desktop_image):
     assert any(k.startswith("a_") for k in figures) and any(k.startswith("c_") for k in figures)
     # each arm's batches take its updates_per_batch optimizer steps (a: 2, c: ARPO's 2), as in the learner
     assert figures.get("a_steps_per_batch") == "2" and figures.get("c_steps_per_batch") == "2"
+
+
+def test_probe_learning_chance_mode_samples_the_untrained_policy(desktop_image):
+    """--chance takes no optimizer step and reports each task's chance success rate (issue 25 item 1)."""
+    figures = run_bench("probe_learning", "--steps", "3", "--arms", "a", "--chance", timeout=600)
+    assert "a_steps_per_batch" not in figures  # no batch was trained
+    chances = {k: float(v) for k, v in figures.items() if k.startswith("chance_")}
+    assert set(chances) == {f"chance_grid4-{c}" for c in ("blue", "green", "red", "yellow")}
+    assert all(0.0 <= v <= 1.0 for v in chances.values())
 
 
 def test_fuzz_wire_smoke():
@@ -100,3 +117,13 @@ def test_bench_learning_poses_a_multi_step_family_with_its_number_of_actions():
         assert name == family and tasks and {t.family for t in tasks} == {family}
         config = load_config(None, TASK_SETUP + selection)  # the family's overrides win over the one-click setup
         assert config.actors.max_steps == actions and config.learner.groups_per_step == len(tasks)
+
+
+def test_bench_hosts_quick():
+    """2 x 32 actors on two hosts (network namespaces where this machine can make them) against the real learner:
+    nothing lost, every queue within its bound, and the lag figures present."""
+    figures = run_bench("bench_hosts", "--quick", timeout=600)
+    assert figures["actors"] == "64" and figures["hosts"] == "2"
+    assert figures["lost"] == "0" and figures["unbounded"] == "0"
+    assert int(figures["steps"]) >= 1 and int(figures["trajectories"]) >= 1
+    assert {"loop_lag_p99_ms", "max_queue_depth", "idle_lag_p99_ms"} <= set(figures)

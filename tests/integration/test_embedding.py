@@ -25,6 +25,7 @@ import actors
 from actors import (ActorConfig, DesktopEnv, EpisodeRunner, JsonlSink, ListSink, Outcome, Policy, PolicyClient,
                     RetryPolicy)
 from actors.desktop.controller_client import DesktopError
+from actors.desktop.fleet import DesktopFleet
 from actors.desktop.pool import DesktopPool
 from actors.env_actor import EnvActor
 from actors.policy import CallablePolicy, text_generation
@@ -69,7 +70,7 @@ def test_library_defaults_are_the_run_config_defaults():
     assert pool["max_episodes"].default == cfg.desktop_max_episodes
     assert pool["warm_spares"].default == cfg.warm_spares
     assert pool["start_attempts"].default == cfg.desktop_start_attempts
-    assert pool["max_concurrent_starts"].default == cfg.max_concurrent_starts
+    assert inspect.signature(DesktopFleet).parameters["max_concurrent_starts"].default == cfg.max_concurrent_starts
     assert pool["health_interval_s"].default == cfg.desktop_health_interval_s
     assert RetryPolicy().attempts == cfg.policy_attempts and RetryPolicy().max_delay_s == cfg.policy_max_wait_s
     assert set(actors.__all__) <= set(dir(actors))

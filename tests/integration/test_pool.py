@@ -4,6 +4,8 @@ Covers: warm spares (acquire hands out an already-booted desktop and the pool re
 release removes the used container, or (max_episodes > 1) resets it in place and hands it out again until it has
 served max_episodes; a desktop released as not reusable, or whose reset fails, is replaced; a dead spare is found by the health check and replaced, a start that
 keeps failing surfaces as DesktopError after the configured tries, close() leaves no container behind;
+start-ups are bounded by the fleet's start slots and fair: a start queued behind the others longer than its
+deadline still succeeds, as the deadline counts from its own slot;
 the controller's screenshot encodings (PNG default, JPEG with quality, bad values rejected) and the
 byte-identical screenshots of an unchanged screen that the trajectory de-duplication relies on; and the
 shutdown races: a removal or start cancelled part-way still leaves no container behind.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
 import secrets
 import time
 
@@ -41,7 +44,7 @@ async def fleet(desktop_image):
 
 
 async def test_warm_spare_is_handed_out_at_once_and_refilled(fleet):
-    async with DesktopPool(fleet, warm_spares=2, max_concurrent_starts=2, max_episodes=1) as pool:
+    async with DesktopPool(fleet, warm_spares=2, max_episodes=1) as pool:
         async with asyncio.timeout(BOOT_DEADLINE_S):
             await pool.wait_spares()
         spares = {d.container_id for d in pool.spares}
@@ -145,6 +148,42 @@ async def test_start_failure_is_retried_then_surfaces_as_desktop_error():
         with pytest.raises(DesktopError, match="not running"):
             await pool.acquire()
     finally:
+        await fleet.close()
+    assert await labelled(run_id) == []
+
+
+async def test_starts_are_bounded_and_a_start_queued_past_its_deadline_does_not_time_out(desktop_image):
+    """One start slot, a ready deadline of 6 boots (at least 10 s), and enough desktops asked for at once that the
+    last waits ~2.5 deadlines for its slot: every start succeeds on its first try, the boots never overlap, and
+    each boot (slot to healthy) stays within the deadline although the queue before it did not."""
+    run_id = f"test-pool-{secrets.token_hex(3)}"
+    with pytest.raises(ValueError):
+        DesktopFleet(desktop_image, run_id=run_id, max_concurrent_starts=0)
+    probe = DesktopFleet(desktop_image, run_id=run_id)
+    boots = []
+    for _ in range(2):  # the faster of two boots: the first is often slowed by a cold page cache
+        one = await probe.start()
+        boots.append(one.ready_s)
+        await probe.remove(one)
+    await probe.close()
+    boot_s = min(boots)
+    deadline_s = max(6 * boot_s, 10.0)
+    n = min(40, math.ceil(2.5 * deadline_s / boot_s) + 1)
+    fleet = DesktopFleet(desktop_image, run_id=run_id, max_concurrent_starts=1, ready_timeout=deadline_s)
+    try:
+        async with DesktopPool(fleet, warm_spares=0, start_attempts=1, max_episodes=1) as pool:
+            async with asyncio.timeout(BOOT_DEADLINE_S + n * deadline_s):
+                desktops = await asyncio.gather(*(pool.acquire() for _ in range(n)))
+            assert pool.stats["started"] == n and pool.stats["start_failures"] == 0
+            assert len({d.container_id for d in desktops}) == n
+            assert max(d.queued_s for d in desktops) > deadline_s, (boot_s, deadline_s, n)  # the premise
+            assert all(d.ready_s <= deadline_s for d in desktops)
+            slots = sorted((d.queued_s, d.queued_s + d.ready_s) for d in desktops)  # seconds after the ask
+            assert slots[0][0] < 1.0
+            for (_, end), (begin, _) in zip(slots, slots[1:]):
+                assert begin >= end - 0.01, slots  # one boot at a time: the next slot opens as the last closes
+    finally:
+        await fleet.remove_all()
         await fleet.close()
     assert await labelled(run_id) == []
 

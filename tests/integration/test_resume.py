@@ -39,6 +39,7 @@ from learner.scheduler import GroupScheduler
 from learner.service import LearnerService
 from learner.staleness import StalenessManager
 from learner.trainer import Trainer
+from bench._common import healthy
 from tests.support import free_port, until_sync
 
 PY = sys.executable
@@ -90,14 +91,6 @@ class Processes:
                     proc.wait()
                 except ProcessLookupError:
                     pass
-
-
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
-            return reply.status == 200
-    except OSError:
-        return False
 
 
 def server_weight_version(url: str) -> str | None:

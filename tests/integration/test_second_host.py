@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -24,6 +23,7 @@ import zmq.asyncio
 import zmq.auth
 
 from arpo_async import codec
+from bench import _netns as netns
 from arpo_cli.cli import write_keys
 from arpo_async.config import dump_toml, load_config
 from arpo_async.messages import Hello
@@ -38,26 +38,12 @@ PY = sys.executable
 
 @contextmanager
 def private_link():
-    """A network namespace and a veth pair: yields (namespace, host address, namespace address)."""
-    if shutil.which("ip") is None:
-        pytest.skip("iproute2 is not installed")
-    tag = uuid.uuid4().hex[:6]
-    ns, host_if, ns_if = f"arpo-{tag}", f"vh{tag}", f"vn{tag}"
-    octet = int(tag[:2], 16) % 250 + 1
-    host_ip, ns_ip = f"10.231.{octet}.1", f"10.231.{octet}.2"
-    commands = [["ip", "netns", "add", ns], ["ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if],
-                ["ip", "link", "set", ns_if, "netns", ns], ["ip", "addr", "add", f"{host_ip}/30", "dev", host_if],
-                ["ip", "link", "set", host_if, "up"],
-                ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{ns_ip}/30", "dev", ns_if],
-                ["ip", "netns", "exec", ns, "ip", "link", "set", ns_if, "up"],
-                ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"]]
+    """bench._netns.private_link, skipping the test where namespaces cannot be made."""
     try:
-        for command in commands:
-            subprocess.run(command, check=True, capture_output=True)
-        yield ns, host_ip, ns_ip
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)  # takes the veth pair with it
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        with netns.private_link() as link:
+            yield link
+    except netns.NamespaceUnavailable as why:
+        pytest.skip(str(why))
 
 
 async def answered(endpoint: str, keys: tuple[bytes, bytes] | None, server_key: bytes | None) -> bool:
@@ -105,12 +91,10 @@ def test_actor_host_in_its_own_namespace_over_curve_and_a_token(tmp_path, deskto
             procs.start("learner", [PY, "-m", "learner.main", "--config", str(path),
                                     "--set", f'transport.curve_secret_key_file="{learner_secret}"',
                                     "--set", f'transport.curve_authorized_dir="{authorized}"'])
-            # nsenter --net, not `ip netns exec`: that also gives the process a mount namespace of its own, where the
-            # tmpfs the fleet mounts on each desktop's socket folder would be invisible to dockerd
-            procs.start("actors", ["nsenter", f"--net=/var/run/netns/{ns}", PY, "-m", "actors.main",
-                                   "--config", str(path), "--actor-id", "host-a",
-                                   "--set", f'transport.curve_secret_key_file="{host_secret}"',
-                                   "--set", f'transport.curve_server_key_file="{learner_public}"'])
+            procs.start("actors", netns.in_namespace(ns, [
+                PY, "-m", "actors.main", "--config", str(path), "--actor-id", "host-a",
+                "--set", f'transport.curve_secret_key_file="{host_secret}"',
+                "--set", f'transport.curve_server_key_file="{learner_public}"']))
             metrics = tmp_path / "run" / "metrics.jsonl"
             alive = lambda: procs.check_alive("serve", "learner", "actors", clean_exit_ok=True)  # noqa: E731
             until_sync(lambda: len(read_metrics(metrics)) >= 2, 300, "2 steps from the actor host", check=alive)
