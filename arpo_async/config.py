@@ -444,6 +444,10 @@ class ClusterConfig:
     """GPUs per learner rank: 0 (CPU ranks, gloo) or 1 (one GPU each, as torchrun gives; set learner.device)."""
     learner_cpus_per_rank: PositiveFloat = 1.0
     """Ray CPUs reserved per learner rank."""
+    learner_resource: str = ""
+    """A custom Ray resource a node must offer, one per rank, to host learner ranks (``ray start --resources
+    '{"NAME": 8}'`` on the training nodes), so the ranks never take a GPU node meant for the servers; empty = any
+    node with the CPUs and GPUs."""
     desktops_resource: str = "desktops"
     """The custom Ray resource a desktop host offers, as many as the desktops it can run (``ray start --resources
     '{"desktops": 64}'``): one arpo-actors process per such node, with that node's Docker engine and a share of

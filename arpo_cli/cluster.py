@@ -33,7 +33,8 @@ from typing import Any, Callable
 
 from arpo_async.config import RunConfig, dump_toml
 from arpo_cli.cluster_plan import (ClusterError, Node, check_address, check_capacity, check_run_folder,
-                                   desktop_shares, fill_addresses, place_servers, rank_environments)
+                                   desktop_shares, fill_addresses, place_servers, rank_bundle,
+                                   rank_environments)
 from arpo_cli.cluster_process import ProcessHost
 from arpo_cli.launcher import (RunSignals, answers_health, crash_excerpt, draw_curve, prepare_run, show_progress,
                                sigterm_as_interrupt, write_summary)
@@ -146,8 +147,7 @@ class ClusterRun:
         from ray.util.placement_group import placement_group, placement_group_table
 
         c = self.config.cluster
-        bundle = {"CPU": c.learner_cpus_per_rank, **({"GPU": c.learner_gpus_per_rank} if c.learner_gpus_per_rank
-                                                      else {})}
+        bundle = rank_bundle(self.config)
         self.group = placement_group([bundle] * c.learner_ranks, strategy="PACK")
         try:
             async with asyncio.timeout(c.startup_timeout_s):

@@ -113,14 +113,23 @@ def check_capacity(nodes: Sequence[Node], config: RunConfig) -> None:
         have = sum(n.has(resource) for n in nodes)
         if need > have:
             raise ClusterError(f"the run needs {need:g} {resource} ({keys}) but the Ray cluster offers {have:g}")
-    rank = {"GPU": c.learner_gpus_per_rank, "CPU": c.learner_cpus_per_rank}
+    rank = rank_bundle(config)
     if not any(all(n.has(r) >= amount for r, amount in rank.items()) for n in nodes):
+        extra = f" and the resource {c.learner_resource!r} (cluster.learner_resource)" if c.learner_resource else ""
         raise ClusterError(f"no node has the {c.learner_gpus_per_rank} GPU and {c.learner_cpus_per_rank:g} CPU of "
-                           "one learner rank (cluster.learner_gpus_per_rank, cluster.learner_cpus_per_rank)")
+                           f"one learner rank (cluster.learner_gpus_per_rank, cluster.learner_cpus_per_rank){extra}")
     if not server_nodes(nodes, config):
         extra = f" and the resource {c.server_resource!r} (cluster.server_resource)" if c.server_resource else ""
         raise ClusterError(f"no node has the {c.server_gpus} GPU and {c.server_cpus:g} CPU of one inference server "
                            f"(cluster.server_gpus, cluster.server_cpus){extra}")
+
+
+def rank_bundle(config: RunConfig) -> dict[str, float]:
+    """What one learner rank reserves (a placement-group bundle): its CPUs, its GPU if any, and one unit of
+    cluster.learner_resource if set. Ray refuses zero amounts, so they are left out."""
+    c = config.cluster
+    return {"CPU": c.learner_cpus_per_rank, **({"GPU": c.learner_gpus_per_rank} if c.learner_gpus_per_rank else {}),
+            **({c.learner_resource: 1} if c.learner_resource else {})}
 
 
 def server_nodes(nodes: Sequence[Node], config: RunConfig) -> list[Node]:

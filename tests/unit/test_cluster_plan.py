@@ -63,6 +63,8 @@ def test_too_few_gpus_is_refused_naming_the_keys():
         check_capacity([node("head", CPU=10)], config("cluster.learner_ranks=10"))
     with pytest.raises(ClusterError, match=r"one inference server .*cluster.server_resource"):
         check_capacity(nodes, config('cluster.server_resource="sglang"'))
+    with pytest.raises(ClusterError, match=r"one learner rank .* the resource 'train' \(cluster.learner_resource\)"):
+        check_capacity(nodes, config('cluster.learner_resource="train"'))
     with pytest.raises(ClusterError, match=r"no node has the 1 GPU and 4 CPU of one learner rank"):
         check_capacity([node("g", CPU=2, GPU=4), node("c", CPU=8)],
                        config("cluster.learner_gpus_per_rank=1", "cluster.learner_cpus_per_rank=4"))
