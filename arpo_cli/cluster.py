@@ -36,8 +36,8 @@ from arpo_cli.cluster_plan import (ClusterError, Node, check_address, check_capa
                                    desktop_shares, fill_addresses, place_servers, rank_bundle,
                                    rank_environments)
 from arpo_cli.cluster_process import ProcessHost
-from arpo_cli.launcher import (RunSignals, answers_health, crash_excerpt, draw_curve, prepare_run, show_progress,
-                               sigterm_as_interrupt, write_summary)
+from arpo_cli.launcher import (RunSignals, answers_health, crash_excerpt, draw_curve, prepare_run, run_interruptible,
+                               show_progress, sigterm_as_interrupt, write_summary)
 from arpo_cli.progress import ProgressDisplay, TrajectoryRate, open_display, progress_line
 
 log = logging.getLogger("arpo.launch")
@@ -91,13 +91,8 @@ def launch(address: str, config: RunConfig, *, resume: bool = False, display: Pr
             check_capacity(nodes, config)
             shares = desktop_shares(nodes, config.actors.actors, config.cluster.desktops_resource)
             config = prepare_run(config, display.say, resume, desktops=False)
-            signals = RunSignals()
-            try:
-                return asyncio.run(_launch(ClusterRun(ray, config, display.say), nodes, shares, display, signals))
-            except asyncio.CancelledError:
-                if signals.received:
-                    raise KeyboardInterrupt(f"signal {signals.received[0]}") from None
-                raise
+            run = ClusterRun(ray, config, display.say)
+            return run_interruptible(lambda signals: _launch(run, nodes, shares, display, signals))
         finally:
             ray.shutdown()
     finally:

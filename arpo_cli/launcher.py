@@ -34,7 +34,7 @@ import urllib.request
 from asyncio.subprocess import Process
 from dataclasses import replace
 from pathlib import Path
-from typing import Awaitable, Callable, NoReturn
+from typing import Any, Awaitable, Callable, Coroutine, NoReturn
 
 import aiohttp
 import tenacity
@@ -338,16 +338,25 @@ def run_local(config: RunConfig, *, display: ProgressDisplay | None = None, resu
     display = open_display() if display is None else display
     try:
         config = prepare_run(config, display.say, resume)
-        signals = RunSignals()
-        try:
-            return asyncio.run(_run_children(config, display, signals))
-        except asyncio.CancelledError:
-            if signals.received:
-                raise KeyboardInterrupt(f"signal {signals.received[0]}") from None
-            raise
+        return run_interruptible(lambda signals: _run_children(config, display, signals))
     finally:
         display.close()
         signal.signal(signal.SIGTERM, previous)
+
+
+def run_interruptible(main: Callable[[RunSignals], Coroutine[Any, Any, int]]) -> int:
+    """``asyncio.run(main(signals))`` with a fresh :class:`RunSignals` (``main`` installs it); returns its result.
+
+    Raises:
+        KeyboardInterrupt: SIGINT or SIGTERM cancelled ``main`` (whose cleanup has run by then).
+    """
+    signals = RunSignals()
+    try:
+        return asyncio.run(main(signals))
+    except asyncio.CancelledError:
+        if signals.received:
+            raise KeyboardInterrupt(f"signal {signals.received[0]}") from None
+        raise
 
 
 def prepare_run(config: RunConfig, say: Callable[[str], None], resume: bool, *, desktops: bool = True) -> RunConfig:
