@@ -133,6 +133,7 @@ class ClusterRun:
         self.group: Any = None
         self.host_class = ray.remote(max_concurrency=8)(ProcessHost)
         self.node_log_dir = f"/tmp/arpo-cluster/{config.resolved_run_id}"
+        self._pulling = asyncio.Lock()  # one pull at a time: two from the same offset would write a piece twice
 
     def _of(self, role: str) -> list[Placed]:
         return [p for p in self.placed if p.role == role]
@@ -317,8 +318,7 @@ class ClusterRun:
             except RayError:
                 pass
             try:
-                async with asyncio.timeout(self.config.cluster.startup_timeout_s):
-                    info = await p.handle.node.remote()
+                info = await self._back_again(p)
                 p.restarts += 1
                 self.say(f"{p.name} on {p.node.ip} died; Ray restarted it (pid {info['pid']}, restart {p.restarts} "
                          f"of cluster.max_restarts = {self.config.cluster.max_restarts})")
@@ -330,6 +330,22 @@ class ClusterRun:
                                        f"left; see {self.config.run_path / 'logs' / (p.name + '.log')}") from None
                 self.say(f"{p.name} on {p.node.ip} is gone ({why}); the run goes on without it")
                 return
+
+    async def _back_again(self, p: Placed) -> dict:
+        """Wait for Ray to restart ``p``'s actor (calls answer ActorUnavailableError meanwhile); its node() info.
+
+        Raises:
+            ray.exceptions.RayError: it died for good (ActorDiedError: its node left, or its restarts ran out).
+            TimeoutError: it was not back within cluster.startup_timeout_s.
+        """
+        from ray.exceptions import ActorUnavailableError
+
+        async with asyncio.timeout(self.config.cluster.startup_timeout_s):
+            while True:
+                try:
+                    return await p.handle.node.remote()
+                except ActorUnavailableError:
+                    await asyncio.sleep(LOG_EVERY_S)
 
     def _node_alive(self, node: Node) -> bool:
         return any(n.node_id == node.node_id for n in alive_nodes(self.ray))
@@ -345,19 +361,20 @@ class ClusterRun:
 
         folder = self.config.run_path / "logs"
         folder.mkdir(parents=True, exist_ok=True)
-        for p in self.placed:
-            if p.gone:
-                continue
-            try:
-                while True:
-                    async with asyncio.timeout(CALL_TIMEOUT_S):
-                        data, p.log_offset = await p.handle.read_log.remote(p.log_offset)
-                    if not data:
-                        break
-                    with (folder / f"{p.name}.log").open("ab") as out:
-                        out.write(data)
-            except (RayError, TimeoutError):
-                continue  # restarting or gone: its watcher says which
+        async with self._pulling:
+            for p in self.placed:
+                if p.gone:
+                    continue
+                try:
+                    while True:
+                        async with asyncio.timeout(CALL_TIMEOUT_S):
+                            data, p.log_offset = await p.handle.read_log.remote(p.log_offset)
+                        if not data:
+                            break
+                        with (folder / f"{p.name}.log").open("ab") as out:
+                            out.write(data)
+                except (RayError, TimeoutError):
+                    continue  # restarting or gone: its watcher says which
 
     async def stop(self) -> None:
         """Stop arpo-actors, then the learner ranks, then the servers (each SIGTERM, SIGKILL after

@@ -93,19 +93,49 @@ def test_bad_input_stops_before_anything_starts(cluster, tmp_path, tiny_model):
         assert not (out / "run").exists()  # refused before the run folder was made
 
 
-def test_ctrl_c_stops_everything_and_leaves_no_container(cluster, tmp_path, tiny_model, desktop_image):
+def test_a_killed_server_is_restarted_a_dead_rank_stops_the_job_and_ctrl_c_stops_the_resumed_run(
+        cluster, tmp_path, tiny_model, desktop_image):
     """Runs before the test that removes a node (it needs both desktop nodes)."""
     head, _ = cluster
     run_id = f"launch-{uuid.uuid4().hex[:8]}"
-    run = tmp_path / "run"
-    proc = launch(head, run_file(tmp_path, tiny_model, desktop_image, run_id), run, "--steps", "1000")
+    run, log = tmp_path / "run", tmp_path / "launch.log"
+    config = run_file(tmp_path, tiny_model, desktop_image, run_id)
+    proc = launch(head, config, run, "--steps", "6")
     try:
-        until_sync(lambda: len(containers(run_id)) >= 2, 240, "desktops on the nodes",
-                   check=lambda: proc.poll() is None or pytest.fail((tmp_path / "launch.log").read_text()[-4000:]))
+        alive = lambda: proc.poll() is None or pytest.fail(log.read_text()[-4000:])  # noqa: E731
+        until_sync(lambda: len(read_metrics(run / "metrics.jsonl")) >= 1, 240, "the first step", check=alive)
+        where = layout(run)
+        os.kill(where["serve-0"]["pid"], signal.SIGKILL)
+        until_sync(lambda: "serve-0 on" in log.read_text() and "Ray restarted it" in log.read_text(), 120,
+                   "the server's restart", check=alive)
+        steps = len(read_metrics(run / "metrics.jsonl"))
+        until_sync(lambda: len(read_metrics(run / "metrics.jsonl")) >= steps + 2, 240,
+                   "2 more steps with the restarted server", check=alive)
+
+        os.kill(where["learner-rank1"]["pid"], signal.SIGKILL)
+        code = proc.wait(timeout=240)
     finally:
-        proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=180)
-    assert code == 130, (tmp_path / "launch.log").read_text()[-4000:]
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=120)
+    text = log.read_text()
+    assert code == 1, text[-4000:]
+    assert re.search(r"arpo launch: learner rank 1 on \S+ exited with -9; the job stops. `arpo launch --resume", text), \
+        text[-4000:]
+    assert containers(run_id) == [] and run_processes(run_id) == []
+
+    # --resume continues from the newest checkpoint; then Ctrl-C stops it and leaves nothing behind
+    resumed = launch(head, config, run, "--steps", "1000", "--resume")
+    try:
+        until_sync(lambda: any("resumed_from" in r for r in read_metrics(run / "metrics.jsonl")), 300,
+                   "a step of the resumed run", check=lambda: resumed.poll() is None or pytest.fail(
+                       log.read_text()[-4000:]))
+        assert len(containers(run_id)) >= 1  # desktops are running when Ctrl-C comes
+    finally:
+        resumed.send_signal(signal.SIGINT)
+        code = resumed.wait(timeout=180)
+    assert code == 130, log.read_text()[-4000:]
+    assert "interrupted; every process stopped and every container removed" in log.read_text()
     assert containers(run_id) == [] and run_processes(run_id) == []
     assert "stopped by signal" in (run / "logs" / "actors-n0.log").read_text()
 
@@ -144,6 +174,7 @@ def test_launch_trains_on_both_nodes_survives_a_killed_actor_process_and_a_remov
     processes = {re.sub(r"/\d+$", "", a) for a in by_actor}
     assert any(p.startswith("actors-n1-") for p in processes), processes
     assert len([p for p in processes if p.startswith("actors-n0-")]) == 2, processes  # before and after the restart
-    assert "restarting it" in (run / "logs" / "actors-n0.log").read_text()
+    gathered = (run / "logs" / "actors-n0.log").read_text()
+    assert "restarting it" in gathered and gathered.count("=== ") == 3  # start, death, restart; nothing twice
     assert "silent" in (run / "logs" / "learner-rank0.log").read_text()  # the dead process's rollouts re-issued
     assert containers(run_id) == [] and run_processes(run_id) == []
