@@ -8,8 +8,8 @@ group, the gathered logs (``<run>/logs/<process>.log``, pulled from each node ev
 ``<run>/cluster.json`` (where each process runs).
 Order: check the address, the cluster's resources and the desktop nodes (arpo_cli.cluster_plan: one ClusterError
 before anything starts) -> reserve the ranks' placement group (packed) -> check every rank and server node sees
-the run folder -> fill the addresses into ``<run>/config.toml`` -> start the inference servers and wait for their
-/health -> the learner ranks (torchrun's variables) -> one arpo-actors per desktop node -> progress line until
+the run folder and every desktop node holds the desktop image -> fill the addresses into ``<run>/config.toml``
+-> start the inference servers and wait for their /health -> the learner ranks (torchrun's variables) -> one arpo-actors per desktop node -> progress line until
 rank 0 exits -> stop actors, ranks, servers (SIGTERM, SIGKILL after cluster.stop_grace_s), remove every desktop
 container on every desktop node, release the placement group.
 Supervision: Ray restarts a dead arpo-actors or server process (cluster.max_restarts; the learner re-issues the
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from arpo_async.config import RunConfig, dump_toml
-from arpo_cli.cluster_plan import (ClusterError, Node, check_address, check_capacity, check_run_folder,
-                                   desktop_shares, fill_addresses, place_servers, rank_bundle,
+from arpo_cli.cluster_plan import (ClusterError, Node, check_address, check_capacity, check_desktop_images,
+                                   check_run_folder, desktop_shares, fill_addresses, place_servers, rank_bundle,
                                    rank_environments)
 from arpo_cli.cluster_process import ProcessHost
 from arpo_cli.launcher import (RunSignals, answers_health, crash_excerpt, draw_curve, prepare_run, run_interruptible,
@@ -162,6 +162,7 @@ class ClusterRun:
                 taken[node.node_id][r] += amount
         server_nodes = place_servers(nodes, self.config, taken)
         await self._check_run_folder(list({n.node_id: n for n in rank_nodes + server_nodes}.values()))
+        await self._check_desktop_image([by_id[node_id] for node_id in shares])
         ports = [self.config.serve.port + i for i in range(c.servers)]
         self.config = fill_addresses(self.config, rank_nodes[0].ip, [(n.ip, p) for n, p in zip(server_nodes, ports)])
         (self.config.run_path / "config.toml").write_text(dump_toml(self.config))
@@ -196,6 +197,18 @@ class ClusterRun:
             marker.unlink(missing_ok=True)
         check_run_folder([f"{n.ip} (node {n.node_id[:8]})" for n, ok in zip(nodes, answers) if not ok],
                          str(self.config.run_path.resolve()))
+
+    async def _check_desktop_image(self, nodes: list[Node]) -> None:
+        """Every desktop node's Docker engine holds the desktop image (check_desktop_images)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        image = self.config.actors.image
+        probe = self.ray.remote(num_cpus=0)(_has_image)
+        calls = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n.node_id, soft=False))
+                 .remote(image) for n in nodes]
+        async with asyncio.timeout(self.config.cluster.startup_timeout_s):
+            answers = [await call for call in calls]
+        check_desktop_images([f"{n.ip} (node {n.node_id[:8]})" for n, ok in zip(nodes, answers) if not ok], image)
 
     async def _start_servers(self, nodes: list[Node], ports: list[int]) -> None:
         c, run = self.config.cluster, self.config.run_path.resolve()
@@ -425,6 +438,16 @@ def _reads(path: str, token: str) -> bool:
     try:
         return Path(path).read_text() == token
     except OSError:
+        return False
+
+
+def _has_image(image: str) -> bool:
+    """On a desktop node (a Ray task): does its Docker engine hold ``image``? (False when Docker does not answer.)"""
+    from actors.desktop.build import image_exists
+
+    try:
+        return image_exists(image)
+    except OSError:  # no docker command
         return False
 
 

@@ -3,7 +3,8 @@
 Role: pure functions from the cluster's nodes (as Ray reports them) and the run's ``[cluster]`` section to the
 processes to place: the desktop nodes and their share of ``actors.actors``, the learner ranks' torchrun
 variables, the inference servers' URLs. Every bad input (too few GPUs or CPUs, no node offering the desktops
-resource, a Ray address that does not answer, a run folder a node cannot see) is one :class:`ClusterError` naming
+resource, a Ray address that does not answer, a run folder a node cannot see, a desktop node without the desktop
+image) is one :class:`ClusterError` naming
 the resource and the config key, raised before any process starts.
 Imports no Ray (tests/unit/test_cluster_plan.py runs without a cluster).
 """
@@ -207,3 +208,14 @@ def fill_addresses(config: RunConfig, learner_ip: str, servers: Sequence[tuple[s
         transport=dataclasses.replace(config.transport, endpoint=f"tcp://{learner_ip}:{port}"),
         learner=dataclasses.replace(config.learner, sync_host=learner_ip),
         actors=dataclasses.replace(config.actors, inference_urls=tuple(f"http://{ip}:{p}" for ip, p in servers)))
+
+
+def check_desktop_images(missing: Sequence[str], image: str) -> None:
+    """``missing``: the desktop nodes whose Docker engine does not hold ``image`` (or does not answer).
+
+    Raises:
+        ClusterError: some do (naming the key actors.image and the nodes).
+    """
+    if missing:
+        raise ClusterError(f"the desktop image {image} (actors.image) is not on {', '.join(missing)}: run "
+                           "`arpo desktop build` on each desktop host (with its Docker engine running) first")

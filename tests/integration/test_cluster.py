@@ -91,6 +91,14 @@ def test_bad_input_stops_before_anything_starts(cluster, tmp_path, tiny_model):
         for word in words:
             assert word in proc.stderr, proc.stderr
         assert not (out / "run").exists()  # refused before the run folder was made
+    # a desktop node without the image: found once the placement group is reserved, before any process starts
+    config = run_file(tmp_path, tiny_model, "arpo-desktop:no-such-tag", "bad")
+    proc = subprocess.run([sys.executable, "-m", "arpo_cli", "launch", "--address", head.address, "--config",
+                           str(config), "--out", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert "the desktop image arpo-desktop:no-such-tag (actors.image) is not on" in proc.stderr, proc.stderr
+    assert not (tmp_path / "run" / "cluster.json").exists() and not list((tmp_path / "run" / "logs").glob("*.log"))
 
 
 def test_a_killed_server_is_restarted_a_dead_rank_stops_the_job_and_ctrl_c_stops_the_resumed_run(
@@ -120,8 +128,8 @@ def test_a_killed_server_is_restarted_a_dead_rank_stops_the_job_and_ctrl_c_stops
             proc.wait(timeout=120)
     text = log.read_text()
     assert code == 1, text[-4000:]
-    assert re.search(r"arpo launch: learner rank 1 on \S+ exited with -9; the job stops. `arpo launch --resume", text), \
-        text[-4000:]
+    stopped = r"arpo launch: learner rank 1 on \S+ exited with -9; the job stops. `arpo launch --resume"
+    assert re.search(stopped, text), text[-4000:]
     assert containers(run_id) == [] and run_processes(run_id) == []
 
     # --resume continues from the newest checkpoint; then Ctrl-C stops it and leaves nothing behind

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from arpo_async.config import ConfigError, load_config
-from arpo_cli.cluster_plan import (ClusterError, Node, check_address, check_capacity, check_run_folder,
-                                   desktop_shares, fill_addresses, place_servers, rank_environments, split_address)
+from arpo_cli.cluster_plan import (ClusterError, Node, check_address, check_capacity, check_desktop_images,
+                                   check_run_folder, desktop_shares, fill_addresses, place_servers, rank_environments,
+                                   split_address)
 from arpo_cli.cluster_process import ProcessHost
 from tests.support import until_sync
 
@@ -135,6 +136,12 @@ def test_a_run_folder_a_node_cannot_see_is_refused_naming_run_dir():
     with pytest.raises(ClusterError, match=r"/shared/runs/a \(run_dir\) is not visible from 10.0.0.7 .*shared "
                                            r"filesystem"):
         check_run_folder(["10.0.0.7 (node abcd)"], "/shared/runs/a")
+
+
+def test_a_desktop_node_without_the_image_is_refused_naming_actors_image():
+    check_desktop_images([], "arpo-desktop:x")
+    with pytest.raises(ClusterError, match=r"arpo-desktop:x \(actors.image\) is not on 10.0.0.3 .*arpo desktop build"):
+        check_desktop_images(["10.0.0.3 (node 1234)"], "arpo-desktop:x")
 
 
 def test_process_host_logs_reports_exit_and_stops_the_process_group(tmp_path):
