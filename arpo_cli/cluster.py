@@ -268,13 +268,21 @@ class ClusterRun:
             self.placed.append(Placed(name, "actors", handle, nodes[node_id], label=label, info={"actors": share}))
 
     async def _write_layout(self) -> None:
-        """``<run>/cluster.json``: each process's name, role, node and pid, the learner endpoint and server URLs."""
+        """``<run>/cluster.json``: each process's name, role, node, pid (null once gone), restarts, the label of
+        its desktops, the learner endpoint and server URLs. Rewritten after each restart."""
+        from ray.exceptions import RayError
+
         rows = []
         for p in self.placed:
-            info = await p.handle.node.remote()
-            rows.append({"name": p.name, "role": p.role, "node_id": p.node.node_id, "ip": p.node.ip,
-                         "pid": info["pid"], "desktop_label": self.config.resolved_run_id + "-" + p.label
-                         if p.label else None, **{k: v for k, v in p.info.items() if k != "pid"}})
+            try:
+                async with asyncio.timeout(CALL_TIMEOUT_S):
+                    pid = None if p.gone else (await p.handle.node.remote())["pid"]
+            except (RayError, TimeoutError):
+                pid = None
+            rows.append({"name": p.name, "role": p.role, "node_id": p.node.node_id, "ip": p.node.ip, "pid": pid,
+                         "restarts": p.restarts, "gone": p.gone,
+                         "desktop_label": f"{self.config.resolved_run_id}-{p.label}" if p.label else None,
+                         **{k: v for k, v in p.info.items() if k != "pid"}})
         layout = {"learner_endpoint": self.config.transport.endpoint,
                   "inference_urls": list(self.config.actors.inference_urls), "processes": rows}
         (self.config.run_path / "cluster.json").write_text(json.dumps(layout, indent=2))
@@ -335,6 +343,7 @@ class ClusterRun:
                 p.restarts += 1
                 self.say(f"{p.name} on {p.node.ip} died; Ray restarted it (pid {info['pid']}, restart {p.restarts} "
                          f"of cluster.max_restarts = {self.config.cluster.max_restarts})")
+                await self._write_layout()
             except (RayError, TimeoutError) as e:
                 p.gone = True
                 why = "its node left the cluster" if not self._node_alive(p.node) else f"{type(e).__name__}"
@@ -342,6 +351,7 @@ class ClusterRun:
                     raise ClusterError(f"{p.name} on {p.node.ip} is gone ({why}) and no other {p.role} process is "
                                        f"left; see {self.config.run_path / 'logs' / (p.name + '.log')}") from None
                 self.say(f"{p.name} on {p.node.ip} is gone ({why}); the run goes on without it")
+                await self._write_layout()
                 return
 
     async def _back_again(self, p: Placed) -> dict:

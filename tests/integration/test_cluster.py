@@ -1,5 +1,5 @@
 """`arpo launch` on a real Ray cluster of three nodes on this machine (ray.cluster_utils.Cluster: a head with the
-CPUs of arpo-serve and a 2-rank gloo learner, and two desktop nodes offering {"desktops": 2} each, whose
+CPUs of arpo-serve (two in one test) and a 2-rank gloo learner, and two desktop nodes offering {"desktops": 2} each, whose
 arpo-actors share the one Docker engine under their own labels). The real arpo-serve, learner ranks, arpo-actors
 and desktop containers; `arpo launch` runs as its own process, as a user runs it."""
 
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from arpo_async.metrics import read_metrics
+from tests.integration.test_resume import server_weight_version
 from tests.support import free_port, until_sync
 
 ray_cluster_utils = pytest.importorskip("ray.cluster_utils", reason="arpo-async[cluster] (ray) is not installed")
@@ -27,11 +28,11 @@ pytestmark = pytest.mark.docker
 
 @pytest.fixture(scope="module")
 def cluster():
-    """Head (3 CPUs: 1 server + 2 learner ranks) and two desktop nodes with their own temp folders; shut down
-    after the module."""
+    """Head (4 CPUs: up to 2 servers + 2 learner ranks) and two desktop nodes with their own temp folders; shut
+    down after the module."""
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     cluster = ray_cluster_utils.Cluster(initialize_head=True,
-                                        head_node_args={"num_cpus": 3, "include_dashboard": False})
+                                        head_node_args={"num_cpus": 4, "include_dashboard": False})
     desktops = [cluster.add_node(num_cpus=0, resources={"desktops": 2}) for _ in range(2)]
     cluster.wait_for_nodes()
     try:
@@ -40,12 +41,14 @@ def cluster():
         cluster.shutdown()
 
 
-def run_file(tmp_path: Path, model: Path, image: str, run_id: str, *extra: str) -> Path:
+def run_file(tmp_path: Path, model: Path, image: str, run_id: str, *extra: str,
+             learner: tuple[str, ...] = ()) -> Path:
+    """A run file on free ports; ``extra``: lines of its [cluster] section, ``learner``: of its [learner]."""
     path = tmp_path / "run.toml"
     path.write_text("\n".join([
         f'run_dir = "{tmp_path / "run"}"', f'model = "{model}"', f'run_id = "{run_id}"',
         "[transport]", f'endpoint = "tcp://127.0.0.1:{free_port()}"', "heartbeat_s = 0.5", "peer_timeout_s = 5.0",
-        "[learner]", 'task_ids = ["grid4-"]', "group_size = 2", "groups_per_step = 1", "sample_trajectories = 1.0",
+        "[learner]", 'task_ids = ["grid4-"]', "group_size = 2", "groups_per_step = 1", "sample_trajectories = 1.0", *learner,
         "[actors]", "actors = 4", "max_steps = 1", 'grammar_actions = ["click"]', f'image = "{image}"',
         "warm_spares = 0",
         "[serve]", f"port = {free_port()}",
@@ -71,6 +74,14 @@ def run_processes(run_id: str) -> list[str]:
     """Processes whose command line names this run's node-local config files (/tmp/arpo-cluster/<run id>/)."""
     out = subprocess.run(["pgrep", "-af", f"arpo-cluster/{run_id}/"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+def served_version(url: str) -> int:
+    """The weight version the server at ``url`` reports; -1 while it does not answer."""
+    try:
+        return int(server_weight_version(url) or 0)
+    except OSError:  # urllib's URLError included: not listening yet
+        return -1
 
 
 def layout(run: Path) -> dict[str, dict]:
@@ -107,7 +118,11 @@ def test_a_killed_server_is_restarted_a_dead_rank_stops_the_job_and_ctrl_c_stops
     head, _ = cluster
     run_id = f"launch-{uuid.uuid4().hex[:8]}"
     run, log = tmp_path / "run", tmp_path / "launch.log"
-    config = run_file(tmp_path, tiny_model, desktop_image, run_id)
+    # the existing rule for a server that dies: the distributed publisher skips it for that version and sends it
+    # the whole weights at the next publication once it answers again (the disk publisher stops the learner: see
+    # README); two servers, so the other one keeps the steps, and so the publications, coming
+    config = run_file(tmp_path, tiny_model, desktop_image, run_id, "servers = 2",
+                      learner=('weight_sync = "distributed"',))
     proc = launch(head, config, run, "--steps", "6")
     try:
         alive = lambda: proc.poll() is None or pytest.fail(log.read_text()[-4000:])  # noqa: E731
@@ -119,6 +134,9 @@ def test_a_killed_server_is_restarted_a_dead_rank_stops_the_job_and_ctrl_c_stops
         steps = len(read_metrics(run / "metrics.jsonl"))
         until_sync(lambda: len(read_metrics(run / "metrics.jsonl")) >= steps + 2, 240,
                    "2 more steps with the restarted server", check=alive)
+        url = json.loads((run / "cluster.json").read_text())["inference_urls"][0]
+        # it started again at "0"; once it answers, a publication gives it the current weights
+        until_sync(lambda: served_version(url) > steps, 240, "the restarted server's re-sync", check=alive)
 
         os.kill(where["learner-rank1"]["pid"], signal.SIGKILL)
         code = proc.wait(timeout=240)
@@ -185,4 +203,7 @@ def test_launch_trains_on_both_nodes_survives_a_killed_actor_process_and_a_remov
     gathered = (run / "logs" / "actors-n0.log").read_text()
     assert "restarting it" in gathered and gathered.count("=== ") == 3  # start, death, restart; nothing twice
     assert "silent" in (run / "logs" / "learner-rank0.log").read_text()  # the dead process's rollouts re-issued
+    after = layout(run)
+    assert after["actors-n0"]["restarts"] == 1 and after["actors-n0"]["pid"] != where["actors-n0"]["pid"]
+    assert after["actors-n1"]["gone"] and after["actors-n1"]["pid"] is None
     assert containers(run_id) == [] and run_processes(run_id) == []
