@@ -49,7 +49,7 @@ async def run_actors(config: RunConfig, actor_id: str) -> None:
     encoder = PromptEncoder(config.model_path)
     policy = PolicyClient(list(ac.inference_urls), api_key=config.serve.api_key,
                           retry=RetryPolicy(attempts=ac.policy_attempts, max_delay_s=ac.policy_max_wait_s))
-    fleet = DesktopFleet(ac.image or image_tag(ac.image_profile), config.resolved_run_id, screen=ac.screen_size,
+    fleet = DesktopFleet(ac.image or image_tag(ac.image_profile), config.fleet_label, screen=ac.screen_size,
                          memory_mb=ac.desktop_memory_mb, pids_limit=ac.desktop_pids,
                          max_concurrent_starts=ac.max_concurrent_starts)
     pool = DesktopPool(fleet, warm_spares=ac.warm_spares, start_attempts=ac.desktop_start_attempts,

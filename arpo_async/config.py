@@ -15,6 +15,7 @@ TOML layout (every section and key optional)::
     [learner]    group_size = 4   groups_per_step = 2   steps = 3   lr = 5e-4 ...
     [actors]     actors = 8   inference_urls = ["http://127.0.0.1:30000"] ...
     [serve]      port = 30000 ...
+    [cluster]    servers = 1   learner_ranks = 2 ...   (read by `arpo launch` only)
 
 CLI overrides use dotted keys: ``--set learner.lr=1e-3 --set actors.max_steps=5``.
 Every field needs an attribute docstring (the string right below it): `arpo config show` prints it as the key's
@@ -379,6 +380,10 @@ class ActorConfig:
     "pyautogui" (OSWorld's way: ``python -c "import pyautogui; ..."`` per action, ~0.2 s of Python start-up plus
     pyautogui's pauses; UI-TARS/OSWorld's mapping, actors/uitars/pyautogui.py). Trades speed for fidelity to
     OSWorld-style agents."""
+    host_label: str = ""
+    """This actor host's name, added to the run id in the Docker label of its desktops (``arpo.run=<run
+    id>-<host_label>``), so several arpo-actors of one run can share one Docker engine and each removes only its
+    own containers (`arpo launch` sets one per node). Empty = the run id alone."""
 
     @property
     def screen_size(self) -> tuple[int, int]:
@@ -419,6 +424,45 @@ class ServeConfig:
     under this folder; empty = no local files at all (actors send base64 data URIs)."""
 
 
+@_config("cluster")
+class ClusterConfig:
+    """`arpo launch`: what it places on a Ray cluster (launch and supervision only; the processes talk ZeroMQ,
+    HTTP and torch.distributed as everywhere else). Every other process ignores this section."""
+
+    servers: PositiveInt = 1
+    """Inference servers to start; server i listens on serve.port + i of its node."""
+    server_gpus: NonNegativeInt = 0
+    """GPUs per inference server: > 0 starts SGLang (`python -m sglang.launch_server`, tensor parallel over them) on
+    a GPU node; 0 starts arpo-serve on a CPU."""
+    server_cpus: NonNegativeFloat = 1.0
+    """Ray CPUs reserved per inference server."""
+    server_resource: str = ""
+    """A custom Ray resource (``ray start --resources '{"NAME": 1}'``) a node must offer to host an inference
+    server; empty = any node with the CPUs and GPUs."""
+    learner_ranks: PositiveInt = 1
+    """Learner ranks (torch.distributed); each rank is a Ray actor placed in one packed placement group and given
+    RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and MASTER_ADDR/PORT as torchrun gives them."""
+    learner_gpus_per_rank: Annotated[int, Field(ge=0, le=1)] = 0
+    """GPUs per learner rank: 0 (CPU ranks, gloo) or 1 (one GPU each, as torchrun gives; set learner.device)."""
+    learner_cpus_per_rank: PositiveFloat = 1.0
+    """Ray CPUs reserved per learner rank."""
+    learner_resource: str = ""
+    """A custom Ray resource a node must offer, one per rank, to host learner ranks (``ray start --resources
+    '{"NAME": 8}'`` on the training nodes), so the ranks never take a GPU node meant for the servers; empty = any
+    node with the CPUs and GPUs."""
+    desktops_resource: str = "desktops"
+    """The custom Ray resource a desktop host offers, as many as the desktops it can run (``ray start --resources
+    '{"desktops": 64}'``): one arpo-actors process per such node, with that node's Docker engine and a share of
+    actors.actors proportional to its count."""
+    max_restarts: NonNegativeInt = 3
+    """Times Ray restarts a dead arpo-actors or inference-server process (Ray's ``max_restarts``); their
+    rollouts are re-issued by the learner as after any actor death. A dead learner rank stops the job."""
+    startup_timeout_s: PositiveFloat = 300.0
+    """Deadline for the placement group, every server's /health and every process's start (seconds)."""
+    stop_grace_s: PositiveFloat = 60.0
+    """Seconds a process gets to exit after SIGTERM (arpo-actors remove their desktops then) before SIGKILL."""
+
+
 @_config("")
 class RunConfig:
     """Everything one run needs. `model` is the policy checkpoint (HF folder) the run starts from."""
@@ -433,6 +477,7 @@ class RunConfig:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     actors: ActorConfig = field(default_factory=ActorConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     @property
     def run_path(self) -> Path:
@@ -449,6 +494,13 @@ class RunConfig:
             return self.run_id
         name = self.run_path.resolve().name or "run"
         return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
+
+    @property
+    def fleet_label(self) -> str:
+        """The ``arpo.run`` label of this actor host's desktops: the run id, plus ``-<actors.host_label>``."""
+        label = self.actors.host_label
+        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in label)
+        return f"{self.resolved_run_id}-{safe}" if label else self.resolved_run_id
 
 
 SECTION_TYPES: dict[str, type] = {name: hint for name, hint in typing.get_type_hints(RunConfig).items()

@@ -16,7 +16,10 @@ def setup_logging(level: int = logging.INFO) -> None:
 
 
 def run_until_signal(coro: Coroutine[Any, Any, Any], name: str) -> int:
-    """Run ``coro`` as the process's one event loop; SIGINT / SIGTERM cancel it so its ``finally`` blocks run.
+    """Run ``coro`` as the process's one event loop; the first SIGINT / SIGTERM cancels it so its ``finally`` blocks
+    run, and later ones are only logged, so they cannot cut that cleanup short (a process whose parent dies may get
+    SIGTERM twice: Linux sends the parent-death signal again when a subreaper it was handed to dies too, as Ray's
+    raylet does; a supervisor that will not wait sends SIGKILL).
 
     Returns:
         0 when the coroutine finished or was stopped by a signal; 1 when it raised: the error is logged at
@@ -28,8 +31,17 @@ def run_until_signal(coro: Coroutine[Any, Any, Any], name: str) -> int:
     async def runner() -> int:
         task = asyncio.ensure_future(coro)
         loop = asyncio.get_running_loop()
+        received: list[int] = []
+
+        def stop(signum: int) -> None:  # the first signal cancels; a later one must not cut the cleanup short
+            if not received:
+                task.cancel()
+            else:
+                log.info("signal %d during cleanup: finishing the cleanup first", signum)
+            received.append(signum)
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
+            loop.add_signal_handler(sig, stop, sig)
         try:
             await task
         except asyncio.CancelledError:

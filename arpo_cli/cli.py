@@ -1,4 +1,4 @@
-"""The `arpo` command: `arpo run`, `arpo config show`, `arpo curve`, `arpo view`, `arpo desktop build`,
+"""The `arpo` command: `arpo run`, `arpo launch`, `arpo config show`, `arpo curve`, `arpo view`, `arpo desktop build`,
 `arpo desktop clean`, `arpo tasks check`, `arpo init-model`, `arpo keys`.
 
 Role: the command-line layer on top of arpo_async, actors and learner (none of them imports it)."""
@@ -10,7 +10,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from arpo_async.config import ConfigError, load_config
+from arpo_async.config import ConfigError, RunConfig, load_config
 from arpo_async.config_doc import SECTIONS, add_config_arguments, render_toml
 from arpo_async.model import init_model
 
@@ -25,14 +25,19 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run serve + learner + actors on this machine (the embedded default)",
                          description="Start arpo-serve, arpo-learner and arpo-actors on this machine with one run "
                                      "file and watch them until the learner finishes.")
-    add_config_arguments(run, ("", *SECTIONS))
-    run.add_argument("--out", type=Path, help="run folder (sets run_dir; default runs/default)")
-    run.add_argument("--steps", type=int, help="optimizer steps before stopping (sets learner.steps; default 3)")
-    run.add_argument("--actors", type=int, help="desktops / EnvActors (sets actors.actors; default 8)")
-    run.add_argument("--model", type=Path, help="policy checkpoint (sets model; default: a tiny random model, "
-                                                 "created if missing)")
-    run.add_argument("--resume", action="store_true",
-                     help="continue the run in --out from its last checkpoint (its config.toml is the base config)")
+    add_config_arguments(run, ("", "transport", "learner", "actors", "serve"))
+    _add_run_arguments(run)
+
+    launch = sub.add_parser("launch", help="run serve + learner ranks + actors on a Ray cluster (arpo-async[cluster])",
+                            description="Place the inference servers, the learner's ranks and one arpo-actors per "
+                                        "node offering the desktops resource on a running Ray cluster, as the run "
+                                        "file's [cluster] section says; show the progress line, gather every log "
+                                        "into RUN/logs, and stop everything (every container removed) when the "
+                                        "learner finishes or on Ctrl-C. See README, 'Running on a cluster'.")
+    launch.add_argument("--address", required=True, help="the Ray head's GCS address HOST:PORT (what `ray start "
+                                                          "--head` printed; port 6379 by default)")
+    add_config_arguments(launch, ("", "cluster", "transport", "learner", "actors", "serve"))
+    _add_run_arguments(launch)
 
     config = sub.add_parser("config", help="the run config: `arpo config show` lists every key")
     csub = config.add_subparsers(dest="config_command", required=True)
@@ -88,6 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags `arpo run` and `arpo launch` share: --out, --steps, --actors, --model, --resume."""
+    parser.add_argument("--out", type=Path, help="run folder (sets run_dir; default runs/default)")
+    parser.add_argument("--steps", type=int, help="optimizer steps before stopping (sets learner.steps; default 3)")
+    parser.add_argument("--actors", type=int, help="desktops / EnvActors (sets actors.actors; default 8)")
+    parser.add_argument("--model", type=Path, help="policy checkpoint (sets model; default: a tiny random model, "
+                                                    "created if missing)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --out from its last checkpoint (its config.toml is the base config)")
+
+
 def write_keys(folder: Path, name: str) -> tuple[Path, Path]:
     """Write a CURVE certificate pair with zmq.auth: ``<folder>/<name>.key`` (public: give it to the peers) and
     ``<name>.key_secret`` (secret, mode 0600: keep it on this host). Returns (public, secret).
@@ -111,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "run":
         return _run(args)
+    if args.command == "launch":
+        return _launch(args)
     if args.command == "config":
         return _config_show(args)
     if args.command == "curve":
@@ -196,10 +214,9 @@ def _tasks_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace) -> int:
-    from actors.desktop.build import DesktopBuildError
-    from arpo_cli.launcher import RunError, run_local
-
+def _run_config(args: argparse.Namespace) -> RunConfig:
+    """The config of `arpo run` / `arpo launch`: --config (or, with --resume, the run folder's config.toml), then
+    --set, then --out, --steps, --actors and --model. Raises ConfigError."""
     overrides = list(args.overrides)
     if args.out is not None:
         overrides.append(f'run_dir="{args.out}"')
@@ -212,14 +229,45 @@ def _run(args: argparse.Namespace) -> int:
     config_file = args.config
     if args.resume and config_file is None and args.out is not None and (args.out / "config.toml").exists():
         config_file = args.out / "config.toml"
+    return load_config(config_file, overrides)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from actors.desktop.build import DesktopBuildError
+    from arpo_cli.launcher import RunError, run_local
+
     try:
-        config = load_config(config_file, overrides)
-        return run_local(config, resume=args.resume)
+        return run_local(_run_config(args), resume=args.resume)
     except (ConfigError, RunError, DesktopBuildError) as e:
         print(f"arpo run: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("arpo run: interrupted; containers removed", file=sys.stderr)
+        return 130
+
+
+def _launch(args: argparse.Namespace) -> int:
+    """`arpo launch`: 0 when the learner finished, 1 with one message for bad input or a failed run, 130 after
+    Ctrl-C (everything stopped and removed)."""
+    from arpo_cli.launcher import RunError
+
+    try:
+        config = _run_config(args)
+        from arpo_cli.cluster import launch
+    except ConfigError as e:
+        print(f"arpo launch: {e}", file=sys.stderr)
+        return 1
+    except ImportError as e:  # ray is the optional extra
+        print(f"arpo launch: {e}; install it with pip install 'arpo-async[cluster]'", file=sys.stderr)
+        return 1
+    from arpo_cli.cluster_plan import ClusterError
+    try:
+        return launch(args.address, config, resume=args.resume)
+    except (ClusterError, RunError) as e:
+        print(f"arpo launch: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("arpo launch: interrupted; every process stopped and every container removed", file=sys.stderr)
         return 130
 
 

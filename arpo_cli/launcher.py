@@ -13,7 +13,7 @@ log's last lines (from its last traceback: see :func:`crash_excerpt`).
 Concurrency: one ``asyncio.run``. The children are asyncio subprocesses owned by :class:`Children`, which stops
 every one still running when its block ends, however it ends. :func:`supervise` runs one task per child in a
 TaskGroup: the learner's exit or the first child that dies (a RunError) ends the run at once; no child is polled.
-SIGINT and SIGTERM cancel the run's task once (:class:`_Signals`); the cleanup then always runs to its end.
+SIGINT and SIGTERM cancel the run's task once (:class:`RunSignals`); the cleanup then always runs to its end.
 Invariant: whatever ends the run (success, a crashed child, Ctrl-C), no child process and no container of this
 run is left.
 A run folder that already holds a run is refused unless ``resume`` is set: then the learner continues from
@@ -34,7 +34,7 @@ import urllib.request
 from asyncio.subprocess import Process
 from dataclasses import replace
 from pathlib import Path
-from typing import Awaitable, Callable, NoReturn
+from typing import Any, Awaitable, Callable, Coroutine, NoReturn
 
 import aiohttp
 import tenacity
@@ -64,13 +64,14 @@ class RunError(RuntimeError):
     """The local run could not start or a child process died; the message says which and where its log is."""
 
 
-def prepare(config: RunConfig, say: Callable[[str], None]) -> RunConfig:
-    """Build the desktop image and the tiny model when missing; returns the config with both resolved."""
+def prepare(config: RunConfig, say: Callable[[str], None], *, desktops: bool = True) -> RunConfig:
+    """Build the desktop image (unless ``desktops`` is False: then only its tag is resolved, for desktop hosts
+    elsewhere) and the tiny model when missing; returns the config with both resolved."""
     from actors.desktop.build import build_image, image_exists, image_tag
     from arpo_async.model.init_model import create_tiny_model
 
     image = config.actors.image or image_tag(config.actors.image_profile)
-    if not image_exists(image):
+    if desktops and not image_exists(image):
         if config.actors.image:
             raise RunError(f"desktop image {image} does not exist (build it, or leave actors.image empty)")
         say(f"building the desktop image {image} (first run only, a few minutes)")
@@ -289,11 +290,12 @@ def write_summary(config: RunConfig, exit_code: int, url: str, wall_s: float) ->
     return summary
 
 
-def _interrupt(signum: int, frame: object) -> None:
+def sigterm_as_interrupt(signum: int, frame: object) -> None:
+    """A SIGTERM handler (``signal.signal``) that raises KeyboardInterrupt, so SIGTERM stops a run as Ctrl-C does."""
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-class _Signals:
+class RunSignals:
     """SIGINT and SIGTERM while the children run (handlers of the event loop): the first one cancels the run's
     task, whose ``finally`` stops the children and removes the containers; a later one, or one that arrives once
     that cleanup has begun, is only recorded, so the cleanup always completes."""
@@ -332,25 +334,38 @@ def run_local(config: RunConfig, *, display: ProgressDisplay | None = None, resu
             checkpoint; a child process died (the message names its log and quotes its last lines).
         KeyboardInterrupt: SIGINT or SIGTERM; everything was stopped and removed first.
     """
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # until the event loop takes both signals over
+    previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)  # until the event loop takes both signals over
     display = open_display() if display is None else display
     try:
-        config = _prepare_run(config, display.say, resume)
-        signals = _Signals()
-        try:
-            return asyncio.run(_run_children(config, display, signals))
-        except asyncio.CancelledError:
-            if signals.received:
-                raise KeyboardInterrupt(f"signal {signals.received[0]}") from None
-            raise
+        config = prepare_run(config, display.say, resume)
+        return run_interruptible(lambda signals: _run_children(config, display, signals))
     finally:
         display.close()
         signal.signal(signal.SIGTERM, previous)
 
 
-def _prepare_run(config: RunConfig, say: Callable[[str], None], resume: bool) -> RunConfig:
-    """Check the run folder (a new run, or ``resume`` with a checkpoint), :func:`prepare` the image and model and
-    write ``<run>/config.toml``; returns the resolved config."""
+def run_interruptible(main: Callable[[RunSignals], Coroutine[Any, Any, int]]) -> int:
+    """``asyncio.run(main(signals))`` with a fresh :class:`RunSignals` (``main`` installs it); returns its result.
+
+    Raises:
+        KeyboardInterrupt: SIGINT or SIGTERM cancelled ``main`` (whose cleanup has run by then).
+    """
+    signals = RunSignals()
+    try:
+        return asyncio.run(main(signals))
+    except asyncio.CancelledError:
+        if signals.received:
+            raise KeyboardInterrupt(f"signal {signals.received[0]}") from None
+        raise
+
+
+def prepare_run(config: RunConfig, say: Callable[[str], None], resume: bool, *, desktops: bool = True) -> RunConfig:
+    """Check the run folder (a new run, or ``resume`` with a checkpoint), :func:`prepare` the image (``desktops``)
+    and model and write ``<run>/config.toml``; returns the resolved config.
+
+    Raises:
+        RunError: the folder holds a run and ``resume`` is False, or ``resume`` is set and it has no checkpoint.
+    """
     run = config.run_path
     if resume:
         from learner.checkpoint import checkpoint_folders
@@ -360,13 +375,13 @@ def _prepare_run(config: RunConfig, say: Callable[[str], None], resume: bool) ->
     elif (run / "metrics.jsonl").exists():
         raise RunError(f"{run} already holds a run (metrics.jsonl); pass another --out, remove it, "
                        "or pass --resume to continue it from its last checkpoint")
-    config = prepare(config, say)
+    config = prepare(config, say, desktops=desktops)
     (run / "logs").mkdir(parents=True, exist_ok=True)
     (run / "config.toml").write_text(dump_toml(config))
     return config
 
 
-async def _run_children(config: RunConfig, display: ProgressDisplay, signals: _Signals) -> int:
+async def _run_children(config: RunConfig, display: ProgressDisplay, signals: RunSignals) -> int:
     """Start arpo-serve, wait for /health, start the learner and the actors, :func:`supervise` them; then write
     summary.json and the curve. In ``finally``: stop every child and remove the run's containers."""
     from actors.desktop.fleet import remove_run_containers
@@ -407,7 +422,7 @@ async def _train(config: RunConfig, display: ProgressDisplay, children: Children
     actors = await children.start([py, "-m", "actors.main", "--config", str(config_path),
                                    "--actor-id", "local"], logs / "actors.log")
     rate = TrajectoryRate()
-    code = await supervise(learner, actors, serve, logs, lambda: _show_progress(config, display, started, rate))
+    code = await supervise(learner, actors, serve, logs, lambda: show_progress(config, display, started, rate))
     display.update(progress_line(config, started, rate), time.monotonic(), force=True)
     await asyncio.to_thread(write_summary, config, code, url, time.monotonic() - started)
     curve = await asyncio.to_thread(draw_curve, run)
@@ -419,7 +434,7 @@ async def _train(config: RunConfig, display: ProgressDisplay, children: Children
     return code
 
 
-async def _show_progress(config: RunConfig, display: ProgressDisplay, started: float, rate: TrajectoryRate) -> None:
+async def show_progress(config: RunConfig, display: ProgressDisplay, started: float, rate: TrajectoryRate) -> None:
     """Forever: refresh the progress line every PROGRESS_EVERY_S and redraw curve.png every CURVE_EVERY_S."""
     last_drawn = time.monotonic()
     while True:

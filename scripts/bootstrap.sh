@@ -3,7 +3,8 @@
 #   1. Debian packages: docker.io (the engine), debootstrap (builds the desktop image without a registry),
 #      chromium (tests/integration/test_viewer.py renders `arpo view`'s page in headless Chromium)
 #   2. the Docker engine, started in the background if it is not answering
-#   3. Python packages: torch 2.13.0 (CPU build), then this project with its test extras
+#   3. Python packages: torch 2.13.0 (CPU build), then this project with its test extras and the cluster
+#      extra (ray: `arpo launch` and tests/integration/test_cluster.py)
 #   4. the desktop image arpo-desktop:<version>, built locally if missing (not the ~2 GB osworld image: build
 #      it with `arpo desktop build --profile osworld`; its tests build it through the osworld_image fixture)
 #   5. host limits for hundreds of live desktops (scripts/host_limits.sh: inotify instances, pid_max); dockerd
@@ -32,8 +33,8 @@ if ! "$PY" -c 'import torch' 2>/dev/null; then
   say "installing torch 2.13.0 (CPU build)"
   "$PY" -m pip install -q torch==2.13.0
 fi
-say "installing arpo-async and its test tools"
-"$PY" -m pip install -q -e '.[test]'
+say "installing arpo-async, its test tools and ray (the cluster extra)"
+"$PY" -m pip install -q -e '.[test,cluster]'
 command -v pyenv >/dev/null && pyenv rehash || true
 
 scripts/host_limits.sh

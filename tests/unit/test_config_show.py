@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from arpo_async.config import ActorConfig, LearnerConfig, RunConfig, ServeConfig, TransportConfig, load_config
+from arpo_async.config import (ActorConfig, ClusterConfig, LearnerConfig, RunConfig, ServeConfig, TransportConfig,
+                               load_config)
 from arpo_async.config_doc import SECTIONS, describe, field_docs, render_toml
 from arpo_serve.main import parse_args as serve_args
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION_CLASSES = {"": RunConfig, "transport": TransportConfig, "learner": LearnerConfig, "actors": ActorConfig,
-                   "serve": ServeConfig}
+                   "serve": ServeConfig, "cluster": ClusterConfig}
 
 
 def arpo(*args: str, module: str = "arpo_cli.cli") -> subprocess.CompletedProcess:
@@ -37,7 +38,7 @@ def key_block(text: str, section: str, name: str) -> str:
 
 
 def test_sections_are_the_run_configs_tables():
-    assert SECTIONS == ("transport", "learner", "actors", "serve")
+    assert SECTIONS == ("transport", "learner", "actors", "serve", "cluster")
 
 
 def test_every_key_shows_with_its_docstring_value_and_default(tmp_path):
@@ -118,6 +119,7 @@ def test_run_default_example_is_the_library_default():
     ("arpo_cli.cli", ()),
     ("arpo_cli.cli run", ("[transport]", "[learner]", "[actors]", "[serve]")),
     ("arpo_cli.cli config show", ("[learner]",)),
+    ("arpo_cli.cli launch", ("[cluster]", "[transport]", "[learner]", "[actors]", "[serve]")),
     ("arpo_cli.cli tasks check", ("[learner]", "[actors]")),
     ("arpo_serve.main", ("[serve]",)),
     ("learner.main", ("[learner]", "[transport]", "[actors]", "[serve]")),

@@ -1,7 +1,7 @@
 """The dependency arrows between the packages, read from the source with ast (every import, lazy ones inside
 functions included): actors/, learner/ and arpo_serve/ may import arpo_async; arpo_async imports none of them nor
 the command-line layer arpo_cli; learner/ does not import actors/ (the inference client both use is
-arpo_async.inference_client); nothing but arpo_cli imports arpo_serve or arpo_cli."""
+arpo_async.inference_client); nothing but arpo_cli imports arpo_serve or arpo_cli, nor ray (the launcher's own)."""
 
 from __future__ import annotations
 
@@ -40,10 +40,11 @@ def test_the_walker_sees_lazy_and_relative_imports(tmp_path):
 
 
 @pytest.mark.parametrize(("package", "forbidden"), [
-    ("arpo_async", {"actors", "learner", "arpo_cli", "arpo_serve", "matplotlib"}),
-    ("actors", {"learner", "arpo_cli", "arpo_serve", "matplotlib"}),  # an actor host draws no curves
-    ("learner", {"actors", "arpo_cli", "arpo_serve"}),
-    ("arpo_serve", {"actors", "learner", "arpo_cli"}),  # the inference server is a process of its own
+    ("arpo_async", {"actors", "learner", "arpo_cli", "arpo_serve", "matplotlib", "ray"}),
+    ("actors", {"learner", "arpo_cli", "arpo_serve", "matplotlib", "ray"}),  # an actor host draws no curves
+    # Ray only launches and supervises (arpo_cli.cluster): no process of a run imports it
+    ("learner", {"actors", "arpo_cli", "arpo_serve", "ray"}),
+    ("arpo_serve", {"actors", "learner", "arpo_cli", "ray"}),  # the inference server is a process of its own
     ("tests/unit", {"bench"}),  # unit tests test the product, not a benchmark's code
 ])
 def test_dependency_arrows_point_to_arpo_async_only(package, forbidden):

@@ -129,7 +129,7 @@ async def test_a_cancelled_run_cancels_its_tasks_and_reraises(logs, child):
 
 
 async def test_the_first_signal_cancels_the_run_and_a_second_never_cuts_its_cleanup_short():
-    signals = launcher._Signals()
+    signals = launcher.RunSignals()
     installed, cleaned_up = asyncio.Event(), asyncio.Event()
 
     async def run() -> None:
