@@ -121,7 +121,7 @@ class GpuTimingModel:
 
     def scaled(self, section: str, key: str, factor: float) -> GpuTimingModel:
         """This model with ``section.key`` multiplied by ``factor`` (integers rounded, at least 1), for the
-        sensitivity table. Raises KeyError for an unknown parameter."""
+        sensitivity table. Raises AttributeError for an unknown parameter."""
         part = getattr(self, section) if section != "run" else None
         if part is None:
             return dataclasses.replace(self, time_scale=self.time_scale * factor)

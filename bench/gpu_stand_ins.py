@@ -31,6 +31,8 @@ from bench_actor_loop import InstantController, InstantPool
 from gpu_model import EpisodeModel, InferenceModel, TrainingModel
 
 REPLY = "Thought: I click the red button.\nAction: click(start_box='<|box_start|>(640,360)<|box_end|>')"
+MAX_CATCH_UP_S = 0.5
+"""Real seconds a modelled server may run behind (event-loop lag) and still catch up; beyond, the time is lost."""
 FINISHED = "Thought: the task is done.\nAction: finished(content='done')"
 
 
@@ -67,6 +69,8 @@ class ModelledServer:
         self._wake = asyncio.Event()
         self._resume = asyncio.Event()
         self._resume.set()
+        self._free_at: float | None = None
+        """Real time at which the modelled GPU finished its last work; None after an idle spell or a pause."""
 
     async def generate(self, text_tokens: int, image_tokens: int, context: int) -> int:
         """Prefill the new prompt tokens, decode ``output_tokens``; returns the weight version at the end."""
@@ -84,6 +88,7 @@ class ModelledServer:
         """Pause generation, load weights for ``sync_s`` modelled seconds, resume at ``version``."""
         self._resume.clear()
         self._wake.set()  # a decode-only wait ends now; the scheduler loop then waits for the resume
+        self._free_at = None
         try:
             await asyncio.sleep(sync_s / self.scale)
             self.paused_s += sync_s
@@ -102,7 +107,15 @@ class ModelledServer:
                 await self._decode_until_event()
             else:
                 self._wake.clear()
+                self._free_at = None
                 await self._wake.wait()
+
+    def _start(self) -> float:
+        """Real time at which the next GPU work starts: where the last ended while the GPU has been busy without
+        a break (so a late wake-up of this event loop costs no modelled GPU time: the work runs back to back until
+        it has caught up, at most MAX_CATCH_UP_S behind), else now."""
+        now = time.monotonic()
+        return now if self._free_at is None else max(self._free_at, now - MAX_CATCH_UP_S)
 
     def _take_chunk(self) -> list[tuple[_Request, float]]:
         """Waiting prompts for one prefill chunk: (request, share of its prompt in this chunk), in order; a
@@ -127,7 +140,8 @@ class ModelledServer:
         dt = sum(m.prefill_s(r.text_tokens * s, r.image_tokens * s) for r, s in chunk)
         if self._running:
             dt += m.decode_iteration_s(self._running_context())
-        await asyncio.sleep(dt / self.scale)
+        self._free_at = self._start() + dt / self.scale
+        await asyncio.sleep(max(0.0, self._free_at - time.monotonic()))
         self.busy_s += dt
         if self._running:
             self._iteration += 1.0
@@ -146,12 +160,14 @@ class ModelledServer:
         step_s = self.model.decode_iteration_s(self._running_context())
         horizon = (self._running[0][0] - self._iteration) * step_s
         self._wake.clear()
-        start = time.monotonic()
-        try:
-            await asyncio.wait_for(self._wake.wait(), max(horizon, 0.0) / self.scale)
+        start = self._start()
+        try:  # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancellation racing the event
+            async with asyncio.timeout(max(0.0, start + horizon / self.scale - time.monotonic())):
+                await self._wake.wait()
         except TimeoutError:
             pass
-        elapsed = min(horizon, (time.monotonic() - start) * self.scale)
+        elapsed = max(0.0, min(horizon, (time.monotonic() - start) * self.scale))
+        self._free_at = start + elapsed / self.scale
         self.busy_s += elapsed
         self._iteration += elapsed / step_s
         self._finish_due()
@@ -295,13 +311,16 @@ class ModelledController(InstantController):
         seconds = self.episode.action_s(self.rng)
         self.totals["actions"] += 1
         self.totals["action_s"] += seconds
+        started = time.monotonic()
         await asyncio.sleep(seconds / self.scale)
+        self.totals["action_real_s"] += (time.monotonic() - started) * self.scale  # > action_s: event-loop lag
         return {"status": "success", "output": "", "error": "", "returncode": 0}
 
 
 class ModelledPool(InstantPool):
     """``DesktopPool`` of modelled desktops: ``acquire`` costs the in-place reset (``reset_s``). ``totals``
-    counts ``episodes``, ``actions`` and modelled ``action_s`` over all of them."""
+    counts ``episodes``, ``actions``, their modelled ``action_s`` and ``action_real_s``, the modelled time they
+    took in fact (longer when this process's event loop wakes up late) over all of them."""
 
     def __init__(self, pngs: list[bytes], episode: EpisodeModel, time_scale: float, seed: int = 0) -> None:
         super().__init__(pngs)
