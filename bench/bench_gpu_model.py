@@ -22,14 +22,17 @@ Schedules (learner.schedule / learner.max_staleness, ARPO's shape: G = 8, 16 gro
                                  servers / inference GPU seconds per trajectory at a full KV cache);
                    training = 1 / training seconds (batches + syncs) per trajectory trained
 CPU check: the real stack's CPU must stay small against the scaled GPU time; the run prints this process's CPU
-use (cores) and its event-loop lag p99 in modelled milliseconds (against a decode iteration of >= 5 ms).
+use (cores), its event-loop lag p50/p99 in modelled milliseconds (against a decode iteration of >= 5 ms) and how
+much longer than modelled the app actions took ("act x": late wake-ups, e.g. other processes holding the cores).
 
 Last line: ``async_over_lockstep=... achieved_over_ideal=...`` (the best async schedule against lockstep, and its
 achieved / ideal), then the per-schedule figures.
 
-    python bench/bench_gpu_model.py                  # 1,024 desktops, 4 schedules (about 10 minutes)
-    python bench/bench_gpu_model.py --quick          # smoke: 32 desktops, short windows
-    python bench/bench_gpu_model.py --sensitivity    # also each parameter halved and doubled (lockstep, eta 2)
+    python bench/bench_gpu_model.py                  # 1,024 desktops, 4 schedules (about 12 minutes)
+    python bench/bench_gpu_model.py --quick          # smoke: 32 desktops, batches of 2 groups, short windows
+    python bench/bench_gpu_model.py --schedules lockstep,eta2 --warmup 300 --window 900 --sensitivity
+                                                     # + each parameter halved and doubled (about an hour)
+    python bench/bench_gpu_model.py ... --sensitivity --sensitivity-params training.gpus,episode.action_s
     python bench/bench_gpu_model.py --set inference.servers=2 --set run.time_scale=10
 """
 
@@ -253,7 +256,8 @@ def print_results(results: list[Result]) -> None:
         print(f"{r.name:<10}{r.traj_per_min:>9.1f}{r.ideal_per_min:>8.1f}{r.achieved_over_ideal:>10.3f}"
               f"{r.rollout_per_min:>12.1f}{r.training_per_min:>10.1f}{r.inference_busy:>11.3f}"
               f"{r.training_busy:>11.3f}{r.staleness_mean:>6.2f}{r.cpu_cores:>7.2f}"
-              f"{r.lag_p50_modelled_ms:>8.0f}/{r.lag_p99_modelled_ms:<6.0f}ms{r.action_inflation:>7.2f}{r.load:>6.1f}", flush=True)
+              f"{r.lag_p50_modelled_ms:>8.0f}/{r.lag_p99_modelled_ms:<6.0f}ms{r.action_inflation:>7.2f}"
+              f"{r.load:>6.1f}", flush=True)
 
 
 def headline(results: dict[str, Result]) -> tuple[str, float, float]:
@@ -277,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=None, help="modelled seconds measured per schedule")
     parser.add_argument("--sensitivity", action="store_true",
                         help="also run lockstep and eta 2 with each parameter halved and doubled")
+    parser.add_argument("--sensitivity-params", default=None, metavar="SECTION.KEY,...",
+                        help="only these rows of the sensitivity table (default: all)")
     parser.add_argument("--sensitivity-window", type=float, nargs=2, default=(300.0, 900.0),
                         metavar=("WARMUP", "WINDOW"), help="modelled seconds per sensitivity run (default 300 900)")
     args = parser.parse_args(argv)
@@ -304,8 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         encoder = PromptEncoder(Path(tmp) / "tiny")
     pngs = [desktop_png(i) for i in range(16)]
     print(f"{actors} desktops, time scale {model.time_scale:g}x, warm-up {warmup_s:g} s + window {window_s:g} s "
-          f"modelled per schedule; batches of {groups} groups of 8; {model.inference.servers} inference server(s), {model.training.gpus} training "
-          f"GPUs; {os.cpu_count()} CPUs (load: 1-minute load average)", flush=True)
+          f"modelled per schedule; batches of {groups} groups of 8; {model.inference.servers} inference server(s), "
+          f"{model.training.gpus} training GPUs; {os.cpu_count()} CPUs (load: 1-minute load average)", flush=True)
 
     def measure(m: GpuTimingModel, which: list[str], warmup: float, window: float) -> dict[str, Result]:
         out = {}
@@ -323,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.sensitivity:
         print("sensitivity: eta2 / lockstep trajectories per minute with one parameter scaled")
         print(f"{'parameter':<38}{'x0.5':>8}{'x2':>8}")
-        for section, key in SENSITIVITY:
+        rows = ([tuple(p.strip().split(".", 1)) for p in args.sensitivity_params.split(",")]
+                if args.sensitivity_params else SENSITIVITY)
+        for section, key in rows:
             row = []
             for factor in (0.5, 2.0):
                 m = (model.scaled("episode", "action_s_min", factor).scaled("episode", "action_s_max", factor)
