@@ -250,6 +250,7 @@ async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[byt
 
 
 def print_results(results: list[Result]) -> None:
+    """One table row per schedule (a header first), flushed at once so a long run shows its progress."""
     print(f"{'schedule':<10}{'traj/min':>9}{'ideal':>8}{'ach/ideal':>10}{'rollout cap':>12}{'train cap':>10}"
           f"{'infer busy':>11}{'train busy':>11}{'lag':>6}{'cores':>7}{'loop lag p50/p99':>17}{'act x':>7}{'load':>6}")
     for r in results:
