@@ -46,6 +46,15 @@ def test_bench_actor_loop_quick():
     assert any(k.startswith("ratio_") for k in figures)
 
 
+def test_bench_gpu_model_quick():
+    """The GPU timing model through the real actors and learner, every schedule; the last line leads with the
+    two figures the issue names."""
+    figures = run_bench("bench_gpu_model", "--quick", timeout=600)
+    assert list(figures)[:2] == ["async_over_lockstep", "achieved_over_ideal"]
+    assert {f"{s}_traj_per_min" for s in ("lockstep", "eta1", "eta2", "eta4")} <= set(figures)
+    assert all(float(figures[f"{s}_traj_per_min"]) > 0 for s in ("lockstep", "eta1", "eta2", "eta4"))
+
+
 def test_bench_desktops_quick(desktop_image):
     figures = run_bench("bench_desktops", "--quick", timeout=600)
     assert {"start_p50_s", "reset_inplace_p50_s"} <= set(figures)

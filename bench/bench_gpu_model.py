@@ -1,0 +1,354 @@
+"""Async against lockstep where the GPUs are: trajectories per minute and GPU busy fractions under a GPU timing model.
+
+What runs, in one process: N real `EnvActor`s (real `EpisodeRunner`, UI-TARS prompt, `PromptEncoder`, reply
+parser, evaluator) with the real `LearnerLink` over a real DEALER socket, and the real learner: ROUTER socket,
+`LearnerService` (admission by `LockstepAdmission` or `StalenessManager`), `GroupScheduler`, `Batcher` with the
+success replay, `BatchQueue` and `TrainingLoop` (both schedules, `updates_per_batch` optimizer steps per batch).
+Where the GPUs and desktops would be, bench/gpu_stand_ins.py puts modelled ones, timed by bench/gpu_timing.toml
+(bench/gpu_model.py): SGLang servers on H100s (continuous batching, prefill per token, decode per iteration as a
+function of the running batch, a KV cache bound, the radix cache holding each episode's prefix), FSDP training on
+8 H100s (seconds per optimizer step from the tokens), the NCCL weight sync, and in-process desktops with
+OSWorld-like episodes (1-15 steps, heavy-tailed; app actions 0.3-3 s). Modelled time runs ``time_scale`` times
+faster than real time; every figure below is in modelled time.
+
+Schedules (learner.schedule / learner.max_staleness, ARPO's shape: G = 8, 16 groups = 128 trajectories per batch,
+2 optimizer steps per batch): lockstep (ARPO's loop: one rollout batch out, all back, train, publish), one-step-off
+(async, eta 1) and async (eta 2 and 4; AReaL's admission rule). Per schedule, over a window after a warm-up:
+  traj/min         trajectories the learner received per modelled minute
+  inference busy   modelled GPU seconds the servers iterated / (servers x window)
+  training busy    modelled seconds of training batches (and weight syncs) in the window / window
+  ideal            min(rollout capacity, training capacity) from this run's own per-trajectory costs:
+                   rollout = min(desktops / desktop seconds per trajectory without inference waits,
+                                 servers / inference GPU seconds per trajectory at a full KV cache);
+                   training = 1 / training seconds (batches + syncs) per trajectory trained
+CPU check: the real stack's CPU must stay small against the scaled GPU time; the run prints this process's CPU
+use (cores), its event-loop lag p50/p99 in modelled milliseconds (against a decode iteration of >= 5 ms) and how
+much longer than modelled the app actions took ("act x": late wake-ups, e.g. other processes holding the cores).
+
+Last line: ``async_over_lockstep=... achieved_over_ideal=...`` (the best async schedule against lockstep, and its
+achieved / ideal), then the per-schedule figures.
+
+    python bench/bench_gpu_model.py                  # 1,024 desktops, 4 schedules (about 12 minutes)
+    python bench/bench_gpu_model.py --quick          # smoke: 32 desktops, batches of 2 groups, short windows
+    python bench/bench_gpu_model.py --schedules lockstep,eta2 --warmup 300 --window 900 --sensitivity
+                                                     # + each parameter halved and doubled (about an hour)
+    python bench/bench_gpu_model.py ... --sensitivity --sensitivity-params training.gpus,episode.action_s
+    python bench/bench_gpu_model.py --set inference.servers=2 --set run.time_scale=10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import logging
+import multiprocessing as mp
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import zmq  # noqa: E402
+import zmq.asyncio  # noqa: E402
+
+from _common import desktop_png, result_line  # noqa: E402
+from bench_actor_loop import TASK, _make_model, free_port  # noqa: E402
+from gpu_model import DEFAULT_PATH, GpuTimingModel, load_model  # noqa: E402
+from gpu_stand_ins import (REPLY, ModelledPolicy, ModelledPool, ModelledPublisher, ModelledServer,  # noqa: E402
+                           ModelledTrainer)
+
+SCHEDULES = {"lockstep": ("lockstep", 0), "eta1": ("async", 1), "eta2": ("async", 2), "eta4": ("async", 4)}
+TASKS = 16
+SENSITIVITY = [("inference", "prefill_s_per_token"), ("inference", "image_token_factor"),
+               ("inference", "decode_base_s"), ("inference", "decode_s_per_context_token"),
+               ("inference", "kv_cache_tokens"), ("inference", "servers"), ("training", "tokens_per_s_per_gpu"),
+               ("training", "logprob_forward_fraction"), ("training", "step_overhead_s"),
+               ("training", "weight_sync_s"), ("episode", "action_s"), ("episode", "budget_share"),
+               ("episode", "length_alpha")]
+
+
+@dataclass
+class Result:
+    """One schedule's figures (modelled time)."""
+
+    name: str
+    traj_per_min: float
+    inference_busy: float
+    training_busy: float
+    ideal_per_min: float
+    rollout_per_min: float
+    training_per_min: float
+    staleness_mean: float
+    cpu_cores: float
+    lag_p50_modelled_ms: float
+    lag_p99_modelled_ms: float
+    cached_share: float
+    action_inflation: float
+    """Modelled time the app actions took in fact / their modelled length (1 = no event-loop lag)."""
+    load: float
+
+    @property
+    def achieved_over_ideal(self) -> float:
+        return self.traj_per_min / self.ideal_per_min if self.ideal_per_min else float("nan")
+
+
+class Records:
+    """Stands in for MetricsWriter: keeps each training batch's record with the time it was written."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[float, dict]] = []
+
+    def write(self, record: dict) -> None:
+        self.items.append((time.monotonic(), record))
+
+
+def busy_in(log: list[tuple[float, float]], start: float, end: float, scale: float) -> float:
+    """Modelled seconds of ``log``'s intervals ((real end time, modelled length)) inside [start, end] (real)."""
+    total = 0.0
+    for t_end, seconds in log:
+        t_start = t_end - seconds / scale
+        total += max(0.0, min(end, t_end) - max(start, t_start)) * scale
+    return total
+
+
+def run_config(schedule: str, eta: int, actors: int, endpoint: str, groups_per_step: int = 16):
+    """The RunConfig of one schedule: G = 8, ``groups_per_step`` groups per batch (ARPO: 16), 2 optimizer steps per
+    batch, the UI-TARS prompt with 2 screenshots, 15 steps."""
+    from arpo_async.config import load_config
+
+    return load_config(None, [
+        f'learner.schedule="{schedule}"', f"learner.max_staleness={max(eta, 1)}", "learner.group_size=8",
+        f"learner.groups_per_step={groups_per_step}", "learner.updates_per_batch=2", "learner.steps=0",
+        "learner.checkpoint_every=0", "learner.mask_forced_tokens=false", "learner.tensorboard=false",
+        "learner.sample_trajectories=0", f'transport.endpoint="{endpoint}"',
+        f"transport.max_slots_per_peer={max(actors, 1024)}", "actors.max_steps=15", "actors.history_images=2",
+        'actors.prompt_style="uitars"', f"actors.actors={actors}"])
+
+
+async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[bytes], *, actors: int,
+                       warmup_s: float, window_s: float, groups_per_step: int = 16, seed: int = 0) -> Result:
+    """Run one schedule with ``actors`` desktops; measure over ``window_s`` modelled seconds after ``warmup_s``."""
+    from actors.env_actor import EnvActor
+    from actors.episode import EpisodeRunner
+    from actors.link import LearnerLink
+    from arpo_async.tasks import Task
+    from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, dealer_socket, router_socket
+    from learner.batcher import Batcher, BatchQueue
+    from learner.checkpoint import Checkpointer
+    from learner.main import replay_buffer
+    from learner.scheduler import GroupScheduler
+    from learner.service import LearnerService
+    from learner.staleness import LockstepAdmission, StalenessManager
+    from learner.training_loop import TrainingLoop
+
+    schedule, eta = SCHEDULES[name]
+    scale = model.time_scale
+    config = run_config(schedule, eta, actors, f"tcp://127.0.0.1:{free_port()}", groups_per_step)
+    lc, lockstep = config.learner, schedule == "lockstep"
+    tasks = [Task.from_dict(dict(TASK, id=f"bench-task-{i}")) for i in range(TASKS)]
+    scheduler = GroupScheduler(tasks, lc.group_size, seed=seed, group_budget=0 if lockstep else None,
+                               id_prefix="bench-")
+    admission = (LockstepAdmission(lc.batch_trajectories) if lockstep
+                 else StalenessManager(lc.batch_trajectories, lc.max_staleness))
+    replay = replay_buffer(lc)
+    batcher = Batcher(replay, max_staleness=lc.max_staleness, groups_per_step=lc.groups_per_step,
+                      format_reward_weight=lc.format_reward_weight, stratified=lc.stratified)
+    inbox_l, outbox_l, batches = asyncio.Queue(INBOX_SIZE), Outbox(routed=True), BatchQueue(1)
+    service = LearnerService(outbox_l, scheduler, admission, batcher, batches=batches, rounds=lockstep,
+                             max_slots_per_peer=config.transport.max_slots_per_peer)
+    servers = [ModelledServer(model.inference, scale) for _ in range(model.inference.servers)]
+    trainer = ModelledTrainer(model.training, scale, model.inference.image_tokens,
+                              encoder.image_token_count(*config.actors.screen_size), model.inference.output_tokens)
+    publisher = ModelledPublisher(servers, model.training)
+    records = Records()
+    tmp = tempfile.TemporaryDirectory(prefix="bench-gpu-model-")
+    loop = TrainingLoop(service, batches, trainer, publisher, Checkpointer(Path(tmp.name) / "checkpoints", keep=1),
+                        replay, lc)
+
+    output_ids = (encoder.tokenize(REPLY) + [0] * 40)[:40]
+    policy = ModelledPolicy(servers, model.episode, encoder.image_pad_id, output_ids, seed=seed)
+    runner = EpisodeRunner(encoder, policy, config.actors)
+    pool = ModelledPool(pngs, model.episode, scale, seed=seed)
+    ctx = zmq.asyncio.Context()
+    actor_id = f"bench-{uuid.uuid4().hex[:6]}"
+    inbox_a, outbox_a = asyncio.Queue(INBOX_SIZE), Outbox(routed=False)
+    pump_l = SocketPump(router_socket(ctx, config.transport), inbox=inbox_l, outbox=outbox_l,
+                        max_bytes=config.transport.max_message_bytes)
+    pump_a = SocketPump(dealer_socket(ctx, config.transport, actor_id), inbox=inbox_a, outbox=outbox_a,
+                        max_bytes=config.transport.max_message_bytes)
+    link = LearnerLink(outbox_a, actor_id, actors, config.transport)
+    env_actors = [EnvActor(i, link, pool, runner) for i in range(actors)]
+    rng = random.Random(seed)
+    lags: list[float] = []
+
+    async def staggered(actor: EnvActor) -> None:
+        await asyncio.sleep(rng.random() * 10.0 / scale)
+        await actor.run()
+
+    async def lag_probe() -> None:
+        while True:
+            t0 = time.monotonic()
+            await asyncio.sleep(0.01)
+            lags.append(time.monotonic() - t0 - 0.01)
+
+    def snapshot() -> dict[str, float]:
+        return {"t": time.monotonic(), "cpu": time.process_time(), "traj": service.totals["trajectories"],
+                "busy": sum(s.busy_s for s in servers), "sat": sum(s.saturated_s for s in servers),
+                "episodes": pool.totals["episodes"], "action_s": pool.totals["action_s"],
+                "action_real_s": pool.totals["action_real_s"],
+                "prompt": policy.prompt_tokens, "cached": policy.cached_tokens}
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            infra = [tg.create_task(pump_l.run()), tg.create_task(service.serve(inbox_l)),
+                     tg.create_task(pump_a.run()), tg.create_task(link.serve(inbox_a)),
+                     tg.create_task(link.keepalive()), tg.create_task(lag_probe())]
+            infra += [tg.create_task(s.run()) for s in servers]
+            infra.append(tg.create_task(loop.run(records)))
+            await asyncio.wait_for(link.connected.wait(), 30)
+            infra += [tg.create_task(staggered(a)) for a in env_actors]
+            await asyncio.sleep(warmup_s / scale)
+            lags.clear()
+            a = snapshot()
+            await asyncio.sleep(window_s / scale)
+            b = snapshot()
+            for task in infra:
+                task.cancel()
+    finally:
+        ctx.destroy(linger=0)
+        tmp.cleanup()
+
+    span = (b["t"] - a["t"]) * scale  # modelled seconds
+    traj = b["traj"] - a["traj"]
+    in_window = [r for t, r in records.items if a["t"] <= t <= b["t"]]
+    trained = sum(r["trajectories"] for r in in_window)
+    train_cost = sum(r["train_s"] + r["publish_s"] for r in in_window)
+    training_busy = (busy_in(trainer.log, a["t"], b["t"], scale) + busy_in(publisher.log, a["t"], b["t"], scale)) / span
+    episodes = max(b["episodes"] - a["episodes"], 1)
+    desktop_s = (b["action_s"] - a["action_s"] + episodes * model.episode.reset_s) / episodes
+    inference_s = (b["sat"] - a["sat"]) / max(traj, 1)
+    rollout = 60 * min(actors / desktop_s, model.inference.servers / inference_s) if traj else float("nan")
+    training = 60 * trained / train_cost if train_cost else float("nan")
+    lags_sorted = sorted(lags) or [0.0]
+    prompt = b["prompt"] - a["prompt"]
+    return Result(
+        name, 60 * traj / span, (b["busy"] - a["busy"]) / (model.inference.servers * span), training_busy,
+        min(rollout, training), rollout, training,
+        statistics.fmean([r["staleness_mean"] for r in in_window]) if in_window else float("nan"),
+        (b["cpu"] - a["cpu"]) / (b["t"] - a["t"]), 1e3 * scale * lags_sorted[len(lags_sorted) // 2],
+        1e3 * scale * lags_sorted[int(0.99 * (len(lags_sorted) - 1))],
+        (b["cached"] - a["cached"]) / prompt if prompt else 0.0,
+        (b["action_real_s"] - a["action_real_s"]) / max(b["action_s"] - a["action_s"], 1e-9), os.getloadavg()[0])
+
+
+def print_results(results: list[Result]) -> None:
+    """One table row per schedule (a header first), flushed at once so a long run shows its progress."""
+    print(f"{'schedule':<10}{'traj/min':>9}{'ideal':>8}{'ach/ideal':>10}{'rollout cap':>12}{'train cap':>10}"
+          f"{'infer busy':>11}{'train busy':>11}{'lag':>6}{'cores':>7}{'loop lag p50/p99':>17}{'act x':>7}{'load':>6}")
+    for r in results:
+        print(f"{r.name:<10}{r.traj_per_min:>9.1f}{r.ideal_per_min:>8.1f}{r.achieved_over_ideal:>10.3f}"
+              f"{r.rollout_per_min:>12.1f}{r.training_per_min:>10.1f}{r.inference_busy:>11.3f}"
+              f"{r.training_busy:>11.3f}{r.staleness_mean:>6.2f}{r.cpu_cores:>7.2f}"
+              f"{r.lag_p50_modelled_ms:>8.0f}/{r.lag_p99_modelled_ms:<6.0f}ms{r.action_inflation:>7.2f}"
+              f"{r.load:>6.1f}", flush=True)
+
+
+def headline(results: dict[str, Result]) -> tuple[str, float, float]:
+    """(best async schedule, its traj/min over lockstep's, its achieved / ideal)."""
+    best = max((n for n in results if n != "lockstep"), key=lambda n: results[n].traj_per_min)
+    return best, results[best].traj_per_min / results["lockstep"].traj_per_min, results[best].achieved_over_ideal
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke mode: 32 desktops, short windows")
+    parser.add_argument("--actors", type=int, default=None, help="desktops (default 1024; 32 with --quick)")
+    parser.add_argument("--model-file", type=Path, default=DEFAULT_PATH, help="the timing model (TOML)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one model parameter (repeatable)")
+    parser.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated subset of "
+                        + ", ".join(SCHEDULES))
+    parser.add_argument("--groups-per-step", type=int, default=None,
+                        help="groups of 8 per training batch (default 16, ARPO's; 2 with --quick)")
+    parser.add_argument("--warmup", type=float, default=None, help="modelled warm-up seconds per schedule")
+    parser.add_argument("--window", type=float, default=None, help="modelled seconds measured per schedule")
+    parser.add_argument("--sensitivity", action="store_true",
+                        help="also run lockstep and eta 2 with each parameter halved and doubled")
+    parser.add_argument("--sensitivity-params", default=None, metavar="SECTION.KEY,...",
+                        help="only these rows of the sensitivity table (default: all)")
+    parser.add_argument("--sensitivity-window", type=float, nargs=2, default=(300.0, 900.0),
+                        metavar=("WARMUP", "WINDOW"), help="modelled seconds per sensitivity run (default 300 900)")
+    args = parser.parse_args(argv)
+    # Lockstep keeps most actors waiting for work longer than transport.resend_after_s (30 real seconds): the link
+    # re-sends those requests, the learner answers a repeat with the same assignment, and an answer that crosses
+    # the first one is logged as "assignment for unknown request" (harmless: the slot is already running).
+    logging.getLogger("actors.link").setLevel(logging.ERROR)
+    model = load_model(args.model_file, args.overrides)
+    actors = args.actors or (32 if args.quick else 1024)
+    warmup_s = args.warmup if args.warmup is not None else (60.0 if args.quick else 900.0)
+    window_s = args.window if args.window is not None else (120.0 if args.quick else 2400.0)
+    groups = args.groups_per_step or (2 if args.quick else 16)
+    names = [n.strip() for n in args.schedules.split(",") if n.strip()]
+    if not names or set(names) - set(SCHEDULES) or "lockstep" not in names or len(names) < 2:
+        parser.error(f"--schedules: lockstep and at least one of {', '.join(SCHEDULES)}")
+
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-model-") as tmp:
+        maker = mp.get_context("spawn").Process(target=_make_model, args=(str(Path(tmp) / "tiny"),))
+        maker.start()  # the tokenizer's model folder, made in a child (bench_actor_loop does the same)
+        maker.join()
+        if maker.exitcode != 0:
+            raise RuntimeError(f"creating the tiny model failed (exit code {maker.exitcode})")
+        from arpo_async.model.inputs import PromptEncoder
+
+        encoder = PromptEncoder(Path(tmp) / "tiny")
+    pngs = [desktop_png(i) for i in range(16)]
+    print(f"{actors} desktops, time scale {model.time_scale:g}x, warm-up {warmup_s:g} s + window {window_s:g} s "
+          f"modelled per schedule; batches of {groups} groups of 8; {model.inference.servers} inference server(s), "
+          f"{model.training.gpus} training GPUs; {os.cpu_count()} CPUs (load: 1-minute load average)", flush=True)
+
+    def measure(m: GpuTimingModel, which: list[str], warmup: float, window: float) -> dict[str, Result]:
+        out = {}
+        for name in which:
+            gc.collect()
+            out[name] = asyncio.run(run_schedule(name, m, encoder, pngs, actors=actors, warmup_s=warmup,
+                                                 window_s=window, groups_per_step=groups))
+            print_results([out[name]])
+        return out
+
+    results = measure(model, names, warmup_s, window_s)
+    best, ratio, achieved = headline(results)
+    print(f"best async schedule: {best}: {ratio:.2f}x lockstep's trajectories/min, achieved / ideal "
+          f"{achieved:.3f}; radix cache hits {results[best].cached_share:.0%} of prompt tokens")
+    if args.sensitivity:
+        print("sensitivity: eta2 / lockstep trajectories per minute with one parameter scaled")
+        print(f"{'parameter':<38}{'x0.5':>8}{'x2':>8}")
+        rows = ([tuple(p.strip().split(".", 1)) for p in args.sensitivity_params.split(",")]
+                if args.sensitivity_params else SENSITIVITY)
+        for section, key in rows:
+            row = []
+            for factor in (0.5, 2.0):
+                m = (model.scaled("episode", "action_s_min", factor).scaled("episode", "action_s_max", factor)
+                     if key == "action_s" else model.scaled(section, key, factor))
+                r = measure(m, ["lockstep", "eta2"], *args.sensitivity_window)
+                row.append(r["eta2"].traj_per_min / r["lockstep"].traj_per_min)
+            print(f"{section + '.' + key:<38}{row[0]:>8.2f}{row[1]:>8.2f}", flush=True)
+    figures: dict[str, float | str] = {"async_over_lockstep": ratio, "achieved_over_ideal": achieved, "best": best}
+    for name, r in results.items():
+        figures[f"{name}_traj_per_min"] = r.traj_per_min
+        figures[f"{name}_infer_busy"] = r.inference_busy
+        figures[f"{name}_train_busy"] = r.training_busy
+        figures[f"{name}_over_ideal"] = r.achieved_over_ideal
+    print(result_line(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

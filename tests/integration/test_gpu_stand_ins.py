@@ -1,0 +1,77 @@
+"""The modelled SGLang server and policy of bench/bench_gpu_model.py (bench/gpu_stand_ins.py): GPU seconds spent
+for hand-computed requests, batching, the KV cache bound, the weight version, and the radix-cache prefix."""
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "bench"))
+
+from gpu_model import EpisodeModel, InferenceModel  # noqa: E402
+from gpu_stand_ins import ModelledPolicy, ModelledServer  # noqa: E402
+
+SCALE = 200.0  # modelled seconds per real second: the requests below take a few real milliseconds
+
+
+def inference(kv_cache_tokens: int = 10_000) -> InferenceModel:
+    return InferenceModel(servers=1, prefill_s_per_token=1e-3, image_token_factor=2.0, decode_base_s=0.01,
+                          decode_s_per_context_token=1e-5, chunk_tokens=1000, kv_cache_tokens=kv_cache_tokens,
+                          image_tokens=100, output_tokens=5)
+
+
+async def serve(server: ModelledServer, requests: int) -> list[int]:
+    loop = asyncio.create_task(server.run())
+    try:
+        # each request: 200 text + 100 image tokens, context 300 (+ 5 output)
+        return await asyncio.wait_for(asyncio.gather(*(server.generate(200, 100, 300) for _ in range(requests))), 30)
+    finally:
+        loop.cancel()
+
+
+async def test_one_request_costs_its_prefill_and_its_decode_iterations():
+    server = ModelledServer(inference(), SCALE)
+    await serve(server, 1)
+    # prefill (200 + 2 x 100) x 1 ms = 0.4 s; then 4 decode iterations (the prefill samples the first of the 5
+    # tokens) of 10 ms + 305 context tokens x 10 us
+    assert server.busy_s == pytest.approx(0.4 + 4 * 0.01305, rel=1e-3)
+
+
+async def test_two_requests_share_the_chunk_and_the_decode_iterations():
+    server = ModelledServer(inference(), SCALE)
+    await serve(server, 2)
+    # one chunk of 600 prompt tokens (0.8 s), then 4 iterations decoding both (610 context tokens)
+    assert server.busy_s == pytest.approx(0.8 + 4 * (0.01 + 610e-5), rel=1e-3)
+
+
+async def test_the_kv_cache_bound_serialises_requests():
+    server = ModelledServer(inference(kv_cache_tokens=400), SCALE)  # room for one 305-token sequence
+    await serve(server, 2)
+    assert server.busy_s == pytest.approx(2 * (0.4 + 4 * 0.01305), rel=1e-3)
+
+
+async def test_a_reply_reports_the_weights_loaded_before_it_finished():
+    server = ModelledServer(inference(), SCALE)
+    await server.update_weights(3, 0.1)
+    assert await serve(server, 1) == [3] and server.paused_s == pytest.approx(0.1)
+
+
+async def test_the_policy_prefills_only_what_the_episode_step_before_left_in_the_cache():
+    server = ModelledServer(inference(), SCALE)
+    episode = EpisodeModel(max_steps=15, length_alpha=1.0, budget_share=1.0, action_s_min=0.3, action_s_max=3.0,
+                           reset_s=0.1, success_share=0.5)
+    policy = ModelledPolicy([server], episode, image_pad_id=9, output_ids=[5, 6])
+    loop = asyncio.create_task(server.run())
+    try:
+        first = await policy.generate(input_ids=[1, 2, 9, 3], images=[b"a"], sampling_params={}, episode_id="e")
+        await policy.generate(input_ids=[1, 2, 9, 3, 4, 9, 5], images=[b"a", b"b"], sampling_params={},
+                              episode_id="e")
+        await policy.generate(input_ids=[1, 2, 9, 4, 9, 5], images=[b"b", b"c"], sampling_params={},
+                              episode_id="e")
+    finally:
+        loop.cancel()
+    assert first.text.startswith("Thought:") and "finished" not in first.text  # 15 steps: not the last
+    # prompts of 103, 205 and 204 tokens (100 per image); cached: 103 of the second (1, 2, image a, 3), 2 of the
+    # third (its third unit is image b where the second prompt had image a)
+    assert (policy.prompt_tokens, policy.cached_tokens) == (103 + 205 + 204, 103 + 2)
