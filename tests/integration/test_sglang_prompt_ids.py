@@ -273,7 +273,7 @@ async def episodes(desktops, sglang_python, tiny_model, tmp_path_factory):
     for name in ("run-default", "uitars-1920"):
         model_dir, server, traj, _ = runs[name]
         cases.append({"name": f"{name}/expanded", "model_dir": str(model_dir),
-                      "body": {**server.bodies[-1], "input_ids": traj.steps[-1].prompt_ids}})
+                      "body": {**server.bodies[-1], "input_ids": traj.steps[-1].prompt_ids.tolist()}})
     # plain text that SGLang's Qwen-VL placeholder regex also takes for an image: its legacy "<image>" sentinel
     encoder = PromptEncoder(tiny_model)
     prompt = build_messages("Insert an <image> tag.", [], history_images=2, style="compact")
