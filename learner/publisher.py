@@ -61,15 +61,16 @@ class SyncRejected(PublishError):
 
 
 async def servers_behind(client: PolicyClient, urls: list[str], version: int) -> list[str]:
-    """The servers among ``urls`` that answer /health and report a ``weight_version`` (GET /get_server_info;
-    SGLang's "default" is 0) below ``version``. A server that does not answer, or reports no version this learner
+    """The servers among ``urls`` that answer /health and report a ``weight_version`` below ``version`` (GET
+    /get_model_info, where SGLang 0.5.23 reports the version a weight update set; /get_server_info keeps the
+    startup value; its "default" is 0). A server that does not answer, or reports no version this learner
     can read, is left out (logged at DEBUG): the next check asks again."""
     behind = []
     for url in urls:
         try:
             if not await client.health(url):
                 continue
-            served = parse_version((await client.server_info(url)).get("weight_version", "default"))
+            served = parse_version((await client.model_info(url)).get("weight_version", "default"))
         except (PolicyUnavailable, PolicyRequestError) as error:
             log.debug("weight version check of %s: %s", url, error)
             continue
