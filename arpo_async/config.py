@@ -244,6 +244,11 @@ class LearnerConfig:
     sync_load_format: Literal["tensors", "flattened_bucket"] = "tensors"
     """"distributed": "tensors" (one broadcast per tensor) or "flattened_bucket" (SGLang's load_format: one flat
     uint8 tensor per /update_weights_from_distributed request, fewer collectives)."""
+    resync_interval_s: NonNegativeFloat = 10.0
+    """Every this many seconds, ask each inference server for its weight_version and send the current weights to
+    one that is behind the learner's policy version (a restarted server comes back with the run's base weights;
+    its rollouts would stay too stale to train on, so with one server the run would never publish again); a server
+    that does not answer is left for the next check (0 = never)."""
     verify_weights_every: NonNegativeInt = 0
     """After every this many publications, ask each server for its /weights_checker checksums and compare them
     with the learner's own; a mismatch stops the learner with an error naming the server (0 = never)."""

@@ -9,7 +9,7 @@ component it replaces and spends modelled time by sleeping ``modelled / time_sca
 - :class:`ModelledPolicy`: ``PolicyClient.generate`` for the EpisodeRunner: counts the prompt's tokens as the 7B
   VLM would (``image_tokens`` per screenshot), finds the prefix the radix cache holds from the episode's previous
   step, asks its episode's server, and replies with a UI-TARS click, or ``finished`` at the episode's drawn length;
-- :class:`ModelledTrainer` (``Trainer.train_batch``) and :class:`ModelledPublisher` (``publish_from``);
+- :class:`ModelledTrainer` (``Trainer.train_batch``) and :class:`ModelledPublisher` (``publish_from``, ``catch_up``);
 - :class:`ModelledController` and :class:`ModelledPool`: an in-process desktop whose app actions take modelled
   time and whose evaluator answer is drawn per episode.
 
@@ -290,6 +290,10 @@ class ModelledPublisher:
         self.busy_s += seconds
         self.log.append((time.monotonic(), seconds))
         return seconds
+
+    async def catch_up(self, trainer, version: int) -> list[str]:
+        """learner.publisher's ``catch_up``: the modelled servers never restart, so none is ever behind."""
+        return []
 
 
 class ModelledController(InstantController):

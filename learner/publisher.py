@@ -5,7 +5,7 @@ Two ways (``learner.weight_sync``), one interface (``publish_from(trainer, versi
 - :class:`WeightPublisher` ("disk"): the trainer writes a Hugging Face folder (``<run>/weights/v<N>``, the
   last ``keep`` are kept), then per server pause_generation -> update_weights_from_disk(model_path,
   weight_version) -> continue_generation (REFERENCE.md section 4, as slime and AReaL do it). A server that
-  refuses the update raises PublishError, naming the server.
+  refuses the update raises PublishError, naming the server; one that does not answer is skipped and caught up.
 - :class:`DistributedPublisher` ("distributed"): the full tensors (gathered from every rank's shards), under
   checkpoint names, go to each server over a process group of its own (arpo_async.weight_sync, SGLang 0.5.23's
   ``/init_weights_update_group``, ``/begin_weight_update``, ``/update_weights_from_distributed``,
@@ -13,6 +13,9 @@ Two ways (``learner.weight_sync``), one interface (``publish_from(trainer, versi
   Nothing touches the disk.
 
 Both can check what a server serves afterwards (``verify_every``; SGLang's ``/weights_checker``).
+
+Both catch up a server that is behind (``catch_up(trainer, version)``, :func:`servers_behind`): a server restarted
+after a publication serves the run's base weights under version 0 until it gets the current ones.
 
 Updating one server at a time keeps the others generating.
 """
@@ -33,7 +36,7 @@ from typing import Any
 
 import torch
 
-from arpo_async.inference_client import PolicyClient, PolicyRequestError, PolicyUnavailable
+from arpo_async.inference_client import PolicyClient, PolicyRequestError, PolicyUnavailable, parse_version
 from arpo_async.weight_sync import (
     DTYPE_NAMES,
     FLATTENED_BUCKET,
@@ -57,6 +60,25 @@ class SyncRejected(PublishError):
     """A server refused to join the weight group (a configuration error: it stops the learner)."""
 
 
+async def servers_behind(client: PolicyClient, urls: list[str], version: int) -> list[str]:
+    """The servers among ``urls`` that answer /health and report a ``weight_version`` below ``version`` (GET
+    /get_model_info, where SGLang 0.5.23 reports the version a weight update set; /get_server_info keeps the
+    startup value; its "default" is 0). A server that does not answer, or reports no version this learner
+    can read, is left out (logged at DEBUG): the next check asks again."""
+    behind = []
+    for url in urls:
+        try:
+            if not await client.health(url):
+                continue
+            served = parse_version((await client.model_info(url)).get("weight_version", "default"))
+        except (PolicyUnavailable, PolicyRequestError) as error:
+            log.debug("weight version check of %s: %s", url, error)
+            continue
+        if served < version:
+            behind.append(url)
+    return behind
+
+
 class WeightPublisher:
     """Pushes saved checkpoints to inference servers and keeps the last ``keep`` folders on disk.
 
@@ -75,6 +97,8 @@ class WeightPublisher:
         self._keep = keep
         self.verify_every = verify_every
         self.publications = 0
+        self.failures = 0
+        """Server loads skipped because the server did not answer (it is caught up once it does)."""
         self.verified = 0
         """Server checksum comparisons that agreed."""
 
@@ -100,22 +124,48 @@ class WeightPublisher:
     async def publish(self, version: int) -> float:
         """Load ``folder(version)`` on every server under ``version``; returns the seconds it took.
 
+        A server that stays unreachable through the client's retries (dead, or restarting) is skipped for this
+        version (counted in ``failures``, logged); :meth:`catch_up` sends it the current weights once it answers.
+
         Raises:
             PublishError: a server answered success=false; the message names it.
-            arpo_async.inference_client.PolicyUnavailable: a server stayed unreachable.
         """
         started = time.perf_counter()
-        path = str(self.folder(version).resolve())
         for url in self._urls:
-            await self._client.pause_generation(url)
             try:
-                reply = await self._client.update_weights_from_disk(url, path, version)
-            finally:
-                await self._client.continue_generation(url)
-            if not reply.get("success", False):
-                raise PublishError(f"{url} did not load {path}: {reply.get('message', reply)}")
+                await self._load(url, version)
+            except PolicyUnavailable as error:
+                self.failures += 1
+                log.warning("loading version %d on %s failed: %s; it gets the current weights once it answers "
+                            "(learner.resync_interval_s)", version, url, error)
         self._prune(version)
         return time.perf_counter() - started
+
+    async def catch_up(self, trainer: Any, version: int) -> list[str]:
+        """Load ``folder(version)`` (the current weights, already on disk) on every server behind ``version``
+        (:func:`servers_behind`); returns their URLs. ``trainer`` is unused (the interface is the publishers').
+        A server that fails on the way is logged and left for the next check."""
+        synced = []
+        for url in await servers_behind(self._client, self._urls, version):
+            try:
+                await self._load(url, version)
+            except (PublishError, PolicyUnavailable, PolicyRequestError) as error:
+                log.warning("catching %s up to version %d failed: %s; trying again at the next check", url, version,
+                            error)
+                continue
+            log.warning("%s served an older version than %d (restarted?): sent it the current weights", url, version)
+            synced.append(url)
+        return synced
+
+    async def _load(self, url: str, version: int) -> None:
+        path = str(self.folder(version).resolve())
+        await self._client.pause_generation(url)
+        try:
+            reply = await self._client.update_weights_from_disk(url, path, version)
+        finally:
+            await self._client.continue_generation(url)
+        if not reply.get("success", False):
+            raise PublishError(f"{url} did not load {path}: {reply.get('message', reply)}")
 
     def _prune(self, newest: int) -> None:
         for old in self.weights_root.glob("v*"):
@@ -293,20 +343,43 @@ class DistributedPublisher:
         self.publications += 1
         verify = self.verify_every > 0 and self.publications % self.verify_every == 0
         for index, url in enumerate(self._urls):
-            try:
-                await self._sync(index, url, tensors, version)
-            except SyncRejected:
-                raise
-            except (WeightGroupError, PolicyUnavailable, PolicyRequestError, PublishError) as error:
-                self.failures += 1
-                self._drop(url)
-                log.warning("weight sync of version %d to %s failed: %s; it gets the whole weights over a new "
-                            "group at the next publication once it answers", version, url, error)
-                continue
-            if verify:
+            if await self._sync_or_skip(index, url, tensors, version) and verify:
                 await verify_server(self._client, url, tensors, trainer)
                 self.verified += 1
         return time.perf_counter() - started
+
+    async def catch_up(self, trainer: Any, version: int) -> list[str]:
+        """Send the trainer's current weights, as ``version``, to every server behind it (:func:`servers_behind`)
+        over a new group; returns the URLs that got them. Gathers the weights only when a server is behind (every
+        rank takes part). Failures are handled as in :meth:`publish_from` (the server waits for the next check)."""
+        behind = await servers_behind(self._client, self._urls, version)
+        if not behind:
+            return []
+        for url in behind:  # a restarted server left its old group: it joins a new one
+            self._drop(url)
+        tensors = await asyncio.to_thread(trainer.checkpoint_state_dict)
+        synced = []
+        for url in behind:
+            if await self._sync_or_skip(self._urls.index(url), url, tensors, version):
+                log.warning("%s served an older version than %d (restarted?): sent it the current weights", url,
+                            version)
+                synced.append(url)
+        return synced
+
+    async def _sync_or_skip(self, index: int, url: str, tensors: dict[str, torch.Tensor], version: int) -> bool:
+        """Sync one server; False (counted in ``failures``, its group dropped) when it fails in a way that skips
+        it for this version. Raises SyncRejected."""
+        try:
+            await self._sync(index, url, tensors, version)
+        except SyncRejected:
+            raise
+        except (WeightGroupError, PolicyUnavailable, PolicyRequestError, PublishError) as error:
+            self.failures += 1
+            self._drop(url)
+            log.warning("weight sync of version %d to %s failed: %s; it gets the whole weights over a new "
+                        "group at the next publication once it answers", version, url, error)
+            return False
+        return True
 
     def _drop(self, url: str) -> None:
         group = self._groups.pop(url, None)

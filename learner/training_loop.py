@@ -9,8 +9,10 @@ while the staleness rule keeps handing out work; "lockstep" is ARPO's synchronou
 ``groups_per_step`` groups, wait for all of it, train (no step when no group had reward variance), publish,
 repeat. Both write the same records.
 
-Owns: the loop's counters (rollout and skipped batches, wall time across restarts) and resuming from the newest
-checkpoint (learner.checkpoint).
+Owns: the loop's counters (rollout and skipped batches, wall time across restarts), resuming from the newest
+checkpoint (learner.checkpoint), and keeping the servers current: every ``learner.resync_interval_s`` a server
+behind the current policy version (restarted after a publication) gets the current weights (``catch_up``), never
+while a batch trains or publishes.
 
 Invariants: never trains past ``learner.steps`` optimizer steps in all; a version is announced only after its
 weights reached every inference server; the first record after a restart says what was resumed.
@@ -70,6 +72,8 @@ class TrainingLoop:
     def __post_init__(self) -> None:
         self._started = time.monotonic()
         self._resumed: dict[str, Any] | None = None
+        self._weights = asyncio.Lock()
+        """Held while the trainer's weights change or go out (a batch's training and publication, a catch-up)."""
 
     @property
     def extra_state(self) -> dict[str, Any]:
@@ -109,7 +113,26 @@ class TrainingLoop:
         """Train until ``learner.steps`` steps in all (0: until cancelled) on the configured schedule, writing one
         record per batch to ``metrics``."""
         self.metrics = metrics
-        await (self.run_lockstep() if self.lc.schedule == "lockstep" else self.run_async())
+        keeper = asyncio.create_task(self.keep_servers_current()) if self.lc.resync_interval_s > 0 else None
+        try:
+            await (self.run_lockstep() if self.lc.schedule == "lockstep" else self.run_async())
+        finally:
+            if keeper is not None:
+                keeper.cancel()
+                await asyncio.gather(keeper, return_exceptions=True)
+
+    async def keep_servers_current(self) -> None:
+        """Every ``learner.resync_interval_s``, send the current weights to each server behind the current policy
+        version (``publisher.catch_up``). Runs until cancelled; a check that fails is logged and tried again.
+
+        Raises:
+            SyncRejected, WeightsMismatch: as from a publication (the learner stops).
+        """
+        while True:
+            await asyncio.sleep(self.lc.resync_interval_s)
+            async with self._weights:
+                if self.service.version > 0:
+                    await self.publisher.catch_up(self.trainer, self.service.version)
 
     async def run_async(self) -> None:
         """Train on each batch as soon as the service has one."""
@@ -136,17 +159,18 @@ class TrainingLoop:
         (its ``step`` is the optimizer step count after the batch; ``updates`` the steps it took)."""
         service, lc = self.service, self.lc
         window = service.stats.window.take()
-        try:
-            stats, updates = await asyncio.to_thread(train_on_batch, self.trainer, batch, lc, self.forced,
-                                                     service.step)
-        except TrainerInputError as error:  # every sample unusable: nothing to learn from, nothing changes
-            self.skipped_batches += 1
-            service.on_unusable_batch()
-            log.error("rollout batch %d: no usable sample (%s); no optimizer step", self.rollout_batches, error)
-            return
-        version = service.version + 1
-        publish_s = await self.publisher.publish_from(self.trainer, version)
-        await service.on_trained(service.step + updates, version)
+        async with self._weights:
+            try:
+                stats, updates = await asyncio.to_thread(train_on_batch, self.trainer, batch, lc, self.forced,
+                                                         service.step)
+            except TrainerInputError as error:  # every sample unusable: nothing to learn from, nothing changes
+                self.skipped_batches += 1
+                service.on_unusable_batch()
+                log.error("rollout batch %d: no usable sample (%s); no optimizer step", self.rollout_batches, error)
+                return
+            version = service.version + 1
+            publish_s = await self.publisher.publish_from(self.trainer, version)
+            await service.on_trained(service.step + updates, version)
         record = step_record(service.step, version, batch, stats, window, service.counters(), publish_s, self.wall_s,
                              schedule=lc.schedule, updates=updates, optimizer_steps=self.trainer.steps,
                              rollout_batches=self.rollout_batches, skipped_batches=self.skipped_batches)

@@ -130,15 +130,20 @@ def write_config(tmp_path: Path, model: Path, image: str, run_id: str, *override
     return path, url
 
 
+def start_server(procs: Processes, model: Path, url: str) -> None:
+    """arpo-serve as ``procs``' "serve" on ``url``'s port with the base weights (version 0), once healthy."""
+    procs.start("serve", [PY, "-m", "arpo_serve.main", "--model", str(model), "--port", url.rsplit(":", 1)[1],
+                          "--weight-version", "0"])
+    until_sync(lambda: healthy(url), 180, "arpo-serve /health", check=lambda: procs.check_alive("serve"))
+
+
 @contextmanager
 def running_job(tmp_path: Path, config: Path, url: str, model: Path, run_id: str, learner: list[str] | None = None):
     """arpo-serve (healthy), arpo-learner and arpo-actors started; everything stopped and removed after.
     ``learner``: the learner's command line (default: one process, ``python -m learner.main``)."""
     procs = Processes(tmp_path / "logs")
     try:
-        procs.start("serve", [PY, "-m", "arpo_serve.main", "--model", str(model),
-                              "--port", url.rsplit(":", 1)[1], "--weight-version", "0"])
-        until_sync(lambda: healthy(url), 180, "arpo-serve /health", check=lambda: procs.check_alive("serve"))
+        start_server(procs, model, url)
         procs.start("learner", learner or [PY, "-m", "learner.main", "--config", str(config)])
         procs.start("actors", [PY, "-m", "actors.main", "--config", str(config), "--actor-id", "test-actors"])
         yield procs
@@ -153,6 +158,35 @@ def episodes(log: Path, start: int = 0) -> list[tuple[str, str, int, str]]:
         f.seek(start)
         text = f.read().decode(errors="replace")
     return [(m[1], m[2], int(m[3]), m[4]) for m in EPISODE_LINE.finditer(text)]
+
+
+@pytest.mark.docker
+def test_a_restarted_server_is_caught_up_and_the_run_trains_on(tmp_path, desktop_image, tiny_model):
+    """The run's only arpo-serve, killed right after a publication and started again with the base weights
+    (version 0), as Ray restarts it under `arpo launch`: within learner.resync_interval_s the learner sends it the
+    current weights, so its rollouts are fresh again and the run reaches its steps. Without the catch-up every
+    later rollout is sampled by version 0, too stale for learner.max_staleness=1, and no step follows."""
+    run_id = f"resync-{uuid.uuid4().hex[:8]}"
+    config, url = write_config(tmp_path, tiny_model, desktop_image, run_id, "learner.steps=5",
+                               "learner.resync_interval_s=1.0", "learner.stall_timeout_s=240")
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    with running_job(tmp_path, config, url, tiny_model, run_id) as procs:
+        until_sync(lambda: len(read_metrics(metrics)) >= 2, 300, "2 optimizer steps",
+                   check=lambda: procs.check_alive("serve", "learner", "actors"))
+        serve = procs.procs["serve"]
+        os.killpg(serve.pid, signal.SIGKILL)
+        serve.wait()
+        done_before = len(read_metrics(metrics))
+        start_server(procs, tiny_model, url)
+        learner = procs.procs["learner"]
+        until_sync(lambda: learner.poll() is not None, 400, "the learner to reach its steps",
+                   check=lambda: procs.check_alive("serve") or procs.check_alive("actors", clean_exit_ok=True))
+        assert learner.returncode == 0, tail(procs.log("learner"))
+        final_version = server_weight_version(url)
+    records = read_metrics(metrics)
+    assert records[-1]["step"] == 5 and len(records) > done_before
+    assert "served an older version than" in procs.log("learner").read_text(errors="replace")
+    assert final_version == str(records[-1]["policy_version"])
 
 
 @pytest.mark.docker

@@ -18,7 +18,7 @@ from arpo_async.config import LearnerConfig
 from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.model.init_model import create_tiny_model
 from arpo_async.model.inputs import PromptEncoder
-from learner.publisher import DistributedPublisher, WeightPublisher, WeightsMismatch, verify_server
+from learner.publisher import DistributedPublisher, WeightPublisher, WeightsMismatch, servers_behind, verify_server
 from learner.trainer import Trainer
 from learner.weight_check import served_checksums
 from tests.rank_driver import batch, screenshot
@@ -91,6 +91,51 @@ async def test_distributed_sync_matches_disk_and_survives_a_server_killed_mid_sy
             via_group, version_group = await scored(net_server.url, model_dir)
             assert version_disk == version_group == "2"
             assert via_group == via_disk
+    finally:
+        disk_server.stop()
+        net_server.stop()
+
+
+async def test_a_restarted_server_is_caught_up_to_the_current_version(model_dir, tmp_path):
+    """A server restarted after a publication serves the base weights as version 0; catch_up sends it the current
+    weights (disk: the current folder; distributed: over a new group), skips a server that is down without raising,
+    a publication skips it too, and a current server is left alone (learner.resync_interval_s; issue 27: a run with one server would otherwise
+    never train again, its rollouts too stale)."""
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-2))
+    trainer.train_step(batch(model_dir, 0))
+    disk_server = ServeProcess(model_dir, free_port(), tmp_path)
+    net_server = ServeProcess(model_dir, free_port(), tmp_path)
+    urls = [disk_server.url, net_server.url]
+    retry = RetryPolicy(attempts=2, request_timeout_s=30.0, admin_timeout_s=30.0)
+    try:
+        disk_server.start()
+        net_server.start()
+        async with PolicyClient(urls, retry=retry) as client:
+            disk = WeightPublisher(client, [disk_server.url], tmp_path / "weights")
+            net = DistributedPublisher(client, [net_server.url], bucket_mb=0.05, timeout_s=20.0)
+            await disk.publish_from(trainer, 1)
+            await net.publish_from(trainer, 1)
+            trained, version = await scored(disk_server.url, model_dir)
+            assert version == "1"
+            assert await servers_behind(client, urls, 1) == []
+            assert await disk.catch_up(trainer, 1) == [] and await net.catch_up(trainer, 1) == []
+
+            for server in (disk_server, net_server):
+                server.stop()
+            assert await disk.catch_up(trainer, 1) == [] and await net.catch_up(trainer, 1) == []  # down: skipped
+            trainer.train_step(batch(model_dir, 1))
+            await disk.publish_from(trainer, 2)  # a server down through a publication is skipped, not fatal
+            await net.publish_from(trainer, 2)
+            assert disk.failures == 1 and net.failures == 1
+            for server in (disk_server, net_server):
+                server.start()  # back with the base weights
+            assert [v for _, v in [await scored(u, model_dir) for u in urls]] == ["0", "0"]
+            assert await servers_behind(client, urls, 2) == urls
+            assert await disk.catch_up(trainer, 2) == [disk_server.url]
+            assert await net.catch_up(trainer, 2) == [net_server.url]
+            via_disk, via_group = await scored(disk_server.url, model_dir), await scored(net_server.url, model_dir)
+            assert via_disk == via_group and via_disk[1] == "2" and via_disk[0] != trained
+            assert await servers_behind(client, urls, 2) == [] and net.failures == 1
     finally:
         disk_server.stop()
         net_server.stop()
