@@ -113,13 +113,19 @@ class TrainingLoop:
         """Train until ``learner.steps`` steps in all (0: until cancelled) on the configured schedule, writing one
         record per batch to ``metrics``."""
         self.metrics = metrics
-        keeper = asyncio.create_task(self.keep_servers_current()) if self.lc.resync_interval_s > 0 else None
+        training = asyncio.ensure_future(self.run_lockstep() if self.lc.schedule == "lockstep" else self.run_async())
+        if self.lc.resync_interval_s <= 0:
+            return await training
+        keeper = asyncio.create_task(self.keep_servers_current())
         try:
-            await (self.run_lockstep() if self.lc.schedule == "lockstep" else self.run_async())
+            await asyncio.wait([training, keeper], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if keeper is not None:
-                keeper.cancel()
-                await asyncio.gather(keeper, return_exceptions=True)
+            for task in (training, keeper):
+                task.cancel()
+            await asyncio.gather(training, keeper, return_exceptions=True)
+        if keeper.done() and not keeper.cancelled() and keeper.exception() is not None:
+            raise keeper.exception()  # SyncRejected or WeightsMismatch: the learner stops, as after a publication
+        return training.result()
 
     async def keep_servers_current(self) -> None:
         """Every ``learner.resync_interval_s``, send the current weights to each server behind the current policy
