@@ -46,6 +46,9 @@ LOG_EVERY_S = 1.0
 """Each placed process's log is pulled into the run folder this often (seconds)."""
 CALL_TIMEOUT_S = 30.0
 """Deadline of one short call to a placed process (its log, its node, a stop beyond its grace)."""
+RANK_GRACE_S = 10.0
+"""After rank 0 exits non-zero, how long to wait for the other ranks' exits: a rank killed under it makes rank 0's
+next collective fail at once, so rank 0's exit often arrives first; the rank that was killed is the cause to name."""
 
 
 @dataclass
@@ -134,6 +137,7 @@ class ClusterRun:
         self.host_class = ray.remote(max_concurrency=8)(ProcessHost)
         self.node_log_dir = f"/tmp/arpo-cluster/{config.resolved_run_id}"
         self._pulling = asyncio.Lock()  # one pull at a time: two from the same offset would write a piece twice
+        self._rank0_exited = False
 
     def _of(self, role: str) -> list[Placed]:
         return [p for p in self.placed if p.role == role]
@@ -289,18 +293,22 @@ class ClusterRun:
 
     async def supervise(self, progress: Callable[[], Any]) -> int:
         """Wait for learner rank 0 to exit and return its code, while other tasks watch every other process,
-        pull the logs and show ``progress()``.
+        pull the logs and show ``progress()``. When rank 0 fails, the other ranks get ``RANK_GRACE_S`` to report
+        a death of their own, which is then the error raised.
 
         Raises:
             ClusterError: another learner rank died, or every server or every desktop host is gone.
         """
         try:
             async with asyncio.TaskGroup() as tg:
-                others = [tg.create_task(self._watch_rank(p)) for p in self._of("learner")[1:]]
-                others += [tg.create_task(self._watch_restartable(p)) for p in self._of("serve") + self._of("actors")]
+                ranks = [tg.create_task(self._watch_rank(p)) for p in self._of("learner")[1:]]
+                others = [tg.create_task(self._watch_restartable(p)) for p in self._of("serve") + self._of("actors")]
                 others += [tg.create_task(self._pump_logs()), tg.create_task(progress())]
                 code = await self._rank_exit(self._of("learner")[0])
-                for task in others:
+                if code != 0 and ranks:
+                    self._rank0_exited = True
+                    await asyncio.wait(ranks, timeout=RANK_GRACE_S)  # one killed under it raises here
+                for task in ranks + others:
                     task.cancel()
         except* ClusterError as errors:
             raise errors.exceptions[0] from None
@@ -321,8 +329,10 @@ class ClusterRun:
                             f"See {logs}:\n{crash_excerpt(logs)}")
 
     async def _watch_rank(self, p: Placed) -> None:
+        """Raise ClusterError when rank ``p`` dies: its Ray actor died, it was killed by a signal, or it exited
+        non-zero while rank 0 still ran (after rank 0 failed, a rank exiting 1 is the consequence, not the cause)."""
         code = await self._rank_exit(p)
-        if code != 0:
+        if code < 0 or (code != 0 and not self._rank0_exited):
             await self._pull_logs()
             raise self._rank_died(p, f"exited with {code}")
 

@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from contextlib import contextmanager
@@ -98,6 +99,22 @@ def server_weight_version(url: str) -> str | None:
         return json.loads(reply.read()).get("weight_version")
 
 
+def learner_version_held(status: Path, seconds: float, timeout_s: float = 120.0) -> int:
+    """Wait until the learner's policy version in ``status`` (<run>/status.json) has not changed for ``seconds``
+    and no group waits to be trained; returns that version."""
+    seen: tuple[int, float] | None = None
+
+    def held() -> int | None:
+        nonlocal seen
+        now, current = time.monotonic(), read_json(status)
+        version = current.get("policy_version")
+        if seen is None or seen[0] != version or current.get("ready_groups"):
+            seen = (version, now)
+        return version if now - seen[1] >= seconds else None
+
+    return until_sync(held, timeout_s, f"the learner's version to hold for {seconds:g} s", every_s=1.0)
+
+
 def read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -169,15 +186,21 @@ def test_a_restarted_server_is_caught_up_and_the_run_trains_on(tmp_path, desktop
     run_id = f"resync-{uuid.uuid4().hex[:8]}"
     config, url = write_config(tmp_path, tiny_model, desktop_image, run_id, "learner.steps=5",
                                "learner.resync_interval_s=1.0", "learner.stall_timeout_s=240")
-    metrics = tmp_path / "run" / "metrics.jsonl"
+    metrics, status = tmp_path / "run" / "metrics.jsonl", tmp_path / "run" / "status.json"
     with running_job(tmp_path, config, url, tiny_model, run_id) as procs:
         until_sync(lambda: len(read_metrics(metrics)) >= 2, 300, "2 optimizer steps",
                    check=lambda: procs.check_alive("serve", "learner", "actors"))
         serve = procs.procs["serve"]
         os.killpg(serve.pid, signal.SIGKILL)
         serve.wait()
+        # groups already back may still make a step, whose publication retries (up to ~8 s) and could reach the
+        # restarted server by itself; once the learner's version has held for longer than that, nothing but the
+        # catch-up can bring a server that restarts at version 0 to it (no rollout of version 0 is fresh enough)
+        held = learner_version_held(status, 12.0)
         done_before = len(read_metrics(metrics))
         start_server(procs, tiny_model, url)
+        until_sync(lambda: server_weight_version(url) == str(held), 120, f"the catch-up to version {held}",
+                   check=lambda: procs.check_alive("serve", "learner", "actors"))
         learner = procs.procs["learner"]
         until_sync(lambda: learner.poll() is not None, 400, "the learner to reach its steps",
                    check=lambda: procs.check_alive("serve") or procs.check_alive("actors", clean_exit_ok=True))
