@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
+from collections.abc import Mapping
 
 from arpo_async.stage_timings import percentile
 
@@ -81,11 +82,28 @@ class LoopLag:
         return {"p50": float(self._bucket(0.50)), "p99": float(self._bucket(0.99)),
                 "max": round(self._max_ms, 3), "samples": self._count}
 
+    def buckets(self) -> dict[int, int]:
+        """The run-wide histogram's non-empty buckets, ``{ms: samples}`` (a bucket ``ms`` holds the lags in
+        ``(ms - 1, ms]``; the last one everything longer). Two readings taken apart subtract to the samples of
+        the time between them (:func:`bucket_quantile` reads a quantile off the difference)."""
+        return {ms: n for ms, n in enumerate(self._histogram) if n}
+
     def _bucket(self, q: float) -> int:
-        """The smallest bucket (ms) at or below which at least ``q`` of the run's samples lie."""
-        need, seen = math.ceil(q * self._count), 0
-        for ms, n in enumerate(self._histogram):
-            seen += n
-            if seen >= need:
-                return ms
-        return HISTOGRAM_MS
+        return bucket_quantile(dict(enumerate(self._histogram)), q)
+
+
+def bucket_quantile(buckets: Mapping[int, int], q: float) -> int:
+    """The smallest bucket (ms) at or below which at least ``q`` (0..1) of the samples in ``buckets`` (``{ms:
+    samples}``, as :meth:`LoopLag.buckets` gives) lie; 0 when there are none.
+
+    Raises:
+        ValueError: ``q`` outside [0, 1].
+    """
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile must be in [0, 1], got {q}")
+    need, seen = math.ceil(q * sum(buckets.values())), 0
+    for ms in sorted(buckets):
+        seen += buckets[ms]
+        if seen >= need:
+            return ms
+    return 0

@@ -391,7 +391,7 @@ class LearnerService:
                 "outcomes": {k: v for k, v in totals.items() if k.isupper()},
                 "drops": dict(self.batcher.drops), "ready_groups": self._ready_groups(),
                 "queues": self.queue_depths(), "queues_max": dict(self.stats.run_peak_depths),
-                "loop_lag_ms": self.stats.lag.summary(),
+                "loop_lag_ms": self.stats.lag.summary(), "loop_lag_buckets": self.stats.lag.buckets(),
                 **({"messages": self.message_counts()} if self.message_counts is not None else {}),
                 "totals": dict(totals), "wall_s": self.stats.wall_s,
                 "set_aside": self.selector.set_aside if self.selector is not None else [],

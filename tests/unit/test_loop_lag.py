@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from arpo_async.loop_lag import HISTOGRAM_MS, LoopLag
+from arpo_async.loop_lag import HISTOGRAM_MS, LoopLag, bucket_quantile
 
 
 def test_window_percentiles_match_numpy_and_take_starts_a_new_window():
@@ -35,6 +35,25 @@ def test_run_wide_summary_reads_the_1ms_histogram():
     assert summary["p99"] == 13.0  # 100 of 101 samples lie at or below 13 ms
     assert summary["max"] == HISTOGRAM_MS * 3.0
     assert summary["samples"] == 101
+
+
+def test_two_bucket_readings_subtract_to_the_samples_between_them():
+    lag = LoopLag()
+    for _ in range(200):
+        lag.record(0.5)  # before: 200 samples in bucket 1
+    before = lag.buckets()
+    assert before == {1: 200}
+    for ms in [2.0] * 97 + [40.0, 60.0, 300.0]:
+        lag.record(ms)
+    after = lag.buckets()
+    between = {ms: n - before.get(ms, 0) for ms, n in after.items() if n - before.get(ms, 0)}
+    assert between == {2: 97, 40: 1, 60: 1, 300: 1}
+    assert bucket_quantile(between, 0.99) == 60  # 99 of the 100 samples between lie at or below 60 ms
+    assert bucket_quantile(between, 0.5) == 2
+    assert bucket_quantile(after, 0.99) == 2  # the whole run's p99 hides the three slow wake-ups
+    assert bucket_quantile({}, 0.99) == 0
+    with pytest.raises(ValueError, match="quantile"):
+        bucket_quantile(between, 1.5)
 
 
 def test_rejects_a_bad_period():
