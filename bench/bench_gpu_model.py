@@ -119,9 +119,10 @@ def busy_in(log: list[tuple[float, float]], start: float, end: float, scale: flo
     return total
 
 
-def run_config(schedule: str, eta: int, actors: int, endpoint: str, groups_per_step: int = 16):
+def run_config(schedule: str, eta: int, actors: int, endpoint: str, groups_per_step: int = 16,
+               max_steps: int = 15):
     """The RunConfig of one schedule: G = 8, ``groups_per_step`` groups per batch (ARPO: 16), 2 optimizer steps per
-    batch, the UI-TARS prompt with 2 screenshots, 15 steps."""
+    batch, the UI-TARS prompt with 2 screenshots, ``max_steps`` steps (the episode model's)."""
     from arpo_async.config import load_config
 
     return load_config(None, [
@@ -129,7 +130,7 @@ def run_config(schedule: str, eta: int, actors: int, endpoint: str, groups_per_s
         f"learner.groups_per_step={groups_per_step}", "learner.updates_per_batch=2", "learner.steps=0",
         "learner.checkpoint_every=0", "learner.mask_forced_tokens=false", "learner.tensorboard=false",
         "learner.sample_trajectories=0", f'transport.endpoint="{endpoint}"',
-        f"transport.max_slots_per_peer={max(actors, 1024)}", "actors.max_steps=15", "actors.history_images=2",
+        f"transport.max_slots_per_peer={max(actors, 1024)}", f"actors.max_steps={max_steps}", "actors.history_images=2",
         'actors.prompt_style="uitars"', f"actors.actors={actors}"])
 
 
@@ -151,7 +152,8 @@ async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[byt
 
     schedule, eta = SCHEDULES[name]
     scale = model.time_scale
-    config = run_config(schedule, eta, actors, f"tcp://127.0.0.1:{free_port()}", groups_per_step)
+    config = run_config(schedule, eta, actors, f"tcp://127.0.0.1:{free_port()}", groups_per_step,
+                        model.episode.max_steps)
     lc, lockstep = config.learner, schedule == "lockstep"
     tasks = [Task.from_dict(dict(TASK, id=f"bench-task-{i}")) for i in range(TASKS)]
     scheduler = GroupScheduler(tasks, lc.group_size, seed=seed, group_budget=0 if lockstep else None,

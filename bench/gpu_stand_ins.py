@@ -8,7 +8,9 @@ component it replaces and spends modelled time by sleeping ``modelled / time_sca
   room bounding the running sequences, paused while weights load;
 - :class:`ModelledPolicy`: ``PolicyClient.generate`` for the EpisodeRunner: counts the prompt's tokens as the 7B
   VLM would (``image_tokens`` per screenshot), finds the prefix the radix cache holds from the episode's previous
-  step, asks its episode's server, and replies with a UI-TARS click, or ``finished`` at the episode's drawn length;
+  step, asks its episode's server, and replies with a UI-TARS click, or ``finished`` at the episode's drawn length (an episode drawn at the budget,
+  ``max_steps``, clicks to the end and the actor truncates it: ``max_steps = 1`` models one-click tasks such as
+  grid4);
 - :class:`ModelledTrainer` (``Trainer.train_batch``) and :class:`ModelledPublisher` (``publish_from``, ``catch_up``);
 - :class:`ModelledController` and :class:`ModelledPool`: an in-process desktop whose app actions take modelled
   time and whose evaluator answer is drawn per episode.
@@ -235,8 +237,11 @@ class ModelledPolicy:
         last = ep.done >= ep.steps
         if last:
             del self._episodes[episode_id]
+        # an episode of episode.max_steps steps runs out of the actor's budget (actors.max_steps, the same number):
+        # every step is an app action and the actor truncates it; a shorter one ends by saying finished
+        finished = last and ep.steps < self.episode.max_steps
         n = len(self.output_ids)
-        return self._generation(text=FINISHED if last else REPLY, output_ids=list(self.output_ids),
+        return self._generation(text=FINISHED if finished else REPLY, output_ids=list(self.output_ids),
                                 logprobs=list(self.logprobs), weight_version=version, token_versions=[version] * n,
                                 finish_reason="stop", prompt_tokens=0,
                                 latency_s=(time.monotonic() - started) * server.scale)
