@@ -75,3 +75,26 @@ async def test_the_policy_prefills_only_what_the_episode_step_before_left_in_the
     # prompts of 103, 205 and 204 tokens (100 per image); cached: 103 of the second (1, 2, image a, 3), 2 of the
     # third (its third unit is image b where the second prompt had image a)
     assert (policy.prompt_tokens, policy.cached_tokens) == (103 + 205 + 204, 103 + 2)
+
+
+@pytest.mark.parametrize("max_steps, budget_share, ends_with", [(1, 0.0, "click"), (3, 1.0, "click"),
+                                                                  (3, 0.0, "finished")])
+async def test_an_episode_at_the_budget_clicks_to_the_end_and_a_shorter_one_says_finished(max_steps, budget_share,
+                                                                                          ends_with):
+    """One-click tasks (grid4: max_steps = 1) and episodes that run out of budget execute an action at every step and
+    are truncated by the actor; an episode drawn shorter than the budget ends with finished."""
+    server = ModelledServer(inference(), SCALE)
+    episode = EpisodeModel(max_steps=max_steps, length_alpha=50.0, budget_share=budget_share, action_s_min=0.3,
+                           action_s_max=3.0, reset_s=0.1, success_share=0.5)  # alpha 50: a drawn length is 1
+    policy = ModelledPolicy([server], episode, image_pad_id=9, output_ids=[5, 6])
+    loop = asyncio.create_task(server.run())
+    try:
+        steps = max_steps if budget_share else 1
+        replies = [await policy.generate(input_ids=[1, 9], images=[b"a"], sampling_params={}, episode_id="e")
+                   for _ in range(steps)]
+    finally:
+        loop.cancel()
+    assert all("click(" in r.text for r in replies[:-1])
+    assert ("finished(" in replies[-1].text) == (ends_with == "finished")
+    assert ("click(" in replies[-1].text) == (ends_with == "click")
+    assert "e" not in policy._episodes  # the episode is over either way
