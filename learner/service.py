@@ -213,9 +213,11 @@ class LearnerService:
             await self._reject(peer, invalid)
 
     async def _send_acks(self) -> None:
-        """Send the Acks held back during a burst: one Ack per peer, its trajectory ids in arrival order."""
+        """Send the Acks held back during a burst: one Ack per peer, its trajectory ids in arrival order (counted in
+        ``totals["acked"]``)."""
         acks, self._acks, self._acks_held = self._acks, {}, 0
         for peer, trajectory_ids in acks.items():
+            self.stats.totals["acked"] += len(trajectory_ids)
             await self.outbox.send(Ack(trajectory_ids), peer)
 
     async def _reject(self, peer: str, invalid: InvalidMessage) -> None:
