@@ -157,7 +157,22 @@ def decode(frames: list[bytes], *, max_bytes: int) -> Any:
 
 
 def _to_wire(obj: Any, blobs: list[bytes]) -> dict[str, Any]:
-    return {name: encode_field(getattr(obj, name), blobs, name) for name, encode_field, *_ in _plan(type(obj))[0]}
+    out = {}
+    for name, encode_field in _encoders(type(obj)):
+        value = getattr(obj, name)
+        out[name] = value if encode_field is None else encode_field(value, blobs, name)
+    return out
+
+
+@functools.cache
+def _encoders(cls: type) -> tuple[tuple[str, _Encoder | None], ...]:
+    """Each field's (name, encoder), the encoder None where the value goes on the wire as it is (no call)."""
+    return tuple((name, None if encode_field is _as_is else encode_field) for name, encode_field, *_ in _plan(cls)[0])
+
+
+def _as_is(value: Any, blobs: list, name: str) -> Any:
+    """The encoder of a field whose value msgpack packs as it is."""
+    return value
 
 
 @functools.cache
@@ -177,7 +192,7 @@ def _encoder(hint: Any) -> _Encoder:
         return lambda value, blobs, name: _member(hint, value, name).value
     if hint is bytes:
         return _blob
-    return lambda value, blobs, name: value
+    return _as_is
 
 
 def _ext(code: int, data: bytes) -> msgpack.ExtType:
