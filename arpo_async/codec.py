@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import struct
 import typing
 from typing import Any, Callable
 
@@ -35,6 +36,8 @@ MAX_FRAMES = 4096
 """Most frames one message may have (one per screenshot, plus the header)."""
 
 _EXT_BLOB, _EXT_INT32, _EXT_FLOAT64 = 1, 2, 3
+_SHORT = 64
+"""Integer lists up to this long are packed by `struct` (longer ones by NumPy, faster for them)."""
 _EXT_OF_DTYPE = {INT32: _EXT_INT32, FLOAT64: _EXT_FLOAT64}
 _DTYPE_OF_EXT = {code: dtype for dtype, code in _EXT_OF_DTYPE.items()}
 
@@ -68,16 +71,24 @@ _PLAIN = (str, int, float, bool, bytes)
 
 
 @functools.cache
-def _plan(cls: type) -> tuple[tuple[tuple[str, _Encoder, _Decoder, type | None], ...], frozenset[str]]:
-    """Per message dataclass, once: each field's (name, encoder, decoder, plain type or None), and the names of the
-    required ones. Resolving type hints per field costs far more than converting the value, so the dispatch is
-    done here."""
+def _plan(cls: type) -> tuple[tuple[tuple[str, _Encoder, _Decoder, type | None, np.dtype | None], ...],
+                              frozenset[str]]:
+    """Per message dataclass, once: each field's (name, encoder, decoder, plain type or None, packed dtype or None),
+    and the names of the required ones. Resolving type hints per field costs far more than converting the value, so
+    the dispatch is done here. A wire value of the plain type, or for an array field a packed array of its dtype
+    (what the ext hook made), is the field's value as it is."""
     hints = _hints(cls)
     fields = tuple((f.name, _encoder(hints[f.name]), _decoder(hints[f.name]),
-                    hints[f.name] if hints[f.name] in _PLAIN else None) for f in dataclasses.fields(cls))
+                    hints[f.name] if hints[f.name] in _PLAIN else None, _packed_dtype(hints[f.name]))
+                   for f in dataclasses.fields(cls))
     required = frozenset(f.name for f in dataclasses.fields(cls)
                          if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
     return fields, required
+
+
+def _packed_dtype(hint: Any) -> np.dtype | None:
+    """The dtype of an array field (``Annotated[np.ndarray, dtype]``), or None (an integer list decodes to a list)."""
+    return _array_dtype(hint) if typing.get_origin(hint) is not list else None
 
 
 def encode(message: Any) -> list[bytes]:
@@ -146,7 +157,22 @@ def decode(frames: list[bytes], *, max_bytes: int) -> Any:
 
 
 def _to_wire(obj: Any, blobs: list[bytes]) -> dict[str, Any]:
-    return {name: encode_field(getattr(obj, name), blobs, name) for name, encode_field, _, _ in _plan(type(obj))[0]}
+    out = {}
+    for name, encode_field in _encoders(type(obj)):
+        value = getattr(obj, name)
+        out[name] = value if encode_field is None else encode_field(value, blobs, name)
+    return out
+
+
+@functools.cache
+def _encoders(cls: type) -> tuple[tuple[str, _Encoder | None], ...]:
+    """Each field's (name, encoder), the encoder None where the value goes on the wire as it is (no call)."""
+    return tuple((name, None if encode_field is _as_is else encode_field) for name, encode_field, *_ in _plan(cls)[0])
+
+
+def _as_is(value: Any, blobs: list, name: str) -> Any:
+    """The encoder of a field whose value msgpack packs as it is."""
+    return value
 
 
 @functools.cache
@@ -158,7 +184,7 @@ def _encoder(hint: Any) -> _Encoder:
     dtype = _array_dtype(hint)
     if dtype is not None:
         code = _EXT_OF_DTYPE[dtype]
-        return lambda value, blobs, name: msgpack.ExtType(code, _packed(value, dtype, name))
+        return lambda value, blobs, name: _ext(code, _packed(value, dtype, name))
     if origin is list and (args == (bytes,) or dataclasses.is_dataclass(args[0])):
         item = _encoder(args[0])
         return lambda value, blobs, name: [item(v, blobs, name) for v in value]
@@ -166,14 +192,20 @@ def _encoder(hint: Any) -> _Encoder:
         return lambda value, blobs, name: _member(hint, value, name).value
     if hint is bytes:
         return _blob
-    return lambda value, blobs, name: value
+    return _as_is
+
+
+def _ext(code: int, data: bytes) -> msgpack.ExtType:
+    """``msgpack.ExtType(code, data)`` without its argument checks in Python (~0.35 us of ~0.6, 90 times per
+    trajectory): ``code`` is one of this module's constants and ``data`` is bytes, so they hold by construction."""
+    return tuple.__new__(msgpack.ExtType, (code, data))
 
 
 def _blob(value: Any, blobs: list[bytes], name: str) -> Any:
     """A bytes field: inline when short, else its own frame referenced by ExtType(1, frame index)."""
     if isinstance(value, (bytes, bytearray, memoryview)) and len(value) >= BLOB_MIN_BYTES:
         blobs.append(bytes(value))
-        return msgpack.ExtType(_EXT_BLOB, (len(blobs) - 1).to_bytes(4, "little"))
+        return _ext(_EXT_BLOB, (len(blobs) - 1).to_bytes(4, "little"))
     return value
 
 
@@ -183,6 +215,11 @@ def _packed(values: Any, dtype: np.dtype, name: str) -> bytes:
     Raises:
         WireError: values that are not integers in int32's range (int32) or not numbers (float64).
     """
+    if type(values) is list and dtype == INT32 and len(values) <= _SHORT and all(type(v) is int for v in values):
+        try:  # a short list of ints (image indices): struct packs it ~10x faster than a NumPy round trip
+            return struct.pack(f"<{len(values)}i", *values)
+        except struct.error:
+            pass  # outside int32: the path below names the values
     try:
         arr = int_array(values) if dtype == INT32 else float_array(values)
     except TypeError as e:
@@ -213,10 +250,13 @@ def _from_wire(cls: type, data: Any, path: str) -> Any:
         missing = next(field[0] for field in fields if field[0] in required and field[0] not in data)
         raise WireError(f"{path}: missing field {missing!r}")
     kwargs: dict[str, Any] = {}
-    for name, _, decode_field, plain in fields:
+    for name, _, decode_field, plain, packed in fields:
         if name in data:
             value = data[name]
-            kwargs[name] = value if type(value) is plain else decode_field(value, f"{path}.{name}")
+            if type(value) is plain or (packed is not None and type(value) is np.ndarray and value.dtype == packed):
+                kwargs[name] = value
+            else:
+                kwargs[name] = decode_field(value, f"{path}.{name}")
     if len(kwargs) != len(data):
         raise WireError(f"{path}: unknown field(s) {sorted(map(str, set(data) - kwargs.keys()))}")
     try:
@@ -309,6 +349,8 @@ def _check_array(value: Any, dtype: np.dtype, path: str) -> np.ndarray:
 def _all_of_type(values: list, hint: Any) -> bool:
     """True when every item of ``values`` is exactly of the primitive type ``hint`` (so `_check` would return it
     unchanged); False means "check item by item" (which converts ints to floats or raises the precise error)."""
-    if hint in (int, float, str, bytes, bool):
+    if hint is bytes:  # a blob decodes to a read-only memoryview of its frame (see `_check_scalar`)
+        return all(type(v) is bytes or type(v) is memoryview for v in values)
+    if hint in (int, float, str, bool):
         return all(type(v) is hint for v in values)
     return False

@@ -450,7 +450,8 @@ def analyse(setup: Setup, out: dict) -> tuple[dict, list[str]]:
         lost += abs(sent - received)
         lines.append(f"{kind:<14} {sent:>9} {received:>9} {sent - received:>6}")
     unacked = sum(h["unacked"] for h in hosts)
-    not_acked = learner_in.get("trajectory", 0) - learner_out.get("ack", 0)  # the learner acks each one it gets
+    # the learner acks each trajectory it gets (one Ack message may carry a burst's ids: count the ids)
+    not_acked = learner_in.get("trajectory", 0) - final["totals"].get("acked", 0)
     lost += unacked + abs(not_acked)
     lines.append(f"trajectories the learner received but did not ack: {not_acked}; held unacked by the hosts after "
                  f"draining: {unacked}")

@@ -3,10 +3,10 @@
 What runs (two processes, as in a deployment: the learner's side in a child process):
 
 - stack: ``LearnerLink.submit`` -> DEALER `SocketPump` (codec.encode, send) ==TCP 127.0.0.1==> ROUTER
-  `SocketPump` (receive, codec.decode) -> the real ``LearnerService.on_message`` (ack at once, de-duplicate)
-  -> Ack back -> ``LearnerLink`` forgets the trajectory. A round is timed from the first submit until every
-  trajectory is acknowledged. The trajectories carry no live group, so the service counts them as "late" after
-  the ack: the scheduler's and batcher's per-trajectory bookkeeping (dict operations) is not measured.
+  `SocketPump` (receive a burst, codec.decode) -> the real ``LearnerService.handle`` (de-duplicate; one Ack per
+  burst) -> Ack back -> ``LearnerLink`` forgets the trajectories. A round is timed from the first submit until
+  every trajectory is acknowledged. The trajectories carry no live group, so the service counts them as "late"
+  after the ack: the scheduler's and batcher's per-trajectory bookkeeping (dict operations) is not measured.
 - raw: the same multipart frames (codec output, header + one frame per screenshot) sent with a blocking
   DEALER -> ROUTER pair, receiving with ``copy=False``, no codec, one "done" reply per round.
 

@@ -11,7 +11,8 @@ the stall check). Channels (made by the wiring function, learner.main): the pump
 - hello / heartbeat -> reply with LearnerStatus (learner id + version), so actors notice a restarted learner;
 - work_request -> queued; handed an Assignment as soon as the scheduler has a slot and the admission rule
   (StalenessManager for the async schedule, LockstepAdmission for lockstep) admits one more rollout;
-- trajectory -> acknowledged at once (the learner now holds it), validated, de-duplicated by trajectory id, and
+- trajectory -> acknowledged (the learner now holds it) at the end of the burst of messages it arrived in, one Ack
+  per peer for the whole burst (:meth:`LearnerService.handle`), validated, de-duplicated by trajectory id, and
   taken for its rollout slot only from the peer the slot was handed to, with the slot's task (else a counted
   Reject: ``owner``, ``task``, ``duplicate`` for an id reused with other content; nothing it sends can erase a
   running slot's owner); taken ones are recorded in the scheduler; complete groups go to the batcher. Async
@@ -53,20 +54,25 @@ from learner.trajectory_sample import TrajectorySampler
 
 log = logging.getLogger(__name__)
 
+ACK_BATCH = 64
+"""Most trajectory ids acknowledged late (held back for the end of a burst); then the held Acks go out at once."""
+
 
 def _digest(traj: Trajectory) -> bytes:
     """A 16-byte fingerprint of what a trajectory says: its slot, outcome, score, and each step's sampled ids,
-    versions, log-probs (their packed bytes) and prompt length, and its screenshots' lengths (tells a re-send from
-    another trajectory reusing its id; the prompt ids and screenshot bytes are left out, which keeps it ~50x
-    cheaper than encoding)."""
+    versions, log-probs (their packed bytes, all steps' joined per field; the per-step lengths in the summary keep
+    the step boundaries) and prompt length, and its screenshots' lengths (tells a re-send from another trajectory
+    reusing its id; the prompt ids and screenshot bytes are left out, which keeps it ~50x cheaper than encoding)."""
+    steps = traj.steps
     summary = (traj.actor_id, traj.task_id, traj.group_id, traj.rollout_index, str(traj.outcome), traj.score,
                traj.format_ok, traj.assigned_version, [len(shot) for shot in traj.screenshots],
-               [(len(s.prompt_ids), s.image_indices, len(s.output_ids)) for s in traj.steps])
+               [(len(s.prompt_ids), s.image_indices, len(s.output_ids)) for s in steps])
     digest = hashlib.blake2b(repr(summary).encode(), digest_size=16)
-    for step in traj.steps:
-        for values in map(np.ascontiguousarray, (step.output_ids, step.versions, step.logprobs)):
+    if steps:
+        for values in (np.concatenate([s.output_ids for s in steps]), np.concatenate([s.versions for s in steps]),
+                       np.concatenate([s.logprobs for s in steps])):
             digest.update(values.dtype.str.encode())
-            digest.update(values)  # the array's buffer (no copy for a decoded step's arrays)
+            digest.update(values)  # a fresh contiguous array
     return digest.digest()
 
 
@@ -131,6 +137,9 @@ class LearnerService:
         self._round_open = False
         self._seen: collections.OrderedDict[str, bytes] = collections.OrderedDict()
         """Trajectory ids taken (or late), with the fingerprint of their content (:func:`_digest`)."""
+        self._acks: dict[str, list[str]] = {}
+        """Trajectory ids to acknowledge at the end of the current burst of messages, by peer (:meth:`handle`)."""
+        self._acks_held = 0
         self._inbox: asyncio.Queue[Envelope] | None = None
         """The inbox :meth:`serve` consumes (for its depth)."""
         self.message_counts = message_counts
@@ -158,7 +167,7 @@ class LearnerService:
         while True:
             envelope = await inbox.get()
             try:
-                await self.handle(envelope)
+                await self.handle(envelope, more=not inbox.empty())
             except NoTaskLeft:
                 raise  # every task set aside: nothing left to train on, the learner stops
             except Exception as error:  # noqa: BLE001 - one message's handler never stops the service
@@ -167,8 +176,21 @@ class LearnerService:
                 await self._refuse(envelope.peer, "handler", f"internal error while handling "
                                    f"{getattr(envelope.message, 'TYPE', '?')!r}: {type(error).__name__}: {error}")
 
-    async def handle(self, envelope: Envelope) -> None:
-        """Dispatch one message from actor ``envelope.peer`` (an Undecodable one is counted and refused)."""
+    async def handle(self, envelope: Envelope, *, more: bool = False) -> None:
+        """Dispatch one message from actor ``envelope.peer`` (an Undecodable one is counted and refused).
+
+        Args:
+            more: further messages are waiting in the inbox: the Acks of the trajectories handled so far wait for
+                the end of the burst and go out as one Ack per peer (with ``more`` False, or `ACK_BATCH` ids held
+                back, they go out now).
+        """
+        try:
+            await self._dispatch(envelope)
+        finally:
+            if not more or self._acks_held >= ACK_BATCH:
+                await self._send_acks()
+
+    async def _dispatch(self, envelope: Envelope) -> None:
         peer, message = envelope.peer, envelope.message
         if isinstance(message, Undecodable):
             await self._refuse(peer, "wire", message.reason)
@@ -190,8 +212,18 @@ class LearnerService:
         except InvalidMessage as invalid:
             await self._reject(peer, invalid)
 
+    async def _send_acks(self) -> None:
+        """Send the Acks held back during a burst: one Ack per peer, its trajectory ids in arrival order (counted in
+        ``totals["acked"]``)."""
+        acks, self._acks, self._acks_held = self._acks, {}, 0
+        for peer, trajectory_ids in acks.items():
+            self.stats.totals["acked"] += len(trajectory_ids)
+            await self.outbox.send(Ack(trajectory_ids), peer)
+
     async def _reject(self, peer: str, invalid: InvalidMessage) -> None:
-        """Count an invalid message by reason, log it with its peer, and tell the peer why."""
+        """Count an invalid message by reason, log it with its peer, and tell the peer why (after the Acks held
+        back, so a peer sees a trajectory's Ack before its Reject)."""
+        await self._send_acks()
         self.stats.totals["bad_messages"] += 1
         self.stats.rejections[invalid.reason] += 1
         self._warn_rejected(peer, invalid)
@@ -200,6 +232,7 @@ class LearnerService:
     async def _refuse(self, peer: str | None, kind: str, reason: str) -> None:
         """A message from ``peer`` failed to decode (``kind`` "wire"), or its handler raised ("handler"): count
         it, tell the peer (waiting for room in the outbox), keep going."""
+        await self._send_acks()
         self.stats.totals["bad_messages"] += 1
         self.stats.rejections[kind] += 1
         self._warn_rejected(peer, reason)
@@ -218,7 +251,8 @@ class LearnerService:
         (a re-send after a lost Ack) is counted in ``duplicates``; a trajectory for a slot not running is ``late``.
         An invalid trajectory from the slot's owner ends the slot as ABORTED, so the rollout is handed out again."""
         totals, slot = self.stats.totals, (traj.group_id, traj.rollout_index)
-        await self.outbox.send(Ack([traj.trajectory_id]), peer)
+        self._acks.setdefault(peer, []).append(traj.trajectory_id)  # sent at the end of the burst (`handle`)
+        self._acks_held += 1
         running = self.scheduler.is_running(*slot)
         owned = running and self.peers.assigned.get(slot) == peer
         seen = self._seen.get(traj.trajectory_id, False)

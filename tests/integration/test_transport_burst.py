@@ -9,8 +9,8 @@ import zmq.asyncio
 
 from arpo_async import codec
 from arpo_async.config import TransportConfig
-from arpo_async.messages import Heartbeat, LearnerStatus
-from arpo_async.transport import INBOX_SIZE, OUTBOX_SIZE, Outbox, SocketPump, router_socket
+from arpo_async.messages import Ack, Heartbeat, LearnerStatus, Trajectory
+from arpo_async.transport import INBOX_SIZE, OUTBOX_SIZE, Outbox, SocketPump, dealer_socket, router_socket
 from tests.support import free_port, until
 
 
@@ -48,4 +48,43 @@ async def test_replies_to_a_burst_larger_than_the_outbox_all_go_out_in_order():
         assert pump.received == burst and pump.sent == burst
     finally:
         actor.close(0)
+        ctx.destroy(linger=0)
+
+
+
+async def test_replies_arriving_while_the_pump_sends_are_all_received():
+    """The pump sends a burst without waiting (NOBLOCK) while the peer's replies stream in: every reply is received,
+    in order (a send can take ZeroMQ's wake-up for a reply already waiting, so the pump looks for waiting messages
+    before every wait; a stall there left acks in the socket once, in bench_transport.py under a profiler - this
+    test exercises the path but does not reproduce that timing reliably)."""
+    rounds, burst = 10, 60
+    config = TransportConfig(endpoint=f"tcp://127.0.0.1:{free_port()}")
+    ctx = zmq.asyncio.Context()
+    learner = router_socket(ctx, config)
+    inbox, outbox = asyncio.Queue(INBOX_SIZE), Outbox(routed=False)
+    pump = SocketPump(dealer_socket(ctx, config, "a0"), inbox=inbox, outbox=outbox,
+                      max_bytes=config.max_message_bytes)
+    shot = bytes(range(256)) * 2048  # 512 KB: each send takes long enough for replies to arrive meanwhile
+
+    async def echo() -> None:  # the peer acks every trajectory at once
+        while True:
+            peer, *frames = await learner.recv_multipart(copy=False)
+            trajectory = codec.decode([frame.buffer for frame in frames], max_bytes=config.max_message_bytes)
+            await learner.send_multipart([peer, *codec.encode(Ack([trajectory.trajectory_id]))])
+
+    tasks = [asyncio.create_task(pump.run()), asyncio.create_task(echo())]
+    try:
+        for r in range(rounds):
+            ids = [f"t{r}-{i}" for i in range(burst)]
+            for trajectory_id in ids:  # queued at once: the pump sends them in one go
+                await outbox.send(Trajectory(trajectory_id, "a0", "task", "g", 0, "FAILURE", 0.0, True, [],
+                                             [shot, shot]))
+            async with asyncio.timeout(30):
+                acked = [(await inbox.get()).message.trajectory_ids[0] for _ in ids]
+            assert acked == ids, f"round {r}"
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        learner.close(0)
         ctx.destroy(linger=0)
