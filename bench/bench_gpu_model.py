@@ -25,8 +25,21 @@ CPU check: the real stack's CPU must stay small against the scaled GPU time; the
 use (cores), its event-loop lag p50/p99 in modelled milliseconds (against a decode iteration of >= 5 ms) and how
 much longer than modelled the app actions took ("act x": late wake-ups, e.g. other processes holding the cores).
 
+Real desktops (``--real-desktops N``, issue 26 item 3's "64 real desktops"): the in-process desktops give way to N
+real docker desktops, the product's DesktopPool over its DesktopFleet built from the run config as arpo-actors
+builds it (actors.main.desktop_pool: the run's image, 1280x720), booted once and shared by every schedule; the GPU
+side stays modelled. Modelled time is real time (run.time_scale = 1; another scale is refused). Each app action's
+xdotool click and the screenshot that observes it run for real, then sleep up to the action's modelled length
+(gpu_stand_ins.PaddedController); an action whose real part took longer is not padded and is counted ("late", the
+share of actions). Episode lengths and the evaluator's answer stay drawn from the model (the evaluator's getter is
+answered in the bench); the reset between episodes is the real in-place reset (POST /reset, its median printed;
+desktops are never retired, so no container boots during a measurement). Extra columns: late, the real click +
+screenshot's p50 ("work"), each part's p50, the reset's p50. Every container is removed at the end, on an error,
+Ctrl-C or SIGTERM.
+
 Last line: ``async_over_lockstep=... achieved_over_ideal=...`` (the best async schedule against lockstep, and its
-achieved / ideal), then the per-schedule figures.
+achieved / ideal), then the per-schedule figures (with real desktops: ``desktop_label`` and each schedule's
+``act_x``, ``late_share``, ``work_p50_ms``, ``click_p50_ms``, ``shot_p50_ms``, ``reset_p50_ms``).
 
     python bench/bench_gpu_model.py                  # 1,024 desktops, 4 schedules (about 12 minutes)
     python bench/bench_gpu_model.py --quick          # smoke: 32 desktops, batches of 2 groups, short windows
@@ -34,6 +47,9 @@ achieved / ideal), then the per-schedule figures.
                                                      # + each parameter halved and doubled (about an hour)
     python bench/bench_gpu_model.py ... --sensitivity --sensitivity-params training.gpus,episode.action_s
     python bench/bench_gpu_model.py --set inference.servers=2 --set run.time_scale=10
+    python bench/bench_gpu_model.py --real-desktops 64 --schedules lockstep,eta2,eta4 --warmup 120 --window 360
+                                                     # 64 docker desktops (about 30 minutes)
+    python bench/bench_gpu_model.py --real-desktops 2 --quick --schedules lockstep,eta2   # smoke (CI, ~100 s)
 """
 
 from __future__ import annotations
@@ -74,6 +90,8 @@ container boots during a measurement."""
 REAL_STARTS_AT_ONCE = 4
 """actors.max_concurrent_starts for the real desktops' boot (bench_desktops --live: 64 in ~96 s at 4)."""
 FILL_TIMEOUT_S = 120.0
+SAMPLES = ("work_s", "click_s", "shot_s", "reset_s")
+"""The real desktops' timings (PaddedPool.samples) whose medians over the window a Result reports."""
 """Seconds to have every real desktop back as a reset spare between schedules (the boot adds 10 s a desktop)."""
 TASKS = 16
 SENSITIVITY = [("inference", "prefill_s_per_token"), ("inference", "image_token_factor"),
@@ -107,6 +125,10 @@ class Result:
     """Real desktops: share of the app actions whose real click + screenshot outlasted the modelled time."""
     work_p50_s: float = float("nan")
     """Real desktops: median seconds of an action's real click + screenshot (before the pad)."""
+    click_p50_s: float = float("nan")
+    """Real desktops: median seconds of one real command (POST /execute: the xdotool click)."""
+    shot_p50_s: float = float("nan")
+    """Real desktops: median seconds of one real screenshot (GET /screenshot, 1280x720 PNG)."""
     reset_p50_s: float = float("nan")
     """Real desktops: median seconds of the in-place reset (POST /reset) between episodes."""
 
@@ -228,8 +250,7 @@ async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[byt
                 "episodes": pool.totals["episodes"], "action_s": pool.totals["action_s"],
                 "action_real_s": pool.totals["action_real_s"], "desktop_s": pool.totals["desktop_s"],
                 "actions": pool.totals["actions"], "late": pool.totals["late_actions"],
-                "work": len(desktops.samples["work_s"]) if desktops else 0,
-                "resets": len(desktops.samples["reset_s"]) if desktops else 0,
+                **{key: len(desktops.samples[key]) if desktops else 0 for key in SAMPLES},
                 "prompt": policy.prompt_tokens, "cached": policy.cached_tokens}
 
     try:
@@ -269,11 +290,10 @@ async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[byt
     prompt = b["prompt"] - a["prompt"]
     real: dict[str, float] = {}
     if desktops is not None:
-        work = desktops.samples["work_s"][a["work"]:b["work"]]
-        resets = desktops.samples["reset_s"][a["resets"]:b["resets"]]
-        real = {"late_share": (b["late"] - a["late"]) / max(b["actions"] - a["actions"], 1),
-                "work_p50_s": statistics.median(work) if work else float("nan"),
-                "reset_p50_s": statistics.median(resets) if resets else float("nan")}
+        real = {"late_share": (b["late"] - a["late"]) / max(b["actions"] - a["actions"], 1)}
+        for key in SAMPLES:  # the window's samples
+            window = desktops.samples[key][a[key]:b[key]]
+            real[key.replace("_s", "_p50_s")] = statistics.median(window) if window else float("nan")
     return Result(
         name, 60 * traj / span, (b["busy"] - a["busy"]) / (model.inference.servers * span), training_busy,
         min(rollout, training), rollout, training,
@@ -287,17 +307,19 @@ async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[byt
 
 def print_results(results: list[Result], real: bool = False) -> None:
     """One table row per schedule (a header first), flushed at once so a long run shows its progress. ``real``
-    adds the real desktops' columns: late actions (share), an action's real click + screenshot p50, /reset p50."""
+    adds the real desktops' columns: late actions (share), an action's real click + screenshot p50, and of each
+    part, /reset p50."""
     print(f"{'schedule':<10}{'traj/min':>9}{'ideal':>8}{'ach/ideal':>10}{'rollout cap':>12}{'train cap':>10}"
           f"{'infer busy':>11}{'train busy':>11}{'lag':>6}{'cores':>7}{'loop lag p50/p99':>17}{'act x':>7}{'load':>6}"
-          + (f"{'late':>6}{'work p50':>10}{'reset p50':>10}" if real else ""))
+          + (f"{'late':>6}{'work p50':>10}{'click/shot p50':>16}{'reset p50':>10}" if real else ""))
     for r in results:
         print(f"{r.name:<10}{r.traj_per_min:>9.1f}{r.ideal_per_min:>8.1f}{r.achieved_over_ideal:>10.3f}"
               f"{r.rollout_per_min:>12.1f}{r.training_per_min:>10.1f}{r.inference_busy:>11.3f}"
               f"{r.training_busy:>11.3f}{r.staleness_mean:>6.2f}{r.cpu_cores:>7.2f}"
               f"{r.lag_p50_modelled_ms:>8.0f}/{r.lag_p99_modelled_ms:<6.0f}ms{r.action_inflation:>7.2f}"
               f"{r.load:>6.1f}"
-              + (f"{r.late_share:>6.2f}{1e3 * r.work_p50_s:>8.0f}ms{1e3 * r.reset_p50_s:>8.0f}ms" if real else ""),
+              + (f"{r.late_share:>6.2f}{1e3 * r.work_p50_s:>8.0f}ms{1e3 * r.click_p50_s:>9.0f}/"
+                 f"{1e3 * r.shot_p50_s:<4.0f}ms{1e3 * r.reset_p50_s:>8.0f}ms" if real else ""),
               flush=True)
 
 
@@ -460,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
             figures[f"{name}_act_x"] = r.action_inflation
             figures[f"{name}_late_share"] = r.late_share
             figures[f"{name}_work_p50_ms"] = 1e3 * r.work_p50_s
+            figures[f"{name}_click_p50_ms"] = 1e3 * r.click_p50_s
+            figures[f"{name}_shot_p50_ms"] = 1e3 * r.shot_p50_s
             figures[f"{name}_reset_p50_ms"] = 1e3 * r.reset_p50_s
     print(result_line(figures))
     return 0

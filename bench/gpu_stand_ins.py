@@ -369,8 +369,9 @@ class PaddedController:
     ``success_share``); /reset is timed. ``totals`` (shared by the pool): ``actions``, ``action_s`` (modelled),
     ``action_real_s`` (the span with its pad), ``action_work_s`` (the real commands and screenshot alone),
     ``late_actions``, ``desktop_s`` (the desktop's real seconds: padded actions, the screenshots that observe no
-    action (an episode's first), the waits for a desktop); ``samples`` keeps ``work_s`` (per action) and
-    ``reset_s`` (per /reset) for medians.
+    action (an episode's first), the waits for a desktop); ``samples`` keeps ``work_s`` (per action),
+    its parts ``click_s`` (each command) and ``shot_s`` (each screenshot), and ``reset_s`` (per /reset), for
+    medians.
     """
 
     def __init__(self, client, episode: EpisodeModel, rng: random.Random, totals: collections.Counter,
@@ -390,13 +391,17 @@ class PaddedController:
         if command == EVALUATOR_GETTER:
             await self._settle()
             return {"status": "success", "output": self.answer, "error": "", "returncode": 0}
+        started = time.monotonic()
         if self._action is None:
-            self._action = (time.monotonic(), self.episode.action_s(self.rng))
-        return await self.client.execute(command, shell=shell, timeout=timeout, setup=setup)
+            self._action = (started, self.episode.action_s(self.rng))
+        result = await self.client.execute(command, shell=shell, timeout=timeout, setup=setup)
+        self.samples["click_s"].append(time.monotonic() - started)
+        return result
 
     async def screenshot(self, format: str = "png", quality: int = 85) -> bytes:
         started = time.monotonic()
         shot = await self.client.screenshot(format, quality)
+        self.samples["shot_s"].append(time.monotonic() - started)
         if self._action is None:
             self.totals["desktop_s"] += time.monotonic() - started
         await self._settle()
