@@ -38,6 +38,18 @@ from arpo_async.transport import INBOX_SIZE, Envelope, Outbox, SocketPump, deale
 log = logging.getLogger("arpo.actors")
 
 
+def desktop_pool(config: RunConfig) -> DesktopPool:
+    """This actor host's DesktopPool (not started) over its DesktopFleet (``pool.fleet``), both as the run config
+    says: the run's desktop image (``actors.image``, else ``actors.image_profile``'s), the fleet label, screen,
+    memory and process limits, start slots, warm spares, start tries, health interval and episodes per desktop."""
+    ac = config.actors
+    fleet = DesktopFleet(ac.image or image_tag(ac.image_profile), config.fleet_label, screen=ac.screen_size,
+                         memory_mb=ac.desktop_memory_mb, pids_limit=ac.desktop_pids,
+                         max_concurrent_starts=ac.max_concurrent_starts)
+    return DesktopPool(fleet, warm_spares=ac.warm_spares, start_attempts=ac.desktop_start_attempts,
+                       health_interval_s=ac.desktop_health_interval_s, max_episodes=ac.desktop_max_episodes)
+
+
 async def run_actors(config: RunConfig, actor_id: str) -> None:
     """Connect to the learner and run ``actors.actors`` EnvActors until shutdown; remove every desktop.
 
@@ -49,11 +61,8 @@ async def run_actors(config: RunConfig, actor_id: str) -> None:
     encoder = PromptEncoder(config.model_path)
     policy = PolicyClient(list(ac.inference_urls), api_key=config.serve.api_key,
                           retry=RetryPolicy(attempts=ac.policy_attempts, max_delay_s=ac.policy_max_wait_s))
-    fleet = DesktopFleet(ac.image or image_tag(ac.image_profile), config.fleet_label, screen=ac.screen_size,
-                         memory_mb=ac.desktop_memory_mb, pids_limit=ac.desktop_pids,
-                         max_concurrent_starts=ac.max_concurrent_starts)
-    pool = DesktopPool(fleet, warm_spares=ac.warm_spares, start_attempts=ac.desktop_start_attempts,
-                       health_interval_s=ac.desktop_health_interval_s, max_episodes=ac.desktop_max_episodes)
+    pool = desktop_pool(config)
+    fleet = pool.fleet
     ctx = zmq.asyncio.Context()
     inbox: asyncio.Queue[Envelope] = asyncio.Queue(INBOX_SIZE)  # DEALER pump -> link
     outbox = Outbox(routed=False)  # link -> DEALER pump

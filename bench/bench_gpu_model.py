@@ -25,8 +25,21 @@ CPU check: the real stack's CPU must stay small against the scaled GPU time; the
 use (cores), its event-loop lag p50/p99 in modelled milliseconds (against a decode iteration of >= 5 ms) and how
 much longer than modelled the app actions took ("act x": late wake-ups, e.g. other processes holding the cores).
 
+Real desktops (``--real-desktops N``, issue 26 item 3's "64 real desktops"): the in-process desktops give way to N
+real docker desktops, the product's DesktopPool over its DesktopFleet built from the run config as arpo-actors
+builds it (actors.main.desktop_pool: the run's image, 1280x720), booted once and shared by every schedule; the GPU
+side stays modelled. Modelled time is real time (run.time_scale = 1; another scale is refused). Each app action's
+xdotool click and the screenshot that observes it run for real, then sleep up to the action's modelled length
+(gpu_stand_ins.PaddedController); an action whose real part took longer is not padded and is counted ("late", the
+share of actions). Episode lengths and the evaluator's answer stay drawn from the model (the evaluator's getter is
+answered in the bench); the reset between episodes is the real in-place reset (POST /reset, its median printed;
+desktops are never retired, so no container boots during a measurement). Extra columns: late, the real click +
+screenshot's p50 ("work"), each part's p50, the reset's p50. Every container is removed at the end, on an error,
+Ctrl-C or SIGTERM.
+
 Last line: ``async_over_lockstep=... achieved_over_ideal=...`` (the best async schedule against lockstep, and its
-achieved / ideal), then the per-schedule figures.
+achieved / ideal), then the per-schedule figures (with real desktops: ``desktop_label`` and each schedule's
+``act_x``, ``late_share``, ``work_p50_ms``, ``click_p50_ms``, ``shot_p50_ms``, ``reset_p50_ms``).
 
     python bench/bench_gpu_model.py                  # 1,024 desktops, 4 schedules (about 12 minutes)
     python bench/bench_gpu_model.py --quick          # smoke: 32 desktops, batches of 2 groups, short windows
@@ -34,6 +47,9 @@ achieved / ideal), then the per-schedule figures.
                                                      # + each parameter halved and doubled (about an hour)
     python bench/bench_gpu_model.py ... --sensitivity --sensitivity-params training.gpus,episode.action_s
     python bench/bench_gpu_model.py --set inference.servers=2 --set run.time_scale=10
+    python bench/bench_gpu_model.py --real-desktops 64 --schedules lockstep,eta2,eta4 --warmup 120 --window 360
+                                                     # 64 docker desktops (about 30 minutes)
+    python bench/bench_gpu_model.py --real-desktops 2 --quick --schedules lockstep,eta2   # smoke (CI, ~100 s)
 """
 
 from __future__ import annotations
@@ -59,13 +75,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import zmq  # noqa: E402
 import zmq.asyncio  # noqa: E402
 
+from arpo_async.process import run_until_signal  # noqa: E402
+
 from _common import desktop_png, result_line  # noqa: E402
 from bench_actor_loop import TASK, _make_model, free_port  # noqa: E402
 from gpu_model import DEFAULT_PATH, GpuTimingModel, load_model  # noqa: E402
 from gpu_stand_ins import (REPLY, ModelledPolicy, ModelledPool, ModelledPublisher, ModelledServer,  # noqa: E402
-                           ModelledTrainer)
+                           ModelledTrainer, PaddedPool)
 
 SCHEDULES = {"lockstep": ("lockstep", 0), "eta1": ("async", 1), "eta2": ("async", 2), "eta4": ("async", 4)}
+NEVER_RETIRED = 1_000_000
+"""actors.desktop_max_episodes with real desktops: every episode reuses its desktop (an in-place reset), so no
+container boots during a measurement."""
+REAL_STARTS_AT_ONCE = 4
+"""actors.max_concurrent_starts for the real desktops' boot (bench_desktops --live: 64 in ~96 s at 4)."""
+FILL_TIMEOUT_S = 120.0
+SAMPLES = ("work_s", "click_s", "shot_s", "reset_s")
+"""The real desktops' timings (PaddedPool.samples) whose medians over the window a Result reports."""
+"""Seconds to have every real desktop back as a reset spare between schedules (the boot adds 10 s a desktop)."""
 TASKS = 16
 SENSITIVITY = [("inference", "prefill_s_per_token"), ("inference", "image_token_factor"),
                ("inference", "decode_base_s"), ("inference", "decode_s_per_context_token"),
@@ -94,6 +121,16 @@ class Result:
     action_inflation: float
     """Modelled time the app actions took in fact / their modelled length (1 = no event-loop lag)."""
     load: float
+    late_share: float = float("nan")
+    """Real desktops: share of the app actions whose real click + screenshot outlasted the modelled time."""
+    work_p50_s: float = float("nan")
+    """Real desktops: median seconds of an action's real click + screenshot (before the pad)."""
+    click_p50_s: float = float("nan")
+    """Real desktops: median seconds of one real command (POST /execute: the xdotool click)."""
+    shot_p50_s: float = float("nan")
+    """Real desktops: median seconds of one real screenshot (GET /screenshot, 1280x720 PNG)."""
+    reset_p50_s: float = float("nan")
+    """Real desktops: median seconds of the in-place reset (POST /reset) between episodes."""
 
     @property
     def achieved_over_ideal(self) -> float:
@@ -120,9 +157,10 @@ def busy_in(log: list[tuple[float, float]], start: float, end: float, scale: flo
 
 
 def run_config(schedule: str, eta: int, actors: int, endpoint: str, groups_per_step: int = 16,
-               max_steps: int = 15):
+               max_steps: int = 15, extra: tuple[str, ...] = ()):
     """The RunConfig of one schedule: G = 8, ``groups_per_step`` groups per batch (ARPO: 16), 2 optimizer steps per
-    batch, the UI-TARS prompt with 2 screenshots, ``max_steps`` steps (the episode model's)."""
+    batch, the UI-TARS prompt with 2 screenshots, ``max_steps`` steps (the episode model's); ``extra``: more
+    overrides."""
     from arpo_async.config import load_config
 
     return load_config(None, [
@@ -130,13 +168,17 @@ def run_config(schedule: str, eta: int, actors: int, endpoint: str, groups_per_s
         f"learner.groups_per_step={groups_per_step}", "learner.updates_per_batch=2", "learner.steps=0",
         "learner.checkpoint_every=0", "learner.mask_forced_tokens=false", "learner.tensorboard=false",
         "learner.sample_trajectories=0", f'transport.endpoint="{endpoint}"',
-        f"transport.max_slots_per_peer={max(actors, 1024)}", f"actors.max_steps={max_steps}", "actors.history_images=2",
-        'actors.prompt_style="uitars"', f"actors.actors={actors}"])
+        f"transport.max_slots_per_peer={max(actors, 1024)}", f"actors.max_steps={max_steps}",
+        "actors.history_images=2", 'actors.prompt_style="uitars"', f"actors.actors={actors}", *extra])
 
 
 async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[bytes], *, actors: int,
-                       warmup_s: float, window_s: float, groups_per_step: int = 16, seed: int = 0) -> Result:
-    """Run one schedule with ``actors`` desktops; measure over ``window_s`` modelled seconds after ``warmup_s``."""
+                       warmup_s: float, window_s: float, groups_per_step: int = 16, seed: int = 0,
+                       desktops: PaddedPool | None = None) -> Result:
+    """Run one schedule with ``actors`` desktops; measure over ``window_s`` modelled seconds after ``warmup_s``.
+
+    ``desktops``: real desktops (a PaddedPool over a started DesktopPool holding ``actors`` of them, time scale 1);
+    None = ``actors`` in-process modelled desktops."""
     from actors.env_actor import EnvActor
     from actors.episode import EpisodeRunner
     from actors.link import LearnerLink
@@ -176,9 +218,12 @@ async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[byt
                         replay, lc)
 
     output_ids = (encoder.tokenize(REPLY) + [0] * 40)[:40]
-    policy = ModelledPolicy(servers, model.episode, encoder.image_pad_id, output_ids, seed=seed)
+    policy = ModelledPolicy(servers, model.episode, encoder.image_pad_id, output_ids, seed=seed,
+                            screens_by_step=desktops is not None)
     runner = EpisodeRunner(encoder, policy, config.actors)
-    pool = ModelledPool(pngs, model.episode, scale, seed=seed)
+    pool = desktops or ModelledPool(pngs, model.episode, scale, seed=seed)
+    if desktops is not None:
+        desktops.stopping = False
     ctx = zmq.asyncio.Context()
     actor_id = f"bench-{uuid.uuid4().hex[:6]}"
     inbox_a, outbox_a = asyncio.Queue(INBOX_SIZE), Outbox(routed=False)
@@ -205,7 +250,9 @@ async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[byt
         return {"t": time.monotonic(), "cpu": time.process_time(), "traj": service.totals["trajectories"],
                 "busy": sum(s.busy_s for s in servers), "sat": sum(s.saturated_s for s in servers),
                 "episodes": pool.totals["episodes"], "action_s": pool.totals["action_s"],
-                "action_real_s": pool.totals["action_real_s"],
+                "action_real_s": pool.totals["action_real_s"], "desktop_s": pool.totals["desktop_s"],
+                "actions": pool.totals["actions"], "late": pool.totals["late_actions"],
+                **{key: len(desktops.samples[key]) if desktops else 0 for key in SAMPLES},
                 "prompt": policy.prompt_tokens, "cached": policy.cached_tokens}
 
     try:
@@ -222,6 +269,8 @@ async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[byt
             a = snapshot()
             await asyncio.sleep(window_s / scale)
             b = snapshot()
+            if desktops is not None:
+                desktops.stopping = True  # the cancelled episodes' desktops are reset in place, not replaced
             for task in infra:
                 task.cancel()
     finally:
@@ -235,12 +284,18 @@ async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[byt
     train_cost = sum(r["train_s"] + r["publish_s"] for r in in_window)
     training_busy = (busy_in(trainer.log, a["t"], b["t"], scale) + busy_in(publisher.log, a["t"], b["t"], scale)) / span
     episodes = max(b["episodes"] - a["episodes"], 1)
-    desktop_s = (b["action_s"] - a["action_s"] + episodes * model.episode.reset_s) / episodes
+    desktop_s = (b["desktop_s"] - a["desktop_s"]) / episodes
     inference_s = (b["sat"] - a["sat"]) / max(traj, 1)
     rollout = 60 * min(actors / desktop_s, model.inference.servers / inference_s) if traj else float("nan")
     training = 60 * trained / train_cost if train_cost else float("nan")
     lags_sorted = sorted(lags) or [0.0]
     prompt = b["prompt"] - a["prompt"]
+    real: dict[str, float] = {}
+    if desktops is not None:
+        real = {"late_share": (b["late"] - a["late"]) / max(b["actions"] - a["actions"], 1)}
+        for key in SAMPLES:  # the window's samples
+            window = desktops.samples[key][a[key]:b[key]]
+            real[key.replace("_s", "_p50_s")] = statistics.median(window) if window else float("nan")
     return Result(
         name, 60 * traj / span, (b["busy"] - a["busy"]) / (model.inference.servers * span), training_busy,
         min(rollout, training), rollout, training,
@@ -248,19 +303,72 @@ async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[byt
         (b["cpu"] - a["cpu"]) / (b["t"] - a["t"]), 1e3 * scale * lags_sorted[len(lags_sorted) // 2],
         1e3 * scale * lags_sorted[int(0.99 * (len(lags_sorted) - 1))],
         (b["cached"] - a["cached"]) / prompt if prompt else 0.0,
-        (b["action_real_s"] - a["action_real_s"]) / max(b["action_s"] - a["action_s"], 1e-9), os.getloadavg()[0])
+        (b["action_real_s"] - a["action_real_s"]) / max(b["action_s"] - a["action_s"], 1e-9), os.getloadavg()[0],
+        **real)
 
 
-def print_results(results: list[Result]) -> None:
-    """One table row per schedule (a header first), flushed at once so a long run shows its progress."""
+def print_results(results: list[Result], real: bool = False) -> None:
+    """One table row per schedule (a header first), flushed at once so a long run shows its progress. ``real``
+    adds the real desktops' columns: late actions (share), an action's real click + screenshot p50, and of each
+    part, /reset p50."""
     print(f"{'schedule':<10}{'traj/min':>9}{'ideal':>8}{'ach/ideal':>10}{'rollout cap':>12}{'train cap':>10}"
-          f"{'infer busy':>11}{'train busy':>11}{'lag':>6}{'cores':>7}{'loop lag p50/p99':>17}{'act x':>7}{'load':>6}")
+          f"{'infer busy':>11}{'train busy':>11}{'lag':>6}{'cores':>7}{'loop lag p50/p99':>17}{'act x':>7}{'load':>6}"
+          + (f"{'late':>6}{'work p50':>10}{'click/shot p50':>16}{'reset p50':>10}" if real else ""))
     for r in results:
         print(f"{r.name:<10}{r.traj_per_min:>9.1f}{r.ideal_per_min:>8.1f}{r.achieved_over_ideal:>10.3f}"
               f"{r.rollout_per_min:>12.1f}{r.training_per_min:>10.1f}{r.inference_busy:>11.3f}"
               f"{r.training_busy:>11.3f}{r.staleness_mean:>6.2f}{r.cpu_cores:>7.2f}"
               f"{r.lag_p50_modelled_ms:>8.0f}/{r.lag_p99_modelled_ms:<6.0f}ms{r.action_inflation:>7.2f}"
-              f"{r.load:>6.1f}", flush=True)
+              f"{r.load:>6.1f}"
+              + (f"{r.late_share:>6.2f}{1e3 * r.work_p50_s:>8.0f}ms{1e3 * r.click_p50_s:>9.0f}/"
+                 f"{1e3 * r.shot_p50_s:<4.0f}ms{1e3 * r.reset_p50_s:>8.0f}ms" if real else ""),
+              flush=True)
+
+
+async def fill(pool, n: int, timeout_s: float) -> float:
+    """Bring the started DesktopPool ``pool`` (warm_spares = 0) to ``n`` booted, reset spares: take ``n``
+    desktops (booting the missing ones), give them back (each is reset in place) and wait for the resets.
+    Returns the seconds it took. Raises TimeoutError after ``timeout_s``, DesktopError when starts fail."""
+    started = time.monotonic()
+    async with asyncio.timeout(timeout_s):
+        taken = await asyncio.gather(*(pool.acquire() for _ in range(n)))
+        for desktop in taken:
+            await pool.release(desktop)
+        await pool.wait_spares(n)
+    return time.monotonic() - started
+
+
+async def real_desktop_run(names: list[str], model: GpuTimingModel, encoder, *, desktops: int, run_id: str,
+                           warmup_s: float, window_s: float, groups_per_step: int, out: dict[str, Result]) -> None:
+    """Each schedule in ``names`` on the same ``desktops`` real docker desktops (the product's DesktopPool, as
+    arpo-actors builds it from the run config: the run's image, 1280x720; no warm spares, episodes reset in
+    place, never retired; Docker label ``arpo.run=<run_id>``), filled into ``out`` as they finish. Every container
+    it started is removed in ``finally`` (also when cancelled: Ctrl-C, SIGTERM), then any left with the label."""
+    from actors.main import desktop_pool
+
+    config = run_config("lockstep", 0, desktops, "tcp://127.0.0.1:1", groups_per_step, model.episode.max_steps, (
+        f'run_id="{run_id}"', "actors.warm_spares=0", f"actors.desktop_max_episodes={NEVER_RETIRED}",
+        f"actors.max_concurrent_starts={REAL_STARTS_AT_ONCE}"))
+    pool = desktop_pool(config)
+    try:
+        async with pool:
+            boot_s = await fill(pool, desktops, FILL_TIMEOUT_S + desktops * 10.0)
+            print(f"{desktops} desktops of {pool.fleet.image} (label arpo.run={run_id}) booted in {boot_s:.0f} s; "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
+            padded = PaddedPool(pool, model.episode)
+            for name in names:
+                gc.collect()
+                out[name] = await run_schedule(name, model, encoder, [], actors=desktops, warmup_s=warmup_s,
+                                               window_s=window_s, groups_per_step=groups_per_step,
+                                               desktops=padded)
+                print_results([out[name]], real=True)
+                await fill(pool, desktops, FILL_TIMEOUT_S)
+    finally:
+        try:
+            left = await pool.fleet.remove_all()
+        finally:
+            await pool.fleet.close()
+        print(f"desktop pool: {dict(pool.stats)}; {left} left over and removed", flush=True)
 
 
 def headline(results: dict[str, Result]) -> tuple[str, float, float]:
@@ -273,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke mode: 32 desktops, short windows")
     parser.add_argument("--actors", type=int, default=None, help="desktops (default 1024; 32 with --quick)")
+    parser.add_argument("--real-desktops", type=int, default=0, metavar="N",
+                        help="N real docker desktops instead of the in-process ones (time scale 1; warm-up 120 s "
+                        "and window 300 s by default, 10 s and 30 s with --quick)")
     parser.add_argument("--model-file", type=Path, default=DEFAULT_PATH, help="the timing model (TOML)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one model parameter (repeatable)")
@@ -293,10 +404,18 @@ def main(argv: list[str] | None = None) -> int:
     # re-sends those requests, the learner answers a repeat with the same assignment, and an answer that crosses
     # the first one is logged as "assignment for unknown request" (harmless: the slot is already running).
     logging.getLogger("actors.link").setLevel(logging.ERROR)
-    model = load_model(args.model_file, args.overrides)
-    actors = args.actors or (32 if args.quick else 1024)
-    warmup_s = args.warmup if args.warmup is not None else (60.0 if args.quick else 900.0)
-    window_s = args.window if args.window is not None else (120.0 if args.quick else 2400.0)
+    real = args.real_desktops
+    model = load_model(args.model_file, (["run.time_scale=1"] if real else []) + args.overrides)
+    if real and model.time_scale != 1:
+        parser.error(f"--real-desktops runs at run.time_scale = 1 (the desktops' actions take real time), not "
+                     f"{model.time_scale:g}: drop the --set run.time_scale override")
+    if real and (args.sensitivity or args.actors):
+        parser.error("--real-desktops: no --sensitivity, and N replaces --actors")
+    actors = real or args.actors or (32 if args.quick else 1024)
+    warmup_s = args.warmup if args.warmup is not None else (
+        (10.0 if args.quick else 120.0) if real else (60.0 if args.quick else 900.0))
+    window_s = args.window if args.window is not None else (
+        (30.0 if args.quick else 300.0) if real else (120.0 if args.quick else 2400.0))
     groups = args.groups_per_step or (2 if args.quick else 16)
     names = [n.strip() for n in args.schedules.split(",") if n.strip()]
     if not names or set(names) - set(SCHEDULES) or "lockstep" not in names or len(names) < 2:
@@ -312,9 +431,10 @@ def main(argv: list[str] | None = None) -> int:
 
         encoder = PromptEncoder(Path(tmp) / "tiny")
     pngs = [desktop_png(i) for i in range(16)]
-    print(f"{actors} desktops, time scale {model.time_scale:g}x, warm-up {warmup_s:g} s + window {window_s:g} s "
-          f"modelled per schedule; batches of {groups} groups of 8; {model.inference.servers} inference server(s), "
-          f"{model.training.gpus} training GPUs; {os.cpu_count()} CPUs (load: 1-minute load average)", flush=True)
+    print(f"{actors} {'real docker' if real else 'in-process'} desktops, time scale {model.time_scale:g}x, warm-up "
+          f"{warmup_s:g} s + window {window_s:g} s modelled per schedule; batches of {groups} groups of 8; "
+          f"{model.inference.servers} inference server(s), {model.training.gpus} training GPUs; {os.cpu_count()} CPUs "
+          "(load: 1-minute load average)", flush=True)
 
     def measure(m: GpuTimingModel, which: list[str], warmup: float, window: float) -> dict[str, Result]:
         out = {}
@@ -325,7 +445,17 @@ def main(argv: list[str] | None = None) -> int:
             print_results([out[name]])
         return out
 
-    results = measure(model, names, warmup_s, window_s)
+    label = f"bench-gpu-{uuid.uuid4().hex[:6]}"  # the real desktops' arpo.run label
+    if real:
+        results: dict[str, Result] = {}
+        run = real_desktop_run(names, model, encoder, desktops=real, run_id=label, warmup_s=warmup_s,
+                               window_s=window_s, groups_per_step=groups, out=results)
+        rc = run_until_signal(run, "bench_gpu_model")
+        if rc or set(results) != set(names):
+            print(f"stopped after {len(results)} of {len(names)} schedules (exit code {rc})", file=sys.stderr)
+            return 1
+    else:
+        results = measure(model, names, warmup_s, window_s)
     best, ratio, achieved = headline(results)
     print(f"best async schedule: {best}: {ratio:.2f}x lockstep's trajectories/min, achieved / ideal "
           f"{achieved:.3f}; radix cache hits {results[best].cached_share:.0%} of prompt tokens")
@@ -343,11 +473,20 @@ def main(argv: list[str] | None = None) -> int:
                 row.append(r["eta2"].traj_per_min / r["lockstep"].traj_per_min)
             print(f"{section + '.' + key:<38}{row[0]:>8.2f}{row[1]:>8.2f}", flush=True)
     figures: dict[str, float | str] = {"async_over_lockstep": ratio, "achieved_over_ideal": achieved, "best": best}
+    if real:
+        figures["desktop_label"] = label
     for name, r in results.items():
         figures[f"{name}_traj_per_min"] = r.traj_per_min
         figures[f"{name}_infer_busy"] = r.inference_busy
         figures[f"{name}_train_busy"] = r.training_busy
         figures[f"{name}_over_ideal"] = r.achieved_over_ideal
+        if real:
+            figures[f"{name}_act_x"] = r.action_inflation
+            figures[f"{name}_late_share"] = r.late_share
+            figures[f"{name}_work_p50_ms"] = 1e3 * r.work_p50_s
+            figures[f"{name}_click_p50_ms"] = 1e3 * r.click_p50_s
+            figures[f"{name}_shot_p50_ms"] = 1e3 * r.shot_p50_s
+            figures[f"{name}_reset_p50_ms"] = 1e3 * r.reset_p50_s
     print(result_line(figures))
     return 0
 

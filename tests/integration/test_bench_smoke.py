@@ -55,6 +55,23 @@ def test_bench_gpu_model_quick():
     assert all(float(figures[f"{s}_traj_per_min"]) > 0 for s in ("lockstep", "eta1", "eta2", "eta4"))
 
 
+def test_bench_gpu_model_real_desktops(desktop_image):
+    """--real-desktops: 2 real docker desktops, lockstep and eta 2, 10 s warm-up + 30 s window each (~100 s): the
+    real-desktop figures are there and sane, and every container of the run is gone afterwards."""
+    figures = run_bench("bench_gpu_model", "--real-desktops", "2", "--quick", "--schedules", "lockstep,eta2",
+                        timeout=400)
+    assert list(figures)[:2] == ["async_over_lockstep", "achieved_over_ideal"]
+    for s in ("lockstep", "eta2"):
+        assert float(figures[f"{s}_traj_per_min"]) > 0
+        assert 0.99 <= float(figures[f"{s}_act_x"]) < 3  # padded to at least the modelled time
+        assert 0 <= float(figures[f"{s}_late_share"]) <= 1
+        assert 0 < float(figures[f"{s}_work_p50_ms"]) < 5000  # a real click + screenshot
+        assert 0 < float(figures[f"{s}_reset_p50_ms"]) < 10000  # a real POST /reset
+    left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=arpo.run={figures['desktop_label']}"],
+                          capture_output=True, text=True, check=True).stdout
+    assert figures["desktop_label"].startswith("bench-gpu-") and not left.strip()
+
+
 def test_bench_desktops_quick(desktop_image):
     figures = run_bench("bench_desktops", "--quick", timeout=600)
     assert {"start_p50_s", "reset_inplace_p50_s"} <= set(figures)
