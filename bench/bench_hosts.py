@@ -475,6 +475,8 @@ def analyse(setup: Setup, out: dict) -> tuple[dict, list[str]]:
     idle = out["idle"]
     trained, first = out["trained"], out["seen"][0]
     during = lag_buckets_between(first, trained)
+    if not during:
+        raise RuntimeError("the learner's loop-lag probe recorded no sample while it trained")
     steps = trained["step"] - first["step"]
     window_s = trained["wall_s"] - first["wall_s"]
     trajectories = trained["totals"].get("trajectories", 0) - first["totals"].get("trajectories", 0)
@@ -502,8 +504,10 @@ def analyse(setup: Setup, out: dict) -> tuple[dict, list[str]]:
 def lag_buckets_between(before: dict, after: dict) -> dict[int, int]:
     """The learner's loop-lag samples between two status.json readings: the difference of their run-wide
     histograms (``loop_lag_buckets``, {ms: samples}; JSON made the keys strings)."""
-    old = {int(ms): n for ms, n in before.get("loop_lag_buckets", {}).items()}
-    return {int(ms): n - old.get(int(ms), 0) for ms, n in after.get("loop_lag_buckets", {}).items()
+    if "loop_lag_buckets" not in after or "loop_lag_buckets" not in before:
+        raise RuntimeError("the learner's status.json has no loop_lag_buckets: no lag figure for the window")
+    old = {int(ms): n for ms, n in before["loop_lag_buckets"].items()}
+    return {int(ms): n - old.get(int(ms), 0) for ms, n in after["loop_lag_buckets"].items()
             if n - old.get(int(ms), 0) > 0}
 
 
