@@ -12,8 +12,12 @@ OSWorld-like episodes (1-15 steps, heavy-tailed; app actions 0.3-3 s). Modelled 
 faster than real time; every figure below is in modelled time.
 
 Schedules (learner.schedule / learner.max_staleness, ARPO's shape: G = 8, 16 groups = 128 trajectories per batch,
-2 optimizer steps per batch): lockstep (ARPO's loop: one rollout batch out, all back, train, publish), one-step-off
-(async, eta 1) and async (eta 2 and 4; AReaL's admission rule). Per schedule, over a window after a warm-up:
+2 optimizer steps per batch): lockstep (our learner.schedule = "lockstep": one rollout batch out, all back, train,
+publish; within the round each episode runs at its own pace), arpo (the same rounds with ARPO's own rollout loop
+inside them: every step of the round's episodes is one generation batch and then one action on every desktop, each
+waiting for its slowest, gpu_stand_ins.StepBarrier; it needs a desktop per trajectory of the batch, as ARPO has),
+one-step-off (async, eta 1) and async (eta 2 and 4; AReaL's admission rule). Per schedule, over a window after a
+warm-up:
   traj/min         trajectories the learner received per modelled minute
   inference busy   modelled GPU seconds the servers iterated / (servers x window)
   training busy    modelled seconds of training batches (and weight syncs) in the window / window
@@ -38,10 +42,11 @@ screenshot's p50 ("work"), each part's p50, the reset's p50. Every container is 
 Ctrl-C or SIGTERM.
 
 Last line: ``async_over_lockstep=... achieved_over_ideal=...`` (the best async schedule against lockstep, and its
-achieved / ideal), then the per-schedule figures (with real desktops: ``desktop_label`` and each schedule's
+achieved / ideal), ``best``, ``async_over_arpo`` (the same schedule against arpo, when arpo ran), then the
+per-schedule figures (with real desktops: ``desktop_label`` and each schedule's
 ``act_x``, ``late_share``, ``work_p50_ms``, ``click_p50_ms``, ``shot_p50_ms``, ``reset_p50_ms``).
 
-    python bench/bench_gpu_model.py                  # 1,024 desktops, 4 schedules (about 12 minutes)
+    python bench/bench_gpu_model.py                  # 1,024 desktops, 5 schedules (about 15 minutes)
     python bench/bench_gpu_model.py --quick          # smoke: 32 desktops, batches of 2 groups, short windows
     python bench/bench_gpu_model.py --schedules lockstep,eta2 --warmup 300 --window 900 --sensitivity
                                                      # + each parameter halved and doubled (about an hour)
@@ -81,9 +86,12 @@ from _common import desktop_png, result_line  # noqa: E402
 from bench_actor_loop import TASK, _make_model, free_port  # noqa: E402
 from gpu_model import DEFAULT_PATH, GpuTimingModel, load_model  # noqa: E402
 from gpu_stand_ins import (REPLY, ModelledPolicy, ModelledPool, ModelledPublisher, ModelledServer,  # noqa: E402
-                           ModelledTrainer, PaddedPool)
+                           ModelledTrainer, PaddedPool, StepBarrier)
 
-SCHEDULES = {"lockstep": ("lockstep", 0), "eta1": ("async", 1), "eta2": ("async", 2), "eta4": ("async", 4)}
+SCHEDULES = {"lockstep": ("lockstep", 0), "arpo": ("lockstep", 0), "eta1": ("async", 1), "eta2": ("async", 2),
+             "eta4": ("async", 4)}
+"""Schedule name -> (learner.schedule, learner.max_staleness); ``arpo`` adds the step barrier (module docstring)."""
+SYNCHRONOUS = ("lockstep", "arpo")
 NEVER_RETIRED = 1_000_000
 """actors.desktop_max_episodes with real desktops: every episode reuses its desktop (an in-place reset), so no
 container boots during a measurement."""
@@ -219,7 +227,8 @@ async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[byt
 
     output_ids = (encoder.tokenize(REPLY) + [0] * 40)[:40]
     policy = ModelledPolicy(servers, model.episode, encoder.image_pad_id, output_ids, seed=seed,
-                            screens_by_step=desktops is not None)
+                            screens_by_step=desktops is not None,
+                            barrier=StepBarrier(lc.batch_trajectories) if name == "arpo" else None)
     runner = EpisodeRunner(encoder, policy, config.actors)
     pool = desktops or ModelledPool(pngs, model.episode, scale, seed=seed)
     if desktops is not None:
@@ -373,7 +382,7 @@ async def real_desktop_run(names: list[str], model: GpuTimingModel, encoder, *, 
 
 def headline(results: dict[str, Result]) -> tuple[str, float, float]:
     """(best async schedule, its traj/min over lockstep's, its achieved / ideal)."""
-    best = max((n for n in results if n != "lockstep"), key=lambda n: results[n].traj_per_min)
+    best = max((n for n in results if n not in SYNCHRONOUS), key=lambda n: results[n].traj_per_min)
     return best, results[best].traj_per_min / results["lockstep"].traj_per_min, results[best].achieved_over_ideal
 
 
@@ -394,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=None, help="modelled warm-up seconds per schedule")
     parser.add_argument("--window", type=float, default=None, help="modelled seconds measured per schedule")
     parser.add_argument("--sensitivity", action="store_true",
-                        help="also run lockstep and eta 2 with each parameter halved and doubled")
+                        help="also run the schedules with each parameter halved and doubled (the best async one "
+                        "against each synchronous one)")
     parser.add_argument("--sensitivity-params", default=None, metavar="SECTION.KEY,...",
                         help="only these rows of the sensitivity table (default: all)")
     parser.add_argument("--sensitivity-window", type=float, nargs=2, default=(300.0, 900.0),
@@ -418,8 +428,12 @@ def main(argv: list[str] | None = None) -> int:
         (30.0 if args.quick else 300.0) if real else (120.0 if args.quick else 2400.0))
     groups = args.groups_per_step or (2 if args.quick else 16)
     names = [n.strip() for n in args.schedules.split(",") if n.strip()]
-    if not names or set(names) - set(SCHEDULES) or "lockstep" not in names or len(names) < 2:
-        parser.error(f"--schedules: lockstep and at least one of {', '.join(SCHEDULES)}")
+    if not names or set(names) - set(SCHEDULES) or "lockstep" not in names or not set(names) - set(SYNCHRONOUS):
+        asynchronous = ", ".join(n for n in SCHEDULES if n not in SYNCHRONOUS)
+        parser.error(f"--schedules: lockstep and at least one of {asynchronous} (arpo may be added)")
+    if "arpo" in names and actors < groups * 8:
+        parser.error(f"--schedules arpo: ARPO's step-synchronous rounds run one desktop per trajectory of the batch: "
+                     f"{groups * 8} desktops for {groups} groups of 8, not {actors}")
 
     with tempfile.TemporaryDirectory(prefix="bench-gpu-model-") as tmp:
         maker = mp.get_context("spawn").Process(target=_make_model, args=(str(Path(tmp) / "tiny"),))
@@ -460,19 +474,26 @@ def main(argv: list[str] | None = None) -> int:
     print(f"best async schedule: {best}: {ratio:.2f}x lockstep's trajectories/min, achieved / ideal "
           f"{achieved:.3f}; radix cache hits {results[best].cached_share:.0%} of prompt tokens")
     if args.sensitivity:
-        print("sensitivity: eta2 / lockstep trajectories per minute with one parameter scaled")
-        print(f"{'parameter':<38}{'x0.5':>8}{'x2':>8}")
+        synchronous = [n for n in names if n in SYNCHRONOUS]
+        print(f"sensitivity: {best} / {' and '.join(synchronous)} trajectories per minute with one parameter scaled "
+              f"(each run: {', '.join(names)})")
+        print(f"{'parameter':<38}" + "".join(f"{n + ' x0.5':>14}{'x2':>6}" for n in synchronous))
         rows = ([tuple(p.strip().split(".", 1)) for p in args.sensitivity_params.split(",")]
                 if args.sensitivity_params else SENSITIVITY)
         for section, key in rows:
-            row = []
+            ratios: dict[str, list[float]] = {n: [] for n in synchronous}
             for factor in (0.5, 2.0):
                 m = (model.scaled("episode", "action_s_min", factor).scaled("episode", "action_s_max", factor)
                      if key == "action_s" else model.scaled(section, key, factor))
-                r = measure(m, ["lockstep", "eta2"], *args.sensitivity_window)
-                row.append(r["eta2"].traj_per_min / r["lockstep"].traj_per_min)
-            print(f"{section + '.' + key:<38}{row[0]:>8.2f}{row[1]:>8.2f}", flush=True)
+                r = measure(m, names, *args.sensitivity_window)
+                for n in synchronous:
+                    ratios[n].append(r[best].traj_per_min / r[n].traj_per_min)
+            print(f"{section + '.' + key:<38}" + "".join(f"{lo:>14.2f}{hi:>6.2f}" for lo, hi in ratios.values()),
+                  flush=True)
     figures: dict[str, float | str] = {"async_over_lockstep": ratio, "achieved_over_ideal": achieved, "best": best}
+    if "arpo" in results:
+        figures["async_over_arpo"] = results[best].traj_per_min / results["arpo"].traj_per_min
+        print(f"{best} against ARPO's step-synchronous loop (arpo): {figures['async_over_arpo']:.2f}x")
     if real:
         figures["desktop_label"] = label
     for name, r in results.items():

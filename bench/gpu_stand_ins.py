@@ -8,9 +8,11 @@ component it replaces and spends modelled time by sleeping ``modelled / time_sca
   room bounding the running sequences, paused while weights load;
 - :class:`ModelledPolicy`: ``PolicyClient.generate`` for the EpisodeRunner: counts the prompt's tokens as the 7B
   VLM would (``image_tokens`` per screenshot), finds the prefix the radix cache holds from the episode's previous
-  step, asks its episode's server, and replies with a UI-TARS click, or ``finished`` at the episode's drawn length (an episode drawn at the budget,
-  ``max_steps``, clicks to the end and the actor truncates it: ``max_steps = 1`` models one-click tasks such as
-  grid4);
+  step, asks its episode's server, and replies with a UI-TARS click, or ``finished`` at the episode's drawn length
+  (an episode drawn at the budget, ``max_steps``, clicks to the end and the actor truncates it: ``max_steps = 1``
+  models one-click tasks such as grid4);
+- :class:`StepBarrier` (the ``arpo`` schedule): ARPO's own rollout loop, where the episodes of a round take each
+  step together (one generation batch, then every desktop's action, each waited for to its slowest);
 - :class:`ModelledTrainer` (``Trainer.train_batch``) and :class:`ModelledPublisher` (``publish_from``, ``catch_up``);
 - :class:`ModelledController` and :class:`ModelledPool`: an in-process desktop whose app actions take modelled
   time and whose evaluator answer is drawn per episode;
@@ -188,6 +190,57 @@ class ModelledServer:
                 request.done.set_result(self.version)
 
 
+class StepBarrier:
+    """ARPO's step-synchronous rollout, for the ``arpo`` schedule of bench/bench_gpu_model.py.
+
+    ARPO's trainer (dvlab-research/ARPO, verl/trainer/ray_trainer.py, ``fit``) runs a round's episodes one step at a
+    time: ``generate_sequences`` on the prompts of every running episode as one batch, then ``worker.step`` on
+    every desktop and ``ray.get`` on all of them, so each step waits for the slowest generation and then for the
+    slowest desktop (REFERENCE.md section 1). Here each episode of a round calls :meth:`arrive` before its
+    generation (every running episode has observed: the batch starts together) and after it (the batch returns
+    together), and :meth:`leave` once its last generation has returned; the round's next step starts only when
+    every running episode has arrived. ``parties`` episodes make a round (ARPO runs one desktop per trajectory of
+    the batch: examples/osworld_full_arpo.sh, 128 desktops for 16 tasks x 8 rollouts); when the last one leaves,
+    the barrier waits for the next round's ``parties``. An episode's last action is not waited for (it runs after
+    its last generation), which can only favour this schedule.
+
+    Raises:
+        ValueError: ``parties`` < 1.
+    """
+
+    def __init__(self, parties: int) -> None:
+        if parties < 1:
+            raise ValueError(f"a step barrier needs at least one party, not {parties}")
+        self.parties = parties
+        self._expected = parties  # episodes of this round still running
+        self._arrived = 0
+        self._release = asyncio.Event()
+        self.phases = 0
+        """Phases released so far (two per step of a round)."""
+
+    async def arrive(self) -> None:
+        """Wait until every running episode of the round has arrived at this point."""
+        self._arrived += 1
+        if self._arrived >= self._expected:
+            self._open()
+            return
+        await self._release.wait()
+
+    def leave(self) -> None:
+        """One episode of the round has ended: the others no longer wait for it."""
+        self._expected -= 1
+        if self._expected <= 0:  # the round is over; the next one starts with `parties` episodes
+            self._expected, self._arrived = self.parties, 0
+        elif self._arrived and self._arrived >= self._expected:
+            self._open()
+
+    def _open(self) -> None:
+        self._release.set()
+        self._release = asyncio.Event()
+        self._arrived = 0
+        self.phases += 1
+
+
 @dataclass
 class _Episode:
     steps: int
@@ -207,10 +260,13 @@ class ModelledPolicy:
         screens_by_step: key the radix cache's screenshots by the episode's observation index instead of their
             bytes (real desktops: a static screen gives equal bytes, where an app's screen would change with
             every action, as the in-process desktop's screenshots do).
+        barrier: ARPO's step-synchronous rollout (the ``arpo`` schedule): every generation waits at the barrier
+            before it starts and after it returns; None (every other schedule): each episode at its own pace.
     """
 
     def __init__(self, servers: list[ModelledServer], episode: EpisodeModel, image_pad_id: int,
-                 output_ids: list[int], seed: int = 0, screens_by_step: bool = False) -> None:
+                 output_ids: list[int], seed: int = 0, screens_by_step: bool = False,
+                 barrier: StepBarrier | None = None) -> None:
         from arpo_async.inference_client import Generation
 
         self._generation = Generation
@@ -220,6 +276,7 @@ class ModelledPolicy:
         self._rng = random.Random(seed)
         self._episodes: dict[str, _Episode] = {}
         self.screens_by_step = screens_by_step
+        self.barrier = barrier
         self.steps = self.cached_tokens = self.prompt_tokens = 0
 
     async def generate(self, *, input_ids, images, sampling_params, rid=None, episode_id="", **_):
@@ -238,21 +295,27 @@ class ModelledPolicy:
         context = len(key) + (per_image - 1) * len(images)
         self.prompt_tokens += context
         self.cached_tokens += context - new_text - new_images * per_image
+        if self.barrier is not None:
+            await self.barrier.arrive()  # the round's generation batch starts once every episode has observed
         started = time.monotonic()
         version = await server.generate(new_text, new_images * per_image, context)
+        latency_s = (time.monotonic() - started) * server.scale
         ep.done += 1
         self.steps += 1
         last = ep.done >= ep.steps
         if last:
             del self._episodes[episode_id]
+        if self.barrier is not None:
+            await self.barrier.arrive()  # ... and returns when its slowest generation is done
+            if last:
+                self.barrier.leave()
         # an episode of episode.max_steps steps runs out of the actor's budget (actors.max_steps, the same number):
         # every step is an app action and the actor truncates it; a shorter one ends by saying finished
         finished = last and ep.steps < self.episode.max_steps
         n = len(self.output_ids)
         return self._generation(text=FINISHED if finished else REPLY, output_ids=list(self.output_ids),
                                 logprobs=list(self.logprobs), weight_version=version, token_versions=[version] * n,
-                                finish_reason="stop", prompt_tokens=0,
-                                latency_s=(time.monotonic() - started) * server.scale)
+                                finish_reason="stop", prompt_tokens=0, latency_s=latency_s)
 
 
 class ModelledTrainer:

@@ -51,8 +51,33 @@ def test_bench_gpu_model_quick():
     two figures the issue names."""
     figures = run_bench("bench_gpu_model", "--quick", timeout=600)
     assert list(figures)[:2] == ["async_over_lockstep", "achieved_over_ideal"]
-    assert {f"{s}_traj_per_min" for s in ("lockstep", "eta1", "eta2", "eta4")} <= set(figures)
-    assert all(float(figures[f"{s}_traj_per_min"]) > 0 for s in ("lockstep", "eta1", "eta2", "eta4"))
+    schedules = ("lockstep", "arpo", "eta1", "eta2", "eta4")
+    assert {f"{s}_traj_per_min" for s in schedules} <= set(figures)
+    assert all(float(figures[f"{s}_traj_per_min"]) > 0 for s in schedules)
+    assert figures["best"] in ("eta1", "eta2", "eta4")  # the synchronous ones are what it is measured against
+    assert float(figures["async_over_arpo"]) == pytest.approx(
+        float(figures[f"{figures['best']}_traj_per_min"]) / float(figures["arpo_traj_per_min"]), rel=0.01)
+
+
+def test_bench_gpu_model_sensitivity_compares_the_best_async_schedule_with_each_synchronous_one():
+    """--sensitivity with one parameter: a table row with the ratio at x0.5 and x2 against lockstep and arpo."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_gpu_model.py"), "--quick", "--schedules",
+                           "lockstep,arpo,eta2", "--warmup", "20", "--window", "60", "--sensitivity",
+                           "--sensitivity-params", "episode.action_s", "--sensitivity-window", "20", "60"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    lines = proc.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("sensitivity: eta2 / lockstep and arpo"))
+    row = next(line for line in lines[header:] if line.startswith("episode.action_s")).split()
+    assert len(row) == 5 and all(float(v) > 0 for v in row[1:])  # x0.5 and x2 against lockstep, then arpo
+
+
+def test_bench_gpu_model_refuses_arpo_with_fewer_desktops_than_a_batch():
+    """ARPO runs one desktop per trajectory of the batch; a round that could not start all of them together would
+    never pass its first step, so the benchmark refuses it before it starts anything."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_gpu_model.py"), "--quick", "--actors", "8",
+                           "--schedules", "lockstep,arpo,eta2"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "16 desktops for 2 groups of 8, not 8" in proc.stderr
 
 
 def test_bench_gpu_model_real_desktops(desktop_image):

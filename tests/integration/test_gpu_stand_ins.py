@@ -1,5 +1,6 @@
 """The modelled SGLang server and policy of bench/bench_gpu_model.py (bench/gpu_stand_ins.py): GPU seconds spent
-for hand-computed requests, batching, the KV cache bound, the weight version, and the radix-cache prefix."""
+for hand-computed requests, batching, the KV cache bound, the weight version, the radix-cache prefix, and the step
+barrier of ARPO's step-synchronous rollout (the arpo schedule)."""
 
 import asyncio
 import sys
@@ -10,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "bench"))
 
 from gpu_model import EpisodeModel, InferenceModel  # noqa: E402
-from gpu_stand_ins import ModelledPolicy, ModelledServer  # noqa: E402
+from gpu_stand_ins import ModelledPolicy, ModelledServer, StepBarrier  # noqa: E402
 
 SCALE = 200.0  # modelled seconds per real second: the requests below take a few real milliseconds
 
@@ -98,3 +99,56 @@ async def test_an_episode_at_the_budget_clicks_to_the_end_and_a_shorter_one_says
     assert ("finished(" in replies[-1].text) == (ends_with == "finished")
     assert ("click(" in replies[-1].text) == (ends_with == "click")
     assert "e" not in policy._episodes  # the episode is over either way
+
+
+async def test_the_step_barrier_starts_no_step_before_every_running_episode_has_finished_the_one_before():
+    """ARPO's loop: a round's episodes take each step together; an episode that has ended is not waited for, and
+    once the whole round has ended the barrier takes the next round."""
+    barrier = StepBarrier(3)
+    log: list[tuple[str, str, int]] = []
+
+    async def episode(name: str, steps: int, work_s: float) -> None:
+        for k in range(steps):
+            await barrier.arrive()
+            log.append(("start", name, k))
+            await asyncio.sleep(work_s)
+            log.append(("end", name, k))
+            await barrier.arrive()
+        barrier.leave()
+
+    lengths = {"a": 1, "b": 3, "c": 2}
+    await asyncio.wait_for(asyncio.gather(episode("a", 1, 0.0), episode("b", 3, 0.01), episode("c", 2, 0.03)), 10)
+    for i, (what, _, k) in enumerate(log):
+        if what == "start" and k:  # every episode still running at step k - 1 ended it before this start
+            ended_before = {n for w, n, j in log[:i] if w == "end" and j == k - 1}
+            assert ended_before == {n for n, steps in lengths.items() if steps >= k}
+    assert barrier.phases == 2 * 3  # two per step of the longest episode
+    log.clear()
+    await asyncio.wait_for(asyncio.gather(*(episode(n, 2, 0.0) for n in "xyz")), 10)  # the next round
+    assert len(log) == 3 * 2 * 2 and barrier.phases == 2 * 3 + 2 * 2
+    with pytest.raises(ValueError, match="at least one party"):
+        StepBarrier(0)
+
+
+@pytest.mark.parametrize("synchronous", [False, True])
+async def test_with_the_step_barrier_a_round_s_generations_return_together(synchronous):
+    """Without the barrier a short prompt's reply returns while a long one is still being generated; with it
+    (ARPO's batched generate) every reply of the round waits until the slowest generation is done."""
+    server = ModelledServer(inference(), SCALE)
+    episode = EpisodeModel(max_steps=15, length_alpha=1.0, budget_share=1.0, action_s_min=0.3, action_s_max=3.0,
+                           reset_s=0.1, success_share=0.5)
+    policy = ModelledPolicy([server], episode, image_pad_id=9, output_ids=[5, 6],
+                            barrier=StepBarrier(2) if synchronous else None)
+    still_generating: dict[str, int] = {}
+
+    async def ask(name: str, prompt_tokens: int) -> None:
+        await policy.generate(input_ids=list(range(10, 10 + prompt_tokens)), images=[], sampling_params={},
+                              episode_id=name)
+        still_generating[name] = len(server._waiting) + len(server._running)
+
+    loop = asyncio.create_task(server.run())
+    try:
+        await asyncio.wait_for(asyncio.gather(ask("short", 10), ask("long", 5000)), 30)
+    finally:
+        loop.cancel()
+    assert still_generating == ({"short": 0, "long": 0} if synchronous else {"short": 1, "long": 0})
