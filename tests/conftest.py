@@ -41,6 +41,20 @@ def tiny_model(tmp_path_factory):
     return create_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
 
 
+@pytest.fixture(scope="module")
+def tiny_serve(tiny_model, tmp_path_factory):
+    """A real ``arpo-serve`` on ``tiny_model`` (tests.support.ServeProcess), started once for each test module that
+    asks for it and stopped after the module's last test."""
+    from tests.support import ServeProcess, free_port
+
+    server = ServeProcess(tiny_model, free_port(), tmp_path_factory.mktemp("serve-logs"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 async def fleet(desktop_image):
     """A DesktopFleet with a fresh run id; every container it started is removed afterwards."""

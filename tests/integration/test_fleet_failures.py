@@ -53,14 +53,6 @@ EPISODE_DEADLINE_S = 300.0  # generous: CPU inference and container boots share 
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):
-    proc = ServeProcess(tiny_model, free_port(), tmp_path_factory.mktemp("serve-logs"))
-    proc.start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(scope="module")
 def encoder(tiny_model):
     return PromptEncoder(tiny_model)
 
@@ -142,8 +134,8 @@ def check_screenshot_indices(traj: Trajectory) -> None:
     assert all(0 <= i < len(traj.screenshots) for s in traj.steps for i in s.image_indices)
 
 
-async def test_desktop_killed_mid_episode_gives_env_error_and_actor_goes_on(server, encoder, pool, transport):
-    policy = PolicyClient([server.url], retry=RetryPolicy(attempts=3, base_delay_s=0.2, max_delay_s=1.0))
+async def test_desktop_killed_mid_episode_gives_env_error_and_actor_goes_on(tiny_serve, encoder, pool, transport):
+    policy = PolicyClient([tiny_serve.url], retry=RetryPolicy(attempts=3, base_delay_s=0.2, max_delay_s=1.0))
     runner = EpisodeRunner(encoder, policy, actor_config())
     ctx = zmq.asyncio.Context()
     try:
@@ -194,12 +186,12 @@ async def test_inference_outage_aborts_then_actor_recovers(tiny_model, encoder, 
         ctx.destroy(linger=0)
 
 
-async def test_env_error_desktop_is_never_reused_and_good_ones_are(server, encoder, desktop_image, transport):
+async def test_env_error_desktop_is_never_reused_and_good_ones_are(tiny_serve, encoder, desktop_image, transport):
     good = TASKS[0]
     broken = Task.from_dict({**good.to_dict(), "id": "grid4-red-broken", "config": list(good.config) + [
         {"type": "activate_window", "parameters": {"window_name": "No Such Window", "strict": True}}]})
     fleet = DesktopFleet(desktop_image, run_id=f"test-ff-{secrets.token_hex(3)}")
-    policy = PolicyClient([server.url], retry=RetryPolicy(attempts=3, base_delay_s=0.2, max_delay_s=1.0))
+    policy = PolicyClient([tiny_serve.url], retry=RetryPolicy(attempts=3, base_delay_s=0.2, max_delay_s=1.0))
     runner = EpisodeRunner(encoder, policy, actor_config())
     ctx = zmq.asyncio.Context()
     try:
@@ -225,7 +217,7 @@ async def test_env_error_desktop_is_never_reused_and_good_ones_are(server, encod
 
 
 @asynccontextmanager
-async def actors_process(server, tiny_model, desktop_image, transport, tmp_path, run_id: str):
+async def actors_process(tiny_serve, tiny_model, desktop_image, transport, tmp_path, run_id: str):
     """A real `arpo-actors` process (2 EnvActors, 15 clicks an episode) against a LearnerService on a real
     ROUTER, started once episodes run on its desktops; yields (service, process, log path). Whatever failed,
     the process is killed and the run's containers removed afterwards."""
@@ -240,7 +232,7 @@ async def actors_process(server, tiny_model, desktop_image, transport, tmp_path,
                     sys.executable, "-m", "actors.main", "--actors", "2", "--actor-id", f"proc-{uuid.uuid4().hex[:6]}",
                     "--set", f"run_id={run_id}", "--set", f"model={tiny_model}",
                     "--set", f"transport.endpoint={transport.endpoint}",
-                    "--set", f'actors.inference_urls=["{server.url}"]', "--set", f'actors.image="{desktop_image}"',
+                    "--set", f'actors.inference_urls=["{tiny_serve.url}"]', "--set", f'actors.image="{desktop_image}"',
                     "--set", "actors.warm_spares=1", "--set", "actors.max_steps=15",
                     "--set", 'actors.grammar_actions=["click"]',  # no finished(): every episode runs 15 steps
                     stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -263,9 +255,9 @@ async def actors_process(server, tiny_model, desktop_image, transport, tmp_path,
                 await c.delete(force=True)
 
 
-async def test_sigterm_removes_every_container_and_exits_0(server, tiny_model, desktop_image, transport, tmp_path):
+async def test_sigterm_removes_every_container_and_exits_0(tiny_serve, tiny_model, desktop_image, transport, tmp_path):
     run_id = f"test-sigterm-{secrets.token_hex(3)}"
-    async with actors_process(server, tiny_model, desktop_image, transport, tmp_path, run_id) as (_, proc, log_path):
+    async with actors_process(tiny_serve, tiny_model, desktop_image, transport, tmp_path, run_id) as (_, proc, log_path):
         proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(120):
             rc = await proc.wait()
@@ -275,11 +267,11 @@ async def test_sigterm_removes_every_container_and_exits_0(server, tiny_model, d
         assert not (Path("/tmp/arpo-desktops") / run_id).exists()
 
 
-async def test_learner_shutdown_cancels_episodes_in_flight(server, tiny_model, desktop_image, transport, tmp_path):
+async def test_learner_shutdown_cancels_episodes_in_flight(tiny_serve, tiny_model, desktop_image, transport, tmp_path):
     """Training is over: the learner's Shutdown cancels the episodes still running (their trajectories could
     never be acknowledged) instead of finishing them; the process exits 0 and removes every container."""
     run_id = f"test-shutdown-{secrets.token_hex(3)}"
-    async with actors_process(server, tiny_model, desktop_image, transport, tmp_path, run_id) as (
+    async with actors_process(tiny_serve, tiny_model, desktop_image, transport, tmp_path, run_id) as (
             service, proc, log_path):
         await service.shutdown_actors("training finished")
         async with asyncio.timeout(120):

@@ -35,14 +35,6 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):
-    proc = ServeProcess(tiny_model, free_port(), tmp_path_factory.mktemp("serve-logs"))
-    proc.start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(scope="module")
 def encoder(tiny_model):
     from arpo_async.model.inputs import PromptEncoder
 
@@ -69,12 +61,12 @@ def _check_generation(g: Generation) -> None:
 
 # ------------------------------------------------------------------------------------------- real arpo-serve
 
-async def test_regex_constrained_episode_parses_every_step(server, encoder):
+async def test_regex_constrained_episode_parses_every_step(tiny_serve, encoder):
     """Two steps of an episode: prompt -> tokens + screenshots -> /generate (regex) -> parse_reply."""
     shots = [_screenshot(0), _screenshot(1)]
     replies: list[str] = []
-    async with PolicyClient([server.url]) as client:
-        info = await client.server_info(server.url)
+    async with PolicyClient([tiny_serve.url]) as client:
+        info = await client.server_info(tiny_serve.url)
         for step in range(2):
             prompt = build_messages("open the file menu", replies, history_images=2)
             images = [shots[i] for i in prompt.image_indices]
@@ -82,7 +74,7 @@ async def test_regex_constrained_episode_parses_every_step(server, encoder):
             g = await client.generate(input_ids=input_ids, images=images, sampling_params=SAMPLING,
                                       rid=f"ep1-{step}", episode_id="ep1")
             _check_generation(g)
-            assert (g.finish_reason, g.attempts, g.url) == ("stop", 1, server.url)
+            assert (g.finish_reason, g.attempts, g.url) == ("stop", 1, tiny_serve.url)
             assert g.prompt_tokens == len(input_ids)
             assert g.weight_version == int(info["weight_version"])
             parsed = parse_reply(g.text, resized_size=encoder.resized_size(*SCREEN), screen_size=SCREEN)
@@ -93,11 +85,11 @@ async def test_regex_constrained_episode_parses_every_step(server, encoder):
         assert prompt.image_indices == [0, 1]
 
 
-async def test_request_errors_are_4xx_and_not_retried(server, encoder):
+async def test_request_errors_are_4xx_and_not_retried(tiny_serve, encoder):
     prompt = build_messages("task", [])
     ids = encoder.encode(prompt.messages, [SCREEN])
     slow_retry = RetryPolicy(attempts=5, base_delay_s=5.0, max_delay_s=5.0)
-    async with PolicyClient([server.url], retry=slow_retry) as client:
+    async with PolicyClient([tiny_serve.url], retry=slow_retry) as client:
         started = time.monotonic()
         with pytest.raises(PolicyRequestError) as err:  # one image placeholder, two images
             await client.generate(input_ids=ids, images=[_screenshot(0), _screenshot(1)],
@@ -114,25 +106,25 @@ async def test_request_errors_are_4xx_and_not_retried(server, encoder):
         image_data_uri(b"GIF89a...")
 
 
-async def test_weight_publisher_calls(server, tiny_model, encoder):
+async def test_weight_publisher_calls(tiny_serve, tiny_model, encoder):
     prompt = build_messages("task", [])
     ids = encoder.encode(prompt.messages, [SCREEN])
-    async with PolicyClient([server.url]) as client:
+    async with PolicyClient([tiny_serve.url]) as client:
         assert await client.health()
-        assert (await client.pause_generation(server.url))
-        reply = await client.update_weights_from_disk(server.url, str(tiny_model), 7)
-        await client.continue_generation(server.url)
+        assert (await client.pause_generation(tiny_serve.url))
+        reply = await client.update_weights_from_disk(tiny_serve.url, str(tiny_model), 7)
+        await client.continue_generation(tiny_serve.url)
         assert reply["success"] is True, reply
-        assert (await client.server_info(server.url))["weight_version"] == "7"
+        assert (await client.server_info(tiny_serve.url))["weight_version"] == "7"
         g = await client.generate(input_ids=ids, images=[_screenshot(0)], sampling_params=SAMPLING,
                                   rid="after-update", episode_id="e")
         _check_generation(g)
         assert g.weight_version == 7 and set(g.token_versions) == {7}
-        refused = await client.update_weights_from_disk(server.url, str(tiny_model / "missing"), 8)
+        refused = await client.update_weights_from_disk(tiny_serve.url, str(tiny_model / "missing"), 8)
         assert refused["success"] is False and refused.get("message")
-        assert (await client.server_info(server.url))["weight_version"] == "7"
+        assert (await client.server_info(tiny_serve.url))["weight_version"] == "7"
         with pytest.raises(ValueError, match="pause mode"):
-            await client.pause_generation(server.url, mode="nap")
+            await client.pause_generation(tiny_serve.url, mode="nap")
 
 
 async def test_server_down_then_back_on_the_same_port(tiny_model, encoder, tmp_path):

@@ -18,7 +18,6 @@ import subprocess
 from pathlib import Path
 
 import aiohttp
-import pytest
 from aiohttp import web
 
 from actors.episode import EpisodeRunner
@@ -26,7 +25,7 @@ from arpo_async.config import ActorConfig
 from arpo_async.inference_client import PolicyClient, RetryPolicy, image_data_uri
 from arpo_async.model.inputs import PromptEncoder
 from tests.rank_driver import screenshot
-from tests.support import ServeProcess, catch_all_http_server, free_port
+from tests.support import catch_all_http_server
 
 RECEIVER = Path(__file__).resolve().parents[1] / "sglang_receiver.py"
 
@@ -140,16 +139,6 @@ async def test_every_request_body_decodes_into_sglang_types(sglang_python, tiny_
     assert "GET" in " ".join(found[4])
 
 
-@pytest.fixture(scope="module")
-def serve(tiny_model, tmp_path_factory):
-    server = ServeProcess(tiny_model, free_port(), tmp_path_factory.mktemp("serve-logs"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 async def exchange(session: aiohttp.ClientSession, method: str, url: str, path: str, body=None) -> dict:
     async with session.request(method, f"{url}{path}", json=body) as resp:
         text = await resp.text()
@@ -158,7 +147,7 @@ async def exchange(session: aiohttp.ClientSession, method: str, url: str, path: 
                 "text": text if parsed is None else ""}
 
 
-async def test_arpo_serve_generate_response_has_sglang_fields(sglang_python, serve, tiny_model):
+async def test_arpo_serve_generate_response_has_sglang_fields(sglang_python, tiny_serve, tiny_model):
     encoder = PromptEncoder(tiny_model)
     prompt = encoder.encode([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Click."}]}],
                             [(320, 180)])
@@ -166,37 +155,37 @@ async def test_arpo_serve_generate_response_has_sglang_fields(sglang_python, ser
             "sampling_params": {"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0}, "return_logprob": True,
             "logprob_start_len": -1, "rid": "r-1", "stream": False}
     async with aiohttp.ClientSession() as session:
-        answer = await exchange(session, "POST", serve.url, "/generate", body)
+        answer = await exchange(session, "POST", tiny_serve.url, "/generate", body)
     assert answer["status"] == 200
     assert problems_of(sglang_check(sglang_python, [answer])) == []
 
 
-async def test_arpo_serve_admin_responses_have_sglang_fields(sglang_python, serve, tiny_model):
+async def test_arpo_serve_admin_responses_have_sglang_fields(sglang_python, tiny_serve, tiny_model):
     async with aiohttp.ClientSession() as session:
         answers = [
-            await exchange(session, "GET", serve.url, "/health"),
-            await exchange(session, "POST", serve.url, "/pause_generation", {"mode": "retract"}),
-            await exchange(session, "POST", serve.url, "/update_weights_from_distributed",  # no session: refused
+            await exchange(session, "GET", tiny_serve.url, "/health"),
+            await exchange(session, "POST", tiny_serve.url, "/pause_generation", {"mode": "retract"}),
+            await exchange(session, "POST", tiny_serve.url, "/update_weights_from_distributed",  # no session: refused
                            {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[64]],
                             "group_name": "none"}),
-            await exchange(session, "POST", serve.url, "/end_weight_update", {}),  # no session: refused
-            await exchange(session, "POST", serve.url, "/begin_weight_update", {"selector": "all"}),
-            await exchange(session, "POST", serve.url, "/end_weight_update", {}),
-            await exchange(session, "POST", serve.url, "/update_weights_from_disk",
+            await exchange(session, "POST", tiny_serve.url, "/end_weight_update", {}),  # no session: refused
+            await exchange(session, "POST", tiny_serve.url, "/begin_weight_update", {"selector": "all"}),
+            await exchange(session, "POST", tiny_serve.url, "/end_weight_update", {}),
+            await exchange(session, "POST", tiny_serve.url, "/update_weights_from_disk",
                            {"model_path": str(tiny_model), "weight_version": "5", "flush_cache": True}),
-            await exchange(session, "POST", serve.url, "/destroy_weights_update_group", {"group_name": "none"}),
-            await exchange(session, "POST", serve.url, "/weights_checker", {"action": "checksum"}),
-            await exchange(session, "POST", serve.url, "/continue_generation", {}),
-            await exchange(session, "POST", serve.url, "/flush_cache"),
+            await exchange(session, "POST", tiny_serve.url, "/destroy_weights_update_group", {"group_name": "none"}),
+            await exchange(session, "POST", tiny_serve.url, "/weights_checker", {"action": "checksum"}),
+            await exchange(session, "POST", tiny_serve.url, "/continue_generation", {}),
+            await exchange(session, "POST", tiny_serve.url, "/flush_cache"),
         ]
     statuses = [a["status"] for a in answers]
     assert statuses == [200, 200, 400, 400, 200, 200, 200, 400, 200, 200, 200], statuses
     assert problems_of(sglang_check(sglang_python, answers)) == []
 
 
-async def test_arpo_serve_info_responses_have_sglang_fields(sglang_python, serve):
+async def test_arpo_serve_info_responses_have_sglang_fields(sglang_python, tiny_serve):
     async with aiohttp.ClientSession() as session:
-        answers = [await exchange(session, "GET", serve.url, "/get_server_info"),
-                   await exchange(session, "GET", serve.url, "/get_model_info")]
+        answers = [await exchange(session, "GET", tiny_serve.url, "/get_server_info"),
+                   await exchange(session, "GET", tiny_serve.url, "/get_model_info")]
     assert [a["status"] for a in answers] == [200, 200]
     assert problems_of(sglang_check(sglang_python, answers)) == []
