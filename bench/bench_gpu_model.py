@@ -15,7 +15,8 @@ Schedules (learner.schedule / learner.max_staleness, ARPO's shape: G = 8, 16 gro
 2 optimizer steps per batch): lockstep (our learner.schedule = "lockstep": one rollout batch out, all back, train,
 publish; within the round each episode runs at its own pace), arpo (the same rounds with ARPO's own rollout loop
 inside them: every step of the round's episodes is one generation batch and then one action on every desktop, each
-waiting for its slowest, gpu_stand_ins.StepBarrier; it needs a desktop per trajectory of the batch, as ARPO has),
+waiting for its slowest, gpu_stand_ins.StepBarrier; it needs a desktop per trajectory of the batch, as ARPO has,
+and a round stuck for 300 s stops the run with the barrier's message),
 one-step-off (async, eta 1) and async (eta 2 and 4; AReaL's admission rule). Per schedule, over a window after a
 warm-up:
   traj/min         trajectories the learner received per modelled minute
@@ -85,8 +86,8 @@ from arpo_async.process import run_until_signal  # noqa: E402
 from _common import desktop_png, result_line  # noqa: E402
 from bench_actor_loop import TASK, _make_model, free_port  # noqa: E402
 from gpu_model import DEFAULT_PATH, GpuTimingModel, load_model  # noqa: E402
-from gpu_stand_ins import (REPLY, ModelledPolicy, ModelledPool, ModelledPublisher, ModelledServer,  # noqa: E402
-                           ModelledTrainer, PaddedPool, StepBarrier)
+from gpu_stand_ins import (REPLY, BarrierStalled, ModelledPolicy, ModelledPool, ModelledPublisher,  # noqa: E402
+                           ModelledServer, ModelledTrainer, PaddedPool, StepBarrier)
 
 SCHEDULES = {"lockstep": ("lockstep", 0), "arpo": ("lockstep", 0), "eta1": ("async", 1), "eta2": ("async", 2),
              "eta4": ("async", 4)}
@@ -226,9 +227,9 @@ async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[byt
                         replay, lc)
 
     output_ids = (encoder.tokenize(REPLY) + [0] * 40)[:40]
+    barrier = StepBarrier(lc.batch_trajectories) if name == "arpo" else None
     policy = ModelledPolicy(servers, model.episode, encoder.image_pad_id, output_ids, seed=seed,
-                            screens_by_step=desktops is not None,
-                            barrier=StepBarrier(lc.batch_trajectories) if name == "arpo" else None)
+                            screens_by_step=desktops is not None, barrier=barrier)
     runner = EpisodeRunner(encoder, policy, config.actors)
     pool = desktops or ModelledPool(pngs, model.episode, scale, seed=seed)
     if desktops is not None:
@@ -286,6 +287,8 @@ async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[byt
         ctx.destroy(linger=0)
         tmp.cleanup()
 
+    if barrier is not None and barrier.stalled:
+        raise BarrierStalled(f"{name}: {barrier.stalled}")
     span = (b["t"] - a["t"]) * scale  # modelled seconds
     traj = b["traj"] - a["traj"]
     in_window = [r for t, r in records.items if a["t"] <= t <= b["t"]]
@@ -513,4 +516,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BarrierStalled as stalled:  # an arpo round that never passed a step: no figure to report
+        sys.exit(f"bench_gpu_model: {stalled}")

@@ -190,6 +190,10 @@ class ModelledServer:
                 request.done.set_result(self.version)
 
 
+class BarrierStalled(RuntimeError):
+    """A :class:`StepBarrier` waited ``stall_s`` for an episode that never arrived."""
+
+
 class StepBarrier:
     """ARPO's step-synchronous rollout, for the ``arpo`` schedule of bench/bench_gpu_model.py.
 
@@ -204,27 +208,45 @@ class StepBarrier:
     the barrier waits for the next round's ``parties``. An episode's last action is not waited for (it runs after
     its last generation), which can only favour this schedule.
 
+    An episode that ends without reaching the barrier (its desktop failed before its first generation) would hold
+    its round forever: after ``stall_s`` real seconds without a release, :meth:`arrive` raises and ``stalled`` says
+    why, so the benchmark stops with that message instead of measuring a stuck round.
+
     Raises:
-        ValueError: ``parties`` < 1.
+        ValueError: ``parties`` < 1 or ``stall_s`` <= 0.
     """
 
-    def __init__(self, parties: int) -> None:
-        if parties < 1:
-            raise ValueError(f"a step barrier needs at least one party, not {parties}")
-        self.parties = parties
+    def __init__(self, parties: int, stall_s: float = 300.0) -> None:
+        if parties < 1 or stall_s <= 0:
+            raise ValueError(f"a step barrier needs at least one party and a positive stall time, not {parties} "
+                             f"and {stall_s}")
+        self.parties, self.stall_s = parties, stall_s
         self._expected = parties  # episodes of this round still running
         self._arrived = 0
         self._release = asyncio.Event()
         self.phases = 0
         """Phases released so far (two per step of a round)."""
+        self.stalled: str | None = None
+        """Why the barrier stalled (an episode of the round never arrived), or None."""
 
     async def arrive(self) -> None:
-        """Wait until every running episode of the round has arrived at this point."""
+        """Wait until every running episode of the round has arrived at this point.
+
+        Raises:
+            BarrierStalled: ``stall_s`` passed without a release (``stalled`` holds the message).
+        """
         self._arrived += 1
         if self._arrived >= self._expected:
             self._open()
             return
-        await self._release.wait()
+        release = self._release
+        try:
+            async with asyncio.timeout(self.stall_s):
+                await release.wait()
+        except TimeoutError:
+            self.stalled = (f"step barrier stalled: {self._arrived} of {self._expected} running episodes of the "
+                            f"round arrived within {self.stall_s:g} s (an episode ended without reaching it)")
+            raise BarrierStalled(self.stalled) from None
 
     def leave(self) -> None:
         """One episode of the round has ended: the others no longer wait for it."""

@@ -126,6 +126,14 @@ async def until(predicate, timeout: float = 5.0, what: str = "the condition", *,
         await asyncio.sleep(every_s)
 
 
+async def cancelled(tasks) -> None:
+    """Cancel ``tasks`` and wait until every one has ended (their exceptions, the cancellation included, are
+    swallowed: a test's cleanup)."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def until_sync(predicate, timeout: float, what: str, *, check=lambda: None, every_s: float = 0.2):
     """:func:`until` for tests that are not async: call ``predicate`` every ``every_s`` seconds until its value is
     truthy and return it; ``check()`` runs after each miss (it raises to fail early, e.g. when a child died)."""

@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "bench"))
 
 from gpu_model import EpisodeModel, InferenceModel  # noqa: E402
-from gpu_stand_ins import ModelledPolicy, ModelledServer, StepBarrier  # noqa: E402
+from gpu_stand_ins import BarrierStalled, ModelledPolicy, ModelledServer, StepBarrier  # noqa: E402
 
 SCALE = 200.0  # modelled seconds per real second: the requests below take a few real milliseconds
 
@@ -128,6 +128,13 @@ async def test_the_step_barrier_starts_no_step_before_every_running_episode_has_
     assert len(log) == 3 * 2 * 2 and barrier.phases == 2 * 3 + 2 * 2
     with pytest.raises(ValueError, match="at least one party"):
         StepBarrier(0)
+
+
+async def test_a_round_whose_episode_never_arrives_stops_with_a_clear_error_instead_of_hanging():
+    barrier = StepBarrier(2, stall_s=0.05)  # the second episode of the round failed before its first generation
+    with pytest.raises(BarrierStalled, match="1 of 2 running episodes"):
+        await asyncio.wait_for(barrier.arrive(), 5)
+    assert barrier.stalled and "stalled" in barrier.stalled and barrier.phases == 0
 
 
 @pytest.mark.parametrize("synchronous", [False, True])

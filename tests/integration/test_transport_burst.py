@@ -11,8 +11,7 @@ from arpo_async import codec
 from arpo_async.config import TransportConfig
 from arpo_async.messages import Ack, Heartbeat, LearnerStatus, Trajectory
 from arpo_async.transport import INBOX_SIZE, OUTBOX_SIZE, Outbox, SocketPump, dealer_socket, router_socket
-from tests.support import free_port, until
-
+from tests.support import cancelled, free_port, until
 
 
 async def test_replies_to_a_burst_larger_than_the_outbox_all_go_out_in_order():
@@ -41,9 +40,7 @@ async def test_replies_to_a_burst_larger_than_the_outbox_all_go_out_in_order():
             async with asyncio.timeout(60):
                 replies = [codec.decode(await actor.recv_multipart(), max_bytes=1 << 20) for _ in range(burst)]
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancelled(tasks)
         assert [r.learner_id for r in replies] == [f"a{i}" for i in range(burst)]
         assert pump.received == burst and pump.sent == burst
     finally:
@@ -54,9 +51,7 @@ async def test_replies_to_a_burst_larger_than_the_outbox_all_go_out_in_order():
 
 async def test_replies_arriving_while_the_pump_sends_are_all_received():
     """The pump sends a burst without waiting (NOBLOCK) while the peer's replies stream in: every reply is received,
-    in order (a send can take ZeroMQ's wake-up for a reply already waiting, so the pump looks for waiting messages
-    before every wait; a stall there left acks in the socket once, in bench_transport.py under a profiler - this
-    test exercises the path but does not reproduce that timing reliably)."""
+    in order. (The stall this path once had is pinned down by the next test.)"""
     rounds, burst = 10, 60
     config = TransportConfig(endpoint=f"tcp://127.0.0.1:{free_port()}")
     ctx = zmq.asyncio.Context()
@@ -83,8 +78,34 @@ async def test_replies_arriving_while_the_pump_sends_are_all_received():
                 acked = [(await inbox.get()).message.trajectory_ids[0] for _ in ids]
             assert acked == ids, f"round {r}"
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancelled(tasks)
+        learner.close(0)
+        ctx.destroy(linger=0)
+
+
+async def test_a_message_whose_wake_up_was_taken_is_received_after_the_next_send():
+    """ZeroMQ signals its file descriptor once for messages that arrive; whoever next reads the socket's EVENTS takes
+    that signal (a send does too). A pump already waiting on the descriptor would then sleep with a message in its
+    socket, so it looks for waiting messages before every wait: here the signal is taken while the pump waits, and
+    the message must be received once the pump's next send wakes it."""
+    config = TransportConfig(endpoint=f"tcp://127.0.0.1:{free_port()}")
+    ctx = zmq.asyncio.Context()
+    learner = router_socket(ctx, config)
+    inbox, outbox = asyncio.Queue(INBOX_SIZE), Outbox(routed=False)
+    pump = SocketPump(dealer_socket(ctx, config, "a0"), inbox=inbox, outbox=outbox,
+                      max_bytes=config.max_message_bytes)
+    task = asyncio.create_task(pump.run())
+    try:
+        await outbox.send(Heartbeat("a0", 0, 0, 0))
+        peer, _ = await asyncio.wait_for(learner.recv_multipart(), 10)  # the pump has sent it and waits again
+        await learner.send_multipart([peer, *codec.encode(LearnerStatus("l", 3))])
+        # take the signal without yielding to the event loop: block until the message is in the pump's socket
+        assert zmq.Socket.shadow(pump._sock.underlying).poll(10_000, zmq.POLLIN)
+        await outbox.send(Heartbeat("a0", 0, 0, 0))  # wakes the pump: it sends, then must find the message
+        envelope = await asyncio.wait_for(inbox.get(), 10)
+        assert envelope.message == LearnerStatus("l", 3)
+        await asyncio.wait_for(learner.recv_multipart(), 10)
+    finally:
+        await cancelled([task])
         learner.close(0)
         ctx.destroy(linger=0)

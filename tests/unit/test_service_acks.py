@@ -10,6 +10,7 @@ from learner.replay import SuccessReplay
 from learner.scheduler import GroupScheduler
 from learner.service import ACK_BATCH, LearnerService
 from learner.staleness import StalenessManager
+from tests.support import cancelled
 from tests.unit.test_queue_depths import TASK
 
 
@@ -48,8 +49,7 @@ async def test_serve_acks_what_the_inbox_held_at_once():
     try:
         first = await asyncio.wait_for(service.outbox.get(), 5)  # the first reply, however soon it comes
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancelled([task])
     assert [first, *sent(service)] == [("a", Ack([f"t{i}" for i in range(5)]))]
 
 
