@@ -49,16 +49,22 @@ async def test_replies_to_a_burst_larger_than_the_outbox_all_go_out_in_order():
 
 
 
+def actor_pump_and_learner(ctx: zmq.asyncio.Context) -> tuple[TransportConfig, zmq.asyncio.Socket, SocketPump]:
+    """A learner's ROUTER socket and an actor's DEALER pump (peer "a0", unrouted outbox) on a fresh port."""
+    config = TransportConfig(endpoint=f"tcp://127.0.0.1:{free_port()}")
+    learner = router_socket(ctx, config)
+    pump = SocketPump(dealer_socket(ctx, config, "a0"), inbox=asyncio.Queue(INBOX_SIZE), outbox=Outbox(routed=False),
+                      max_bytes=config.max_message_bytes)
+    return config, learner, pump
+
+
 async def test_replies_arriving_while_the_pump_sends_are_all_received():
     """The pump sends a burst without waiting (NOBLOCK) while the peer's replies stream in: every reply is received,
     in order. (The stall this path once had is pinned down by the next test.)"""
     rounds, burst = 10, 60
-    config = TransportConfig(endpoint=f"tcp://127.0.0.1:{free_port()}")
     ctx = zmq.asyncio.Context()
-    learner = router_socket(ctx, config)
-    inbox, outbox = asyncio.Queue(INBOX_SIZE), Outbox(routed=False)
-    pump = SocketPump(dealer_socket(ctx, config, "a0"), inbox=inbox, outbox=outbox,
-                      max_bytes=config.max_message_bytes)
+    config, learner, pump = actor_pump_and_learner(ctx)
+    inbox, outbox = pump.inbox, pump.outbox
     shot = bytes(range(256)) * 2048  # 512 KB: each send takes long enough for replies to arrive meanwhile
 
     async def echo() -> None:  # the peer acks every trajectory at once
@@ -88,12 +94,9 @@ async def test_a_message_whose_wake_up_was_taken_is_received_after_the_next_send
     that signal (a send does too). A pump already waiting on the descriptor would then sleep with a message in its
     socket, so it looks for waiting messages before every wait: here the signal is taken while the pump waits, and
     the message must be received once the pump's next send wakes it."""
-    config = TransportConfig(endpoint=f"tcp://127.0.0.1:{free_port()}")
     ctx = zmq.asyncio.Context()
-    learner = router_socket(ctx, config)
-    inbox, outbox = asyncio.Queue(INBOX_SIZE), Outbox(routed=False)
-    pump = SocketPump(dealer_socket(ctx, config, "a0"), inbox=inbox, outbox=outbox,
-                      max_bytes=config.max_message_bytes)
+    config, learner, pump = actor_pump_and_learner(ctx)
+    inbox, outbox = pump.inbox, pump.outbox
     task = asyncio.create_task(pump.run())
     try:
         await outbox.send(Heartbeat("a0", 0, 0, 0))
