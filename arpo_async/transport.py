@@ -24,7 +24,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,6 +208,14 @@ class Outbox(asyncio.Queue):
         self.routed = routed
         self.full_waits = 0
         """Sends that found the outbox full and had to wait (metrics ``queues.outbox_full_waits``)."""
+        self.listener: Callable[[], None] | None = None
+        """Called after each message is queued (the running `SocketPump` sets it to wake itself)."""
+
+    def put_nowait(self, item: Any) -> None:
+        """Queue ``item`` (``put`` comes here too) and tell the listener. Raises asyncio.QueueFull when full."""
+        super().put_nowait(item)
+        if self.listener is not None:
+            self.listener()
 
     async def send(self, message: Any, peer: str | None = None) -> None:
         """Queue ``message`` for ``peer`` (None on a DEALER); waits while the outbox is full.
@@ -259,37 +267,56 @@ class SocketPump:
         """Messages handed to ZeroMQ, by message type."""
         self.rejected: collections.Counter[str] = collections.Counter()
         """Messages that failed to decode, by the codec's reason."""
-        self._outgoing: asyncio.Task | None = None  # the pending outbox.get() of `run`
-        self._blocked: asyncio.Task | None = None  # the pending inbox.put() while the inbox is full
+        self._blocked: asyncio.Future | None = None  # the pending inbox.put() while the inbox is full
+        self._wakeup: asyncio.Future | None = None  # what `run` waits on (see `_wait`)
 
     async def run(self) -> None:
-        """Pump until cancelled; closes the socket on the way out."""
-        incoming: asyncio.Future | None = None
+        """Pump until cancelled; closes the socket on the way out.
+
+        One wake-up future at a time, resolved by whichever comes first: the socket's ZeroMQ file descriptor
+        (a reader on the event loop), a message put on the outbox, or room in a full inbox. No task and no
+        pyzmq future per message: each costs tens of microseconds, paid once per trajectory on each side."""
+        loop = asyncio.get_running_loop()
+        fd = self._shadow.get(zmq.FD)
+        loop.add_reader(fd, self._on_socket_event)
+        self.outbox.listener = self._wake
         try:
             while True:
-                if self._outgoing is None:
-                    self._outgoing = asyncio.ensure_future(self.outbox.get())
-                # checked before every wait: a send may have taken ZeroMQ's wake-up for messages already waiting
-                if self._blocked is None and self._readable():
-                    await self._drain_incoming()
-                    continue
-                if incoming is None and self._blocked is None:
-                    incoming = asyncio.ensure_future(self._sock.poll(None, zmq.POLLIN))
-                waits = {self._outgoing, incoming if self._blocked is None else self._blocked}
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 await self._send_queued()
                 if self._blocked is not None and self._blocked.done():
                     self._blocked.result()
                     self._blocked = None
-                if incoming is not None and incoming.done():
-                    incoming.result()
-                    incoming = None
+                # checked before every wait: a send may have taken ZeroMQ's wake-up for messages already waiting
+                if self._blocked is None and self._readable():
+                    await self._drain_incoming()
+                    continue
+                if self.outbox.empty():
+                    await self._wait()
         finally:
-            for fut in (self._outgoing, incoming, self._blocked):
-                if fut is not None:
-                    fut.cancel()
-            self._outgoing = self._blocked = None
+            loop.remove_reader(fd)
+            self.outbox.listener = None
+            if self._blocked is not None:
+                self._blocked.cancel()
+                self._blocked = None
             self._sock.close(linger=0)
+
+    async def _wait(self) -> None:
+        """Sleep until the socket's descriptor fires, the outbox gets a message or a blocked inbox put ends."""
+        self._wakeup = asyncio.get_running_loop().create_future()
+        try:
+            await self._wakeup
+        finally:
+            self._wakeup = None
+
+    def _wake(self, *_: Any) -> None:
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+
+    def _on_socket_event(self) -> None:
+        """The descriptor fired: reading EVENTS consumes ZeroMQ's signal (so a level-triggered reader does not fire
+        again for it while the pump is busy or its inbox is full), then the pump wakes to look."""
+        self._shadow.get(zmq.EVENTS)
+        self._wake()
 
     async def _drain_incoming(self) -> None:
         """Receive while the socket has messages and the inbox has room (else leave one put pending), in bursts of
@@ -303,6 +330,7 @@ class SocketPump:
                     self.inbox.put_nowait(envelope)
                 except asyncio.QueueFull:
                     self._blocked = asyncio.ensure_future(self.inbox.put(envelope))
+                    self._blocked.add_done_callback(self._wake)
                     break
                 if not self._readable():
                     break
@@ -330,33 +358,26 @@ class SocketPump:
         return Envelope(message, peer)
 
     async def _send_queued(self) -> None:
-        """Send everything already taken from or waiting in the outbox, in order (without waiting for more)."""
-        taken = self._outgoing
-        if taken is not None and taken.done():
-            self._outgoing = None
-            peer, message = taken.result()
+        """Send everything waiting in the outbox, in order (without waiting for more)."""
+        outbox = self.outbox
+        while not outbox.empty():
+            peer, message = outbox.get_nowait()
             try:
                 await self._send_now(peer, message)
             finally:
-                self.outbox.task_done()
-        while True:
-            try:
-                peer, message = self.outbox.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            try:
-                await self._send_now(peer, message)
-            finally:
-                self.outbox.task_done()
+                outbox.task_done()
 
     async def _send_now(self, peer: str | None, message: Any) -> None:
         frames = codec.encode(message)
         if self._routed:
             frames = [peer.encode("latin-1"), *frames]
-        try:  # at once when ZeroMQ has room (no future); else wait for room (a DEALER at its high-water mark)
-            self._shadow.send_multipart(frames, zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            await self._sock.send_multipart(frames, copy=False)
+        while True:  # at once when ZeroMQ has room; else wait for room (a DEALER at its high-water mark)
+            try:
+                self._shadow.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                break
+            except zmq.Again:
+                if not self._shadow.get(zmq.EVENTS) & zmq.POLLOUT:
+                    await self._wait()
         self.sent += 1
         self.sent_types[type(message).TYPE] += 1
 

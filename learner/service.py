@@ -11,8 +11,9 @@ the stall check). Channels (made by the wiring function, learner.main): the pump
 - hello / heartbeat -> reply with LearnerStatus (learner id + version), so actors notice a restarted learner;
 - work_request -> queued; handed an Assignment as soon as the scheduler has a slot and the admission rule
   (StalenessManager for the async schedule, LockstepAdmission for lockstep) admits one more rollout;
-- trajectory -> acknowledged (the learner now holds it) at the end of the burst of messages it arrived in, one Ack
-  per peer for the whole burst (:meth:`LearnerService.handle`), validated, de-duplicated by trajectory id, and
+- trajectory -> acknowledged (the learner now holds it) at the end of the burst of messages it arrived in, plus
+  `ACK_DELAY_S` for trajectories arriving one at a time, one Ack per peer for all of them
+  (:meth:`LearnerService.handle`), validated, de-duplicated by trajectory id, and
   taken for its rollout slot only from the peer the slot was handed to, with the slot's task (else a counted
   Reject: ``owner``, ``task``, ``duplicate`` for an id reused with other content; nothing it sends can erase a
   running slot's owner); taken ones are recorded in the scheduler; complete groups go to the batcher. Async
@@ -55,7 +56,10 @@ from learner.trajectory_sample import TrajectorySampler
 log = logging.getLogger(__name__)
 
 ACK_BATCH = 64
-"""Most trajectory ids acknowledged late (held back for the end of a burst); then the held Acks go out at once."""
+"""Most trajectory ids held back for one Ack; then the held Acks go out at once."""
+ACK_DELAY_S = 0.01
+"""How long the Acks of trajectories that arrived one at a time wait for more, so that one Ack message (and one
+wake-up of the actor's pump) covers several trajectories; an actor re-sends only after ``resend_after_s`` (30 s)."""
 
 
 def _digest(traj: Trajectory) -> bytes:
@@ -111,7 +115,8 @@ class LearnerService:
                  vocab_size: int | None = None, limits: WireLimits = WireLimits(), peer_timeout_s: float = 30.0,
                  sampler: TrajectorySampler | None = None, run_id: str = "",
                  max_slots_per_peer: int = 1024,
-                 message_counts: Callable[[], dict[str, dict[str, int]]] | None = None) -> None:
+                 message_counts: Callable[[], dict[str, dict[str, int]]] | None = None,
+                 ack_delay_s: float = ACK_DELAY_S) -> None:
         self.outbox = outbox
         self.scheduler = scheduler
         self.admission = admission
@@ -140,6 +145,10 @@ class LearnerService:
         self._acks: dict[str, list[str]] = {}
         """Trajectory ids to acknowledge at the end of the current burst of messages, by peer (:meth:`handle`)."""
         self._acks_held = 0
+        self.ack_delay_s = ack_delay_s
+        """Seconds the Acks held at the end of a burst wait for more trajectories (0: sent at the burst's end)."""
+        self._ack_flush: asyncio.Task | None = None
+        """The pending delayed send of the held Acks (:meth:`handle`)."""
         self._inbox: asyncio.Queue[Envelope] | None = None
         """The inbox :meth:`serve` consumes (for its depth)."""
         self.message_counts = message_counts
@@ -164,6 +173,13 @@ class LearnerService:
             learner.task_selection.NoTaskLeft: every task has been set aside after TASK_ERRORs (the run stops).
         """
         self._inbox = inbox
+        try:
+            await self._serve(inbox)
+        finally:
+            if self._ack_flush is not None:
+                self._ack_flush.cancel()
+
+    async def _serve(self, inbox: asyncio.Queue[Envelope]) -> None:
         while True:
             envelope = await inbox.get()
             try:
@@ -181,14 +197,26 @@ class LearnerService:
 
         Args:
             more: further messages are waiting in the inbox: the Acks of the trajectories handled so far wait for
-                the end of the burst and go out as one Ack per peer (with ``more`` False, or `ACK_BATCH` ids held
-                back, they go out now).
+                the end of the burst. At its end (``more`` False) they wait ``ack_delay_s`` more for trajectories
+                that arrive one at a time, then go out as one Ack per peer; with `ACK_BATCH` ids held back, or
+                ``ack_delay_s`` 0 at the burst's end, they go out now.
         """
         try:
             await self._dispatch(envelope)
         finally:
-            if not more or self._acks_held >= ACK_BATCH:
+            if self._acks_held >= ACK_BATCH or (not more and self.ack_delay_s <= 0):
                 await self._send_acks()
+            elif not more and self._acks_held and self._ack_flush is None:
+                self._ack_flush = asyncio.create_task(self._send_acks_later())
+
+    async def _send_acks_later(self) -> None:
+        """Send the held Acks after ``ack_delay_s`` (those sent earlier by a full batch or a Reject are gone)."""
+        try:
+            await asyncio.sleep(self.ack_delay_s)
+        finally:
+            if self._ack_flush is asyncio.current_task():  # (not a newer one, after `_send_acks` cancelled this)
+                self._ack_flush = None
+        await self._send_acks()
 
     async def _dispatch(self, envelope: Envelope) -> None:
         peer, message = envelope.peer, envelope.message
@@ -216,6 +244,9 @@ class LearnerService:
         """Send the Acks held back during a burst: one Ack per peer, its trajectory ids in arrival order (counted in
         ``totals["acked"]``)."""
         acks, self._acks, self._acks_held = self._acks, {}, 0
+        if self._ack_flush is not None:  # sent now: the delayed send has nothing left to do
+            self._ack_flush.cancel()
+            self._ack_flush = None
         for peer, trajectory_ids in acks.items():
             self.stats.totals["acked"] += len(trajectory_ids)
             await self.outbox.send(Ack(trajectory_ids), peer)

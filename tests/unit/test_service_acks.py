@@ -1,5 +1,6 @@
 """The learner's Acks: one Ack per peer for a burst of trajectories, every id acked once, in arrival order, before
-any Reject, and never more than ACK_BATCH ids held back (a real LearnerService on ZeroMQ-free envelopes)."""
+any Reject, never more than ACK_BATCH ids held back, and trajectories that arrive one at a time share an Ack sent
+``ack_delay_s`` after the first (a real LearnerService on ZeroMQ-free envelopes)."""
 
 import asyncio
 
@@ -14,9 +15,10 @@ from tests.support import cancelled
 from tests.unit.test_queue_depths import TASK
 
 
-def make_service() -> LearnerService:
+def make_service(ack_delay_s: float = 0.0) -> LearnerService:
     return LearnerService(Outbox(routed=True, size=4 * ACK_BATCH), GroupScheduler([TASK], group_size=2),
-                          StalenessManager(2, 0), Batcher(SuccessReplay(), max_staleness=0, groups_per_step=1))
+                          StalenessManager(2, 0), Batcher(SuccessReplay(), max_staleness=0, groups_per_step=1),
+                          ack_delay_s=ack_delay_s)
 
 
 def trajectory(trajectory_id: str, score: float = 0.0) -> Envelope:
@@ -66,3 +68,25 @@ async def test_held_acks_go_out_before_a_reject_and_never_beyond_ack_batch():
     await service.handle(trajectory("v"))
     assert sent(service) == [("a", Ack([f"u{ACK_BATCH}", "v"]))]
     assert service.totals["acked"] == ACK_BATCH + 4
+
+
+async def test_trajectories_arriving_one_at_a_time_share_one_ack_sent_after_the_delay():
+    service = make_service(ack_delay_s=0.2)
+    await service.handle(trajectory("t0"))  # each one the whole of its burst
+    await asyncio.sleep(0.05)
+    await service.handle(trajectory("t1"))
+    assert sent(service) == []  # both held for the delay
+    first = await asyncio.wait_for(service.outbox.get(), 5)
+    assert [first, *sent(service)] == [("a", Ack(["t0", "t1"]))]
+    await service.handle(trajectory("t2"))  # a later one waits for its own delay
+    assert sent(service) == []
+    assert await asyncio.wait_for(service.outbox.get(), 5) == ("a", Ack(["t2"]))
+    assert service.totals["acked"] == 3
+
+
+async def test_a_delayed_ack_is_sent_at_once_when_a_reject_follows():
+    service = make_service(ack_delay_s=30.0)
+    await service.handle(trajectory("t0"))
+    await service.handle(trajectory("bad", score=2.0))
+    out = sent(service)
+    assert out[0] == ("a", Ack(["t0", "bad"])) and isinstance(out[1][1], Reject) and len(out) == 2
