@@ -32,6 +32,9 @@ from arpo_async.messages import FLOAT64, INT32, MESSAGE_TYPES, SCHEMA_VERSION, f
 
 BLOB_MIN_BYTES = 4096
 """bytes fields at least this long travel in their own frame (zero-copy on the receiving side)."""
+READABLE_SCHEMAS = (1, SCHEMA_VERSION)
+"""Schemas `decode` reads: schema 1 differs only in a list of dataclasses (a trajectory's steps), one map per item
+instead of a table, so trajectories saved in checkpoints before schema 2 still load."""
 MAX_FRAMES = 4096
 """Most frames one message may have (one per screenshot, plus the header)."""
 
@@ -148,7 +151,7 @@ def decode(frames: list[bytes], *, max_bytes: int) -> Any:
         raise WireError(f"header is not valid msgpack: {type(e).__name__}: {e}") from e
     if not isinstance(header, dict) or not isinstance(header.get("type"), str):
         raise WireError("header must be a map with a string 'type'")
-    if type(header.get("schema")) is not int or header["schema"] != SCHEMA_VERSION:  # True == 1: not a schema
+    if type(header.get("schema")) is not int or header["schema"] not in READABLE_SCHEMAS:  # True == 1: not one
         raise WireError(f"schema {header.get('schema')!r} is not {SCHEMA_VERSION} (peers of different versions)")
     cls = MESSAGE_TYPES.get(header["type"])
     if cls is None:
@@ -184,8 +187,10 @@ def _encoder(hint: Any) -> _Encoder:
     dtype = _array_dtype(hint)
     if dtype is not None:
         code = _EXT_OF_DTYPE[dtype]
-        return lambda value, blobs, name: _ext(code, _packed(value, dtype, name))
-    if origin is list and (args == (bytes,) or dataclasses.is_dataclass(args[0])):
+        return lambda value, blobs, name: _ext(code, _bytes(_packed(value, dtype, name)))
+    if origin is list and dataclasses.is_dataclass(args[0]):
+        return functools.partial(_table, cls=args[0])
+    if origin is list and args == (bytes,):
         item = _encoder(args[0])
         return lambda value, blobs, name: [item(v, blobs, name) for v in value]
     if isinstance(hint, type) and issubclass(hint, enum.StrEnum):
@@ -209,8 +214,9 @@ def _blob(value: Any, blobs: list[bytes], name: str) -> Any:
     return value
 
 
-def _packed(values: Any, dtype: np.dtype, name: str) -> bytes:
-    """``values`` (an array, or a list of numbers) as the bytes of a 1-D array of ``dtype`` (int32 or float64).
+def _packed(values: Any, dtype: np.dtype, name: str) -> bytes | np.ndarray:
+    """``values`` (an array, or a list of numbers) as a bytes-like 1-D array of ``dtype`` (int32 or float64): bytes,
+    or a C-contiguous array of ``dtype`` itself (its buffer is the bytes; ``b"".join`` and msgpack take it as is).
 
     Raises:
         WireError: values that are not integers in int32's range (int32) or not numbers (float64).
@@ -226,7 +232,60 @@ def _packed(values: Any, dtype: np.dtype, name: str) -> bytes:
         raise WireError(f"{name}: {e}") from None
     if arr.dtype != dtype:
         raise WireError(f"{name}: values must be int32 integers (found {arr.min()}..{arr.max()})")
-    return arr.tobytes()
+    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+
+
+def _table(rows: Any, blobs: list[bytes], name: str, *, cls: type) -> list:
+    """A list of ``cls`` dataclasses as one table, ``[n, {field: column}]`` (schema 2): an array field (or integer
+    list) is one column ``[ExtType(values of all rows, joined), ExtType(int32 length of each row)]``, so a trajectory's
+    steps travel as a handful of arrays instead of one map and four arrays per step; any other field is the list of
+    its n values, each encoded as in a single message.
+
+    Raises:
+        WireError: ``rows`` is not a list of ``cls``, or a value does not fit its field (named ``name[i].field``).
+    """
+    if not isinstance(rows, list) or not all(type(row) is cls for row in rows):
+        raise WireError(f"{name}: expected a list of {cls.__name__}")
+    columns: dict[str, Any] = {}
+    for field, encode_field, dtype in _columns(cls):
+        values = [getattr(row, field) for row in rows]
+        if dtype is not None:
+            joined = _joined(values, dtype)
+            if joined is None:  # not all arrays of the column's dtype: convert (and check) each value
+                packed = [_packed(v, dtype, f"{name}[{i}].{field}") for i, v in enumerate(values)]
+                joined = b"".join(packed)
+                values = [len(v) // dtype.itemsize if type(v) is bytes else v for v in packed]
+            lengths = [v if type(v) is int else len(v) for v in values]
+            columns[field] = [_ext(_EXT_OF_DTYPE[dtype], joined),
+                              _ext(_EXT_INT32, struct.pack(f"<{len(lengths)}i", *lengths))]
+        elif encode_field is None:
+            columns[field] = values
+        else:
+            columns[field] = [encode_field(v, blobs, f"{name}[{i}].{field}") for i, v in enumerate(values)]
+    return [len(rows), columns]
+
+
+def _joined(values: list, dtype: np.dtype) -> bytes | None:
+    """The bytes of ``values`` joined, when each is a contiguous 1-D array of ``dtype`` (what an actor's steps hold:
+    one copy, no per-value conversion); else None."""
+    if not all(type(v) is np.ndarray and v.dtype is dtype and v.ndim == 1 for v in values):
+        return None
+    try:
+        return b"".join(values)
+    except (BufferError, TypeError, ValueError):  # a non-contiguous view
+        return None
+
+
+@functools.cache
+def _columns(cls: type) -> tuple[tuple[str, _Encoder | None, np.dtype | None], ...]:
+    """Each field of a table's rows: (name, encoder or None for a value sent as it is, dtype of an array column or
+    None)."""
+    hints = _hints(cls)
+    return tuple((name, encode_field, _array_dtype(hints[name])) for name, encode_field in _encoders(cls))
+
+
+def _bytes(packed: bytes | np.ndarray) -> bytes:
+    return packed if type(packed) is bytes else packed.tobytes()
 
 
 def _member(hint: type[enum.StrEnum], value: Any, path: str) -> enum.StrEnum:
@@ -279,6 +338,8 @@ def _decoder(hint: Any) -> _Decoder:
     dtype = _array_dtype(hint)
     if dtype is not None and origin is not list:
         return lambda value, path: _check_array(value, dtype, path)
+    if origin is list and dataclasses.is_dataclass(args[0]):
+        return functools.partial(_check_table, cls=args[0])
     if origin is list:
         return functools.partial(_check_list, item=args[0], decode_item=_decoder(args[0]))
     if origin is dict or hint is dict:
@@ -298,6 +359,70 @@ def _check_list(value: Any, path: str, *, item: Any, decode_item: _Decoder) -> l
     if _all_of_type(value, item):
         return list(value)  # fast path: nothing to convert (the per-item loop costs ~1 us per item)
     return [decode_item(v, f"{path}[{i}]") for i, v in enumerate(value)]
+
+
+def _check_table(value: Any, path: str, *, cls: type) -> list:
+    """The rows of a table (see `_table`) as a list of ``cls``; each array column is split into read-only views of
+    its values, one per row (no copy). A schema 1 list of maps (a checkpoint written before tables) is accepted too,
+    each map checked as a single ``cls``.
+
+    Raises:
+        WireError: not ``[n, {field: column}]`` with n >= 0; an unknown or missing column; a column that does not
+            hold n values; lengths that are negative or do not add up to the values; a value that does not fit its
+            field (named ``path[i].field``).
+    """
+    if type(value) is list and all(type(row) is dict for row in value):  # schema 1: one map per row
+        return [_from_wire(cls, row, f"{path}[{i}]") for i, row in enumerate(value)]
+    if not (type(value) is list and len(value) == 2 and type(value[0]) is int and type(value[1]) is dict):
+        raise WireError(f"{path}: expected a table [rows, {{field: column}}] of {cls.__name__}")
+    n, columns = value
+    fields, required = _plan(cls)
+    unknown = columns.keys() - {field[0] for field in fields}
+    if unknown:
+        raise WireError(f"{path}: unknown column(s) {sorted(map(str, unknown))}")
+    if n < 0 or (n and not columns):
+        raise WireError(f"{path}: {n} rows in {len(columns)} columns")
+    names, cells = [], []
+    for (name, _, decode_field, plain, _), (_, _, dtype) in zip(fields, _columns(cls)):
+        if name not in columns:
+            if name in required and n:
+                raise WireError(f"{path}: missing column {name!r}")
+            continue
+        where = f"{path}.{name}"
+        if dtype is not None:
+            column = _split(columns[name], n, dtype, where)
+            if _packed_dtype(_hints(cls)[name]) is None:  # an integer list (image indices): lists of ints
+                column = [row.tolist() for row in column]
+        else:
+            column = columns[name]
+            if type(column) is not list or len(column) != n:
+                raise WireError(f"{where}: expected a list of {n} values")
+            if plain is None or not _all_of_type(column, plain):
+                column = [decode_field(v, f"{path}[{i}].{name}") for i, v in enumerate(column)]
+        names.append(name)
+        cells.append(column)
+    try:
+        if len(names) == len(fields):
+            return [cls(*row) for row in zip(*cells)]
+        return [cls(**dict(zip(names, row))) for row in zip(*cells)]
+    except (TypeError, ValueError) as e:  # a __post_init__ refusing a value the checks above let through
+        raise WireError(f"{path}: {e}") from None
+
+
+def _split(column: Any, n: int, dtype: np.dtype, path: str) -> list[np.ndarray]:
+    """An array column ``[values, lengths]`` as its n rows (views of ``values``)."""
+    if type(column) is not list or len(column) != 2:
+        raise WireError(f"{path}: expected [values, lengths]")
+    values = _check_array(column[0], dtype, path)
+    lengths = _check_array(column[1], INT32, f"{path} lengths")
+    if len(lengths) != n:
+        raise WireError(f"{path}: {len(lengths)} lengths for {n} rows")
+    if lengths.dtype != INT32 or (n and lengths.min() < 0):
+        raise WireError(f"{path}: lengths must be int32 integers >= 0")
+    ends = np.cumsum(lengths, dtype=np.int64).tolist()
+    if (ends[-1] if n else 0) != len(values):
+        raise WireError(f"{path}: lengths add up to {ends[-1] if n else 0}, not the {len(values)} values")
+    return [values[start:end] for start, end in zip([0, *ends], ends)]
 
 
 def _check_map(value: Any, path: str, *, key_value: tuple) -> dict:

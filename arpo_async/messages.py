@@ -17,7 +17,8 @@ from typing import Annotated, Any, ClassVar
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: a list of dataclasses (a trajectory's steps) travels as a table of columns (arpo_async.codec)."""
 
 INT32 = np.dtype("<i4")
 FLOAT64 = np.dtype("<f8")

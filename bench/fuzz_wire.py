@@ -5,8 +5,8 @@ policy version 5), applies one mutation and knows whether the result is still va
 out-of-range scores, log-probs and timings, token ids that are negative or past the vocabulary (also as plain
 msgpack integers up to 2^40, not the packed int32 arrays actors send), output ids, log-probs and versions of
 different lengths, image indices outside the screenshots, versions newer than the learner's, a boolean schema,
-unknown outcomes, wrong field types, oversized fields, and random byte flips in the header frame (whose result
-may be valid or not). Every case goes through ``codec.decode`` then ``validation.check_trajectory``:
+unknown outcomes, wrong field types, oversized fields, step-table columns whose lengths do not fit their values,
+and random byte flips in the header frame (whose result may be valid or not). Every case goes through ``codec.decode`` then ``validation.check_trajectory``:
 
 - rejected: WireError or InvalidMessage, with a reason;
 - wrong accept: a case built invalid that passed both (target 0);
@@ -67,12 +67,34 @@ def reencode(frames: list[bytes], mutate: Callable[[dict], None]) -> list[bytes]
     return [msgpack.packb(header, use_bin_type=True), *frames[1:]]
 
 
+def set_step_value(header: dict, index: int, field: str, value: Any) -> None:
+    """Make step ``index`` of a trajectory header (from :func:`reencode`) hold ``value`` in ``field``, as a hostile
+    peer would send it. The steps travel as a table (arpo_async.codec, schema 2): in an array column ``[values,
+    lengths]`` a list becomes the step's part of the values, the whole column then a plain msgpack list (the other
+    steps' values unpacked) with the lengths re-packed, and anything else replaces the column's values; in any other
+    column it replaces the step's value."""
+    column = header["body"]["steps"][1][field]
+    if not (len(column) == 2 and isinstance(column[1], msgpack.ExtType)):
+        column[index] = value
+        return
+    if not isinstance(value, list):
+        column[0] = value
+        return
+    values, lengths = column
+    sizes = np.frombuffer(lengths.data, "<i4").tolist()
+    flat = np.frombuffer(values.data, "<f8" if values.code == 3 else "<i4").tolist()
+    starts = [0, *np.cumsum(sizes).tolist()]
+    rows = [flat[start:end] for start, end in zip(starts, starts[1:])]
+    rows[index], sizes[index] = value, len(value)
+    column[:] = [[v for row in rows for v in row], msgpack.ExtType(2, np.array(sizes, "<i4").tobytes())]
+
+
 BAD_FLOATS = [math.nan, math.inf, -math.inf]
 
 
 def _set_step(field: str, value: Any) -> Callable[[dict], None]:
     def mutate(header: dict) -> None:
-        header["body"]["steps"][0][field] = value
+        set_step_value(header, 0, field, value)
     return mutate
 
 
@@ -80,7 +102,7 @@ def mutations(rng: random.Random, traj: Trajectory) -> tuple[str, Any, bool | No
     """(name, a Trajectory to encode or a header mutation, valid?); None = either (byte flips)."""
     step = traj.steps[0]
     n = len(step.output_ids)
-    kind = rng.randrange(22)
+    kind = rng.randrange(23)
     if kind == 0:
         traj.score = rng.choice(BAD_FLOATS + [-0.1, 1.5, 1e308])
         return "score", traj, False
@@ -150,6 +172,11 @@ def mutations(rng: random.Random, traj: Trajectory) -> tuple[str, Any, bool | No
         traj.steps[0].image_indices = []
         traj.score = rng.random()
         return "valid_values", traj, True
+    if kind == 21:  # the steps table's shape: a column's lengths that do not fit its values or its rows
+        field = rng.choice(["prompt_ids", "image_indices", "output_ids", "logprobs", "versions"])
+        sizes = rng.choice([[1], [1, 2, 3], [-1, 10**6], [10**6, 0], [2**31 - 1, 2**31 - 1]])
+        return "table_lengths", lambda h: h["body"]["steps"][1][field].__setitem__(
+            1, msgpack.ExtType(2, np.array(sizes, "<i4").tobytes())), False
     return "byte_flip", None, None
 
 

@@ -12,7 +12,7 @@ import pytest
 from arpo_async import codec
 from arpo_async.validation import InvalidMessage, check_hello, check_trajectory
 from arpo_async.messages import Hello
-from bench.fuzz_wire import VERSION, VOCAB, base_trajectory, reencode, run_fuzz
+from bench.fuzz_wire import VERSION, VOCAB, base_trajectory, reencode, run_fuzz, set_step_value
 
 
 def test_fuzz_2000_cases_no_crash_no_wrong_accept():
@@ -59,11 +59,12 @@ def test_boolean_schema_and_plain_huge_ids_are_refused():
     with pytest.raises(codec.WireError, match="schema"):
         codec.decode(reencode(frames, lambda h: h.__setitem__("schema", True)), max_bytes=1 << 26)
     ids = [2**40] + [1] * (n - 1)  # a plain msgpack list, not the packed int32 array actors send
-    huge = reencode(frames, lambda h: h["body"]["steps"][0].__setitem__("output_ids", ids))
+    huge = reencode(frames, lambda h: set_step_value(h, 0, "output_ids", ids))
     decoded = codec.decode(huge, max_bytes=1 << 26)  # the codec checks types; the value is validation's
     with pytest.raises(InvalidMessage, match="token_ids"):
         check_trajectory(decoded, vocab_size=VOCAB, version=VERSION)
-    assert msgpack.unpackb(huge[0], raw=False, ext_hook=lambda c, d: d)["body"]["steps"][0]["output_ids"] == ids
+    column = msgpack.unpackb(huge[0], raw=False, ext_hook=lambda c, d: d)["body"]["steps"][1]["output_ids"]
+    assert column[0][:n] == ids  # the step's ids travelled as plain msgpack integers
 
 
 def test_hello_slots_are_bounded():

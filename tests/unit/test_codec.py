@@ -7,6 +7,7 @@ import pytest
 from arpo_async import codec
 from arpo_async.messages import (Ack, Assignment, Heartbeat, Hello, LearnerStatus, MESSAGE_TYPES, Reject, Shutdown,
                                  Step, Trajectory, WorkRequest)
+from bench.fuzz_wire import set_step_value
 
 LIMIT = 64 * 1024 * 1024
 
@@ -129,7 +130,7 @@ def test_a_decoded_screenshot_is_a_view_of_its_frame():
 def _with_step_field(name, value):
     header = msgpack.unpackb(codec.encode(sample_trajectory())[0], raw=False,
                              ext_hook=lambda code, data: msgpack.ExtType(code, data))
-    header["body"]["steps"][0][name] = value
+    set_step_value(header, 0, name, value)
     return [msgpack.packb(header, use_bin_type=True), *codec.encode(sample_trajectory())[1:]]
 
 
@@ -165,3 +166,80 @@ def test_steps_hold_arrays_whatever_they_were_built_from():
         Step([1.5], [0], [3], [-0.5], [4], "t", "a")  # a float is no token id: never truncated
     wide = Step([2**40], [0], [3], [-0.5], [4], "t", "a")  # kept wide for validation to name, never wrapped
     assert wide.prompt_ids.tolist() == [2**40]
+
+
+def _header(frames):
+    return msgpack.unpackb(frames[0], raw=False, ext_hook=lambda code, data: msgpack.ExtType(code, data))
+
+
+def _packed_header(header, frames):
+    return [msgpack.packb(header, use_bin_type=True), *frames[1:]]
+
+
+def test_steps_travel_as_one_table_with_an_array_per_column():
+    frames = codec.encode(sample_trajectory())
+    header = _header(frames)
+    n, columns = header["body"]["steps"]
+    assert header["schema"] == 2 and n == 2
+    values, lengths = columns["prompt_ids"]
+    assert values.code == 2 and np.frombuffer(values.data, "<i4").tolist() == [1, 2, 3, 151655, 151655] * 2
+    assert np.frombuffer(lengths.data, "<i4").tolist() == [5, 5]
+    assert columns["logprobs"][0].code == 3 and columns["text"] == ["Thought: x\nAction: wait()"] * 2
+    decoded = codec.decode(frames, max_bytes=LIMIT)
+    assert decoded == sample_trajectory()
+    assert decoded.steps[1].prompt_ids.base is decoded.steps[0].prompt_ids.base  # views of one column
+
+
+def test_a_schema_1_trajectory_with_one_map_per_step_still_decodes():
+    """Trajectories saved in checkpoints before schema 2 load: their steps are a list of maps."""
+    traj = sample_trajectory()
+    frames = codec.encode(traj)
+    header = _header(frames)
+    header["schema"] = 1
+    header["body"]["steps"] = [
+        {"prompt_ids": msgpack.ExtType(2, s.prompt_ids.tobytes()), "image_indices": s.image_indices,
+         "output_ids": msgpack.ExtType(2, s.output_ids.tobytes()), "logprobs": msgpack.ExtType(3, s.logprobs.tobytes()),
+         "versions": msgpack.ExtType(2, s.versions.tobytes()), "text": s.text, "action": s.action,
+         "generate_s": s.generate_s, "act_s": s.act_s, "observe_s": s.observe_s} for s in traj.steps]
+    assert codec.decode(_packed_header(header, frames), max_bytes=LIMIT) == traj
+
+
+def _table_case(mutate):
+    frames = codec.encode(sample_trajectory())
+    header = _header(frames)
+    mutate(header["body"])
+    return _packed_header(header, frames)
+
+
+def _set_lengths(sizes):
+    return lambda body: body["steps"][1]["output_ids"].__setitem__(1, msgpack.ExtType(2, np.array(sizes, "<i4")
+                                                                                       .tobytes()))
+
+
+@pytest.mark.parametrize("mutate,reason", [
+    (lambda body: body.__setitem__("steps", {"rows": 2}), "expected a table"),
+    (lambda body: body.__setitem__("steps", [2, {}]), "2 rows in 0 columns"),
+    (lambda body: body["steps"].__setitem__(0, -1), "rows"),
+    (lambda body: body["steps"][1].__setitem__("evil", [1, 2]), "unknown column"),
+    (lambda body: body["steps"][1].pop("output_ids"), "missing column 'output_ids'"),
+    (lambda body: body["steps"][1]["text"].pop(), "expected a list of 2 values"),
+    (lambda body: body["steps"][1].__setitem__("act_s", [0.1, "x"]), r"steps\[1\]\.act_s: expected a number"),
+    (lambda body: body["steps"][1].__setitem__("output_ids", [msgpack.ExtType(2, b"")]), r"\[values, lengths\]"),
+    (_set_lengths([3]), "1 lengths for 2 rows"),
+    (_set_lengths([7, -1]), ">= 0"),
+    (_set_lengths([3, 4]), "add up to 7, not the 6 values"),
+    (lambda body: body["steps"][1]["output_ids"].__setitem__(1, [3, 2**40]), "lengths must be int32"),
+    (lambda body: body["steps"][1]["logprobs"].__setitem__(1, msgpack.ExtType(3, np.ones(2).tobytes())),
+     "expected a packed int32 array, got a float64"),
+])
+def test_a_malformed_table_of_steps_is_refused_with_its_reason(mutate, reason):
+    with pytest.raises(codec.WireError, match=reason):
+        codec.decode(_table_case(mutate), max_bytes=LIMIT)
+
+
+def test_a_table_whose_values_do_not_fit_their_row_names_the_step():
+    traj = sample_trajectory()
+    traj.steps = [traj.steps[0], Step([1], [0], [2], [-0.5], [1], "t", "a")]
+    traj.steps[1].versions = np.array([2**40])
+    with pytest.raises(codec.WireError, match=r"steps\[1\]\.versions"):
+        codec.encode(traj)
