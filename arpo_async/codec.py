@@ -6,9 +6,12 @@ fields of at least ``BLOB_MIN_BYTES``), referenced from the body by msgpack ExtT
 blob is a read-only ``memoryview`` of its frame (zero copy; bytes-like: ``len``, slicing, ``==`` with bytes,
 hashing, file writes, PIL); ``bytes(value)`` makes a copy where a bytes method is needed.
 Array fields (``messages.TokenArray``: int32, ``messages.LogprobArray``: float64) and integer lists travel as
-little-endian int32 arrays (ExtType 2) or float64 arrays (ExtType 3): an array's own bytes out, a read-only NumPy
-view of the received bytes in (no per-element work on either side; a plain msgpack list is accepted too, checked
-item by item). A string enum field (Trajectory.outcome) travels as its value, and decodes only to one of its
+little-endian int32 arrays (ExtType 2) or float64 arrays (ExtType 3), or from ``BLOB_MIN_BYTES`` on in a frame of
+their own (ExtType 4 / 5 holding the frame index): an array's own bytes out, a read-only NumPy view of the received
+bytes in (no per-element work on either side; a plain msgpack list is accepted too, checked item by item). A list of
+dataclasses (a trajectory's steps) travels as one table (schema 2): an array column is all its rows' values joined
+plus each row's length, any other column the list of the rows' values; the decoded rows' arrays are views of their
+column. A string enum field (Trajectory.outcome) travels as its value, and decodes only to one of its
 members. Never pickle; never base64.
 
 Every decoder enforces a maximum total size and frame count, rejects unknown types and schema versions,
@@ -38,11 +41,13 @@ instead of a table, so trajectories saved in checkpoints before schema 2 still l
 MAX_FRAMES = 4096
 """Most frames one message may have (one per screenshot, plus the header)."""
 
-_EXT_BLOB, _EXT_INT32, _EXT_FLOAT64 = 1, 2, 3
+_EXT_BLOB, _EXT_INT32, _EXT_FLOAT64, _EXT_INT32_FRAME, _EXT_FLOAT64_FRAME = 1, 2, 3, 4, 5
 _SHORT = 64
 """Integer lists up to this long are packed by `struct` (longer ones by NumPy, faster for them)."""
 _EXT_OF_DTYPE = {INT32: _EXT_INT32, FLOAT64: _EXT_FLOAT64}
 _DTYPE_OF_EXT = {code: dtype for dtype, code in _EXT_OF_DTYPE.items()}
+_FRAME_EXT_OF_DTYPE = {INT32: _EXT_INT32_FRAME, FLOAT64: _EXT_FLOAT64_FRAME}
+_DTYPE_OF_FRAME_EXT = {code: dtype for dtype, code in _FRAME_EXT_OF_DTYPE.items()}
 
 
 class WireError(ValueError):
@@ -137,6 +142,11 @@ def decode(frames: list[bytes], *, max_bytes: int) -> Any:
                 raise WireError(f"blob reference {index} but only {len(blobs)} blob frames")
             return memoryview(blobs[index]).toreadonly()  # zero copy: a view of the frame
         dtype = _DTYPE_OF_EXT.get(code)
+        if dtype is None and code in _DTYPE_OF_FRAME_EXT:  # an array in a frame of its own
+            dtype, index = _DTYPE_OF_FRAME_EXT[code], int.from_bytes(data, "little")
+            if index >= len(blobs):
+                raise WireError(f"array frame reference {index} but only {len(blobs)} blob frames")
+            data = blobs[index]
         if dtype is not None:
             if len(data) % dtype.itemsize:
                 raise WireError(f"{dtype.name} array length is not a multiple of {dtype.itemsize}")
@@ -186,8 +196,7 @@ def _encoder(hint: Any) -> _Encoder:
         return lambda value, blobs, name: _to_wire(value, blobs)
     dtype = _array_dtype(hint)
     if dtype is not None:
-        code = _EXT_OF_DTYPE[dtype]
-        return lambda value, blobs, name: _ext(code, _bytes(_packed(value, dtype, name)))
+        return lambda value, blobs, name: _array_ext(dtype, _bytes(_packed(value, dtype, name)), blobs)
     if origin is list and dataclasses.is_dataclass(args[0]):
         return functools.partial(_table, cls=args[0])
     if origin is list and args == (bytes,):
@@ -256,13 +265,23 @@ def _table(rows: Any, blobs: list[bytes], name: str, *, cls: type) -> list:
                 joined = b"".join(packed)
                 values = [len(v) // dtype.itemsize if type(v) is bytes else v for v in packed]
             lengths = [v if type(v) is int else len(v) for v in values]
-            columns[field] = [_ext(_EXT_OF_DTYPE[dtype], joined),
+            columns[field] = [_array_ext(dtype, joined, blobs),
                               _ext(_EXT_INT32, struct.pack(f"<{len(lengths)}i", *lengths))]
         elif encode_field is None:
             columns[field] = values
         else:
             columns[field] = [encode_field(v, blobs, f"{name}[{i}].{field}") for i, v in enumerate(values)]
     return [len(rows), columns]
+
+
+def _array_ext(dtype: np.dtype, data: bytes, blobs: list[bytes]) -> msgpack.ExtType:
+    """The ExtType of an array's bytes: inline (ExtType 2 / 3) when short; from ``BLOB_MIN_BYTES`` on, in a frame of
+    its own (ExtType 4 / 5 holding the frame index), so that msgpack copies none of it and the receiver's array is
+    a view of the frame."""
+    if len(data) < BLOB_MIN_BYTES:
+        return _ext(_EXT_OF_DTYPE[dtype], data)
+    blobs.append(data)
+    return _ext(_FRAME_EXT_OF_DTYPE[dtype], (len(blobs) - 1).to_bytes(4, "little"))
 
 
 def _joined(values: list, dtype: np.dtype) -> bytes | None:

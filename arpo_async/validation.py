@@ -95,19 +95,31 @@ def _values_ok(steps: list, vocab_size: int | None, version: int | None) -> bool
     if not steps:
         return True
     try:
-        ids = np.concatenate([ids for step in steps for ids in (step.prompt_ids, step.output_ids)])
-        logprobs = np.concatenate([step.logprobs for step in steps])
-        versions = np.concatenate([step.versions for step in steps])
+        prompt_ids, output_ids, logprobs, versions = (
+            _covering([getattr(step, name) for step in steps])
+            for name in ("prompt_ids", "output_ids", "logprobs", "versions"))
     except (TypeError, ValueError):  # a 0-d value, mixed dimensions, ragged nesting
         return False
-    for arr, kinds in ((ids, "iu"), (logprobs, "iuf"), (versions, "iu")):
+    for arr, kinds in ((prompt_ids, "iu"), (output_ids, "iu"), (logprobs, "iuf"), (versions, "iu")):
         if arr.ndim != 1 or (arr.size and arr.dtype.kind not in kinds):
             return False
-    if ids.size and (ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size)):
-        return False
+    for ids in (prompt_ids, output_ids):
+        if ids.size and (ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size)):
+            return False
     if versions.size and (versions.min() < 0 or (version is not None and versions.max() > version)):
         return False
     return bool((np.isfinite(logprobs) & (logprobs <= 0.0)).all())
+
+
+def _covering(arrays: list) -> np.ndarray:
+    """One array holding every value of ``arrays`` (maybe more): the array they are all views of, when it is one
+    1-D array (a decoded trajectory's steps are views of one column of the table they arrived in: no copy), else
+    their concatenation. Checks that pass on it pass on each of them; where it holds more and a check fails, the
+    per-step checks decide."""
+    base = getattr(arrays[0], "base", None)
+    if type(base) is np.ndarray and base.ndim == 1 and all(getattr(a, "base", None) is base for a in arrays):
+        return base
+    return np.concatenate(arrays)
 
 
 def _arrays(where: str, step) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

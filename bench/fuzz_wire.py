@@ -81,6 +81,8 @@ def set_step_value(header: dict, index: int, field: str, value: Any) -> None:
         column[0] = value
         return
     values, lengths = column
+    if values.code not in (2, 3):
+        raise ValueError(f"the {field} column travels in a frame of its own: mutate a trajectory with fewer ids")
     sizes = np.frombuffer(lengths.data, "<i4").tolist()
     flat = np.frombuffer(values.data, "<f8" if values.code == 3 else "<i4").tolist()
     starts = [0, *np.cumsum(sizes).tolist()]

@@ -7,7 +7,6 @@ import pytest
 from arpo_async import codec
 from arpo_async.messages import (Ack, Assignment, Heartbeat, Hello, LearnerStatus, MESSAGE_TYPES, Reject, Shutdown,
                                  Step, Trajectory, WorkRequest)
-from bench.fuzz_wire import set_step_value
 
 LIMIT = 64 * 1024 * 1024
 
@@ -130,7 +129,11 @@ def test_a_decoded_screenshot_is_a_view_of_its_frame():
 def _with_step_field(name, value):
     header = msgpack.unpackb(codec.encode(sample_trajectory())[0], raw=False,
                              ext_hook=lambda code, data: msgpack.ExtType(code, data))
-    set_step_value(header, 0, name, value)
+    column = header["body"]["steps"][1][name]  # [values, lengths] of both (equal) steps
+    if isinstance(value, list):  # a plain msgpack list: both steps' values, with their lengths
+        column[:] = [value * 2, msgpack.ExtType(2, np.array([len(value)] * 2, "<i4").tobytes())]
+    else:
+        column[0] = value
     return [msgpack.packb(header, use_bin_type=True), *codec.encode(sample_trajectory())[1:]]
 
 
@@ -243,3 +246,25 @@ def test_a_table_whose_values_do_not_fit_their_row_names_the_step():
     traj.steps[1].versions = np.array([2**40])
     with pytest.raises(codec.WireError, match=r"steps\[1\]\.versions"):
         codec.encode(traj)
+
+
+def test_a_long_array_column_travels_in_a_frame_of_its_own_and_decodes_to_views_of_it():
+    traj = sample_trajectory()
+    traj.steps = [Step(np.arange(3000, dtype=np.int32), [0], [7], [-0.5], [3], "t", "a") for _ in range(2)]
+    frames = codec.encode(traj)
+    header = _header(frames)
+    values, lengths = header["body"]["steps"][1]["prompt_ids"]
+    assert values.code == 4 and len(frames) == 3  # header, the prompt ids, a screenshot (the other is inline)
+    index = 1 + int.from_bytes(values.data, "little")
+    assert bytes(frames[index]) == np.arange(3000, dtype="<i4").tobytes() * 2
+    assert header["body"]["steps"][1]["output_ids"][0].code == 2  # 8 bytes: inline
+    frame = bytearray(frames[index])
+    decoded = codec.decode([*frames[:index], frame, *frames[index + 1:]], max_bytes=LIMIT)
+    assert decoded == traj
+    frame[:4] = (9).to_bytes(4, "little")  # no copy was made: the ids are the frame's memory
+    assert decoded.steps[0].prompt_ids[0] == 9
+    header["body"]["steps"][1]["prompt_ids"][0] = msgpack.ExtType(4, (7).to_bytes(4, "little"))
+    with pytest.raises(codec.WireError, match="array frame reference 7 but only 2 blob frames"):
+        codec.decode(_packed_header(header, frames), max_bytes=LIMIT)
+    with pytest.raises(codec.WireError, match="not a multiple of 4"):
+        codec.decode([*frames[:index], frames[index][:-1], *frames[index + 1:]], max_bytes=LIMIT)
