@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import itertools
 import struct
 import typing
 from typing import Any, Callable
@@ -436,9 +437,10 @@ def _split(column: Any, n: int, dtype: np.dtype, path: str) -> list[np.ndarray]:
     lengths = _check_array(column[1], INT32, f"{path} lengths")
     if len(lengths) != n:
         raise WireError(f"{path}: {len(lengths)} lengths for {n} rows")
-    if lengths.dtype != INT32 or (n and lengths.min() < 0):
+    sizes = lengths.tolist()  # a few Python ints: cheaper to check and add up than NumPy calls
+    if lengths.dtype != INT32 or (n and min(sizes) < 0):
         raise WireError(f"{path}: lengths must be int32 integers >= 0")
-    ends = np.cumsum(lengths, dtype=np.int64).tolist()
+    ends = list(itertools.accumulate(sizes))
     if (ends[-1] if n else 0) != len(values):
         raise WireError(f"{path}: lengths add up to {ends[-1] if n else 0}, not the {len(values)} values")
     return [values[start:end] for start, end in zip([0, *ends], ends)]

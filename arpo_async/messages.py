@@ -37,8 +37,8 @@ def int_array(values: Any) -> np.ndarray:
     Raises:
         TypeError: not a 1-D sequence of integers (floats, bools, nested lists, integers past 64 bits).
     """
-    if type(values) is np.ndarray and values.dtype == INT32 and values.ndim == 1:
-        return values  # already one (a decoded step's arrays): the common case, kept cheap
+    if type(values) is np.ndarray and (values.dtype is INT32 or values.dtype == INT32) and values.ndim == 1:
+        return values  # already one (a decoded step's arrays): the common case, kept cheap ("is": ~10x cheaper)
     arr = _one_dim(values, INT32, "iu", "integers")
     if arr.dtype.itemsize < 4 or arr.dtype == INT32 or (arr.min() >= -(1 << 31) and arr.max() < 1 << 31):
         return arr.astype(INT32, copy=False)
@@ -51,7 +51,7 @@ def float_array(values: Any) -> np.ndarray:
     Raises:
         TypeError: not a 1-D sequence of real numbers.
     """
-    if type(values) is np.ndarray and values.dtype == FLOAT64 and values.ndim == 1:
+    if type(values) is np.ndarray and (values.dtype is FLOAT64 or values.dtype == FLOAT64) and values.ndim == 1:
         return values
     return _one_dim(values, FLOAT64, "iuf", "numbers").astype(FLOAT64, copy=False)
 
