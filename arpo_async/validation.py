@@ -78,6 +78,14 @@ def _span(values: np.ndarray) -> tuple[int, int]:
     return int(values.min()), int(values.max())
 
 
+def _all_below(ids: np.ndarray, bound: int | None) -> bool:
+    """True when every value of the non-empty integer array ``ids`` is in [0, bound) ([0, inf) for None). An int32
+    array takes one pass: viewed as uint32, a negative value is 2^31 or more, so one maximum checks both ends."""
+    if ids.dtype == np.int32 and bound is not None and bound <= 1 << 31:
+        return int(ids.view(np.uint32).max()) < bound
+    return ids.min() >= 0 and (bound is None or ids.max() < bound)
+
+
 def _check_token_ids(name: str, ids: np.ndarray, vocab_size: int | None) -> None:
     if not len(ids):
         return
@@ -104,7 +112,7 @@ def _values_ok(steps: list, vocab_size: int | None, version: int | None) -> bool
         if arr.ndim != 1 or (arr.size and arr.dtype.kind not in kinds):
             return False
     for ids in (prompt_ids, output_ids):
-        if ids.size and (ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size)):
+        if ids.size and not _all_below(ids, vocab_size):
             return False
     if versions.size and (versions.min() < 0 or (version is not None and versions.max() > version)):
         return False

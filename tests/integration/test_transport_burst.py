@@ -3,13 +3,14 @@ messages than the inbox and the outbox hold and the consumer replies to each, ev
 (a consumer waiting for outbox room while the pump waits for inbox room would deadlock them)."""
 
 import asyncio
+import time
 
 import zmq
 import zmq.asyncio
 
 from arpo_async import codec
 from arpo_async.config import TransportConfig
-from arpo_async.messages import Ack, Heartbeat, LearnerStatus, Trajectory
+from arpo_async.messages import Ack, Heartbeat, LearnerStatus, Reject, Trajectory
 from arpo_async.transport import INBOX_SIZE, OUTBOX_SIZE, Outbox, SocketPump, dealer_socket, router_socket
 from tests.support import cancelled, free_port, until
 
@@ -49,9 +50,10 @@ async def test_replies_to_a_burst_larger_than_the_outbox_all_go_out_in_order():
 
 
 
-def actor_pump_and_learner(ctx: zmq.asyncio.Context) -> tuple[TransportConfig, zmq.asyncio.Socket, SocketPump]:
+def actor_pump_and_learner(ctx: zmq.asyncio.Context, **config_fields) -> tuple[TransportConfig, zmq.asyncio.Socket,
+                                                                               SocketPump]:
     """A learner's ROUTER socket and an actor's DEALER pump (peer "a0", unrouted outbox) on a fresh port."""
-    config = TransportConfig(endpoint=f"tcp://127.0.0.1:{free_port()}")
+    config = TransportConfig(endpoint=f"tcp://127.0.0.1:{free_port()}", **config_fields)
     learner = router_socket(ctx, config)
     pump = SocketPump(dealer_socket(ctx, config, "a0"), inbox=asyncio.Queue(INBOX_SIZE), outbox=Outbox(routed=False),
                       max_bytes=config.max_message_bytes)
@@ -111,4 +113,56 @@ async def test_a_message_whose_wake_up_was_taken_is_received_after_the_next_send
     finally:
         await cancelled([task])
         learner.close(0)
+        ctx.destroy(linger=0)
+
+
+async def test_a_dealer_at_its_high_water_mark_waits_for_room_then_sends_everything_in_order():
+    """Sends that find ZeroMQ full (the learner not reading) wait for room, woken by the socket's descriptor; nothing
+    is dropped or reordered, and the pump still takes new messages from its outbox meanwhile."""
+    ctx = zmq.asyncio.Context()
+    _, learner, pump = actor_pump_and_learner(ctx, high_water_mark=2)
+    learner.setsockopt(zmq.RCVHWM, 2)
+    messages = [Reject(f"{i}:" + "x" * 1_000_000) for i in range(40)]  # 40 MB: more than the TCP buffers hold
+    task = asyncio.create_task(pump.run())
+    try:
+        for message in messages:
+            await pump.outbox.send(message)
+        await asyncio.sleep(1.0)
+        assert pump.sent < len(messages)  # blocked at the high-water mark, the rest still queued
+        async with asyncio.timeout(60):
+            received = [codec.decode((await learner.recv_multipart())[1:], max_bytes=1 << 24) for _ in messages]
+            await pump.outbox.join()
+        assert received == messages and pump.sent == len(messages)
+    finally:
+        await cancelled([task])
+        learner.close(0)
+        ctx.destroy(linger=0)
+
+
+async def test_a_pump_whose_inbox_is_full_sleeps_until_the_consumer_takes_a_message():
+    """With the inbox full the pump leaves messages to ZeroMQ; the socket's descriptor keeps signalling that more
+    wait, and the pump must not spin on it (it reads ZeroMQ's events to clear the signal, then sleeps)."""
+    ctx = zmq.asyncio.Context()
+    config, learner, _ = actor_pump_and_learner(ctx)
+    learner.close(0)
+    inbox = asyncio.Queue(2)
+    pump = SocketPump(router_socket(ctx, config), inbox=inbox, outbox=Outbox(routed=True),
+                      max_bytes=config.max_message_bytes)
+    actor = ctx.socket(zmq.DEALER)
+    actor.setsockopt(zmq.LINGER, 0)
+    actor.connect(config.endpoint)
+    task = asyncio.create_task(pump.run())
+    try:
+        for i in range(10):
+            await actor.send_multipart(codec.encode(Heartbeat(f"a{i}", 0, 0, 0)))
+        await until(lambda: inbox.full(), 30, "the inbox filled", every_s=0.01)
+        await asyncio.sleep(0.2)
+        cpu = time.process_time()
+        await asyncio.sleep(1.0)
+        assert time.process_time() - cpu < 0.3  # asleep, not polling a descriptor that stays readable
+        got = [(await inbox.get()).message.actor_id for _ in range(10)]  # taking messages wakes it
+        assert got == [f"a{i}" for i in range(10)]
+    finally:
+        await cancelled([task])
+        actor.close(0)
         ctx.destroy(linger=0)
