@@ -1,9 +1,10 @@
 """ZeroMQ transport: the learner's ROUTER and the actors' DEALER, each owned by exactly one task.
 
 Role: move messages between a socket and two bounded queues that the process's wiring function creates.
-A `SocketPump` owns one socket: it polls, then receives (a cancelled poll loses nothing), decodes with the codec
-and puts each message on its bounded inbox as an `Envelope`, in bursts of at most `RECEIVE_BURST` messages after
-each of which the consumer runs and its replies are sent; it sends what any task put on its `Outbox`. The pump
+A `SocketPump` owns one socket: it sleeps on one future that the socket's ZeroMQ descriptor (a reader on the event
+loop), a put on its `Outbox` or room in its inbox resolves; it receives without blocking, decodes with the codec and
+puts each message on its bounded inbox as an `Envelope`, in bursts of at most `RECEIVE_BURST` messages after each of
+which the consumer runs and its replies are sent; it sends what any task put on its `Outbox`. The pump
 never runs a consumer's code: one task (the learner's LearnerService, the actors' LearnerLink) consumes the inbox
 and replies through the outbox, so a burst of incoming messages that produces more replies than the outbox holds
 only makes that consumer wait while the pump keeps sending.
