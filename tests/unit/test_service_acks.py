@@ -71,7 +71,7 @@ async def test_held_acks_go_out_before_a_reject_and_never_beyond_ack_batch():
 
 
 async def test_trajectories_arriving_one_at_a_time_share_one_ack_sent_after_the_delay():
-    service = make_service(ack_delay_s=0.2)
+    service = make_service(ack_delay_s=1.0)
     await service.handle(trajectory("t0"))  # each one the whole of its burst
     await asyncio.sleep(0.05)
     await service.handle(trajectory("t1"))
