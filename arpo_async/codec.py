@@ -403,7 +403,7 @@ def _check_table(value: Any, path: str, *, cls: type) -> list:
     if n < 0 or (n and not columns):
         raise WireError(f"{path}: {n} rows in {len(columns)} columns")
     names, cells = [], []
-    for (name, _, decode_field, plain, _), (_, _, dtype) in zip(fields, _columns(cls)):
+    for (name, _, decode_field, plain, packed), (_, _, dtype) in zip(fields, _columns(cls)):
         if name not in columns:
             if name in required and n:
                 raise WireError(f"{path}: missing column {name!r}")
@@ -411,7 +411,7 @@ def _check_table(value: Any, path: str, *, cls: type) -> list:
         where = f"{path}.{name}"
         if dtype is not None:
             column = _split(columns[name], n, dtype, where)
-            if _packed_dtype(_hints(cls)[name]) is None:  # an integer list (image indices): lists of ints
+            if packed is None:  # an integer list (image indices): lists of ints
                 column = [row.tolist() for row in column]
         else:
             column = columns[name]

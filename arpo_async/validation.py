@@ -122,10 +122,12 @@ def _values_ok(steps: list, vocab_size: int | None, version: int | None) -> bool
 def _covering(arrays: list) -> np.ndarray:
     """One array holding every value of ``arrays`` (maybe more): the array they are all views of, when it is one
     1-D array (a decoded trajectory's steps are views of one column of the table they arrived in: no copy), else
-    their concatenation. Checks that pass on it pass on each of them; where it holds more and a check fails, the
+    their concatenation. (Each must be a 1-D view of the same dtype: a 2-D or reinterpreted view of a column is
+    concatenated, so the dimension and kind checks see it.) Checks that pass on it pass on each of them; where it holds more and a check fails, the
     per-step checks decide."""
     base = getattr(arrays[0], "base", None)
-    if type(base) is np.ndarray and base.ndim == 1 and all(getattr(a, "base", None) is base for a in arrays):
+    if type(base) is np.ndarray and base.ndim == 1 and all(
+            getattr(a, "base", None) is base and a.ndim == 1 and a.dtype is base.dtype for a in arrays):
         return base
     return np.concatenate(arrays)
 

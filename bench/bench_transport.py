@@ -4,11 +4,12 @@ What runs (two processes, as in a deployment: the learner's side in a child proc
 
 - stack: ``LearnerLink.submit`` -> DEALER `SocketPump` (codec.encode, send) ==TCP 127.0.0.1==> ROUTER
   `SocketPump` (receive a burst, codec.decode) -> the real ``LearnerService.handle`` (de-duplicate; one Ack per
-  burst) -> Ack back -> ``LearnerLink`` forgets the trajectories. A round is timed from the first submit until
-  every trajectory is acknowledged. The trajectories carry no live group, so the service counts them as "late"
-  after the ack: the scheduler's and batcher's per-trajectory bookkeeping (dict operations) is not measured.
-- raw: the same multipart frames (codec output, header + one frame per screenshot) sent with a blocking
-  DEALER -> ROUTER pair, receiving with ``copy=False``, no codec, one "done" reply per round.
+  burst, or per 10 ms of trajectories) -> Ack back -> ``LearnerLink`` forgets the trajectories. A round is timed
+  from the first submit until every trajectory is acknowledged. The trajectories carry no live group, so the service
+  counts them as "late" after the ack: the scheduler's and batcher's per-trajectory bookkeeping (dict operations)
+  is not measured.
+- raw: the same multipart frames (codec output: header, the steps' prompt ids, one frame per screenshot) sent with
+  a blocking DEALER -> ROUTER pair, receiving with ``copy=False``, no codec, one "done" reply per round.
 
 Trajectories are realistic: 15 steps, 15 distinct 1280x720 PNG screenshots drawn like desktops (100-200 KB
 each), 3,000 prompt token ids per step, 40 output tokens with log-probs and versions (2.9 MB per trajectory),

@@ -495,5 +495,7 @@ class LearnerService:
         self.batcher.drops.update(drops)
 
     async def shutdown_actors(self, reason: str) -> None:
-        """Tell every known actor the run is over."""
+        """Tell every known actor the run is over, after the Acks held back (:meth:`handle`): an actor learns that
+        its last trajectories were taken before it stops waiting for them."""
+        await self._send_acks()
         await self.peers.shutdown(reason)

@@ -127,8 +127,10 @@ async def test_a_dealer_at_its_high_water_mark_waits_for_room_then_sends_everyth
     try:
         for message in messages:
             await pump.outbox.send(message)
-        await asyncio.sleep(1.0)
-        assert pump.sent < len(messages)  # blocked at the high-water mark, the rest still queued
+        # the pump waits only with an empty outbox, or in a send that found no room: so this is the second
+        await until(lambda: pump._wakeup is not None and not pump.outbox.empty(), 30,
+                    "the pump waiting for room at the high-water mark", every_s=0.01)
+        assert pump.sent < len(messages)
         async with asyncio.timeout(60):
             received = [codec.decode((await learner.recv_multipart())[1:], max_bytes=1 << 24) for _ in messages]
             await pump.outbox.join()
@@ -156,7 +158,6 @@ async def test_a_pump_whose_inbox_is_full_sleeps_until_the_consumer_takes_a_mess
         for i in range(10):
             await actor.send_multipart(codec.encode(Heartbeat(f"a{i}", 0, 0, 0)))
         await until(lambda: inbox.full(), 30, "the inbox filled", every_s=0.01)
-        await asyncio.sleep(0.2)
         cpu = time.thread_time()  # the event loop's thread, where a spinning pump would run
         await asyncio.sleep(1.0)
         assert time.thread_time() - cpu < 0.3  # asleep, not polling a descriptor that stays readable

@@ -92,3 +92,21 @@ def test_the_first_problem_is_named_in_step_order():
     traj.steps[1].logprobs[-1] = math.nan
     with pytest.raises(InvalidMessage, match=r"steps\[1\]\.logprobs holds nan"):
         check_trajectory(traj, vocab_size=VOCAB, version=VERSION)
+
+
+def test_a_decoded_trajectory_is_checked_on_its_columns_and_a_problem_still_names_its_step():
+    """A decoded trajectory's steps are views of one column per field: the all-steps check reads the column once,
+    and when it finds a problem the per-step checks name the step; a step's array that is not a plain 1-D view of
+    its column (here a 2-D one) is never vouched for by the column."""
+    traj = _traj()
+    traj.steps[1].output_ids[0] = VOCAB
+    decoded = codec.decode(codec.encode(traj), max_bytes=1 << 26)
+    assert decoded.steps[0].output_ids.base is decoded.steps[1].output_ids.base  # views of one column
+    with pytest.raises(InvalidMessage, match=r"steps\[1\]\.output_ids holds 771"):
+        check_trajectory(decoded, vocab_size=VOCAB, version=VERSION)
+    decoded = codec.decode(codec.encode(_traj()), max_bytes=1 << 26)
+    check_trajectory(decoded, vocab_size=VOCAB, version=VERSION)
+    column = decoded.steps[0].prompt_ids.base
+    decoded.steps[0].prompt_ids = column[:4].reshape(2, 2)  # assigned after construction, as a caller could
+    with pytest.raises(InvalidMessage, match=r"steps\[0\]\.prompt_ids is a 2-D array"):
+        check_trajectory(decoded, vocab_size=VOCAB, version=VERSION)

@@ -4,7 +4,7 @@ any Reject, never more than ACK_BATCH ids held back, and trajectories that arriv
 
 import asyncio
 
-from arpo_async.messages import Ack, Reject, Step, Trajectory
+from arpo_async.messages import Ack, Reject, Shutdown, Step, Trajectory
 from arpo_async.transport import Envelope, Outbox
 from learner.batcher import Batcher
 from learner.replay import SuccessReplay
@@ -73,7 +73,6 @@ async def test_held_acks_go_out_before_a_reject_and_never_beyond_ack_batch():
 async def test_trajectories_arriving_one_at_a_time_share_one_ack_sent_after_the_delay():
     service = make_service(ack_delay_s=1.0)
     await service.handle(trajectory("t0"))  # each one the whole of its burst
-    await asyncio.sleep(0.05)
     await service.handle(trajectory("t1"))
     assert sent(service) == []  # both held for the delay
     first = await asyncio.wait_for(service.outbox.get(), 5)
@@ -90,3 +89,11 @@ async def test_a_delayed_ack_is_sent_at_once_when_a_reject_follows():
     await service.handle(trajectory("bad", score=2.0))
     out = sent(service)
     assert out[0] == ("a", Ack(["t0", "bad"])) and isinstance(out[1][1], Reject) and len(out) == 2
+
+
+async def test_held_acks_go_out_before_the_shutdown_that_ends_the_run():
+    """An actor stops waiting for its last trajectories when it gets Shutdown: their Acks must come first."""
+    service = make_service(ack_delay_s=30.0)
+    await service.handle(trajectory("t0"))
+    await service.shutdown_actors("training finished")
+    assert sent(service) == [("a", Ack(["t0"])), ("a", Shutdown("training finished"))]
