@@ -25,6 +25,7 @@ actors.desktop_env.DesktopEnv), through the ``actors.action_backend`` executor.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 import uuid
@@ -53,6 +54,12 @@ SUCCESS_SCORE = 0.5
 """An episode whose evaluator score reaches this is a SUCCESS."""
 RELATIVE_MAX = 999
 """Largest coordinate of ``coordinate_mode = "relative1000"`` (x / 1000 of the screen width; 3 digits)."""
+CURRENT_CONTROLLER: contextvars.ContextVar[ControllerClient] = contextvars.ContextVar("arpo_current_controller")
+"""The controller of the desktop whose episode is running in this asyncio task (set by :meth:`EpisodeRunner.run`).
+
+A policy's ``generate`` runs in the episode's task, so a policy that needs more than the screenshot (an
+accessibility tree, a file, a scripted oracle reading the app's layout) gets the desktop with
+``CURRENT_CONTROLLER.get()``. Raises LookupError outside an episode."""
 ACTION_BACKENDS = {"xdotool": xdotool.to_commands, "pyautogui": pyautogui.to_commands}
 """``actors.action_backend`` -> Action -> argv lists run through the controller's /execute, in order."""
 
@@ -119,6 +126,7 @@ class EpisodeRunner:
             score=0.0, format_ok=True, steps=[], screenshots=[], assigned_version=assignment.policy_version,
             desktop=desktop, grammar=self.sampling_params.get("regex", ""))
         started = time.perf_counter()
+        token = CURRENT_CONTROLLER.set(controller)
         try:
             task = Task.from_dict(assignment.task, source=f"assignment {assignment.request_id}")
             t0 = time.perf_counter()
@@ -139,6 +147,8 @@ class EpisodeRunner:
             traj.outcome, traj.error = Outcome.TASK_ERROR, f"{type(e).__name__}: {e}"[:2000]
             log.warning("task %s raised %s in an episode (TASK_ERROR)", traj.task_id, traj.error[:300],
                         exc_info=log.isEnabledFor(logging.DEBUG))
+        finally:
+            CURRENT_CONTROLLER.reset(token)
         traj.timings["episode_s"] = time.perf_counter() - started
         return traj
 

@@ -1,0 +1,176 @@
+"""Task sets for evaluation: a folder of OSWorld task files (or the built-in suite) cut by a split file.
+
+A split is OSWorld's ``test_all.json`` form, ``{domain: [task id, ...]}`` (evaluation_examples/test_all.json in
+https://github.com/xlang-ai/OSWorld). A task's domain is the folder its file sits in under the task folder
+(OSWorld's ``examples/<domain>/<id>.json``); for a task directly in the folder (the built-in suite) it is the
+task's family (:attr:`arpo_async.tasks.Task.family`).
+
+Nothing is dropped: a task file that does not load (malformed, or a setup step, getter or metric we cannot run)
+and a split entry whose task is not in the folder each become a :class:`TaskEntry` with ``task=None`` and the
+reason in ``error``, so an evaluation counts it as a failure in its denominator (dropping such tasks is a known
+way benchmark scores get inflated).
+
+The built-in splits live in ``arpo_async/splits/<family>-train.json`` and ``<family>-test.json``; a split may be
+named by that stem (``grid4-test``) instead of a path.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from arpo_async.tasks import BUILTIN_DIR, Task, TaskFormatError, load_task_file, load_tasks, read_task_json
+
+SPLITS_DIR = Path(__file__).resolve().parent / "splits"
+"""The built-in families' train and test splits (``<family>-train.json``, ``<family>-test.json``)."""
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    """One task of a task set.
+
+    Attributes:
+        domain: its domain (folder under the task folder, else its family).
+        task_id: its id (the file's stem when the file does not load).
+        task: the loaded task, or None when it cannot run (then ``error`` says why).
+        error: why the task cannot run ("" when it can).
+    """
+
+    domain: str
+    task_id: str
+    task: Task | None
+    error: str = ""
+
+
+def builtin_split_names() -> list[str]:
+    """The names of the built-in splits (``grid4-train``, ``grid4-test``, ...), sorted."""
+    return sorted(p.stem for p in SPLITS_DIR.glob("*.json")) if SPLITS_DIR.is_dir() else []
+
+
+def resolve_split_path(split: str | Path) -> Path:
+    """The file of ``split``: a path to a split file, or the name of a built-in split.
+
+    Raises:
+        TaskFormatError: neither (the message lists the built-in splits).
+    """
+    path = Path(split)
+    if path.is_file():
+        return path
+    builtin = SPLITS_DIR / f"{split}.json"
+    if builtin.is_file():
+        return builtin
+    raise TaskFormatError(f"{split}: no such split file, nor a built-in split (built-in: "
+                          f"{', '.join(builtin_split_names()) or 'none'})")
+
+
+def load_split(split: str | Path) -> dict[str, list[str]]:
+    """Read a split file (or built-in split name): ``{domain: [task id, ...]}``.
+
+    Raises:
+        TaskFormatError: naming the file: not found, not strict JSON, or not an object of string lists.
+    """
+    path = resolve_split_path(split)
+    data = read_task_json(path)
+    if not isinstance(data, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and all(isinstance(i, str) for i in v) for k, v in data.items()):
+        raise TaskFormatError(f"{path}: a split is a JSON object {{domain: [task id, ...]}} (OSWorld's "
+                              "test_all.json form)")
+    return {k: list(dict.fromkeys(v)) for k, v in data.items()}
+
+
+def resolve_tasks_path(tasks: str | Path | None) -> tuple[Path, list[str]]:
+    """The folder (or file) of ``tasks`` and the id prefixes to keep.
+
+    ``tasks`` is a task folder or file; None or ``"builtin"`` = the built-in suite; any other name = the built-in
+    tasks whose id is that name or starts with it (a family such as ``grid4``, or one task id).
+
+    Raises:
+        TaskFormatError: a name no built-in task matches.
+    """
+    if tasks is None or str(tasks) == "builtin":
+        return BUILTIN_DIR, []
+    path = Path(tasks)
+    if path.exists():
+        return path, []
+    name = str(tasks)
+    if not any(t.id == name or t.id.startswith(name) for t in load_tasks(BUILTIN_DIR)):
+        raise TaskFormatError(f"{tasks}: no such task folder or file, nor a built-in task or family "
+                              f"(built-in ids: {', '.join(sorted(t.id for t in load_tasks(BUILTIN_DIR)))})")
+    return BUILTIN_DIR, [name]
+
+
+def _domain(file: Path, root: Path, task: Task | None) -> str:
+    parent = file.parent.relative_to(root) if root.is_dir() else Path(".")
+    if str(parent) != ".":
+        return parent.as_posix()
+    return task.family if task is not None else file.stem.rsplit("-", 1)[0]
+
+
+def load_task_set(tasks: str | Path | None = None, split: str | Path | None = None) -> list[TaskEntry]:
+    """The tasks of ``tasks`` (see :func:`resolve_tasks_path`), cut by ``split`` when given, in split order (else
+    sorted by domain and id).
+
+    Every file under the folder is loaded on its own: one that fails becomes an entry with its error. With a
+    split, an id the folder lacks becomes an entry with ``error = "not in <folder>"``.
+
+    Raises:
+        TaskFormatError: the folder does not exist or holds no task file, two files share an id, the split
+            cannot be read, or nothing is left.
+    """
+    root, prefixes = resolve_tasks_path(tasks)
+    files = sorted(p for p in root.rglob("*.json") if p.is_file()) if root.is_dir() else [root]
+    if not files:
+        raise TaskFormatError(f"{root}: no *.json task files in this folder")
+    entries: dict[tuple[str, str], TaskEntry] = {}
+    seen: dict[str, Path] = {}
+    for file in files:
+        try:
+            task: Task | None = load_task_file(file)
+            error = ""
+        except TaskFormatError as exc:
+            task, error = None, str(exc)
+        task_id = task.id if task is not None else file.stem
+        if prefixes and not any(task_id == p or task_id.startswith(p) for p in prefixes):
+            continue
+        if task_id in seen:
+            raise TaskFormatError(f"{file}: duplicate task id {task_id!r} (also in {seen[task_id]})")
+        seen[task_id] = file
+        domain = _domain(file, root, task)
+        entries[(domain, task_id)] = TaskEntry(domain, task_id, task, error)
+    if split is not None:
+        chosen = []
+        by_id = {tid: entry for (_, tid), entry in entries.items()}
+        for domain, ids in load_split(split).items():
+            for task_id in ids:
+                entry = entries.get((domain, task_id))
+                if entry is None and task_id in by_id and root == BUILTIN_DIR:
+                    entry = TaskEntry(domain, task_id, by_id[task_id].task, by_id[task_id].error)
+                chosen.append(entry or TaskEntry(domain, task_id, None, f"not in {root} (domain {domain})"))
+        result = chosen
+    else:
+        result = sorted(entries.values(), key=lambda e: (e.domain, e.task_id))
+    if not result:
+        raise TaskFormatError(f"no task left in {tasks or 'the built-in suite'}"
+                              + (f" after split {split}" if split is not None else ""))
+    return result
+
+
+def runnable_tasks(entries: list[TaskEntry]) -> list[Task]:
+    """The loaded tasks of ``entries``.
+
+    Raises:
+        TaskFormatError: an entry cannot run (a training run's evaluation set must run whole; the message names
+            each such task and why).
+    """
+    bad = [f"{e.domain}/{e.task_id}: {e.error}" for e in entries if e.task is None]
+    if bad:
+        raise TaskFormatError("tasks that cannot run: " + "; ".join(bad))
+    return [e.task for e in entries if e.task is not None]
+
+
+def write_split(path: str | Path, entries: list[TaskEntry]) -> None:
+    """Write ``entries`` as a split file ``{domain: [task id, ...]}`` (indented JSON)."""
+    split: dict[str, list[str]] = {}
+    for e in entries:
+        split.setdefault(e.domain, []).append(e.task_id)
+    Path(path).write_text(json.dumps(split, indent=2) + "\n", encoding="utf-8")
