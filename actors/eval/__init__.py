@@ -1,0 +1,13 @@
+"""Scoring a policy on a task set with real desktops: ``arpo eval`` and :func:`evaluate`, one code path.
+
+Modules, one role each:
+
+- :mod:`actors.eval.stats`: success-rate interval (Wilson) and pass@k (the unbiased estimator);
+- :mod:`actors.eval.results`: one episode's result on disk, laid out as OSWorld's own runner lays it out;
+- :mod:`actors.eval.report`: report.json / report.md from the episodes' results;
+- :mod:`actors.eval.runner`: :func:`evaluate`, the episodes on a pool of desktops, resumable.
+"""
+
+from actors.eval.runner import EvalSettings, evaluate
+
+__all__ = ["EvalSettings", "evaluate"]

@@ -1,0 +1,134 @@
+"""Scripted policies for evaluation tests: an oracle that reads the app's layout and solves every built-in task,
+and one that only answers ``finished``.
+
+The oracle is a real :class:`actors.policy.Policy`: it gets the prompt the episode loop built, finds the task by
+its instruction in the decoded prompt, reads the desktop of its episode (``actors.episode.CURRENT_CONTROLLER``:
+the app's layout file, ``/tmp/arpo/layout.json``, widget -> screen box) and answers one UI-TARS action per step in
+``relative1000`` coordinates, as the episode loop parses them. Its plan comes from the task file itself (which app
+the task launches, what its evaluator expects), so new tasks of the same apps need no new code here.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shlex
+from collections import defaultdict
+
+from actors.episode import CURRENT_CONTROLLER
+from arpo_async.model.inputs import PromptEncoder
+from arpo_async.tasks import Task
+
+LAYOUT = "/tmp/arpo/layout.json"
+
+
+def _launch(task: Task) -> list[str]:
+    for step in task.config:
+        if step["type"] == "launch":
+            cmd = step["parameters"]["command"]
+            return cmd if isinstance(cmd, list) else shlex.split(cmd)
+    return []
+
+
+def _rules(expected: dict | list) -> list[dict]:
+    items = expected if isinstance(expected, list) else [expected]
+    return [e.get("rules", {}) for e in items if isinstance(e, dict)]
+
+
+def plan(task: Task) -> list[tuple[str, str]]:
+    """The steps that solve ``task``: ("click", layout key), ("type", text) or ("click_centre", ""), then finished.
+
+    Raises:
+        LookupError: a task of an app this oracle does not know.
+    """
+    argv = _launch(task)
+    app = argv[1].rsplit("/", 1)[-1] if len(argv) > 1 and argv[0] == "python3" else (argv[0] if argv else "")
+    rules = _rules(task.evaluator.get("expected", {}))
+    if app == "button_grid.py":
+        return [("click", rules[0]["expected"])]
+    if app == "settings.py":
+        section, switch = rules[0]["include"][0].split("/", 1)
+        steps = [("click", section), ("click", f"{section}/{switch}")]
+        return steps + ([("click", "Apply")] if "--apply" in argv else [])
+    if app == "form.py":
+        steps = []
+        for r in rules:
+            for line in r.get("include", []) or [r.get("expected", "")]:
+                name, value = line.strip().split(": ", 1)
+                steps += [("click", name), ("type", value)]
+        return steps + [("click", "Save")]
+    if app == "checklist.py":
+        return [("click", item) for item in rules[0]["include"]] + [("click", "Save")]
+    if app == "menu_app.py":
+        menu = rules[0]["expected"]
+        return [("click", menu.split("/", 1)[0]), ("click", menu)]
+    if app == "xterm":
+        result = task.evaluator["result"]
+        if task.evaluator["func"] == "file_contains":
+            line = f"echo {shlex.quote(' '.join(rules[0]['expected']))} > {result['path']}"
+        else:
+            line = "mkdir -p " + re.search(r"test -d (\S+)", str(result["command"]))[1]
+        return [("click_centre", ""), ("type", line + "\n")]
+    raise LookupError(f"the oracle does not know the app of task {task.id}: {argv}")
+
+
+async def _widget(key: str, timeout_s: float = 10.0) -> dict:
+    """The screen box of ``key`` in the app's layout file, once the app has written it there (it rewrites the
+    file when its window settles after a click)."""
+    controller = CURRENT_CONTROLLER.get()
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        layout = json.loads(await controller.get_file(LAYOUT) or b"{}")
+        if key in layout or asyncio.get_running_loop().time() > deadline:
+            return layout[key]
+        await asyncio.sleep(0.05)
+
+
+class OraclePolicy:
+    """Solves the tasks it is given (see module docstring); steps beyond the plan answer ``finished``.
+
+    Args:
+        tasks: the tasks it may be asked about (found by their instruction in the prompt).
+        encoder: the prompt encoder of the episode loop (to decode the prompt).
+        screen: the desktop's (width, height) in pixels.
+    """
+
+    def __init__(self, tasks: list[Task], encoder: PromptEncoder, screen: tuple[int, int] = (1280, 720)) -> None:
+        self.tasks = sorted(tasks, key=lambda t: -len(t.instruction))  # the longest match first
+        self.encoder, self.screen = encoder, screen
+        self.steps: dict[str, int] = defaultdict(int)
+
+    def _task(self, input_ids: list[int]) -> Task:
+        text = self.encoder.decode(input_ids, skip_special_tokens=False)
+        for task in self.tasks:
+            if task.instruction in text:
+                return task
+        raise LookupError("no known instruction in the prompt")
+
+    def _point(self, x: float, y: float) -> str:
+        return f"({min(999, round(x / self.screen[0] * 1000))},{min(999, round(y / self.screen[1] * 1000))})"
+
+    async def generate(self, *, input_ids, images, sampling_params, rid, episode_id):
+        from actors.policy import text_generation
+
+        task = self._task(list(input_ids))
+        index = self.steps[episode_id]
+        self.steps[episode_id] += 1
+        steps = plan(task)
+        if index >= len(steps):
+            return text_generation("Thought: done\nAction: finished(content='done')")
+        kind, arg = steps[index]
+        if kind == "type":
+            escaped = arg.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n")
+            return text_generation(f"Thought: type\nAction: type(content='{escaped}')")
+        if kind == "click_centre":
+            point = self._point(self.screen[0] / 2, self.screen[1] / 2)
+        else:
+            box = await _widget(arg)
+            point = self._point(box["cx"], box["cy"])
+        return text_generation(f"Thought: click\nAction: click(start_box='{point}')")
+
+
+async def finished_only(**_kw):
+    """A policy that gives up at once: ``finished`` on the first step of every episode."""
+    return "Thought: done\nAction: finished(content='done')"
