@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", type=Path, help="also write every task's report as JSON here")
     add_config_arguments(check, ("", "learner", "actors"))  # learner.osworld_files, actors.download_*, memory
 
+    from arpo_cli.eval_command import add_eval_parser
+    add_eval_parser(sub)
+
     init_model.add_arguments(sub.add_parser("init-model", help="create a tiny random Qwen2.5-VL policy offline"))
     keys = sub.add_parser("keys", help="write a ZeroMQ CURVE key pair (the learner's, or an actor host's)")
     keys.add_argument("--out", type=Path, required=True, help="folder for NAME.key (public) and NAME.key_secret")
@@ -167,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"public key {public} (give it to the peers)\nsecret key {secret} (keep it here)")
         return 0
+    if args.command == "eval":
+        from arpo_cli.eval_command import eval_main
+        return eval_main(args)
     if args.command == "init-model":
         return init_model.run_from_args(args)
     return 2

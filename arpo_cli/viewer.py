@@ -1,4 +1,5 @@
-"""The trajectory viewer: one static HTML page of a run's sampled trajectories (`arpo view RUN_DIR`).
+"""The trajectory viewer: one static HTML page of a run's sampled trajectories (`arpo view RUN_DIR`), or of an
+evaluation's episodes (`arpo view EVAL_DIR`, read by arpo_cli.eval_view).
 
 Role: turn a run folder into a page a person reads. It reads ``<run>/trajectories/*/record.json`` (written by
 the learner's trajectory sample; the record's fields are listed in learner/trajectory_sample.py) and
@@ -39,6 +40,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from arpo_cli.eval_view import is_eval_dir, load_eval_samples
 from arpo_cli.curve import CurveError, draw_reward, draw_success, load_records, series
 
 PAGE_FILE = "view.html"
@@ -77,6 +79,8 @@ def load_samples(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ViewerError(f"{run_dir} is not a folder (expected a run folder such as runs/demo)")
+    if not (run_dir / SAMPLES_DIR).is_dir() and is_eval_dir(run_dir):
+        return load_eval_samples(run_dir)  # an `arpo eval` folder: its episodes, as samples
     records, problems = [], []
     for path in sorted((run_dir / SAMPLES_DIR).glob(f"*/{RECORD_FILE}")):
         try:

@@ -78,16 +78,15 @@ def _pct(x: float | None) -> str:
 
 
 def _row(name: str, s: dict, repeats: int) -> list[str]:
-    k = str(repeats)
+    passes = [_pct(s["pass_at_k"].get(str(repeats)))] if repeats > 1 else []
     return [name, str(s["episodes"]), str(s["successes"]), _pct(s["success_rate"]),
-            f"{_pct(s['ci95'][0])}-{_pct(s['ci95'][1])}", _pct(s["pass_at_k"].get("1")),
-            _pct(s["pass_at_k"].get(k)), "-" if s["mean_steps"] is None else f"{s['mean_steps']:.1f}",
-            str(s["errors"])]
+            f"{_pct(s['ci95'][0])}-{_pct(s['ci95'][1])}", _pct(s["pass_at_k"].get("1")), *passes,
+            "-" if s["mean_steps"] is None else f"{s['mean_steps']:.1f}", str(s["errors"])]
 
 
 def _table(rows: list[list[str]], repeats: int) -> list[str]:
-    header = ["", "episodes", "successes", "success", "95% interval", "pass@1", f"pass@{repeats}", "mean steps",
-              "errors"]
+    header = ["", "episodes", "successes", "success", "95% interval", "pass@1",
+              *([f"pass@{repeats}"] if repeats > 1 else []), "mean steps", "errors"]
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 

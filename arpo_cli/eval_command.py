@@ -1,0 +1,220 @@
+"""``arpo eval``: score a policy on a task set with real desktops (actors.eval.evaluate), from one command.
+
+The policy is one of:
+
+- ``--model DIR``: a Hugging Face folder, a run's ``weights/vN``, or a run folder (its newest ``weights/vN``);
+  arpo-serve is started for it (``OUT/logs/serve.log``) and stopped after. A run's own ``config.toml`` (the run
+  folder's, or the one above ``weights/``) is the base config, so the episodes use the run's screen, prompt,
+  grammar and step budget unless flags say otherwise;
+- ``--url URL``: an SGLang or arpo-serve server already running (its ``/generate``);
+- ``--openai-url URL --openai-model NAME``: any OpenAI-compatible chat-completions server (actors.openai_policy).
+
+With ``--url`` and ``--openai-url`` the prompt is built with the tokenizer of ``--tokenizer DIR`` (default: the
+tiny policy's, created if missing). Exit status: 0 when the evaluation ran (whatever the score), 1 when it could
+not (no model, the server did not start, Docker failed), 2 for a bad flag, config, task folder or split, 130 after
+Ctrl-C (the report of what finished is written; ``--resume`` finishes it).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import shlex
+import sys
+from pathlib import Path
+
+from arpo_async.config import ConfigError, RunConfig, load_config
+from arpo_async.config_doc import add_config_arguments
+
+WEIGHTS_DIR = re.compile(r"^v(\d+)$")
+
+
+class EvalError(RuntimeError):
+    """The evaluation could not start: the message says why."""
+
+
+def add_eval_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``arpo eval`` to the CLI's subcommands."""
+    from actors.eval.runner import DEFAULT_TEMPERATURE
+
+    p = sub.add_parser(
+        "eval", help="score a policy on a task set with real desktops (report.md, OSWorld-layout results)",
+        description="Run every task of a task set (x --repeats) with a policy on real desktops, write each "
+                    "episode as OSWorld's runner does (OUT/<domain>/<task id>/<repeat>/result.txt, traj.jsonl, "
+                    "screenshots) and report.json / report.md: success with a 95% interval, pass@k and mean "
+                    "steps, overall, per domain and per task. Errored episodes count as failures and are listed.")
+    policy = p.add_argument_group("policy (one of --model, --url, --openai-url)")
+    policy.add_argument("--model", type=Path, help="a Hugging Face folder, a run's weights/vN, or a run folder "
+                                                   "(its newest weights); arpo-serve is started for it")
+    policy.add_argument("--url", help="a running SGLang or arpo-serve server, e.g. http://127.0.0.1:30000")
+    policy.add_argument("--openai-url", help="an OpenAI-compatible server's base URL, e.g. http://127.0.0.1:8000/v1")
+    policy.add_argument("--openai-model", help="the model name to ask the OpenAI-compatible server for")
+    policy.add_argument("--api-key", help="key for --url / --openai-url (default: $ARPO_API_KEY / $OPENAI_API_KEY)")
+    policy.add_argument("--tokenizer", type=Path, help="model folder whose tokenizer builds the prompt for --url "
+                                                       "and --openai-url (default: the tiny policy's)")
+    p.add_argument("--tasks", help="a folder of OSWorld-format task files (<domain>/<id>.json), a task file, or "
+                                   "a built-in task or family name (default: every built-in task)")
+    p.add_argument("--split", help="a split file {domain: [task ids]} (OSWorld's test_all.json form) or a "
+                                   "built-in split name, e.g. grid4-test")
+    p.add_argument("--desktops", type=int, default=8, help="desktops at once (default 8)")
+    p.add_argument("--repeats", type=int, default=1, help="episodes per task (default 1; pass@k uses them)")
+    p.add_argument("--max-steps", type=int, help="policy steps per episode (default: actors.max_steps of the "
+                                                  "config, which a run folder's config.toml sets)")
+    p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
+                   help=f"sampling temperature (default {DEFAULT_TEMPERATURE}: greedy, as OSWorld's UI-TARS agent "
+                        "samples, so a score does not move with the seed; use > 0 with --repeats for pass@k)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the episode order and arpo-serve's sampler (default 0)")
+    p.add_argument("--out", type=Path, help="results folder (default evals/<policy name>)")
+    p.add_argument("--resume", action="store_true", help="keep the finished episodes in --out, run the missing ones")
+    add_config_arguments(p, ("", "actors", "serve"))
+
+
+def resolve_model(path: Path) -> tuple[Path, int, Path | None]:
+    """The weights folder, its weight version and the run's config.toml (or None) of ``--model PATH``.
+
+    Raises:
+        EvalError: neither a Hugging Face folder (config.json) nor a run folder with weights/vN.
+    """
+    if (path / "config.json").is_file():
+        match = WEIGHTS_DIR.match(path.name)
+        if match and path.parent.name == "weights":
+            run_config = path.parent.parent / "config.toml"
+            return path, int(match[1]), run_config if run_config.is_file() else None
+        return path, 0, None
+    versions = sorted((int(m[1]), d) for d in (path / "weights").glob("v*")
+                      if (m := WEIGHTS_DIR.match(d.name)) and (d / "config.json").is_file())
+    if versions:
+        run_config = path / "config.toml"
+        return versions[-1][1], versions[-1][0], run_config if run_config.is_file() else None
+    raise EvalError(f"--model {path}: not a Hugging Face folder (no config.json) nor a run folder with "
+                    "weights/vN")
+
+
+def eval_config(args: argparse.Namespace, run_config: Path | None, model: Path | None) -> RunConfig:
+    """The base config: --config, else the run's config.toml; then --set; ``model`` is the prompt's tokenizer.
+    Raises ConfigError."""
+    overrides = list(args.overrides)
+    if model is not None:
+        overrides.append(f"model={str(model)!r}")
+    return load_config(args.config or run_config, overrides)
+
+
+async def _evaluate(args: argparse.Namespace, say) -> dict:
+    from actors.eval import evaluate
+    from arpo_async.inference_client import PolicyClient, RetryPolicy
+    from arpo_async.model.inputs import PromptEncoder
+    from arpo_cli.cluster_process import free_port
+    from arpo_cli.launcher import Children, prepare, wait_healthy
+
+    run_config: Path | None = None
+    version: int | None = None
+    if args.model is not None:
+        weights, version, run_config = resolve_model(args.model)
+        tokenizer = weights
+        name = f"{args.model}" if weights == args.model else f"{args.model} (weights/v{version})"
+    else:
+        tokenizer = args.tokenizer
+        name = args.openai_model if args.openai_url else args.url
+    # builds the desktop image and the tiny policy (the default tokenizer) when missing
+    config = prepare(eval_config(args, run_config, tokenizer), say)
+    out = args.out or Path("evals") / re.sub(r"[^A-Za-z0-9_.-]+", "-", str(name)).strip("-")
+    encoder = PromptEncoder(config.model_path)
+    meta = {"policy": {"kind": "model" if args.model else ("openai" if args.openai_url else "url"),
+                       "name": str(name), "weight_version": version},
+            "command": shlex.join(["arpo", *sys.argv[1:]] if sys.argv[0].endswith("arpo") else sys.argv)}
+    progress = _progress_printer()
+    async with Children() as children:
+        if args.model is not None:
+            url = f"http://127.0.0.1:{free_port()}"
+            log = out / "logs" / "serve.log"
+            serve = await children.start([sys.executable, "-m", "arpo_serve.main", "--model", str(weights),
+                                          "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1],
+                                          "--weight-version", str(version), "--seed", str(args.seed)], log)
+            await wait_healthy(url, serve, log)
+            say(f"arpo-serve ready at {url} with {weights} (weight version {version}); log {log}")
+        if args.openai_url:
+            from actors.openai_policy import OpenAIChatPolicy
+            policy = OpenAIChatPolicy(args.openai_url, args.openai_model, encoder, api_key=args.api_key,
+                                      seed=args.seed)
+        else:
+            ac = config.actors
+            policy = PolicyClient([url if args.model is not None else args.url], api_key=args.api_key or "",
+                                  retry=RetryPolicy(attempts=ac.policy_attempts, max_delay_s=ac.policy_max_wait_s))
+        try:
+            return await evaluate(policy, args.tasks, split=args.split, desktops=args.desktops,
+                                  repeats=args.repeats, max_steps=args.max_steps, temperature=args.temperature,
+                                  seed=args.seed, out=out, resume=args.resume, config=config, encoder=encoder,
+                                  meta={**meta, "out": str(out)}, progress=progress)
+        finally:
+            await policy.aclose() if hasattr(policy, "aclose") else None
+            progress.close()
+
+
+class _progress_printer:
+    """Shows ``Progress.line()`` (a live line on a terminal, plain lines elsewhere)."""
+
+    def __init__(self) -> None:
+        from arpo_cli.progress import open_display
+
+        self.display = open_display(sys.stderr)
+
+    def __call__(self, counts) -> None:
+        import time
+
+        self.display.update(counts.line(), time.monotonic(), force=counts.done == counts.planned)
+
+    def close(self) -> None:
+        self.display.close()
+
+
+def check_policy_args(args: argparse.Namespace) -> str | None:
+    """Why the policy flags are unusable, or None."""
+    given = [f for f in ("model", "url", "openai_url") if getattr(args, f) is not None]
+    if len(given) != 1:
+        return "give exactly one of --model, --url, --openai-url"
+    if args.openai_url and not args.openai_model:
+        return "--openai-url needs --openai-model NAME"
+    if args.desktops < 1 or args.repeats < 1 or (args.max_steps is not None and args.max_steps < 1):
+        return "--desktops, --repeats and --max-steps must be >= 1"
+    if not args.temperature >= 0:
+        return "--temperature must be >= 0"
+    return None
+
+
+def eval_main(args: argparse.Namespace) -> int:
+    """Run ``arpo eval``; print the per-task table and where the report is. Returns the exit status (module
+    docstring)."""
+    import os
+
+    from actors.desktop.build import DesktopBuildError
+    from actors.eval.report import task_table
+    from arpo_async.tasks import TaskFormatError
+    from arpo_cli.launcher import RunError
+
+    problem = check_policy_args(args)
+    if problem:
+        print(f"arpo eval: {problem}", file=sys.stderr)
+        return 2
+    if args.api_key is None:
+        args.api_key = os.environ.get("OPENAI_API_KEY" if args.openai_url else "ARPO_API_KEY")
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    try:
+        report = asyncio.run(_evaluate(args, say))
+    except (ConfigError, TaskFormatError, FileExistsError, ValueError) as e:
+        print(f"arpo eval: {e}", file=sys.stderr)
+        return 2
+    except (EvalError, RunError, DesktopBuildError, OSError) as e:
+        print(f"arpo eval: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("arpo eval: interrupted; the report of the finished episodes is written; --resume finishes it",
+              file=sys.stderr)
+        return 130
+    print(task_table(report))
+    out = Path(report["out"])
+    print(f"\nsuccess {report['overall']['successes']}/{report['overall']['episodes']}; "
+          f"{len(report['errors'])} errored episode(s) counted as failures; report: {out / 'report.md'}")
+    return 0
