@@ -133,7 +133,10 @@ class EpisodeRunner:
             async with asyncio.timeout(self.config.setup_timeout_s):
                 await run_setup(controller, task.config, SetupContext(self.downloads, task.id))
             traj.timings["setup_s"] = time.perf_counter() - t0
-            last_action = await self._loop(controller, task, traj)
+            params = (self.sampling_params if assignment.temperature < 0
+                      else {**self.sampling_params, "temperature": assignment.temperature})
+            last_action = await self._loop(controller, task, traj, max_steps=assignment.max_steps or None,
+                                           sampling_params=params)
             t0 = time.perf_counter()
             async with asyncio.timeout(self.config.setup_timeout_s):
                 traj.score = float(await evaluate(controller, task, last_action, self.downloads))
@@ -181,12 +184,15 @@ class EpisodeRunner:
             await sink.submit(traj)
         return traj
 
-    async def _loop(self, controller: ControllerClient, task: Task, traj: Trajectory) -> str | None:
-        """The step loop; returns the terminal action ("DONE" or "FAIL"), or None if the budget ran out."""
+    async def _loop(self, controller: ControllerClient, task: Task, traj: Trajectory, *, max_steps: int | None = None,
+                    sampling_params: dict | None = None) -> str | None:
+        """The step loop; returns the terminal action ("DONE" or "FAIL"), or None if the budget ran out.
+        ``max_steps`` and ``sampling_params`` override actors.max_steps and :attr:`sampling_params` (an
+        Assignment's own step budget and temperature, e.g. an evaluation episode's)."""
         cfg = self.config
         replies: list[str] = []
         shot_of_step: list[int] = []  # observation i -> its index in traj.screenshots (duplicates stored once)
-        for _ in range(cfg.max_steps):
+        for _ in range(max_steps or cfg.max_steps):
             t0 = time.perf_counter()
             async with asyncio.timeout(cfg.step_timeout_s):
                 shot = await controller.screenshot(cfg.screenshot_format, cfg.screenshot_quality)
@@ -201,7 +207,7 @@ class EpisodeRunner:
             gen = await self.policy.generate(
                 input_ids=self.encoder.collapse_image_pads(prompt_ids),
                 images=[traj.screenshots[i] for i in image_indices],
-                sampling_params=self.sampling_params, rid=f"{traj.trajectory_id}-{len(traj.steps)}",
+                sampling_params=sampling_params or self.sampling_params, rid=f"{traj.trajectory_id}-{len(traj.steps)}",
                 episode_id=traj.trajectory_id)
             if gen.finish_reason == "abort":  # the server gave up on it: not a reply the policy chose
                 raise GenerationAborted(f"{gen.url} aborted request {traj.trajectory_id}-{len(traj.steps)} after "

@@ -30,6 +30,7 @@ from arpo_async.config import TransportConfig
 from arpo_async.messages import (Ack, Assignment, Heartbeat, Hello, LearnerStatus, Reject, Shutdown, Trajectory,
                                  WorkRequest)
 from arpo_async.transport import Envelope, Outbox, Undecodable
+from arpo_async.validation import InvalidMessage, check_assignment
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,11 @@ class LearnerLink:
             log.warning("bad message from the learner: %s", message.reason)
         elif isinstance(message, Assignment):
             future = self._requests.get(message.request_id)
+            try:
+                check_assignment(message)
+            except InvalidMessage as invalid:  # a learner bug: the request stays open and is re-sent later
+                log.error("assignment for request %s dropped: %s", message.request_id, invalid)
+                return
             if future is not None and not future.done():
                 future.set_result(message)
             else:

@@ -15,6 +15,7 @@ TOML layout (every section and key optional)::
     [learner]    group_size = 4   groups_per_step = 2   steps = 3   lr = 5e-4 ...
     [actors]     actors = 8   inference_urls = ["http://127.0.0.1:30000"] ...
     [serve]      port = 30000 ...
+    [eval]       tasks = "grid4-test"   every_steps = 20   repeats = 2 ...
     [cluster]    servers = 1   learner_ranks = 2 ...   (read by `arpo launch` only)
 
 CLI overrides use dotted keys: ``--set learner.lr=1e-3 --set actors.max_steps=5``.
@@ -429,6 +430,44 @@ class ServeConfig:
     under this folder; empty = no local files at all (actors send base64 data URIs)."""
 
 
+@_config("eval")
+class EvalConfig:
+    """Held-out evaluation during training (learner.evaluation_rounds): rounds of episodes on the run's own
+    desktops, at the policy version of the moment, never trained on, never in the replay buffer, never in task
+    selection's statistics. A round runs before the first optimizer step (fresh runs), whenever the step count
+    crosses a multiple of every_steps, and on the final weights before the learner stops; each round's
+    eval_success, eval_task_success and eval_policy_version go into the next metrics.jsonl record."""
+
+    tasks: str = ""
+    """What to evaluate on: the name of a built-in split ("grid4-test": arpo_async/splits/<name>.json, cut from
+    the built-in suite), a task folder or file (OSWorld format), or a built-in task id or family ("grid4"); with
+    `split` also set, the folder the split is cut from. Empty (and no split) = no evaluation. Checked when the
+    learner starts: a set that does not load or holds a task that cannot run stops it with an error naming this key."""
+    split: str = ""
+    """A split file ({domain: [task id, ...]}, OSWorld's test_all.json form) or built-in split name that cuts
+    `tasks` (empty tasks: learner.tasks, or the built-in suite); empty = every task of `tasks`."""
+    every_steps: NonNegativeInt = 0
+    """Evaluate whenever the optimizer step count crosses a multiple of this (0 = only before training and on the
+    final weights). A round still running when the next one is due is let finish and recorded; the due one is
+    skipped (counted in totals as eval_rounds_skipped), except the final round, which always runs."""
+    repeats: PositiveInt = 1
+    """Episodes per task in each round (round size = repeats x tasks)."""
+    max_steps: NonNegativeInt = 0
+    """Step budget of an evaluation episode (0 = actors.max_steps)."""
+    temperature: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    """Sampling temperature of evaluation episodes. 0 = greedy, as OSWorld and UI-TARS report a checkpoint's score:
+    deterministic, so repeats only measure the desktops' noise, and a greedy policy that repeats one action ends at
+    the step budget (max_steps bounds it). A small policy trained from scratch (configs/grid4.toml) is better read
+    at its training temperature (actors.temperature, 1.0): its greedy answer is one fixed click per task."""
+    final_timeout_s: NonNegativeFloat = 600.0
+    """How long the end of the run waits for the final round (logged; 0 = no final round)."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run evaluates (tasks or split is set)."""
+        return bool(self.tasks or self.split)
+
+
 @_config("cluster")
 class ClusterConfig:
     """`arpo launch`: what it places on a Ray cluster (launch and supervision only; the processes talk ZeroMQ,
@@ -482,6 +521,7 @@ class RunConfig:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     actors: ActorConfig = field(default_factory=ActorConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     @property

@@ -220,7 +220,13 @@ class WorkRequest:
 
 @dataclass
 class Assignment:
-    """Learner -> actor: one rollout of one group. ``task`` is the task's OSWorld JSON dict."""
+    """Learner -> actor: one rollout of one group, or one evaluation episode. ``task`` is the task's OSWorld JSON
+    dict.
+
+    The last three fields were added without a schema bump: a peer that predates them decodes an Assignment without
+    them to their defaults (a training rollout), and one that meets them refuses the message (an unknown field,
+    WireError) instead of misreading it. :func:`arpo_async.validation.check_assignment` checks their values.
+    """
 
     TYPE: ClassVar[str] = "assignment"
     request_id: str
@@ -228,6 +234,13 @@ class Assignment:
     group_id: str
     rollout_index: int
     policy_version: int
+    evaluation: bool = False
+    """True: a held-out evaluation episode (learner.evaluation_rounds): its trajectory is acked like any other and
+    never trained on. The actor runs it the same way, with the overrides below."""
+    max_steps: int = 0
+    """Step budget of this episode; 0 = the actor's own (actors.max_steps)."""
+    temperature: float = -1.0
+    """Sampling temperature of this episode (0 = greedy); negative = the actor's own (actors.temperature)."""
 
 
 @dataclass

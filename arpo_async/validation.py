@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arpo_async.messages import Hello, Outcome, Trajectory, WorkRequest
+from arpo_async.messages import Assignment, Hello, Outcome, Trajectory, WorkRequest
 
-__all__ = ["InvalidMessage", "WireLimits", "check_hello", "check_trajectory", "check_work_request"]
+__all__ = ["InvalidMessage", "WireLimits", "check_assignment", "check_hello", "check_trajectory",
+           "check_work_request"]
 
 
 class InvalidMessage(ValueError):
@@ -28,7 +29,7 @@ class InvalidMessage(ValueError):
 
     Attributes:
         reason: short key for metrics (``score``, ``logprobs``, ``lengths``, ``token_ids``, ``image_indices``,
-            ``versions``, ``size``, ``timings``, ``outcome``, ``fields``).
+            ``versions``, ``size``, ``timings``, ``outcome``, ``fields``, ``sampling``).
         detail: what exactly is wrong (the field path and value).
     """
 
@@ -236,3 +237,22 @@ def check_hello(hello: Hello, limits: WireLimits = WireLimits()) -> None:
         _fail("fields", f"slots {hello.slots} outside [0, {limits.max_slots}]")
     if len(hello.held_trajectories) > limits.max_held:
         _fail("size", f"{len(hello.held_trajectories)} held trajectory ids (most {limits.max_held})")
+
+
+MAX_TEMPERATURE = 100.0
+"""Highest sampling temperature an Assignment may ask for (any useful one is below 2)."""
+
+
+def check_assignment(assignment: Assignment, limits: WireLimits = WireLimits()) -> None:
+    """Raise InvalidMessage (reason ``fields`` or ``sampling``) for an empty or oversized request or group id, a
+    negative rollout index or policy version, a step budget outside [0, ``limits.max_steps``] (0 = the actor's
+    own), or a temperature that is not a finite number <= MAX_TEMPERATURE (a negative one = the actor's own)."""
+    _check_id("request_id", assignment.request_id, limits)
+    _check_id("group_id", assignment.group_id, limits)
+    if assignment.rollout_index < 0 or assignment.policy_version < 0:
+        _fail("fields", f"rollout_index {assignment.rollout_index} / policy_version {assignment.policy_version} "
+                        "must be >= 0")
+    if not 0 <= assignment.max_steps <= limits.max_steps:
+        _fail("sampling", f"max_steps {assignment.max_steps} outside [0, {limits.max_steps}]")
+    if not math.isfinite(assignment.temperature) or assignment.temperature > MAX_TEMPERATURE:
+        _fail("sampling", f"temperature {assignment.temperature!r} is not a finite number <= {MAX_TEMPERATURE:g}")

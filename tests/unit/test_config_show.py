@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from arpo_async.config import (ActorConfig, ClusterConfig, LearnerConfig, RunConfig, ServeConfig, TransportConfig,
-                               load_config)
+from arpo_async.config import (ActorConfig, ClusterConfig, EvalConfig, LearnerConfig, RunConfig, ServeConfig,
+                               TransportConfig, load_config)
 from arpo_async.config_doc import SECTIONS, describe, field_docs, render_toml
 from arpo_serve.main import parse_args as serve_args
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION_CLASSES = {"": RunConfig, "transport": TransportConfig, "learner": LearnerConfig, "actors": ActorConfig,
-                   "serve": ServeConfig, "cluster": ClusterConfig}
+                   "serve": ServeConfig, "eval": EvalConfig, "cluster": ClusterConfig}
 
 
 def arpo(*args: str, module: str = "arpo_cli.cli") -> subprocess.CompletedProcess:
@@ -38,7 +38,7 @@ def key_block(text: str, section: str, name: str) -> str:
 
 
 def test_sections_are_the_run_configs_tables():
-    assert SECTIONS == ("transport", "learner", "actors", "serve", "cluster")
+    assert SECTIONS == ("transport", "learner", "actors", "serve", "eval", "cluster")
 
 
 def test_every_key_shows_with_its_docstring_value_and_default(tmp_path):
