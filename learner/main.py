@@ -6,7 +6,8 @@ Dataflow (every queue and task is made in `run_learner`): ROUTER SocketPump -> i
 ``service.on_trained(step, version)`` announces the version -> checkpoint -> metrics.jsonl via learner.records).
 Stops after ``learner.steps`` optimizer steps in all (0 = until SIGINT/SIGTERM), then tells the actors to shut
 down. Schedules: learner.training_loop. Baseline pass (``learner.baseline_k`` > 0): learner.baseline, run before
-training starts. Observability tasks: the event-loop lag probe (arpo_async.loop_lag) and the queue-depth peaks
+training starts. Held-out evaluation (``[eval]``): learner.evaluation_rounds, a round before the first step, every
+``eval.every_steps`` and on the final weights (waited for before the actors are told to stop). Observability tasks: the event-loop lag probe (arpo_async.loop_lag) and the queue-depth peaks
 (learner.run_stats.RunStats.watch_depths), both in every metrics record and in status.json.
 
 Ranks: ``torchrun --nproc-per-node N -m learner.main --config run.toml`` trains with N ranks (FSDP2); rank 0
@@ -39,6 +40,7 @@ from learner.baseline import plan_tasks
 from learner.batcher import Batcher, BatchQueue
 from learner.checkpoint import Checkpointer, checkpoint_folders
 from learner.distributed import LeadTrainer, RankGroupError, follow, init_ranks, leave, torchrun_world
+from learner.evaluation_rounds import EvaluationRounds, evaluation_tasks
 from learner.forced_tokens import ForcedTokens
 from learner.publisher import DistributedPublisher, WeightPublisher
 from learner.replay import ReplayBuffer, make_replay
@@ -82,6 +84,7 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
     ``trainer``: the trainer to drive (under torchrun, rank 0's :class:`LeadTrainer`); None = load one here."""
     lc, run, learner_id = config.learner, config.run_path, uuid.uuid4().hex[:12]
     lockstep, tasks = lc.schedule == "lockstep", select_tasks(lc)  # a bad task filter stops before the model loads
+    eval_tasks = evaluation_tasks(config)  # so does a bad [eval] task set (ConfigError)
     if trainer is None:
         trainer = await asyncio.to_thread(Trainer, config.model_path, lc)
     vocab_size = trainer.model.config.text_config.vocab_size
@@ -105,15 +108,19 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
                                  max_slots_per_peer=config.transport.max_slots_per_peer,
                                  sampler=TrajectorySampler(run / "trajectories", rate=lc.sample_trajectories,
                                                            disk_mb=lc.sample_disk_mb),
-                                 message_counts=pump.message_counts)
+                                 message_counts=pump.message_counts,
+                                 evaluation=EvaluationRounds(eval_tasks, config.eval, final_step=lc.steps,
+                                                             id_prefix=f"{learner_id[:6]}-") if eval_tasks else None)
         async with PolicyClient(list(config.actors.inference_urls), api_key=config.serve.api_key) as client:
             loop = TrainingLoop(service, batches, trainer, weight_publisher(config, client),
                                 Checkpointer(run / "checkpoints", keep=lc.keep_checkpoints), replay, lc,
-                                forced=ForcedTokens(config.model_path, vocab_size) if lc.mask_forced_tokens else None)
+                                forced=ForcedTokens(config.model_path, vocab_size) if lc.mask_forced_tokens else None,
+                                final_eval_timeout_s=config.eval.final_timeout_s)
             await loop.resume(run / "metrics.jsonl")
-            log.info("learner %s on %s (%s): %d tasks, G=%d, B=%d, eta=%d, from step %d / version %d", learner_id,
+            log.info("learner %s on %s (%s): %d tasks, G=%d, B=%d, eta=%d, from step %d / version %d%s", learner_id,
                      config.transport.endpoint, lc.schedule, len(plan.pool), lc.group_size, lc.batch_trajectories,
-                     lc.max_staleness, service.step, service.version)
+                     lc.max_staleness, service.step, service.version,
+                     f"; evaluating {len(eval_tasks)} tasks x {config.eval.repeats}" if eval_tasks else "")
             with MetricsWriter(run / "metrics.jsonl", tensorboard=run / "tb" if lc.tensorboard else None) as metrics:
                 async with asyncio.TaskGroup() as tg:
                     background = [tg.create_task(pump.run()), tg.create_task(service.serve(inbox)),
@@ -124,6 +131,7 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
                                   tg.create_task(service.stats.watch_depths(service.queue_depths))]
                     if isinstance(trainer, LeadTrainer):
                         background.append(tg.create_task(keep_ranks_alive(trainer)))
+                    await service.begin_evaluation()
                     await plan.run_baseline(service, lc, 0 if lockstep else None)
                     await loop.run(metrics)
                     await service.shutdown_actors("training finished")
@@ -190,7 +198,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="arpo-learner", description="The GRPO learner: hands out rollouts to arpo-actors over ZeroMQ, trains "
         "on their trajectories, publishes weights to the inference servers and writes <run_dir>/metrics.jsonl. "
         "Under torchrun (`torchrun --nproc-per-node N -m learner.main ...`) it trains with N ranks.")
-    add_config_arguments(parser, ("", "learner", "transport", "actors", "serve"))
+    add_config_arguments(parser, ("", "learner", "transport", "actors", "serve", "eval"))
     return parser.parse_args(argv)
 
 
@@ -206,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         resolve_device(config.learner.device)
         if config.learner.weight_sync == "distributed":
             sync_backend(config.learner)
+        evaluation_tasks(config)
     except ConfigError as e:  # learner.trainer's TrainerConfigError too
         log.error("%s", e)
         return 2

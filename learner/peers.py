@@ -14,7 +14,8 @@ Bookkeeping is O(1) per request (per-peer counts, not scans).
 
 Invariants: a request waits (backpressure) rather than being refused, unless its peer is at its cap; a rollout is
 handed out only while the scheduler has a slot and the admission rule (StalenessManager or LockstepAdmission)
-admits one more; a re-sent request gets the assignment it got before while that rollout still runs; a peer silent
+admits one more; an evaluation episode (learner.evaluation_rounds) waiting goes out first, outside the admission
+rule (it is never trained on, so it adds no policy lag to any batch); a re-sent request gets the assignment it got before while that rollout still runs; a peer silent
 for ``peer_timeout_s`` is forgotten, its waiting requests dropped and its running rollouts handed out again at once.
 """
 
@@ -27,8 +28,10 @@ import time
 from typing import Protocol
 
 from arpo_async.messages import Assignment, Heartbeat, Hello, LearnerStatus, Shutdown, WorkRequest
+from arpo_async.tasks import Task
 from arpo_async.transport import Outbox
 from arpo_async.validation import InvalidMessage
+from learner.evaluation_rounds import EvaluationRounds
 from learner.scheduler import GroupScheduler
 
 log = logging.getLogger("learner.service")
@@ -80,12 +83,15 @@ class Peers:
         run_id: this run's id; a Hello or WorkRequest naming another run is refused (see :meth:`check_run`).
         max_slots_per_peer: the most requests one peer may have waiting or running, whatever its Hello announced
             (transport.max_slots_per_peer).
+        evaluation: the held-out evaluation rounds whose episodes go out first (None: the run does not evaluate).
     """
 
     def __init__(self, outbox: Outbox, scheduler: GroupScheduler, admission: Admission,
                  totals: collections.Counter[str], *, learner_id: str, version: int = 0,
-                 peer_timeout_s: float = 30.0, run_id: str = "", max_slots_per_peer: int = 1024) -> None:
+                 peer_timeout_s: float = 30.0, run_id: str = "", max_slots_per_peer: int = 1024,
+                 evaluation: EvaluationRounds | None = None) -> None:
         self.outbox = outbox
+        self.evaluation = evaluation
         self.run_id = run_id
         self.scheduler = scheduler
         self.admission = admission
@@ -114,6 +120,21 @@ class Peers:
         self._requests_seen: collections.OrderedDict[str, Assignment | None] = collections.OrderedDict()
         """Request ids seen (None while waiting), with the assignment each got, so a re-sent request whose answer
         was lost (a full ROUTER queue drops silently) gets the same assignment again."""
+
+    def is_running(self, group_id: str, rollout_index: int) -> bool:
+        """Whether this slot is handed out and not back: a training rollout or an evaluation episode."""
+        return self.scheduler.is_running(group_id, rollout_index) or (
+            self.evaluation is not None and self.evaluation.is_running(group_id, rollout_index))
+
+    def is_evaluation(self, group_id: str, rollout_index: int) -> bool:
+        """Whether this slot is a running evaluation episode."""
+        return self.evaluation is not None and self.evaluation.is_running(group_id, rollout_index)
+
+    def running_task(self, group_id: str, rollout_index: int) -> Task:
+        """The task of a running slot (:meth:`is_running`). Raises KeyError when the slot is not running."""
+        if self.is_evaluation(group_id, rollout_index):
+            return self.evaluation.running_task(group_id, rollout_index)
+        return self.scheduler.running_task(group_id, rollout_index)
 
     def heard(self, peer: str) -> None:
         """``peer`` sent something just now."""
@@ -200,14 +221,20 @@ class Peers:
         return peer, request
 
     async def dispatch(self) -> None:
-        """Hand out rollouts to waiting requests, round-robin over their peers, while the scheduler has slots and
-        the admission rule admits them."""
-        while self.waiting and self.scheduler.has_work and self.admission.can_admit(self.version):
+        """Hand out work to waiting requests, round-robin over their peers: evaluation episodes first, then
+        rollouts while the scheduler has slots and the admission rule admits them."""
+        while self.waiting:
+            evaluation = self.evaluation is not None and self.evaluation.has_work
+            if not evaluation and not (self.scheduler.has_work and self.admission.can_admit(self.version)):
+                return
             peer, request = self._next_request()
-            rollout = self.scheduler.next_rollout()
-            self.admission.on_start()
+            if evaluation:
+                rollout, extra = self.evaluation.next_rollout(), self.evaluation.assignment_fields
+            else:
+                rollout, extra = self.scheduler.next_rollout(), {}
+                self.admission.on_start()
             assignment = Assignment(request.request_id, rollout.task.to_dict(), rollout.group_id,
-                                    rollout.rollout_index, self.version)
+                                    rollout.rollout_index, self.version, **extra)
             self.assigned[(rollout.group_id, rollout.rollout_index)] = peer
             if request.request_id in self._requests_seen:
                 self._requests_seen[request.request_id] = assignment
@@ -217,7 +244,7 @@ class Peers:
         """A request arrived again: re-send its assignment if it had one and the slot still runs; if it is still
         waiting, do nothing (it is answered when admitted)."""
         assignment = self._requests_seen[request_id]
-        if assignment is not None and self.scheduler.is_running(assignment.group_id, assignment.rollout_index):
+        if assignment is not None and self.is_running(assignment.group_id, assignment.rollout_index):
             self.totals["assignments_resent"] += 1
             await self.outbox.send(assignment, peer)
 
@@ -252,6 +279,8 @@ class Peers:
         reissued = self.scheduler.expire_slots(slots)
         for _ in range(reissued):
             self.admission.on_finish(accepted=False)
+        if self.evaluation is not None:
+            reissued += self.evaluation.expire_slots(slots)
         for peer in silent:
             self.actors.pop(peer, None)
             self.peer_slots.pop(peer, None)
@@ -268,7 +297,9 @@ class Peers:
             await asyncio.sleep(period_s)
             for _ in range(self.scheduler.expire()):
                 self.admission.on_finish(accepted=False)
-            for key in [key for key in self.assigned if not self.scheduler.is_running(*key)]:
+            if self.evaluation is not None:
+                self.evaluation.expire()
+            for key in [key for key in self.assigned if not self.is_running(*key)]:
                 self._release(self.assigned.pop(key))
             await self.forget_silent_peers()
             await self.dispatch()

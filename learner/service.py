@@ -20,6 +20,9 @@ the stall check). Channels (made by the wiring function, learner.main): the pump
   schedule: a batch goes on ``batches`` as soon as the batcher has one and ``batches`` is empty (at most one batch
   is formed ahead of the training loop); lockstep: a rollout batch opened by :meth:`LearnerService.open_round`
   goes on ``batches`` (every scored group of it, perhaps none) once all of it has come back;
+- an evaluation episode's trajectory (learner.evaluation_rounds) is acked, validated and de-duplicated the same
+  way, then goes to the evaluation rounds only: never to the scheduler, batcher, replay buffer, task selector,
+  baseline pass, outcome window or trajectory sample; a round comes due in :meth:`LearnerService.on_trained`;
 - a message that failed to decode, or whose handling raised, is counted in ``rejections`` and answered with a
   Reject; the service goes on.
 
@@ -47,6 +50,7 @@ from arpo_async.validation import (InvalidMessage, WireLimits, check_hello, chec
                                    check_work_request)
 from learner.baseline import BaselinePass
 from learner.batcher import Batcher, BatchQueue
+from learner.evaluation_rounds import EvaluationRounds
 from learner.peers import Admission, Peers, remember
 from learner.run_stats import RunStats
 from learner.scheduler import GroupScheduler
@@ -107,6 +111,8 @@ class LearnerService:
         max_slots_per_peer: see :class:`learner.peers.Peers`.
         message_counts: the ROUTER pump's messages by type (arpo_async.transport.SocketPump.message_counts),
             reported in metrics and status.json as ``messages`` (None: left out).
+        evaluation: the held-out evaluation rounds (None: the run does not evaluate); its counters go in
+            ``totals``.
     """
 
     def __init__(self, outbox: Outbox, scheduler: GroupScheduler, admission: Admission,
@@ -116,7 +122,7 @@ class LearnerService:
                  sampler: TrajectorySampler | None = None, run_id: str = "",
                  max_slots_per_peer: int = 1024,
                  message_counts: Callable[[], dict[str, dict[str, int]]] | None = None,
-                 ack_delay_s: float = ACK_DELAY_S) -> None:
+                 ack_delay_s: float = ACK_DELAY_S, evaluation: EvaluationRounds | None = None) -> None:
         self.outbox = outbox
         self.scheduler = scheduler
         self.admission = admission
@@ -131,9 +137,12 @@ class LearnerService:
         """Keeps a sample of the trajectories with their screenshots for `arpo view` (None: none kept)."""
         self.learner_id = learner_id or uuid.uuid4().hex[:12]
         self.stats = RunStats(batcher)
+        self.evaluation = evaluation
+        if evaluation is not None:
+            evaluation.totals = self.stats.totals
         self.peers = Peers(outbox, scheduler, admission, self.stats.totals, learner_id=self.learner_id,
                            version=version, peer_timeout_s=peer_timeout_s, run_id=run_id,
-                           max_slots_per_peer=max_slots_per_peer)
+                           max_slots_per_peer=max_slots_per_peer, evaluation=evaluation)
         self.step = 0
         """Optimizer steps taken in this run, across restarts (changed only by :meth:`on_trained`)."""
         self.baseline: BaselinePass | None = None
@@ -284,13 +293,13 @@ class LearnerService:
         totals, slot = self.stats.totals, (traj.group_id, traj.rollout_index)
         self._acks.setdefault(peer, []).append(traj.trajectory_id)  # sent at the end of the burst (`handle`)
         self._acks_held += 1
-        running = self.scheduler.is_running(*slot)
+        running = self.peers.is_running(*slot)
         owned = running and self.peers.assigned.get(slot) == peer
         seen = self._seen.get(traj.trajectory_id, False)
         try:
             check_trajectory(traj, vocab_size=self.vocab_size, version=self.version, limits=self.limits)
-            if seen is False and owned and traj.task_id != self.scheduler.running_task(*slot).id:
-                raise InvalidMessage("task", f"rollout {slot} is of task {self.scheduler.running_task(*slot).id!r}, "
+            if seen is False and owned and traj.task_id != self.peers.running_task(*slot).id:
+                raise InvalidMessage("task", f"rollout {slot} is of task {self.peers.running_task(*slot).id!r}, "
                                              f"not {traj.task_id[:80]!r}")
         except InvalidMessage as invalid:
             await self._reject(peer, invalid)
@@ -323,8 +332,13 @@ class LearnerService:
         await self._take(traj)
 
     async def _take(self, traj: Trajectory) -> None:
-        """Record a trajectory accepted for its running slot: counters, the statistics window, the sample kept
-        for `arpo view`, the scheduler; a complete group goes to the baseline pass or the batcher."""
+        """Record a trajectory accepted for its running slot: an evaluation episode's goes to the evaluation
+        rounds only; any other's to the counters, the statistics window, the sample kept for `arpo view`, the
+        scheduler, and a complete group to the baseline pass or the batcher."""
+        if self.peers.is_evaluation(traj.group_id, traj.rollout_index):
+            self.evaluation.record(traj)
+            await self.peers.dispatch()
+            return
         totals = self.stats.totals
         totals["from_desktop"] += bool(traj.desktop)
         totals["desktop_busy_s"] += traj.timings.get("episode_s", 0.0)  # for desktop utilisation
@@ -408,11 +422,36 @@ class LearnerService:
 
     async def on_trained(self, step: int, version: int) -> None:
         """The training loop took optimizer steps up to ``step`` (in all, across restarts) and published
-        ``version``: adopt it, announce it to every known actor, admit more work, offer the next batch."""
+        ``version``: adopt it, start an evaluation round if one is due (at ``version``), announce the version to
+        every known actor, admit more work, offer the next batch."""
         self.step = step
         self.stats.on_step()
+        if self.evaluation is not None:
+            self.evaluation.on_step(step, version)
         await self.peers.announce(version)
         self._offer_batch()
+
+    async def begin_evaluation(self) -> None:
+        """Training starts (or resumes): a fresh run hands out its evaluation round of the initial weights now
+        (learner.evaluation_rounds.EvaluationRounds.begin); nothing without ``evaluation``."""
+        if self.evaluation is not None and self.evaluation.begin(self.step, self.version):
+            await self.peers.dispatch()
+
+    async def finish_evaluation(self, timeout_s: float) -> bool:
+        """Wait for the evaluation round running (the final one, at the end of a run), at most ``timeout_s``
+        seconds; the wait and its outcome are logged. True when none runs any more (or the run does not
+        evaluate)."""
+        if self.evaluation is None or self.evaluation.round is None:
+            return True
+        current = self.evaluation.round
+        log.info("waiting up to %.0f s for the evaluation round of step %d (%d of %d episodes back)", timeout_s,
+                 current.step, len(current.outcomes), len(current.slots))
+        done = await self.evaluation.wait(timeout_s)
+        if not done:
+            log.warning("the evaluation round of step %d is not complete after %.0f s (%d of %d episodes back); "
+                        "the run ends without its result", current.step, timeout_s, len(current.outcomes),
+                        len(current.slots))
+        return done
 
     def on_unusable_batch(self) -> None:
         """The training loop got a batch with no usable sample (no optimizer step): count it."""
@@ -460,6 +499,7 @@ class LearnerService:
                 **({"messages": self.message_counts()} if self.message_counts is not None else {}),
                 "totals": dict(totals), "wall_s": self.stats.wall_s,
                 "set_aside": self.selector.set_aside if self.selector is not None else [],
+                **({"evaluation": self.evaluation.status()} if self.evaluation is not None else {}),
                 **({"baseline": {"groups_recorded": self.baseline.recorded_groups,
                                  "groups_planned": self.baseline.planned_groups}} if self.baseline else {})}
 

@@ -7,7 +7,9 @@ admits more work) -> checkpoint every ``learner.checkpoint_every`` steps -> one 
 (learner.records). Schedules (``learner.schedule``): "async" trains on each batch as soon as the service has one,
 while the staleness rule keeps handing out work; "lockstep" is ARPO's synchronous loop: open a rollout batch of
 ``groups_per_step`` groups, wait for all of it, train (no step when no group had reward variance), publish,
-repeat. Both write the same records.
+repeat. Both write the same records. Held-out evaluation (``[eval]``, learner.evaluation_rounds): a record carries
+the newest evaluation round completed since the previous record (``eval_success``, ...); the last batch's record
+waits for the round on the final weights, at most ``eval.final_timeout_s``.
 
 Owns: the loop's counters (rollout and skipped batches, wall time across restarts), resuming from the newest
 checkpoint (learner.checkpoint), and keeping the servers current: every ``learner.resync_interval_s`` a server
@@ -68,6 +70,8 @@ class TrainingLoop:
     """Training wall time before this process (from the checkpoint resumed)."""
     forced: ForcedTokens | None = None
     """Finds the grammar-forced tokens left out of the loss (None: every token counts; learner.mask_forced_tokens)."""
+    final_eval_timeout_s: float = 0.0
+    """How long the last batch's record waits for the evaluation round on the final weights (eval.final_timeout_s)."""
 
     def __post_init__(self) -> None:
         self._started = time.monotonic()
@@ -182,6 +186,10 @@ class TrainingLoop:
                              rollout_batches=self.rollout_batches, skipped_batches=self.skipped_batches)
         if self._resumed is not None:  # the first record after a restart says what was resumed
             record["resumed_from"], self._resumed = self._resumed, None
+        if service.evaluation is not None:
+            if self.done and self.final_eval_timeout_s > 0:
+                await service.finish_evaluation(self.final_eval_timeout_s)
+            record.update(service.evaluation.take_result())
         every = lc.checkpoint_every
         if every and service.step // every > (service.step - updates) // every:
             await self.checkpoint(record)

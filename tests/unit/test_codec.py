@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from arpo_async import codec
+from arpo_async.validation import InvalidMessage, check_assignment
 from arpo_async.messages import (Ack, Assignment, Heartbeat, Hello, LearnerStatus, MESSAGE_TYPES, Reject, Shutdown,
                                  Step, Trajectory, WorkRequest)
 
@@ -27,6 +28,7 @@ SAMPLES = [
     Heartbeat("a", 3, 1, 0),
     WorkRequest("a-r1", "a"),
     Assignment("a-r1", {"id": "t", "config": [{"type": "sleep", "parameters": {"seconds": 1}}]}, "g1", 0, 5),
+    Assignment("a-r2", {"id": "t"}, "L-e0-0-t", 1, 5, evaluation=True, max_steps=3, temperature=0.0),
     Ack(["t1"]),
     LearnerStatus("abc", 2),
     Shutdown("done"),
@@ -268,3 +270,43 @@ def test_a_long_array_column_travels_in_a_frame_of_its_own_and_decodes_to_views_
         codec.decode(_packed_header(header, frames), max_bytes=LIMIT)
     with pytest.raises(codec.WireError, match="not a multiple of 4"):
         codec.decode([*frames[:index], frames[index][:-1], *frames[index + 1:]], max_bytes=LIMIT)
+
+
+def _assignment_body(**fields) -> dict:
+    return {"request_id": "a-r1", "task": {"id": "t"}, "group_id": "g1", "rollout_index": 0, "policy_version": 5,
+            **fields}
+
+
+def test_an_assignment_without_the_evaluation_fields_is_a_training_rollout_of_the_actors_own_settings():
+    """What a learner that predates the fields sends: their defaults, no evaluation and no override."""
+    decoded = codec.decode(hostile({"type": "assignment", "schema": 2, "body": _assignment_body()}), max_bytes=LIMIT)
+    assert (decoded.evaluation, decoded.max_steps, decoded.temperature) == (False, 0, -1.0)
+    check_assignment(decoded)
+
+
+@pytest.mark.parametrize(("fields", "reason"), [
+    ({"evaluation": 1}, "evaluation: expected bool"),
+    ({"max_steps": 2.0}, "max_steps: expected an integer"),
+    ({"max_steps": True}, "max_steps: expected an integer"),
+    ({"temperature": "0.5"}, "temperature: expected a number"),
+])
+def test_the_codec_refuses_evaluation_fields_of_the_wrong_type(fields, reason):
+    with pytest.raises(codec.WireError, match=reason):
+        codec.decode(hostile({"type": "assignment", "schema": 2, "body": _assignment_body(**fields)}),
+                     max_bytes=LIMIT)
+
+
+@pytest.mark.parametrize(("fields", "reason"), [
+    ({"max_steps": -1}, "max_steps -1"),
+    ({"max_steps": 100_000}, "max_steps 100000"),
+    ({"temperature": float("nan")}, "temperature nan"),
+    ({"temperature": 1e9}, "temperature 1000000000.0"),
+    ({"rollout_index": -2}, "rollout_index -2"),
+    ({"group_id": ""}, "group_id is empty"),
+])
+def test_validation_refuses_evaluation_values_an_actor_cannot_run(fields, reason):
+    decoded = codec.decode(hostile({"type": "assignment", "schema": 2, "body": _assignment_body(**fields)}),
+                           max_bytes=LIMIT)  # the right types: the codec lets them through
+    with pytest.raises(InvalidMessage, match=reason):
+        check_assignment(decoded)
+    check_assignment(codec.decode(codec.encode(SAMPLES[5]), max_bytes=LIMIT))  # an evaluation one that is fine
