@@ -89,16 +89,6 @@ def in_terminal(line: str) -> Callable[[ControllerClient], Awaitable[None]]:
     return solve
 
 
-async def tick_milk_eggs(c: ControllerClient) -> None:
-    for key in ("Milk", "Eggs", "Save"):
-        await click_widget(c, key)
-
-
-async def file_export(c: ControllerClient) -> None:
-    await click_widget(c, "File")
-    await click_widget(c, "File/Export")
-
-
 SETTINGS_CLICKS = {  # the settings family: open a section, turn a switch on (then Apply): 2 and 3 actions
     "settings-sound-mute": ["Sound", "Sound/Mute"],
     "settings-display-dark-mode": ["Display", "Display/Dark mode"],
@@ -106,6 +96,20 @@ SETTINGS_CLICKS = {  # the settings family: open a section, turn a switch on (th
     "settings-network-bluetooth": ["Network", "Network/Bluetooth"],
     "settings-apply-sound-beep": ["Sound", "Sound/Beep", "Apply"],
     "settings-apply-display-large-text": ["Display", "Display/Large text", "Apply"],
+    "heldout-settings-display-large-text": ["Display", "Display/Large text"],
+    "heldout-settings-sound-beep-reordered": ["Sound", "Sound/Beep"],
+    "heldout-settings-network-wifi-reworded": ["Network", "Network/Wi-Fi"],
+    "heldout-settings-apply-sound-mute": ["Sound", "Sound/Mute", "Apply"],
+    "heldout-settings-apply-display-reordered": ["Display", "Display/Large text", "Apply"],
+}
+
+CLICKS = {  # the other click-only tasks: checklists (tick, then Save) and menus (open the menu, choose the item)
+    "checklist-groceries": ["Milk", "Eggs", "Save"],
+    "checklist-packing": ["Passport", "Charger", "Save"],
+    "heldout-checklist-bread-cheese": ["Bread", "Cheese", "Save"],
+    "menu-export": ["File", "File/Export"],
+    "menu-copy": ["Edit", "Edit/Copy"],
+    "heldout-menu-paste": ["Edit", "Edit/Paste"],
 }
 
 
@@ -124,13 +128,21 @@ SOLUTIONS: dict[str, Callable[[ControllerClient], Awaitable[None]]] = {
     "grid8-cherry": press_button("Cherry"),
     "grid8-mango": press_button("Mango"),
     "grid8-plum": press_button("Plum"),
+    "heldout-grid4-green-press": press_button("Green"),
+    "heldout-grid4-green-row": press_button("Green"),
+    "heldout-grid4-red-shuffled": press_button("Red"),
+    "heldout-grid4-purple": press_button("Purple"),
+    "heldout-grid8-peach": press_button("Peach"),
+    "heldout-grid8-kiwi-columns": press_button("Kiwi"),
     "form-name": fill_form({"Name": "Alice"}),
     "form-contact": fill_form({"Name": "Bob", "City": "Paris"}),
+    "heldout-form-email": fill_form({"Email": "carol@example.com"}),
+    "heldout-form-contact-swapped": fill_form({"City": "Oslo", "Name": "Dana"}),
     "terminal-hello": in_terminal("echo hello arpo > /root/hello.txt"),
     "terminal-mkdir": in_terminal("mkdir -p /root/projects/arpo"),
-    "checklist-groceries": tick_milk_eggs,
-    "menu-export": file_export,
-    **{task_id: click_in_order(keys) for task_id, keys in SETTINGS_CLICKS.items()},
+    "heldout-terminal-bye": in_terminal("echo goodbye arpo > /root/bye.txt"),
+    "heldout-terminal-mkdir-data": in_terminal("mkdir -p /root/data/runs"),
+    **{task_id: click_in_order(keys) for task_id, keys in {**SETTINGS_CLICKS, **CLICKS}.items()},
 }
 
 
