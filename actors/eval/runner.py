@@ -143,6 +143,10 @@ class _LocalWork:
         await self._finish(entry, repeat, trajectory)
 
 
+RATE_AFTER_S = 10.0
+"""The progress line shows a rate (and an ETA) once the session has run this long."""
+
+
 class Progress:
     """Counts of a running evaluation, given to the ``progress`` callback after each episode.
 
@@ -172,12 +176,13 @@ class Progress:
     def line(self) -> str:
         """``[12/40] success 7/12 (58%) | errors 1 | 3.2 episodes/min | ETA 9 min``."""
         elapsed = time.monotonic() - self.started
-        rate = self.session_done / elapsed * 60 if elapsed > 0 else 0.0
+        rate = self.session_done / elapsed * 60 if elapsed >= RATE_AFTER_S else 0.0
         left = self.planned - self.done
         eta = f"{left / rate:.0f} min" if rate > 0 else "?"
         pct = f"{100 * self.successes / self.done:.0f}%" if self.done else "-"
+        speed = f"{rate:.1f} episodes/min" if rate > 0 else "episodes/min: measuring"
         return (f"[{self.done}/{self.planned}] success {self.successes}/{self.done} ({pct}) | errors {self.errors} | "
-                f"{rate:.1f} episodes/min | ETA {eta}")
+                f"{speed} | ETA {eta}")
 
     def throughput(self) -> dict:
         """This session's episodes per minute and desktop utilisation (busy desktop-seconds over desktops x wall

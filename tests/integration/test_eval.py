@@ -1,0 +1,164 @@
+"""`arpo eval` and actors.eval.evaluate on real desktops: an oracle scores 1.0 and a quitter 0.0 on every
+built-in task; errored tasks stay in the denominator with their reason; an interrupted evaluation resumes to the
+report of an uninterrupted one; the command's Ctrl-C writes a report and --resume finishes it; `arpo view` shows
+the episodes.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from actors.eval import evaluate
+from actors.eval.results import read_records
+from arpo_async.config import load_config
+from arpo_async.model.inputs import PromptEncoder
+from arpo_async.task_sets import load_task_set, runnable_tasks
+from arpo_async.tasks import BUILTIN_DIR
+from arpo_cli.cli import main as arpo_main
+from tests.oracle_policy import OraclePolicy, finished_only
+from tests.support import until_sync
+
+pytestmark = pytest.mark.docker
+
+MAX_STEPS = 8
+"""Enough for the longest oracle plan (form-contact: 5 actions, then finished)."""
+
+
+@pytest.fixture(scope="module")
+def eval_config(tiny_model, desktop_image):
+    return load_config(None, [f"model={str(tiny_model)!r}", f"actors.image={desktop_image!r}"])
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_model):
+    return PromptEncoder(tiny_model)
+
+
+def _comparable(report: dict) -> dict:
+    """A report without what differs between two evaluations of the same episodes (timings, folder)."""
+    return {k: v for k, v in report.items() if k not in ("throughput", "out")}
+
+
+async def test_oracle_scores_one_and_a_quitter_zero_on_every_builtin_task(eval_config, encoder, tmp_path):
+    builtin = runnable_tasks(load_task_set(None))
+    oracle = await evaluate(OraclePolicy(builtin, encoder), None, desktops=2, max_steps=MAX_STEPS,
+                            out=tmp_path / "oracle", config=eval_config, encoder=encoder)
+    assert oracle["overall"]["episodes"] == len(list(BUILTIN_DIR.glob("*.json"))) == len(builtin)
+    assert oracle["errors"] == []
+    assert {name: s["success_rate"] for name, s in oracle["tasks_detail"].items()} == {
+        f"{t.family}/{t.id}": 1.0 for t in builtin}
+    quitter = await evaluate(finished_only, None, desktops=2, out=tmp_path / "quit", config=eval_config,
+                             encoder=encoder)
+    assert quitter["overall"]["episodes"] == len(builtin) and quitter["overall"]["successes"] == 0
+    assert quitter["errors"] == [] and quitter["overall"]["mean_steps"] == 1.0
+    # OSWorld's layout: a result.txt per episode
+    results = sorted((tmp_path / "quit").glob("*/*/0/result.txt"))
+    assert len(results) == len(builtin) and {p.read_text() for p in results} == {"0.0\n"}
+
+
+async def test_interrupted_evaluation_resumes_to_the_uninterrupted_report(eval_config, encoder, tmp_path):
+    tasks = runnable_tasks(load_task_set("grid4"))[:4]
+    kwargs = dict(tasks=None, split=None, desktops=2, repeats=2, max_steps=MAX_STEPS, config=eval_config,
+                  encoder=encoder)
+    split = tmp_path / "split.json"
+    split.write_text(json.dumps({"grid4": [t.id for t in tasks]}))
+    kwargs["split"] = split
+    whole = await evaluate(OraclePolicy(tasks, encoder), out=tmp_path / "whole", **kwargs)
+    assert whole["overall"]["episodes"] == 8
+
+    halfway = asyncio.Event()
+    run = asyncio.create_task(evaluate(OraclePolicy(tasks, encoder), out=tmp_path / "cut", progress=lambda p:
+                                       halfway.set() if p.done >= 3 else None, **kwargs))
+    await halfway.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    cut = json.loads((tmp_path / "cut" / "report.json").read_text())
+    assert 3 <= cut["finished"] < 8 and not cut["complete"]
+    finished_before = read_records(tmp_path / "cut")
+    with pytest.raises(FileExistsError, match="resume"):
+        await evaluate(OraclePolicy(tasks, encoder), out=tmp_path / "cut", **kwargs)
+
+    ran: list[str] = []
+    policy = OraclePolicy(tasks, encoder)
+    original = policy.generate
+
+    async def counting(**kw):
+        ran.append(kw["episode_id"])
+        return await original(**kw)
+
+    policy.generate = counting
+    resumed = await evaluate(policy, out=tmp_path / "cut", resume=True, **kwargs)
+    assert len(set(ran)) == 8 - len(finished_before)  # only the missing episodes ran
+    assert _comparable(resumed) == _comparable(whole)
+    for key, record in finished_before.items():  # the episodes from before the cut were kept, not re-run
+        assert read_records(tmp_path / "cut")[key] == record
+
+
+def test_command_counts_failed_setup_and_unloadable_tasks_and_view_shows_them(tiny_model, desktop_image, tmp_path):
+    tasks = tmp_path / "tasks" / "mixed"
+    tasks.mkdir(parents=True)
+    green = json.loads((BUILTIN_DIR / "grid4-green.json").read_text())
+    (tasks / "ok.json").write_text(json.dumps({**green, "id": "ok"}))
+    broken_setup = {**green, "id": "setup-fails",
+                    "config": [{"type": "execute", "parameters": {"command": ["false"], "shell": False,
+                                                                   "until": {"returncode": 0}}}]}
+    (tasks / "setup-fails.json").write_text(json.dumps(broken_setup))
+    (tasks / "unloadable.json").write_text(json.dumps({**green, "id": "unloadable", "evaluator": {**green["evaluator"], "func": "no_such_metric"}}))
+    out = tmp_path / "out"
+    code = arpo_main(["eval", "--model", str(tiny_model), "--tasks", str(tasks.parent), "--desktops", "2",
+                      "--max-steps", "1", "--out", str(out), "--set", f"actors.image={desktop_image!r}",
+                      "--set", "actors.setup_timeout_s=20"])
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["planned"] == report["finished"] == report["overall"]["episodes"] == 3
+    errors = {e["task_id"]: e for e in report["errors"]}
+    assert set(errors) == {"setup-fails", "unloadable"}
+    assert errors["setup-fails"]["outcome"] == "ENV_ERROR" and "TaskSetupError" in errors["setup-fails"]["error"]
+    assert errors["unloadable"]["outcome"] == "TASK_ERROR" and "no_such_metric" in errors["unloadable"]["error"]
+    for task_id in ("ok", "setup-fails", "unloadable"):
+        assert (out / "mixed" / task_id / "0" / "result.txt").is_file()
+    assert report["policy"]["weight_version"] == 0 and report["command"].startswith("arpo") is not None
+    md = (out / "report.md").read_text()
+    assert "setup-fails" in md and "TaskSetupError" in md
+    assert arpo_main(["view", str(out)]) == 0
+    page = (out / "view.html").read_text()
+    assert page.count("<img") >= 1 and "Click the Green button." in page
+
+
+def test_command_ctrl_c_writes_the_report_and_resume_runs_only_the_rest(tiny_model, desktop_image, tmp_path):
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "arpo_cli", "eval", "--model", str(tiny_model), "--tasks", "grid4",
+            "--repeats", "3", "--desktops", "1", "--max-steps", "1", "--temperature", "1", "--out", str(out),
+            "--set", f"actors.image={desktop_image!r}"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2])
+    try:
+        until_sync(lambda: len(list(out.glob("*/*/*/episode.json"))) >= 2, 240, "two finished episodes",
+                   check=lambda: proc.poll() is None or True)
+        proc.send_signal(signal.SIGINT)
+        output = proc.communicate(timeout=120)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, output
+    assert "interrupted" in output
+    cut = json.loads((out / "report.json").read_text())
+    planned = cut["planned"]
+    assert 2 <= cut["finished"] < planned and not cut["complete"]
+    before = {key: (out / f"{key[0]}/{key[1]}/{key[2]}/episode.json").stat().st_mtime_ns
+              for key in read_records(out)}
+    done = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).parents[2], env={**os.environ})
+    assert done.returncode == 0, done.stderr[-2000:]
+    final = json.loads((out / "report.json").read_text())
+    assert final["complete"] and final["finished"] == planned
+    for key, mtime in before.items():  # kept, not re-run
+        assert (out / f"{key[0]}/{key[1]}/{key[2]}/episode.json").stat().st_mtime_ns == mtime
+    assert "| **overall** |" in done.stdout
