@@ -178,3 +178,10 @@ def test_bench_hosts_quick():
     assert figures["lost"] == "0" and figures["unbounded"] == "0"
     assert int(figures["steps"]) >= 1 and int(figures["trajectories"]) >= 1
     assert {"loop_lag_p99_ms", "max_queue_depth", "idle_lag_p99_ms"} <= set(figures)
+
+
+def test_bench_eval_quick():
+    """`arpo eval` throughput: the real command at 1 and 2 desktops; every figure is there and positive."""
+    figures = run_bench("bench_eval", "--quick", timeout=600)
+    assert {f"d{n}_{k}" for n in (1, 2) for k in ("episodes_per_min", "desktop_busy", "scaling")} == set(figures)
+    assert all(float(v) > 0 for v in figures.values())
