@@ -3,7 +3,8 @@
 Owns: the picture. A 2 x 2 grid: success rate (overall, and one line per task family from ``family_success``)
 and ``reward_mean``, against the optimizer step (top row) and against training wall time in minutes (bottom
 row). Lines are trailing means over ``TRAILING_STEPS`` records; the raw overall success rate of each step is
-shown as faint dots. Drawn with matplotlib's Agg canvas (no display, no pyplot state), written atomically so a
+shown as faint dots. A run with ``[eval]`` also shows held-out success (``eval_success``, each round once, as
+large markers joined by a dashed line) at the step whose weights were evaluated (``eval_step``). Drawn with matplotlib's Agg canvas (no display, no pyplot state), written atomically so a
 viewer never sees half a file. ``arpo run`` redraws it while it runs and at the end; ``arpo curve`` on demand.
 """
 
@@ -59,13 +60,15 @@ def trailing_means(values: list[float], window: int) -> list[float]:
     return means
 
 
-def series(records: list[dict[str, Any]], get: Callable[[dict[str, Any]], Any]) -> Series:
-    """The points ``get(record)`` of ``records`` that are finite numbers (others, e.g. None, are skipped)."""
+def series(records: list[dict[str, Any]], get: Callable[[dict[str, Any]], Any],
+           at: Callable[[dict[str, Any]], int] = lambda r: r["step"]) -> Series:
+    """The points ``get(record)`` of ``records`` that are finite numbers (others, e.g. None, are skipped), each at
+    the step ``at(record)`` (default: the record's ``step``) and the record's wall time."""
     out = Series()
     for record in records:
         value = get(record)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            out.step.append(record["step"])
+            out.step.append(at(record))
             out.minutes.append(record["wall_s"] / 60.0)
             out.value.append(float(value))
     return out
@@ -100,8 +103,20 @@ def plot_line(ax: Axes, points: Series, x: str, label: str, **style: Any) -> Non
                 markersize=2, **style)
 
 
+def held_out(records: list[dict[str, Any]]) -> Series:
+    """Held-out success of each evaluation round: ``eval_success`` at ``eval_step`` (the evaluated weights' step;
+    a record's own ``step`` when it lacks one) and at the record's wall time."""
+    return series(records, lambda r: r.get("eval_success"),
+                  at=lambda r: r["eval_step"] if isinstance(r.get("eval_step"), int) else r["step"])
+
+
 def draw_success(ax: Axes, records: list[dict[str, Any]], x: str) -> None:
-    """Success rate in [0, 1]: raw overall as faint dots, overall and per-family trailing means as lines."""
+    """Success rate in [0, 1]: raw overall as faint dots, overall and per-family trailing means as lines, and
+    held-out success (evaluation rounds, :func:`held_out`) as large markers on a dashed line."""
+    evaluated = held_out(records)
+    if evaluated.value:
+        ax.plot(getattr(evaluated, x), evaluated.value, label="held-out (eval)", color="tab:red", marker="D",
+                markersize=6, linestyle="--", linewidth=1, zorder=4)
     overall = series(records, lambda r: r.get("success_rate"))
     ax.scatter(getattr(overall, x), overall.value, s=10, color="black", alpha=0.2, label="per step")
     plot_line(ax, overall, x, "overall", color="black", linewidth=2, zorder=3)

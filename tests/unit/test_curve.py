@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from arpo_cli.curve import CurveError, trailing_means, write_curve
+from arpo_cli.curve import CurveError, held_out, load_records, trailing_means, write_curve
 from arpo_async.metrics import MetricsWriter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,6 +36,17 @@ def test_write_curve_writes_a_png(run_dir):
     with Image.open(path) as image:
         assert image.format == "PNG" and image.width > 0 and image.height > 0
     assert sorted(p.name for p in run_dir.iterdir()) == ["curve.png", "metrics.jsonl"]  # no temp file left
+
+
+def test_held_out_success_is_drawn_at_the_step_whose_weights_were_evaluated(run_dir):
+    metrics = MetricsWriter(run_dir / "metrics.jsonl")
+    metrics.write({**record(6, 0.5, {}), "eval_success": 0.25, "eval_step": 0, "eval_policy_version": 0})
+    metrics.write({**record(7, 0.5, {}), "eval_success": 0.75})  # without eval_step: at its own step
+    metrics.close()
+    points = held_out(load_records(run_dir))
+    assert (points.step, points.value, points.minutes) == ([0, 7], [0.25, 0.75], [3.0, 3.5])
+    with Image.open(write_curve(run_dir)) as image:
+        assert image.format == "PNG"
 
 
 def test_write_curve_replaces_an_older_curve(run_dir):
