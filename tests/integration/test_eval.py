@@ -162,3 +162,14 @@ def test_command_ctrl_c_writes_the_report_and_resume_runs_only_the_rest(tiny_mod
     for key, mtime in before.items():  # kept, not re-run
         assert (out / f"{key[0]}/{key[1]}/{key[2]}/episode.json").stat().st_mtime_ns == mtime
     assert "| **overall** |" in done.stdout
+
+
+def test_python_api_example_runs_as_a_user_runs_it(tmp_path):
+    root = Path(__file__).parents[2]
+    proc = subprocess.run([sys.executable, str(root / "examples" / "evaluate_policy.py"), "--desktops", "2",
+                           "--out", str(tmp_path / "out")], cwd=root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    test_split = json.loads((root / "arpo_async" / "splits" / "grid4-test.json").read_text())
+    assert {name.split("/", 1)[1] for name in report["tasks_detail"]} == set(test_split["grid4"])
+    assert "| **overall** |" in proc.stdout and report["complete"]
