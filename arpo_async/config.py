@@ -447,18 +447,20 @@ class EvalConfig:
     """A split file ({domain: [task id, ...]}, OSWorld's test_all.json form) or built-in split name that cuts
     `tasks` (empty tasks: learner.tasks, or the built-in suite); empty = every task of `tasks`."""
     every_steps: NonNegativeInt = 0
-    """Evaluate whenever the optimizer step count crosses a multiple of this (0 = only before training and on the
-    final weights). A round still running when the next one is due is let finish and recorded; the due one is
-    skipped (counted in totals as eval_rounds_skipped), except the final round, which always runs."""
+    """Evaluate whenever the optimizer step count crosses a multiple of this (0 = only before training and on
+    the final weights). A round still running when the next one is due is let finish and recorded; the due one
+    is skipped (counted in totals as eval_rounds_skipped), except the final round, which always runs (an older
+    round still running is then abandoned)."""
     repeats: PositiveInt = 1
     """Episodes per task in each round (round size = repeats x tasks)."""
     max_steps: NonNegativeInt = 0
     """Step budget of an evaluation episode (0 = actors.max_steps)."""
     temperature: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
-    """Sampling temperature of evaluation episodes. 0 = greedy, as OSWorld and UI-TARS report a checkpoint's score:
-    deterministic, so repeats only measure the desktops' noise, and a greedy policy that repeats one action ends at
-    the step budget (max_steps bounds it). A small policy trained from scratch (configs/grid4.toml) is better read
-    at its training temperature (actors.temperature, 1.0): its greedy answer is one fixed click per task."""
+    """Sampling temperature of evaluation episodes. 0 = greedy, as OSWorld and UI-TARS report a checkpoint's
+    score: deterministic, so repeats only measure the desktops' noise; a greedy policy that repeats one action
+    ends at the step budget (max_steps bounds it). A small policy trained from scratch (configs/grid4.toml) is
+    better read at its training temperature (actors.temperature, 1.0): its greedy answer is one fixed click per
+    task."""
     final_timeout_s: NonNegativeFloat = 600.0
     """How long the end of the run waits for the final round (logged; 0 = no final round)."""
 

@@ -1,11 +1,12 @@
 """The learning curve of a run: ``<run>/curve.png`` drawn from ``<run>/metrics.jsonl``.
 
-Owns: the picture. A 2 x 2 grid: success rate (overall, and one line per task family from ``family_success``)
-and ``reward_mean``, against the optimizer step (top row) and against training wall time in minutes (bottom
-row). Lines are trailing means over ``TRAILING_STEPS`` records; the raw overall success rate of each step is
-shown as faint dots. A run with ``[eval]`` also shows held-out success (``eval_success``, each round once, as
-large markers joined by a dashed line) at the step whose weights were evaluated (``eval_step``). Drawn with matplotlib's Agg canvas (no display, no pyplot state), written atomically so a
-viewer never sees half a file. ``arpo run`` redraws it while it runs and at the end; ``arpo curve`` on demand.
+Owns: the picture. A 2 x 2 grid: success rate (overall, and one line per task family from ``family_success``) and
+``reward_mean``, against the optimizer step (top row) and against training wall time in minutes (bottom row). Lines
+are trailing means over ``TRAILING_STEPS`` records; the raw overall success rate of each step is shown as faint
+dots. A run with ``[eval]`` also shows held-out success (``eval_success``, each round once, as large markers joined
+by a dashed line) at the step whose weights were evaluated (``eval_step``). Drawn with matplotlib's Agg canvas (no
+display, no pyplot state), written atomically so a viewer never sees half a file. ``arpo run`` redraws it while it
+runs and at the end; ``arpo curve`` on demand.
 """
 
 from __future__ import annotations
