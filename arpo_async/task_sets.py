@@ -78,25 +78,28 @@ def load_split(split: str | Path) -> dict[str, list[str]]:
     return {k: list(dict.fromkeys(v)) for k, v in data.items()}
 
 
-def resolve_tasks_path(tasks: str | Path | None) -> tuple[Path, list[str]]:
-    """The folder (or file) of ``tasks`` and the id prefixes to keep.
+def resolve_tasks_path(tasks: str | Path | None) -> tuple[Path, list[str], str]:
+    """The folder (or file) of ``tasks``, the id prefixes to keep, and the family to keep.
 
     ``tasks`` is a task folder or file; None or ``"builtin"`` = the built-in suite; any other name = the built-in
-    tasks whose id is that name or starts with it (a family such as ``grid4``, or one task id).
+    family of that name (``grid4``: its train and held-out tasks), else the built-in tasks whose id is that name or
+    starts with it (``settings-sound-mute``, ``grid4-``).
 
     Raises:
         TaskFormatError: a name no built-in task matches.
     """
     if tasks is None or str(tasks) == "builtin":
-        return BUILTIN_DIR, []
+        return BUILTIN_DIR, [], ""
     path = Path(tasks)
     if path.exists():
-        return path, []
-    name = str(tasks)
-    if not any(t.id == name or t.id.startswith(name) for t in load_tasks(BUILTIN_DIR)):
-        raise TaskFormatError(f"{tasks}: no such task folder or file, nor a built-in task or family "
-                              f"(built-in ids: {', '.join(sorted(t.id for t in load_tasks(BUILTIN_DIR)))})")
-    return BUILTIN_DIR, [name]
+        return path, [], ""
+    name, builtin = str(tasks), load_tasks(BUILTIN_DIR)
+    if any(t.family == name for t in builtin):
+        return BUILTIN_DIR, [], name
+    if not any(t.id == name or t.id.startswith(name) for t in builtin):
+        raise TaskFormatError(f"{tasks}: no such task folder or file, nor a built-in family, task or id prefix "
+                              f"(built-in families: {', '.join(sorted({t.family for t in builtin}))})")
+    return BUILTIN_DIR, [name], ""
 
 
 def _domain(file: Path, root: Path, task: Task | None) -> str:
@@ -117,7 +120,7 @@ def load_task_set(tasks: str | Path | None = None, split: str | Path | None = No
         TaskFormatError: the folder does not exist or holds no task file, two files share an id, the split
             cannot be read, or nothing is left.
     """
-    root, prefixes = resolve_tasks_path(tasks)
+    root, prefixes, family = resolve_tasks_path(tasks)
     files = sorted(p for p in root.rglob("*.json") if p.is_file()) if root.is_dir() else [root]
     if not files:
         raise TaskFormatError(f"{root}: no *.json task files in this folder")
@@ -131,6 +134,8 @@ def load_task_set(tasks: str | Path | None = None, split: str | Path | None = No
             task, error = None, str(exc)
         task_id = task.id if task is not None else file.stem
         if prefixes and not any(task_id == p or task_id.startswith(p) for p in prefixes):
+            continue
+        if family and (task is None or task.family != family):
             continue
         if task_id in seen:
             raise TaskFormatError(f"{file}: duplicate task id {task_id!r} (also in {seen[task_id]})")

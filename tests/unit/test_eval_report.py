@@ -98,9 +98,9 @@ def test_split_keeps_unloadable_and_missing_tasks_as_errors(tmp_path):
     assert "invalid JSON" in entries[1].error and "not in" in entries[2].error
     with pytest.raises(TaskFormatError, match="broken"):
         runnable_tasks(entries)
-    grid4 = [e.task_id for e in load_task_set("grid4")]
-    assert {"grid4-blue", "grid4-green", "grid4-red", "grid4-yellow"} <= set(grid4)
-    assert all(t.startswith("grid4") for t in grid4)
+    family = {e.task_id for e in load_task_set("grid4")}  # a built-in family by name: train and held-out tasks
+    assert family == {e.task_id for split in ("grid4-train", "grid4-test") for e in load_task_set(None, split)}
+    assert [e.task_id for e in load_task_set("grid4-g")] == ["grid4-green"]  # else an id prefix
     with pytest.raises(TaskFormatError, match="no such"):
         load_task_set("no-such-family")
     bad_split = tmp_path / "bad.json"
