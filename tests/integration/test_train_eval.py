@@ -1,7 +1,7 @@
 """Evaluation during training, end to end: a short `arpo run` (real arpo-serve, learner, actors, ZeroMQ and
 desktops) trains on grid4-green and evaluates a held-out split of two other grid4 tasks before the first optimizer
-step, at every 2 steps and on the final weights. metrics.jsonl and TensorBoard carry the rounds; no evaluation
-episode reaches training's statistics."""
+step, at every 2 steps and on the final weights, on either schedule. metrics.jsonl and TensorBoard carry the
+rounds; no evaluation episode reaches training's statistics."""
 
 import json
 import subprocess
@@ -19,7 +19,9 @@ HELD_OUT = ["grid4-blue", "grid4-yellow"]
 REPEATS = 2
 
 
-def test_a_run_evaluates_its_initial_and_final_weights_on_a_held_out_split(tmp_path, desktop_image, tiny_model):
+@pytest.mark.parametrize("schedule", ["async", "lockstep"])
+def test_a_run_evaluates_its_initial_and_final_weights_on_a_held_out_split(tmp_path, desktop_image, tiny_model,
+                                                                           schedule):
     split = tmp_path / "held-out.json"
     split.write_text(json.dumps({"grid4": HELD_OUT}))
     run_dir = tmp_path / "evaluated"
@@ -28,6 +30,7 @@ def test_a_run_evaluates_its_initial_and_final_weights_on_a_held_out_split(tmp_p
          "--set", "serve.port=31797", "--set", 'actors.inference_urls=["http://127.0.0.1:31797"]',
          "--set", "transport.endpoint=tcp://127.0.0.1:31798", "--set", "actors.actors=4",
          "--set", 'learner.task_ids=["grid4-green"]', "--set", "learner.steps=4",
+         "--set", f"learner.schedule={schedule}",
          "--set", 'actors.grammar_actions=["click"]', "--set", "actors.max_steps=1",
          "--set", "actors.max_thought_chars=1", "--set", f'eval.split="{split}"', "--set", "eval.every_steps=2",
          "--set", f"eval.repeats={REPEATS}", "--set", "eval.temperature=1.0", "--set", "eval.max_steps=1"],
