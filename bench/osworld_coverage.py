@@ -2,6 +2,7 @@
 
     python bench/osworld_coverage.py                         # ../shared/osworld/examples, loading only
     python bench/osworld_coverage.py --desktops 2 --domains os,chrome,gimp,vlc --offline-only
+    python bench/osworld_coverage.py --offline-split offline.json   # the split of tasks that need no download
     python bench/osworld_coverage.py --quick                 # smoke: our own OSWorld-format tasks, 1 desktop
 
 Prints the per-domain table and one line per task that did not pass (the reason: needs network, app missing,
@@ -59,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--offline-only", action="store_true", help="only tasks that need no download")
     parser.add_argument("--profile", default="osworld", help="desktop image profile (default osworld)")
     parser.add_argument("--json", type=Path, help="write every task's report here")
+    parser.add_argument("--offline-split", type=Path, metavar="FILE",
+                        help="write the tasks that need no download as a split {domain: [task ids]} (for "
+                             "`arpo eval --split FILE`) and exit")
     parser.add_argument("--osworld-files", default="", help="local mirror of OSWorld's files (learner.osworld_files)")
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke mode: {QUICK_DIR.relative_to(ROOT)} in 1 desktop of the default image")
@@ -70,6 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     domains = {d for d in args.domains.split(",") if d}
     keep = {str(f) for f in files if (not domains or f.parent.name in domains)
             and not (args.offline_only and needs_download(str(f)))}
+    if args.offline_split:
+        split: dict[str, list[str]] = {}
+        for f in sorted(files, key=str):
+            if str(f) in keep and not needs_download(str(f)):
+                split.setdefault(f.parent.name, []).append(f.stem)
+        args.offline_split.write_text(json.dumps(split, indent=1) + "\n", encoding="utf-8")
+        print(f"{sum(map(len, split.values()))} tasks need no download: {args.offline_split}")
+        return 0
     image = _image(args.profile) if args.desktops > 0 else None
 
     def progress(r: TaskReport) -> None:
