@@ -9,7 +9,11 @@ import sys
 
 import pytest
 
+from actors import ActorConfig, DesktopEnv, EpisodeRunner, load_task
+from arpo_async.inference_client import Generation
+from arpo_async.messages import Assignment
 from arpo_async.metrics import read_metrics
+from arpo_async.model.inputs import PromptEncoder
 from tests.integration.test_run import run_containers
 from tests.unit.test_tensorboard_metrics import read_tensorboard
 
@@ -58,3 +62,31 @@ def test_a_run_evaluates_its_initial_and_final_weights_on_a_held_out_split(tmp_p
     learner_log = (run_dir / "logs" / "learner.log").read_text()
     assert "waiting up to 600 s for the evaluation round of step 4" in learner_log
     assert run_containers("evaluated") == []
+
+
+async def test_an_episode_runs_with_its_assignments_step_budget_and_temperature(tiny_model):
+    """An evaluation Assignment's max_steps and temperature override the actor's own; a training one (their
+    defaults) keeps them. The policy waits at every step, so each episode runs to its step budget."""
+    config = ActorConfig(max_steps=1, temperature=1.0, constrained=True, grammar_actions=("click", "wait"))
+    encoder = PromptEncoder(tiny_model)
+    calls: list[dict] = []
+
+    async def policy(*, input_ids, images, sampling_params, rid, episode_id):
+        calls.append(dict(sampling_params))
+        reply = "Thought: x\nAction: wait()"
+        output_ids = encoder.tokenize(reply) + [encoder.eos_token_ids[0]]
+        return Generation(text=reply, output_ids=output_ids, logprobs=[-0.5] * len(output_ids), weight_version=0,
+                          token_versions=[0] * len(output_ids), finish_reason="stop", prompt_tokens=0, latency_s=0.0)
+
+    runner = EpisodeRunner(encoder, policy, config)
+    task = load_task("grid4-red").to_dict()
+    async with DesktopEnv(config) as env:
+        held_out = await runner.run(await env.reset_desktop(), Assignment(
+            "r0", task, "L-e0-0-grid4-red", 0, 0, evaluation=True, max_steps=3, temperature=0.0), "a")
+        evaluated = calls[:]
+        calls.clear()
+        trained = await runner.run(await env.reset_desktop(), Assignment("r1", task, "L-g0-grid4-red", 0, 0), "a")
+    assert len(held_out.steps) == 3 and held_out.outcome == "TRUNCATED", (held_out.outcome, held_out.error)
+    assert [c["temperature"] for c in evaluated] == [0.0] * 3 and all(c["regex"] for c in evaluated)
+    assert len(trained.steps) == 1 and [c["temperature"] for c in calls] == [1.0]
+    assert runner.sampling_params["temperature"] == 1.0  # the runner's own settings are untouched
