@@ -31,7 +31,8 @@ class TaskEntry:
 
     Attributes:
         domain: its domain (folder under the task folder, else its family).
-        task_id: its id (the file's stem when the file does not load).
+        task_id: the task file's stem, which is how OSWorld's runner and splits name an example (in OSWorld's own
+            data a few files' ``id`` fields differ from their names; the built-in files' never do).
         task: the loaded task, or None when it cannot run (then ``error`` says why).
         error: why the task cannot run ("" when it can).
     """
@@ -117,29 +118,25 @@ def load_task_set(tasks: str | Path | None = None, split: str | Path | None = No
     split, an id the folder lacks becomes an entry with ``error = "not in <folder>"``.
 
     Raises:
-        TaskFormatError: the folder does not exist or holds no task file, two files share an id, the split
-            cannot be read, or nothing is left.
+        TaskFormatError: the folder does not exist or holds no task file, the split cannot be read, or nothing
+            is left.
     """
     root, prefixes, family = resolve_tasks_path(tasks)
     files = sorted(p for p in root.rglob("*.json") if p.is_file()) if root.is_dir() else [root]
     if not files:
         raise TaskFormatError(f"{root}: no *.json task files in this folder")
     entries: dict[tuple[str, str], TaskEntry] = {}
-    seen: dict[str, Path] = {}
     for file in files:
         try:
             task: Task | None = load_task_file(file)
             error = ""
         except TaskFormatError as exc:
             task, error = None, str(exc)
-        task_id = task.id if task is not None else file.stem
+        task_id = file.stem  # OSWorld's runner and splits name an example by its file (<domain>/<id>.json)
         if prefixes and not any(task_id == p or task_id.startswith(p) for p in prefixes):
             continue
         if family and (task is None or task.family != family):
             continue
-        if task_id in seen:
-            raise TaskFormatError(f"{file}: duplicate task id {task_id!r} (also in {seen[task_id]})")
-        seen[task_id] = file
         domain = _domain(file, root, task)
         entries[(domain, task_id)] = TaskEntry(domain, task_id, task, error)
     if split is not None:
