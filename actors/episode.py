@@ -116,6 +116,8 @@ class EpisodeRunner:
         as ENV_ERROR, an inference server that stays away as ABORTED, and anything else it raises (a task that
         does not load, a setup step, getter, metric or controller answer that fails in a way nobody expected) as
         TASK_ERROR; the trajectory's ``error`` carries the exception's type and message, and the caller goes on.
+        The assignment's ``max_steps`` and ``temperature`` (an evaluation episode's) replace actors.max_steps and
+        the sampling temperature when set (0 / negative: the actor's own).
 
         Raises:
             asyncio.CancelledError: the actor is shutting down (nothing is sent; the learner re-issues the rollout).
@@ -184,8 +186,8 @@ class EpisodeRunner:
             await sink.submit(traj)
         return traj
 
-    async def _loop(self, controller: ControllerClient, task: Task, traj: Trajectory, *, max_steps: int | None = None,
-                    sampling_params: dict | None = None) -> str | None:
+    async def _loop(self, controller: ControllerClient, task: Task, traj: Trajectory, *,
+                    max_steps: int | None = None, sampling_params: dict | None = None) -> str | None:
         """The step loop; returns the terminal action ("DONE" or "FAIL"), or None if the budget ran out.
         ``max_steps`` and ``sampling_params`` override actors.max_steps and :attr:`sampling_params` (an
         Assignment's own step budget and temperature, e.g. an evaluation episode's)."""
@@ -207,7 +209,8 @@ class EpisodeRunner:
             gen = await self.policy.generate(
                 input_ids=self.encoder.collapse_image_pads(prompt_ids),
                 images=[traj.screenshots[i] for i in image_indices],
-                sampling_params=sampling_params or self.sampling_params, rid=f"{traj.trajectory_id}-{len(traj.steps)}",
+                sampling_params=sampling_params or self.sampling_params,
+                rid=f"{traj.trajectory_id}-{len(traj.steps)}",
                 episode_id=traj.trajectory_id)
             if gen.finish_reason == "abort":  # the server gave up on it: not a reply the policy chose
                 raise GenerationAborted(f"{gen.url} aborted request {traj.trajectory_id}-{len(traj.steps)} after "

@@ -442,7 +442,8 @@ class EvalConfig:
     """What to evaluate on: the name of a built-in split ("grid4-test": arpo_async/splits/<name>.json, cut from
     the built-in suite), a task folder or file (OSWorld format), or a built-in task id or family ("grid4"); with
     `split` also set, the folder the split is cut from. Empty (and no split) = no evaluation. Checked when the
-    learner starts: a set that does not load or holds a task that cannot run stops it with an error naming this key."""
+    learner starts: a set that does not load or holds a task that cannot run stops it with an error naming this
+    key."""
     split: str = ""
     """A split file ({domain: [task id, ...]}, OSWorld's test_all.json form) or built-in split name that cuts
     `tasks` (empty tasks: learner.tasks, or the built-in suite); empty = every task of `tasks`."""

@@ -7,8 +7,9 @@ Dataflow (every queue and task is made in `run_learner`): ROUTER SocketPump -> i
 Stops after ``learner.steps`` optimizer steps in all (0 = until SIGINT/SIGTERM), then tells the actors to shut
 down. Schedules: learner.training_loop. Baseline pass (``learner.baseline_k`` > 0): learner.baseline, run before
 training starts. Held-out evaluation (``[eval]``): learner.evaluation_rounds, a round before the first step, every
-``eval.every_steps`` and on the final weights (waited for before the actors are told to stop). Observability tasks: the event-loop lag probe (arpo_async.loop_lag) and the queue-depth peaks
-(learner.run_stats.RunStats.watch_depths), both in every metrics record and in status.json.
+``eval.every_steps`` and on the final weights (waited for before the actors are told to stop). Observability tasks:
+the event-loop lag probe (arpo_async.loop_lag) and the queue-depth peaks (learner.run_stats.RunStats.watch_depths),
+both in every metrics record and in status.json.
 
 Ranks: ``torchrun --nproc-per-node N -m learner.main --config run.toml`` trains with N ranks (FSDP2); rank 0
 runs everything above and drives the other ranks' trainers (learner.distributed, :func:`run_ranks`).
