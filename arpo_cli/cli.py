@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run serve + learner + actors on this machine (the embedded default)",
                          description="Start arpo-serve, arpo-learner and arpo-actors on this machine with one run "
                                      "file and watch them until the learner finishes.")
-    add_config_arguments(run, ("", "transport", "learner", "actors", "serve"))
+    add_config_arguments(run, ("", "transport", "learner", "actors", "serve", "eval"))
     _add_run_arguments(run)
 
     launch = sub.add_parser("launch", help="run serve + learner ranks + actors on a Ray cluster (arpo-async[cluster])",
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "learner finishes or on Ctrl-C. See README, 'Running on a cluster'.")
     launch.add_argument("--address", required=True, help="the Ray head's GCS address HOST:PORT (what `ray start "
                                                           "--head` printed; port 6379 by default)")
-    add_config_arguments(launch, ("", "cluster", "transport", "learner", "actors", "serve"))
+    add_config_arguments(launch, ("", "cluster", "transport", "learner", "actors", "serve", "eval"))
     _add_run_arguments(launch)
 
     config = sub.add_parser("config", help="the run config: `arpo config show` lists every key")
