@@ -64,7 +64,8 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"sampling temperature (default {DEFAULT_TEMPERATURE}: greedy, as OSWorld's UI-TARS agent "
                         "samples, so a score does not move with the seed; use > 0 with --repeats for pass@k)")
     p.add_argument("--seed", type=int, default=0, help="seeds the episode order and arpo-serve's sampler (default 0)")
-    p.add_argument("--out", type=Path, help="results folder (default evals/<policy name>)")
+    p.add_argument("--out", type=Path, help="results folder (default evals/<policy>: --model runs/demo gives "
+                                            "evals/runs-demo-v<N> for its weights/vN)")
     p.add_argument("--resume", action="store_true", help="keep the finished episodes in --out, run the missing ones")
     add_config_arguments(p, ("", "actors", "serve"))
 
@@ -112,12 +113,13 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
         weights, version, run_config = resolve_model(args.model)
         tokenizer = weights
         name = f"{args.model}" if weights == args.model else f"{args.model} (weights/v{version})"
+        folder = f"{args.model}" if weights == args.model else f"{args.model}-v{version}"
     else:
         tokenizer = args.tokenizer
-        name = args.openai_model if args.openai_url else args.url
+        name = folder = args.openai_model if args.openai_url else args.url
     # builds the desktop image and the tiny policy (the default tokenizer) when missing
     config = prepare(eval_config(args, run_config, tokenizer), say)
-    out = args.out or Path("evals") / re.sub(r"[^A-Za-z0-9_.-]+", "-", str(name)).strip("-")
+    out = args.out or Path("evals") / (re.sub(r"[^A-Za-z0-9_.-]+", "-", str(folder)).strip("-.") or "policy")
     encoder = PromptEncoder(config.model_path)
     meta = {"policy": {"kind": "model" if args.model else ("openai" if args.openai_url else "url"),
                        "name": str(name), "weight_version": version},
