@@ -9,7 +9,7 @@ POST /init_weights_update_group, POST /begin_weight_update, POST /update_weights
 POST /end_weight_update, POST /destroy_weights_update_group (arpo_async.weight_sync), GET|POST /weights_checker,
 POST /update_weight_version, GET /get_model_info, GET /get_weight_version, GET /get_server_info, GET /health,
 GET /health_generate, POST /pause_generation, POST /continue_generation, GET|POST /flush_cache,
-POST /abort_request.
+POST /abort_request; and OpenAI's POST /v1/chat/completions and GET /v1/models (arpo_serve.openai_api).
 """
 
 from __future__ import annotations
@@ -530,4 +530,7 @@ def build_app(engine: Engine, scheduler: Scheduler, *, api_key: str = "",
     r.add_get("/flush_cache", flush_cache)
     r.add_post("/flush_cache", flush_cache)
     r.add_post("/abort_request", abort_request)
+    from arpo_serve.openai_api import add_openai_routes  # here: that module imports this one
+
+    add_openai_routes(r)
     return app
