@@ -87,6 +87,9 @@ def chat_messages_from_text(text: str, image_urls: Sequence[str]) -> list[dict]:
     """
     if text.endswith(GENERATION_PROMPT):
         text = text[:-len(GENERATION_PROMPT)]
+    if text.count(IMAGE_PLACEHOLDER) != len(image_urls):
+        raise ValueError(f"the prompt has {text.count(IMAGE_PLACEHOLDER)} image placeholders but {len(image_urls)} "
+                         "images")
     messages: list[dict] = []
     used, pos = 0, 0
     for turn in _TURN.finditer(text):
@@ -102,15 +105,11 @@ def chat_messages_from_text(text: str, image_urls: Sequence[str]) -> list[dict]:
             if piece:
                 parts.append({"type": "text", "text": piece})
             if i < len(pieces) - 1:
-                if used >= len(image_urls):
-                    raise ValueError(f"the prompt has more image placeholders than the {len(image_urls)} images")
                 parts.append({"type": "image_url", "image_url": {"url": image_urls[used]}})
                 used += 1
         messages.append({"role": role, "content": parts or ""})
     if pos != len(text):
         raise ValueError(f"prompt text outside a chat turn at character {pos}: {text[pos:][:80]!r}")
-    if used != len(image_urls):
-        raise ValueError(f"the prompt has {used} image placeholders but {len(image_urls)} images")
     return messages
 
 
