@@ -9,6 +9,7 @@ submodule (say ``actors.uitars``) stays light:
 - :class:`Policy`, :func:`as_policy`, :func:`text_generation`, :class:`PolicyClient`, :class:`RetryPolicy`,
   :class:`Generation`: what the loop asks of a policy, and the SGLang HTTP client (actors.policy,
   arpo_async.inference_client);
+- :class:`OpenAIChatPolicy`: a policy on any OpenAI-compatible ``/v1/chat/completions`` server (actors.openai_policy);
 - :class:`TrajectorySink`, :class:`ListSink`, :class:`JsonlSink`: where trajectories go (actors.sinks);
   ``LearnerLink`` (actors.link) is the sink that sends them to a learner;
 - :class:`Action`, :func:`parse_reply`: the UI-TARS action language (actors.uitars);
@@ -25,6 +26,7 @@ _EXPORTS: dict[str, str] = {
     "EpisodeRunner": "actors.episode", "load_task": "actors.episode",
     "Policy": "actors.policy", "CallablePolicy": "actors.policy", "as_policy": "actors.policy",
     "text_generation": "actors.policy",
+    "OpenAIChatPolicy": "actors.openai_policy",
     "TrajectorySink": "actors.sinks", "ListSink": "actors.sinks", "JsonlSink": "actors.sinks",
     "LearnerLink": "actors.link",
     "Action": "actors.uitars.actions", "ActionParseError": "actors.uitars.actions",
