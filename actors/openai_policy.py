@@ -89,7 +89,7 @@ def chat_messages_from_text(text: str, image_urls: Sequence[str]) -> list[dict]:
         text = text[:-len(GENERATION_PROMPT)]
     if text.count(IMAGE_PLACEHOLDER) != len(image_urls):
         raise ValueError(f"the prompt has {text.count(IMAGE_PLACEHOLDER)} image placeholders but {len(image_urls)} "
-                         "images")
+                         f"images (one {IMAGE_PAD} per image: PromptEncoder.collapse_image_pads)")
     messages: list[dict] = []
     used, pos = 0, 0
     for turn in _TURN.finditer(text):

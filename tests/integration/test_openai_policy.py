@@ -5,7 +5,9 @@ and the route's refusals and /v1/models."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import dataclasses
 import io
 import json
 
@@ -15,6 +17,7 @@ from aiohttp import web
 from PIL import Image
 
 from actors.openai_policy import OpenAIChatPolicy, chat_completions_url, chat_messages_from_ids
+from actors.policy import Policy, as_policy
 from actors.uitars import action_regex, build_messages
 from actors.uitars.actions import add_box_tokens
 from arpo_async.inference_client import PolicyRequestError, PolicyUnavailable, RetryPolicy
@@ -79,9 +82,11 @@ def test_ids_to_messages_refuses_a_count_mismatch(encoder, step):
         chat_messages_from_ids(encoder.tokenize("no chat here"), [], encoder)
 
 
-def test_endpoint_url_forms():
+async def test_endpoint_url_forms_and_policy_protocol(encoder):
     for url in ("http://h:1", "http://h:1/", "http://h:1/v1", "http://h:1/v1/chat/completions"):
         assert chat_completions_url(url) == "http://h:1/v1/chat/completions"
+    policy = OpenAIChatPolicy("http://h:1", "m", encoder)
+    assert isinstance(policy, Policy) and as_policy(policy) is policy
 
 
 async def test_generate_on_real_arpo_serve(tiny_serve, tiny_model, step):
@@ -139,6 +144,23 @@ async def test_refusing_and_malformed_servers(tiny_model, step, status, body, at
     assert len(seen) == attempts
     if error is PolicyRequestError and status >= 400:
         assert caught.value.status == status and caught.value.body == body
+
+
+async def test_a_server_slower_than_the_timeout_is_unavailable(tiny_model, step):
+    calls = []
+
+    async def slow(request: web.Request) -> web.Response:
+        calls.append(request.path)
+        await asyncio.sleep(2)
+        return web.json_response(COMPLETION)
+
+    retry = dataclasses.replace(FAST_RETRY, request_timeout_s=0.3)
+    async with catch_all_http_server(slow) as url:
+        async with OpenAIChatPolicy(url, "m", tiny_model, retry=retry) as policy:
+            with pytest.raises(PolicyUnavailable, match="TimeoutError"):
+                await policy.generate(input_ids=step["input_ids"], images=step["images"],
+                                      sampling_params=SAMPLING, rid="r", episode_id="e")
+    assert len(calls) == 2
 
 
 async def test_request_fields_key_and_regex(tiny_model, step):
