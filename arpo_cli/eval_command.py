@@ -49,6 +49,9 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     policy.add_argument("--url", help="a running SGLang or arpo-serve server, e.g. http://127.0.0.1:30000")
     policy.add_argument("--openai-url", help="an OpenAI-compatible server's base URL, e.g. http://127.0.0.1:8000/v1")
     policy.add_argument("--openai-model", help="the model name to ask the OpenAI-compatible server for")
+    policy.add_argument("--openai-regex", action="store_true",
+                        help="also send the action grammar as SGLang's `regex` field (SGLang's /v1 and arpo-serve "
+                             "take it; most other servers refuse unknown fields)")
     policy.add_argument("--api-key", help="key for --url / --openai-url (default: $ARPO_API_KEY / $OPENAI_API_KEY)")
     policy.add_argument("--tokenizer", type=Path, help="model folder whose tokenizer builds the prompt for --url "
                                                        "and --openai-url (default: the tiny policy's)")
@@ -136,8 +139,10 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
             say(f"arpo-serve ready at {url} with {weights} (weight version {version}); log {log}")
         if args.openai_url:
             from actors.openai_policy import OpenAIChatPolicy
-            policy = OpenAIChatPolicy(args.openai_url, args.openai_model, encoder, api_key=args.api_key,
-                                      seed=args.seed)
+            policy = OpenAIChatPolicy(args.openai_url, args.openai_model, encoder, api_key=args.api_key or "",
+                                      send_regex=args.openai_regex, extra_body={"seed": args.seed},
+                                      retry=RetryPolicy(attempts=config.actors.policy_attempts,
+                                                        max_delay_s=config.actors.policy_max_wait_s))
         else:
             ac = config.actors
             policy = PolicyClient([url if args.model is not None else args.url], api_key=args.api_key or "",

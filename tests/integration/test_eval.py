@@ -173,3 +173,21 @@ def test_python_api_example_runs_as_a_user_runs_it(tmp_path):
     test_split = json.loads((root / "arpo_async" / "splits" / "grid4-test.json").read_text())
     assert {name.split("/", 1)[1] for name in report["tasks_detail"]} == set(test_split["grid4"])
     assert "| **overall** |" in proc.stdout and report["complete"]
+
+
+def test_command_scores_an_openai_compatible_endpoint_end_to_end(tiny_serve, tiny_model, desktop_image, tmp_path):
+    """`arpo eval --openai-url`: the real arpo-serve's /v1/chat/completions (screenshots as image parts, the
+    grammar as SGLang's regex field) drives real desktops; every episode ends with a result and no error."""
+    out = tmp_path / "out"
+    code = arpo_main(["eval", "--openai-url", f"{tiny_serve.url}/v1", "--openai-model", "tiny", "--openai-regex",
+                      "--tokenizer", str(tiny_model), "--tasks", "grid4", "--desktops", "2", "--max-steps", "1",
+                      "--temperature", "1", "--out", str(out), "--set", f"actors.image={desktop_image!r}",
+                      "--set", 'actors.grammar_actions=["click"]', "--set", "actors.max_thought_chars=1"])
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["policy"]["kind"] == "openai" and report["policy"]["name"] == "tiny"
+    assert report["planned"] == report["finished"] == 8 and report["errors"] == []
+    outcomes = {json.loads(p.read_text())["outcome"] for p in out.glob("*/*/0/episode.json")}
+    assert outcomes <= {"SUCCESS", "TRUNCATED"}  # every reply parsed as a click, was performed and scored
+    steps = [json.loads(line) for p in out.glob("*/*/0/traj.jsonl") for line in p.read_text().splitlines()]
+    assert len(steps) == 8 and all(s["action"].startswith("click(") and s["screenshot_file"] for s in steps)
