@@ -191,3 +191,18 @@ def test_command_scores_an_openai_compatible_endpoint_end_to_end(tiny_serve, tin
     assert outcomes <= {"SUCCESS", "TRUNCATED"}  # every reply parsed as a click, was performed and scored
     steps = [json.loads(line) for p in out.glob("*/*/0/traj.jsonl") for line in p.read_text().splitlines()]
     assert len(steps) == 8 and all(s["action"].startswith("click(") and s["screenshot_file"] for s in steps)
+
+
+def test_command_scores_a_running_server_by_url(tiny_serve, tiny_model, desktop_image, tmp_path):
+    """`arpo eval --url`: a server that is already running (its /generate, as SGLang's) is scored and left
+    running; the report names the weight version the server's replies carried."""
+    out = tmp_path / "out"
+    code = arpo_main(["eval", "--url", tiny_serve.url, "--tokenizer", str(tiny_model), "--tasks", "grid4-green",
+                      "--repeats", "2", "--desktops", "2", "--max-steps", "1", "--temperature", "1", "--out",
+                      str(out), "--set", f"actors.image={desktop_image!r}", "--set", 'actors.grammar_actions=["click"]'])
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["policy"]["kind"] == "url" and report["finished"] == 2 and report["errors"] == []
+    assert report["overall"]["policy_versions"] == [0]
+    assert set(report["overall"]["pass_at_k"]) == {"1", "2"}
+    assert tiny_serve.proc.poll() is None  # not ours to stop
