@@ -40,8 +40,8 @@ from arpo_async.inference_client import (
     PolicyRequestError,
     PolicyUnavailable,
     RetryPolicy,
-    _error_message,
-    _Retryable,
+    error_message,
+    RetryableError,
     image_data_uri,
 )
 from arpo_async.model.inputs import IMAGE_PAD, VISION_END, VISION_START, PromptEncoder
@@ -265,7 +265,7 @@ class OpenAIChatPolicy:
             async for attempt in self.retry.retrying():  # ends after a success; the last failure is re-raised
                 with attempt:
                     answer, elapsed = await self._post(payload)
-        except _Retryable as exc:
+        except RetryableError as exc:
             raise PolicyUnavailable(f"{self.url} unavailable after {self.retry.attempts} attempts: {exc}") from exc
         text, finish_reason = completion_text(answer, self.url)
         meta = {k: answer.get(k) for k in ("id", "model", "usage")}
@@ -274,7 +274,7 @@ class OpenAIChatPolicy:
                                    url=self.url, meta_info=meta)
 
     async def _post(self, payload: bytes) -> tuple[Any, float]:
-        """One POST -> (parsed JSON, seconds). Raises _Retryable (connection error, timeout, 5xx) or
+        """One POST -> (parsed JSON, seconds). Raises RetryableError (connection error, timeout, 5xx) or
         PolicyRequestError (4xx, oversized or non-JSON body)."""
         started = time.perf_counter()
         try:
@@ -282,16 +282,16 @@ class OpenAIChatPolicy:
                 status = resp.status
                 raw = await self._read_bounded(resp)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
+            raise RetryableError(f"{type(exc).__name__}: {exc}") from exc
         elapsed = time.perf_counter() - started
         text = raw.decode("utf-8", errors="replace") if raw is not None else ""
         if status >= 500:
-            raise _Retryable(f"HTTP {status}: {_error_message(text)}")
+            raise RetryableError(f"HTTP {status}: {error_message(text)}")
         if raw is None:
             raise PolicyRequestError(f"{self.url} answered more than {self.max_response_bytes} bytes",
                                      status=status if status >= 400 else 0, url=self.url)
         if status >= 400:
-            raise PolicyRequestError(f"{self.url} answered HTTP {status}: {_error_message(text)}", status=status,
+            raise PolicyRequestError(f"{self.url} answered HTTP {status}: {error_message(text)}", status=status,
                                      url=self.url, body=_json_or_text(text))
         try:
             return json.loads(text), elapsed

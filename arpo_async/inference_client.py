@@ -97,13 +97,13 @@ class RetryPolicy:
             raise ValueError("timeouts must be > 0")
 
     def retrying(self) -> tenacity.AsyncRetrying:
-        """tenacity's retry loop for this policy: up to ``attempts`` tries of a call that raises ``_Retryable``,
+        """tenacity's retry loop for this policy: up to ``attempts`` tries of a call that raises ``RetryableError``,
         waiting uniform in [0, min(base_delay_s * 2**(i-1), max_delay_s)] after the i-th failure
         (``wait_random_exponential``: full jitter); the last failure is re-raised."""
         return tenacity.AsyncRetrying(
             stop=tenacity.stop_after_attempt(self.attempts),
             wait=tenacity.wait_random_exponential(multiplier=self.base_delay_s, max=self.max_delay_s),
-            retry=tenacity.retry_if_exception_type(_Retryable), reraise=True)
+            retry=tenacity.retry_if_exception_type(RetryableError), reraise=True)
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,7 @@ def _parse_generation(body: Any, *, latency_s: float, attempts: int, url: str) -
     )
 
 
-def _error_message(text: str) -> str:
+def error_message(text: str) -> str:
     """The human part of an error body (SGLang: {"error": {"message"}} or {"message"} or {"detail"})."""
     try:
         body = json.loads(text)
@@ -248,8 +248,9 @@ def _error_message(text: str) -> str:
     return text.strip()[:500]
 
 
-class _Retryable(Exception):
-    """Internal: one failed attempt that may succeed later."""
+class RetryableError(Exception):
+    """One failed attempt that may succeed later (a connection error, a timeout, a 5xx): what
+    :meth:`RetryPolicy.retrying` retries. Raised by the HTTP attempts of PolicyClient and OpenAIChatPolicy."""
 
 
 class PolicyClient:
@@ -306,7 +307,7 @@ class PolicyClient:
     # ------------------------------------------------------------------------------------------ transport
 
     async def _once(self, method: str, url: str, *, body: bytes | None, timeout_s: float) -> tuple[Any, float]:
-        """One HTTP attempt -> (parsed JSON or text, seconds). Raises _Retryable or PolicyRequestError."""
+        """One HTTP attempt -> (parsed JSON or text, seconds). Raises RetryableError or PolicyRequestError."""
         started = time.perf_counter()
         try:
             async with self._http().request(
@@ -317,16 +318,16 @@ class PolicyClient:
                 text = await resp.text()
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
+            raise RetryableError(f"{type(exc).__name__}: {exc}") from exc
         elapsed = time.perf_counter() - started
         if status >= 500:
-            raise _Retryable(f"HTTP {status}: {_error_message(text)}")
+            raise RetryableError(f"HTTP {status}: {error_message(text)}")
         try:
             parsed: Any = json.loads(text) if text else None
         except ValueError:
             parsed = text
         if status >= 400:
-            raise PolicyRequestError(f"{url} answered HTTP {status}: {_error_message(text)}",
+            raise PolicyRequestError(f"{url} answered HTTP {status}: {error_message(text)}",
                                      status=status, url=url, body=parsed) from None
         return parsed, elapsed
 
@@ -339,7 +340,7 @@ class PolicyClient:
                 with attempt:
                     answer, elapsed = await self._once(method, url, body=body,
                                                        timeout_s=timeout_s or self.retry.admin_timeout_s)
-        except _Retryable as exc:
+        except RetryableError as exc:
             raise PolicyUnavailable(f"{url} unavailable after {self.retry.attempts} attempts: {exc}") from exc
         return answer, elapsed, attempt.retry_state.attempt_number
 
@@ -402,7 +403,7 @@ class PolicyClient:
         for u in [url.rstrip("/")] if url else self.urls:
             try:
                 await self._once("GET", f"{u}/health", body=None, timeout_s=self.retry.connect_timeout_s)
-            except (_Retryable, PolicyRequestError):
+            except (RetryableError, PolicyRequestError):
                 return False
         return True
 
@@ -439,7 +440,7 @@ class PolicyClient:
         in its JSON is returned. Raises PolicyUnavailable (unreachable, 5xx, timeout) or PolicyRequestError."""
         try:
             answer, _ = await self._once("POST", url, body=json.dumps(payload).encode(), timeout_s=timeout_s)
-        except _Retryable as exc:
+        except RetryableError as exc:
             raise PolicyUnavailable(f"{url}: {exc}") from exc
         except PolicyRequestError as exc:
             if isinstance(exc.body, dict) and "success" in exc.body:

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import tenacity
 
-from arpo_async.inference_client import PolicyRequestError, RetryPolicy, _Retryable
+from arpo_async.inference_client import PolicyRequestError, RetryPolicy, RetryableError
 
 
 def wait_after(policy: RetryPolicy, failures: int) -> float:
@@ -36,8 +36,8 @@ async def test_the_budget_is_the_attempt_count_and_request_errors_are_not_retrie
                 await asyncio.sleep(0)
                 raise error
 
-    with pytest.raises(_Retryable):
-        await failing(_Retryable("HTTP 503"))
+    with pytest.raises(RetryableError):
+        await failing(RetryableError("HTTP 503"))
     assert calls == [1, 2, 3]
     calls.clear()
     with pytest.raises(PolicyRequestError):
