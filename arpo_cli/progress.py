@@ -66,8 +66,9 @@ def _number(record: dict[str, Any], key: str) -> float:
 def progress_line(config: RunConfig, started: float, rate: TrajectoryRate | None = None,
                   now: float | None = None) -> str:
     """One line, e.g. ``[  42s] step 3/10 version 3 | trajectories 48 (21.0/min) | success 0.25 (last 10 steps
-    0.20) loss 0.0123 lag 0.50 | desktops 6/8 busy | failure=30 success=18``, plus the tasks set aside after task
-    errors and the stall reason, if any.
+    0.20) loss 0.0123 lag 0.50 | held-out 0.38 (step 20) | evaluating step 40: 3/8 | desktops 6/8 busy |
+    failure=30 success=18``, plus the tasks set aside after task errors and the stall reason, if any. The held-out
+    part shows the last evaluation round recorded ([eval]) and the round in progress, when there are.
 
     ``started`` and ``now``: monotonic seconds (``now`` defaults to the clock); ``rate`` measures trajectories
     per minute across calls (None: the rate is left out).
@@ -89,10 +90,15 @@ def progress_line(config: RunConfig, started: float, rate: TrajectoryRate | None
     phase = (f"baseline pass {baseline['groups_recorded']}/{baseline['groups_planned']} groups | "
              if baseline else "")
     step = int(last.get("step") or len(records))  # optimizer steps: a record covers updates_per_batch of them
+    evaluating = status.get("evaluation") or {}
+    held_out = (f" | held-out {last['eval_success']:.2f} (step {last.get('eval_step', '?')})"
+                if isinstance(last.get("eval_success"), (int, float)) else "")
+    if "episodes" in evaluating:
+        held_out += f" | evaluating step {evaluating['step']}: {evaluating['episodes_back']}/{evaluating['episodes']}"
     return (f"[{now - started:6.0f}s] {phase}step {step}/{steps} "
             f"version {version} | trajectories {trajectories}{per_min} | "
-            f"{success_text(records)} loss {_number(last, 'loss'):.4f} lag {_number(last, 'staleness_mean'):.2f} | "
-            f"desktops {busy}/{config.actors.actors} busy | {outcomes}"
+            f"{success_text(records)} loss {_number(last, 'loss'):.4f} lag {_number(last, 'staleness_mean'):.2f}"
+            f"{held_out} | desktops {busy}/{config.actors.actors} busy | {outcomes}"
             + (f" | SET ASIDE (task errors): {', '.join(map(str, status['set_aside']))[:200]}"
                if status.get("set_aside") else "")
             + (f" | STALLED: {status['stall']}" if status.get("stall") else ""))

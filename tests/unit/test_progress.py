@@ -77,6 +77,22 @@ def test_progress_line_counts_optimizer_steps_when_a_batch_takes_several(tmp_pat
     assert "step 4/8 version 2 |" in progress_line(config, started=0.0, now=1.0)
 
 
+def test_progress_line_shows_held_out_success_and_the_round_in_progress(tmp_path):
+    config = load_config(None, [f'run_dir="{tmp_path}"', "learner.steps=80", 'eval.tasks="grid4-test"'])
+    metrics = MetricsWriter(tmp_path / "metrics.jsonl")
+    metrics.write({"step": 22, "policy_version": 11, "trajectories": 16, "success_rate": 0.5, "reward_mean": 0.5,
+                   "loss": 0.0, "replay_injections": 0, "staleness_mean": 0.0, "wall_s": 1.0,
+                   "eval_success": 0.375, "eval_step": 20, "eval_policy_version": 10})
+    metrics.close()
+    (tmp_path / "status.json").write_text(json.dumps(
+        {"evaluation": {"rounds": 3, "step": 40, "policy_version": 20, "episodes_back": 3, "episodes": 8}}))
+    line = progress_line(config, started=0.0, now=1.0)
+    assert "| held-out 0.38 (step 20) | evaluating step 40: 3/8 | desktops" in line
+    (tmp_path / "status.json").write_text(json.dumps({"evaluation": {"rounds": 3}}))  # between rounds
+    line = progress_line(config, started=0.0, now=1.0)
+    assert "held-out 0.38 (step 20) | desktops" in line and "evaluating" not in line
+
+
 async def test_a_crashed_child_logs_its_traceback_at_error_and_the_excerpt_quotes_it(tmp_path):
     log = tmp_path / "learner.log"
     log.write_text("".join(f"earlier line {i}\n" for i in range(200)))
