@@ -37,6 +37,7 @@ import aiohttp
 
 from arpo_async.inference_client import (
     Generation,
+    HttpClient,
     PolicyRequestError,
     PolicyUnavailable,
     RetryPolicy,
@@ -161,7 +162,7 @@ def completion_text(body: Any, url: str) -> tuple[str, str]:
     return content, reason if reason in FINISH_REASONS else "stop"
 
 
-class OpenAIChatPolicy:
+class OpenAIChatPolicy(HttpClient):
     """The episode loop's :class:`~actors.policy.Policy` on an OpenAI-compatible ``/v1/chat/completions`` server.
 
     Args:
@@ -203,26 +204,6 @@ class OpenAIChatPolicy:
 
     def __repr__(self) -> str:
         return f"OpenAIChatPolicy({self.url!r}, model={self.model!r})"
-
-    async def __aenter__(self) -> "OpenAIChatPolicy":
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close the HTTP session (idempotent)."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections),
-                timeout=aiohttp.ClientTimeout(total=self.retry.request_timeout_s,
-                                              sock_connect=self.retry.connect_timeout_s))
-        return self._session
 
     def request_body(self, input_ids: Sequence[int], images: Sequence[bytes], sampling_params: Mapping) -> dict:
         """The JSON body for one step: ``model``, ``messages`` (:func:`chat_messages_from_ids`), ``temperature``,

@@ -25,7 +25,7 @@ import json
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Self, Sequence
 
 import aiohttp
 import tenacity
@@ -253,7 +253,37 @@ class RetryableError(Exception):
     :meth:`RetryPolicy.retrying` retries. Raised by the HTTP attempts of PolicyClient and OpenAIChatPolicy."""
 
 
-class PolicyClient:
+class HttpClient:
+    """One aiohttp session, opened on first use with ``retry``'s timeouts and at most ``max_connections``
+    connections, closed by :meth:`aclose` or ``async with``. The base of PolicyClient and
+    actors.openai_policy.OpenAIChatPolicy. Subclasses set ``self.retry`` and ``self._max_connections``."""
+
+    retry: RetryPolicy
+    _max_connections: int
+    _session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the HTTP session (idempotent)."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                timeout=aiohttp.ClientTimeout(total=self.retry.request_timeout_s,
+                                              sock_connect=self.retry.connect_timeout_s))
+        return self._session
+
+
+class PolicyClient(HttpClient):
     """Async client for one or more SGLang-compatible inference servers.
 
     Args:
@@ -275,27 +305,6 @@ class PolicyClient:
         self.retry = retry
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> "PolicyClient":
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close the HTTP session (idempotent)."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections),
-                timeout=aiohttp.ClientTimeout(total=self.retry.request_timeout_s,
-                                              sock_connect=self.retry.connect_timeout_s),
-            )
-        return self._session
 
     def server_for(self, episode_id: str) -> str:
         """The server that serves every request of ``episode_id``: ``urls[crc32(episode_id) % len(urls)]``.
