@@ -15,7 +15,6 @@ named by that stem (``grid4-test``) instead of a path.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,11 +167,3 @@ def runnable_tasks(entries: list[TaskEntry]) -> list[Task]:
     if bad:
         raise TaskFormatError("tasks that cannot run: " + "; ".join(bad))
     return [e.task for e in entries if e.task is not None]
-
-
-def write_split(path: str | Path, entries: list[TaskEntry]) -> None:
-    """Write ``entries`` as a split file ``{domain: [task id, ...]}`` (indented JSON)."""
-    split: dict[str, list[str]] = {}
-    for e in entries:
-        split.setdefault(e.domain, []).append(e.task_id)
-    Path(path).write_text(json.dumps(split, indent=2) + "\n", encoding="utf-8")

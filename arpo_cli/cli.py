@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "eval":
         from arpo_cli.eval_command import eval_main
-        return eval_main(args)
+        return eval_main(args, list(sys.argv[1:] if argv is None else argv))
     if args.command == "init-model":
         return init_model.run_from_args(args)
     return 2

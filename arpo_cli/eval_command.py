@@ -126,8 +126,8 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
     encoder = PromptEncoder(config.model_path)
     meta = {"policy": {"kind": "model" if args.model else ("openai" if args.openai_url else "url"),
                        "name": str(name), "weight_version": version},
-            "command": shlex.join(["arpo", *sys.argv[1:]] if sys.argv[0].endswith("arpo") else sys.argv)}
-    progress = _progress_printer()
+            "command": "arpo " + shlex.join(args.argv)}
+    progress = ProgressPrinter()
     async with Children() as children:
         if args.model is not None:
             url = f"http://127.0.0.1:{free_port()}"
@@ -153,11 +153,11 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
                                   seed=args.seed, out=out, resume=args.resume, config=config, encoder=encoder,
                                   meta={**meta, "out": str(out)}, progress=progress)
         finally:
-            await policy.aclose() if hasattr(policy, "aclose") else None
+            await policy.aclose()
             progress.close()
 
 
-class _progress_printer:
+class ProgressPrinter:
     """Shows ``Progress.line()`` (a live line on a terminal, plain lines elsewhere)."""
 
     def __init__(self) -> None:
@@ -188,9 +188,9 @@ def check_policy_args(args: argparse.Namespace) -> str | None:
     return None
 
 
-def eval_main(args: argparse.Namespace) -> int:
-    """Run ``arpo eval``; print the per-task table and where the report is. Returns the exit status (module
-    docstring)."""
+def eval_main(args: argparse.Namespace, argv: list[str]) -> int:
+    """Run ``arpo eval`` (``argv``: its command line after ``arpo``, recorded in the report); print the per-task
+    table and where the report is. Returns the exit status (module docstring)."""
     import os
 
     from actors.desktop.build import DesktopBuildError
@@ -198,6 +198,7 @@ def eval_main(args: argparse.Namespace) -> int:
     from arpo_async.tasks import TaskFormatError
     from arpo_cli.launcher import RunError
 
+    args.argv = argv
     problem = check_policy_args(args)
     if problem:
         print(f"arpo eval: {problem}", file=sys.stderr)

@@ -127,12 +127,16 @@ def write_episode(out: Path, record: EpisodeRecord, trajectory: Trajectory | Non
 
 
 def read_record(path: Path) -> EpisodeRecord | None:
-    """The record in ``path`` (an ``episode.json``); None when it is missing or unreadable."""
+    """The record in ``path`` (an ``episode.json``); None when it is missing, unreadable or holds a field of the
+    wrong type (the episode then runs again on --resume)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return EpisodeRecord(**data)
+        record = EpisodeRecord(**json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError):
         return None
+    typed = (isinstance(record.domain, str) and isinstance(record.task_id, str) and type(record.repeat) is int
+             and isinstance(record.score, (int, float)) and isinstance(record.success, bool)
+             and isinstance(record.error, str) and type(record.steps) is int and isinstance(record.seconds, (int, float)))
+    return record if typed else None
 
 
 def read_records(out: Path) -> dict[tuple[str, str, int], EpisodeRecord]:

@@ -240,8 +240,10 @@ async def evaluate(policy: Policy | GenerateFn, tasks: str | Path | None = None,
         elif read_records(out_path):
             raise FileExistsError(f"{out_path} holds the results of an evaluation; pass resume=True (--resume) to "
                                   "finish it, or choose another folder")
-    plan = [(e, r) for e, r in episode_plan(entries, settings.repeats, settings.seed)
-            if (e.domain, e.task_id, r) not in done]
+    planned = episode_plan(entries, settings.repeats, settings.seed)
+    keys = {(e.domain, e.task_id, r) for e, r in planned}
+    done = {key: record for key, record in done.items() if key in keys}  # another task set's results stay out
+    plan = [(e, r) for e, r in planned if (e.domain, e.task_id, r) not in done]
     records = dict(done)
     counts = Progress(len(entries) * settings.repeats, list(done.values()), settings.desktops)
     report_meta = {"tasks": str(settings.tasks or "builtin"), "split": None if settings.split is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -39,6 +40,13 @@ def eval_config(tiny_model, desktop_image):
 @pytest.fixture(scope="module")
 def encoder(tiny_model):
     return PromptEncoder(tiny_model)
+
+
+def _running(proc: subprocess.Popen) -> None:
+    """Fail at once when ``proc`` exited (instead of waiting for the deadline)."""
+    if proc.poll() is not None:
+        raise AssertionError(f"arpo eval exited with {proc.returncode} before it was interrupted:\n"
+                             f"{proc.stdout.read().decode()[-3000:]}")
 
 
 def _comparable(report: dict) -> dict:
@@ -113,9 +121,9 @@ def test_command_counts_failed_setup_and_unloadable_tasks_and_view_shows_them(ti
     (tasks / "setup-fails.json").write_text(json.dumps(broken_setup))
     (tasks / "unloadable.json").write_text(json.dumps({**green, "id": "unloadable", "evaluator": {**green["evaluator"], "func": "no_such_metric"}}))
     out = tmp_path / "out"
-    code = arpo_main(["eval", "--model", str(tiny_model), "--tasks", str(tasks.parent), "--desktops", "2",
-                      "--max-steps", "1", "--out", str(out), "--set", f"actors.image={desktop_image!r}",
-                      "--set", "actors.setup_timeout_s=20"])
+    argv = ["eval", "--model", str(tiny_model), "--tasks", str(tasks.parent), "--desktops", "2", "--max-steps", "1",
+            "--out", str(out), "--set", f"actors.image={desktop_image!r}", "--set", "actors.setup_timeout_s=20"]
+    code = arpo_main(argv)
     assert code == 0
     report = json.loads((out / "report.json").read_text())
     assert report["planned"] == report["finished"] == report["overall"]["episodes"] == 3
@@ -125,7 +133,7 @@ def test_command_counts_failed_setup_and_unloadable_tasks_and_view_shows_them(ti
     assert errors["unloadable"]["outcome"] == "TASK_ERROR" and "no_such_metric" in errors["unloadable"]["error"]
     for task_id in ("ok", "setup-fails", "unloadable"):
         assert (out / "mixed" / task_id / "0" / "result.txt").is_file()
-    assert report["policy"]["weight_version"] == 0 and report["command"].startswith("arpo") is not None
+    assert report["policy"]["weight_version"] == 0 and report["command"] == "arpo " + shlex.join(argv)
     md = (out / "report.md").read_text()
     assert "setup-fails" in md and "TaskSetupError" in md
     assert arpo_main(["view", str(out)]) == 0
@@ -141,7 +149,7 @@ def test_command_ctrl_c_writes_the_report_and_resume_runs_only_the_rest(tiny_mod
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2])
     try:
         until_sync(lambda: len(list(out.glob("*/*/*/episode.json"))) >= 2, 240, "two finished episodes",
-                   check=lambda: proc.poll() is None or True)
+                   check=lambda: _running(proc))
         proc.send_signal(signal.SIGINT)
         output = proc.communicate(timeout=120)[0].decode()
     finally:

@@ -107,3 +107,13 @@ def test_split_keeps_unloadable_and_missing_tasks_as_errors(tmp_path):
     bad_split.write_text(json.dumps(["x"]))
     with pytest.raises(TaskFormatError, match="split"):
         load_task_set(tasks, bad_split)
+
+
+def test_a_record_with_fields_of_the_wrong_type_is_not_a_finished_episode(tmp_path):
+    record = EpisodeRecord(domain="d", task_id="t", repeat=0, score=1.0, success=True, outcome="SUCCESS")
+    folder = write_episode(tmp_path, record, None)
+    assert read_records(tmp_path) == {record.key: record}
+    data = json.loads((folder / "episode.json").read_text())
+    for field, bad in (("score", "1.0"), ("repeat", "0"), ("success", 1), ("domain", None)):
+        (folder / "episode.json").write_text(json.dumps({**data, field: bad}))
+        assert read_records(tmp_path) == {}, field  # runs again on --resume instead of breaking the report
