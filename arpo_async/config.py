@@ -278,6 +278,9 @@ class LearnerConfig:
     """Checkpoints kept on disk (older ones are deleted after a new one is complete)."""
     tensorboard: bool = True
     """Also write every metrics.jsonl number to TensorBoard event files in <run>/tb/ (`tensorboard --logdir`)."""
+    wandb_project: str = ""
+    """Also log every metrics.jsonl number to this Weights & Biases project ("" = off; needs `pip install -e
+    '.[wandb]'`; WANDB_MODE=offline writes the run under <run>/wandb without a network)."""
     stratified: bool = True
     """Each optimizer step's groups cover distinct tasks where the ready groups allow it (the oldest group of
     each task first), so one step is not dominated by whichever task was drawn twice; false = oldest groups first."""
