@@ -3,7 +3,8 @@
 Role: all HTTP to inference servers lives here, in the shared contract, because both roles use it: actors call
 ``generate`` (``PolicyClient`` is one implementation of ``actors.policy.Policy``); the learner's weight publisher calls
 ``pause_generation`` -> ``update_weights_from_disk`` -> ``continue_generation`` on each server directly
-(REFERENCE.md section 4: pause and weight calls never go through a router).
+(pause and weight calls never go through a router: sglang-router spreads requests over servers, while a pause or
+a weight update must reach every server; sglang 0.5.23, python/sglang/srt/entrypoints/http_server.py).
 
 Owns: one aiohttp session (create the client inside the running event loop, close it with ``aclose`` or
 ``async with``), the retry policy, and the episode -> server assignment.

@@ -1,8 +1,8 @@
 """Weights over a process group: what the learner and an inference server share to move tensors without disk.
 
-SGLang 0.5.23's protocol (REFERENCE.md section 4; python/sglang/srt/entrypoints/http_server.py,
-managers/scheduler_components/weight_updater.py, model_executor/model_runner_components/weight_updater.py,
-utils/common.py), which verl, slime and AReaL drive:
+SGLang 0.5.23's protocol (read in the sglang 0.5.23 wheel: python/sglang/srt/entrypoints/http_server.py,
+managers/io_struct.py, managers/scheduler_components/weight_updater.py,
+model_executor/model_runner_components/weight_updater.py, utils/common.py), which verl, slime and AReaL drive:
 
 1. the trainer's rank 0 (group rank 0) POSTs ``/init_weights_update_group {master_address, master_port,
    rank_offset, world_size, group_name, backend}``; both ends then build the group with

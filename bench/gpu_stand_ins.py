@@ -200,7 +200,7 @@ class StepBarrier:
     ARPO's trainer (dvlab-research/ARPO, verl/trainer/ray_trainer.py, ``fit``) runs a round's episodes one step at a
     time: ``generate_sequences`` on the prompts of every running episode as one batch, then ``worker.step`` on
     every desktop and ``ray.get`` on all of them, so each step waits for the slowest generation and then for the
-    slowest desktop (REFERENCE.md section 1). Here each episode of a round calls :meth:`arrive` before its
+    slowest desktop. Here each episode of a round calls :meth:`arrive` before its
     generation (every running episode has observed: the batch starts together) and after it (the batch returns
     together), and :meth:`leave` once its last generation has returned; the round's next step starts only when
     every running episode has arrived. ``parties`` episodes make a round (ARPO runs one desktop per trajectory of

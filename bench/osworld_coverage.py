@@ -1,14 +1,15 @@
 """OSWorld coverage: how many tasks of a folder load, set up in a real desktop, and evaluate untouched.
 
-    python bench/osworld_coverage.py                         # ../shared/osworld/examples, loading only
-    python bench/osworld_coverage.py --desktops 2 --domains os,chrome,gimp,vlc --offline-only
-    python bench/osworld_coverage.py --offline-split offline.json   # the split of tasks that need no download
+    python bench/osworld_coverage.py OSWorld/evaluation_examples/examples          # loading only
+    python bench/osworld_coverage.py OSWorld/evaluation_examples/examples --desktops 2 --domains os,vlc --offline-only
+    python bench/osworld_coverage.py OSWorld/evaluation_examples/examples --offline-split offline.json
     python bench/osworld_coverage.py --quick                 # smoke: our own OSWorld-format tasks, 1 desktop
 
 Prints the per-domain table and one line per task that did not pass (the reason: needs network, app missing,
 getter or metric not implemented, setup failed with its error), then the key=value figures line:
 ``tasks``, ``load``, ``setup``, ``evaluate`` (counts), ``load_frac``, ``evaluate_frac_offline`` (of the tasks
-that need no download) and ``minutes``. ``--json FILE`` keeps every task's report. Built on
+that need no download) and ``minutes``. The folder is OSWorld's ``evaluation_examples/examples`` from a clone of
+https://github.com/xlang-ai/OSWorld (369 Ubuntu tasks in 10 domain folders); without ``--quick`` it is required. ``--json FILE`` keeps every task's report. Built on
 :mod:`actors.task_check` (the same code as ``arpo tasks check``).
 """
 from __future__ import annotations
@@ -27,7 +28,6 @@ from actors.osworld.downloads import run_download_cache  # noqa: E402
 from actors.task_check import TaskReport, check_folder, format_report, task_files, write_json  # noqa: E402
 from bench._common import result_line  # noqa: E402
 
-DEFAULT_DIR = ROOT.parent / "shared" / "osworld" / "examples"
 QUICK_DIR = ROOT / "tests" / "data" / "tasks" / "osworld"
 
 
@@ -54,7 +54,9 @@ def _image(profile: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", nargs="?", type=Path, help=f"task folder (default {DEFAULT_DIR})")
+    parser.add_argument("folder", nargs="?", type=Path,
+                        help="task folder, e.g. OSWorld/evaluation_examples/examples from a clone of "
+                             "https://github.com/xlang-ai/OSWorld (required unless --quick)")
     parser.add_argument("--desktops", type=int, default=0, help="desktops at a time for setup+evaluate (0: load only)")
     parser.add_argument("--domains", default="", help="comma-separated domains (sub-folders) to keep, e.g. os,vlc")
     parser.add_argument("--offline-only", action="store_true", help="only tasks that need no download")
@@ -69,7 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.folder, args.desktops, args.profile = args.folder or QUICK_DIR, max(1, args.desktops), "default"
-    folder = args.folder or DEFAULT_DIR
+    if args.folder is None:
+        parser.error("give the task folder: OSWorld's evaluation_examples/examples from a clone of "
+                     "https://github.com/xlang-ai/OSWorld (or --quick for this repository's OSWorld-format tasks)")
+    if not args.folder.is_dir():
+        parser.error(f"{args.folder} is not a folder")
+    folder = args.folder
     files = task_files(folder)
     domains = {d for d in args.domains.split(",") if d}
     keep = {str(f) for f in files if (not domains or f.parent.name in domains)

@@ -2,7 +2,8 @@
 
 Role: before training, k rollouts of every task with the initial policy (rounded up to whole groups), evaluated
 and never trained on; training then uses only the tasks with at least ``learner.baseline_min_success`` successes
-(ARPO trains on the 128 of OSWorld's 369 tasks its base agent solved at least once; REFERENCE.md section 1),
+(ARPO trains on the 128 of OSWorld's 369 tasks its base agent solved at least once; arXiv 2505.16282, task
+selection),
 optionally dropping tasks already solved k times out of k (they would only give zero-variance groups).
 
 Owns: :class:`BaselinePass` (the pass as a task source for the GroupScheduler, and its results), the pure rule

@@ -1,6 +1,7 @@
 """Batcher: completed groups in, training batches out.
 
-Owns: the per-group pipeline between the scheduler and the trainer, in ARPO's order (REFERENCE.md section 1):
+Owns: the per-group pipeline between the scheduler and the trainer, in ARPO's order (ARPO: End-to-End Policy
+Optimization for GUI Agents with Experience Replay, arXiv 2505.16282, and its code github.com/dvlab-research/ARPO):
 drop what cannot be trained (ENV_ERROR / ABORTED, or staler than the bound), inject a stored success into an
 all-failed (or, with prioritized replay, low-success) group, update the replay buffer from the group as sampled,
 compute group-relative advantages, and drop zero-variance groups (they carry no gradient and cost no optimizer

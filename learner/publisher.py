@@ -4,7 +4,8 @@ Two ways (``learner.weight_sync``), one interface (``publish_from(trainer, versi
 
 - :class:`WeightPublisher` ("disk"): the trainer writes a Hugging Face folder (``<run>/weights/v<N>``, the
   last ``keep`` are kept), then per server pause_generation -> update_weights_from_disk(model_path,
-  weight_version) -> continue_generation (REFERENCE.md section 4, as slime and AReaL do it). A server that
+  weight_version) -> continue_generation (sglang 0.5.23, python/sglang/srt/entrypoints/http_server.py; as slime
+  and AReaL do it). A server that
   refuses the update raises PublishError, naming the server; one that does not answer is skipped and caught up.
 - :class:`DistributedPublisher` ("distributed"): the full tensors (gathered from every rank's shards), under
   checkpoint names, go to each server over a process group of its own (arpo_async.weight_sync, SGLang 0.5.23's

@@ -5,7 +5,8 @@ optimizer steps taken. Everything here is synchronous, blocking torch work: the 
 :meth:`Trainer.train_step` and :meth:`Trainer.save_weights` through ``asyncio.to_thread``, one call at a time
 (the trainer is not thread-safe).
 
-Loss (REFERENCE.md sections 1 and 5; ARPO / EasyR1 ``compute_policy_loss``; DAPO token-level averaging):
+Loss (ARPO, arXiv 2505.16282; AReaL's decoupled PPO, arXiv 2505.24298; ARPO / EasyR1 ``compute_policy_loss``;
+DAPO token-level averaging, arXiv 2503.14476):
 ``L = sum over samples and their generated tokens of w * l_ppo(pi_theta / pi_old, A) / total generated tokens``,
 with the off-policy correction chosen by ``learner.correction`` (:func:`learner.grpo.corrected_token_loss`):
 "arpo" (pi_old = pi_prox, w = 1), "decoupled" (AReaL: pi_old = pi_prox, w = pi_prox / pi_behav, tokens above the

@@ -35,7 +35,8 @@ from pathlib import Path
 from arpo_async import pinned_venv
 
 SGLANG_PACKAGE = "sglang==0.5.23"
-"""The SGLang release REFERENCE.md section 4 was read from (pyproject's ``gpu`` extra pins the same)."""
+"""The SGLang release whose HTTP API and weight-update code the GPU paths were checked against (pyproject's ``gpu``
+extra pins the same)."""
 
 REQUIREMENTS: tuple[str, ...] = (
     # sglang/__init__ -> srt/utils/common.py:86 imports psutil (process helpers; a small C extension, wheels).

@@ -1,6 +1,7 @@
 """UI-TARS replies -> typed actions in real screen pixels.
 
-Role: the pure parser of the policy's output language (REFERENCE.md section 3). A reply looks like::
+Role: the pure parser of the policy's output language (UI-TARS's action space; sources
+below). A reply looks like::
 
     Thought: I need to open the file menu.
     Action: click(start_box='<|box_start|>(235,512)<|box_end|>')

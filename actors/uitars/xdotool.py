@@ -5,11 +5,13 @@ Role: pure translation; the desktop runs the commands (through the controller's 
 argv list, never a shell string). Nothing here executes anything.
 
 Pointer actions are one xdotool process each: ``xdotool mousemove X-1 Y mousemove --sync X Y click --delay 0 1``.
-- ``click`` sleeps ~100 ms after clicking unless given ``--delay`` (REFERENCE.md section 6); ``--delay 0``
+- ``click`` sleeps ~100 ms after clicking unless given ``--delay`` (xdotool's ``cmd_click.c``: ``delay = 100000;
+  /* 100ms */`` passed to ``xdo_click_window_multiple``; measured with Debian 12's xdotool 3.20160805); ``--delay 0``
   removes that, and ``--sync`` returns only once the pointer is at (X, Y), so the window manager and the app
   have seen the pointer enter before the button press arrives. ``--sync`` waits for the pointer to *change*
   position (it hung ~15 s when already at the target), hence the unsynced one-pixel move before it.
-- Focus: REFERENCE section 6 reports a lost first click on an unfocused window under openbox. Activating "the
+- Focus: while this project's desktop image was built (Xvfb + openbox), the first click on an unfocused window
+  was sometimes lost. Activating "the
   window under the cursor" first is not possible robustly with Debian 12's xdotool (3.20160805):
   ``getmouselocation`` there does not push onto the window stack (so ``windowactivate %1`` cannot follow it),
   it reports openbox's frame rather than the client, and ``windowactivate`` needs EWMH and fails (aborting the

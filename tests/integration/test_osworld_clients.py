@@ -11,8 +11,8 @@ they would reach OSWorld's VM on port 5000. Each test checks the effects from ou
   fetched by OSWorld's client and uploaded through /setup/upload), upload_file, launch, execute with ``until``
   and ``stdout``, command, sleep, activate_window, close_window, change_wallpaper; a failing ``open`` step
   surfaces as OSWorld's ``Setup step N failed`` exception.
-* osworld image (docker + osworld_image): OSWorld task configurations copied verbatim from ../shared/osworld
-  (pyautogui's Ctrl+Alt+T opening a terminal, ``stty size`` read back through /terminal; chromium with its
+* osworld image (docker + osworld_image): OSWorld task configurations copied verbatim from OSWorld's task
+  files (pyautogui's Ctrl+Alt+T opening a terminal, ``stty size`` read back through /terminal; chromium with its
   DevTools port forwarded by socat; ``gsettings`` output saved to the client's cache), ``open`` of a text file,
   the accessibility tree with a real GTK app, and a screen recording that ffprobe decodes.
 """
@@ -225,8 +225,8 @@ async def test_setup_controller_runs_osworld_setup_steps(fleet, osworld_python, 
 
 # ---- osworld image: OSWorld's task configurations verbatim, the accessibility tree, recording -------------
 
-# Copied verbatim from OSWorld's task files (evaluation_examples/examples/<domain>/<id>.json, Apache-2.0; the
-# same files are in ../shared/osworld/examples), so that CI, which lacks that folder, runs them too.
+# Copied verbatim from OSWorld's task files (github.com/xlang-ai/OSWorld, evaluation_examples/examples/<domain>/<id>.json,
+# Apache-2.0), so that the tests need no copy of OSWorld's task folder.
 OS_13584542_CONFIG = [{"type": "execute", "parameters": {"command": [
     "python", "-c", "import pyautogui; import time; pyautogui.click(960, 540); time.sleep(0.5);"]}}]
 OS_13584542_POSTCONFIG = [

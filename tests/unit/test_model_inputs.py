@@ -40,7 +40,8 @@ def _png(size: tuple[int, int], color=(200, 30, 30)) -> bytes:
 
 
 def test_smart_resize_arpo_reference_screen():
-    # REFERENCE.md section 1: 1920x1080 with max_pixels 2,116,800 -> 1932x1092 = 2,691 image tokens.
+    # ARPO's setting (arXiv 2505.16282): 1920x1080 with max_pixels 2,116,800 (= 2700 x 28 x 28, UI-TARS's
+    # codes/ui_tars/action_parser.py smart_resize) -> 1932x1092 = 2,691 image tokens.
     h, w = smart_resize(1080, 1920, max_pixels=2_116_800)
     assert (h, w) == (1092, 1932)
     assert (h // 28) * (w // 28) == 2691

@@ -23,7 +23,7 @@ from actors.uitars.grammar import DEFAULT_ACTIONS, int_range_regex
 from actors.uitars.prompt import ARPO_SYSTEM, COMPACT_SYSTEM, action_space_prompt
 from actors.uitars.xdotool import UnsupportedActionError
 
-# ARPO's setting: a 1920x1080 screen, smart-resized to 1932x1092 (REFERENCE.md section 1).
+# ARPO's setting: a 1920x1080 screen, smart-resized to 1932x1092 (arXiv 2505.16282; max_pixels 2,116,800).
 SCREEN = (1920, 1080)
 RESIZED = (1932, 1092)
 
