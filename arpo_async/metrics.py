@@ -1,6 +1,7 @@
-"""Run metrics: one JSON object per line in ``<run_dir>/metrics.jsonl``, mirrored to TensorBoard.
+"""Run metrics: one JSON object per line in ``<run_dir>/metrics.jsonl``, mirrored to TensorBoard and, optionally,
+Weights & Biases.
 
-Owns: the file format of metrics.jsonl and its TensorBoard mirror. Each trained batch (``learner.updates_per_batch``
+Owns: the file format of metrics.jsonl, its TensorBoard mirror and its Weights & Biases mirror. Each trained batch (``learner.updates_per_batch``
 optimizer steps; its ``step`` counts optimizer steps) appends one object with
 at least step, policy_version, trajectories, success_rate, reward_mean, loss, replay_injections,
 staleness_mean and wall_s (see learner.main.step_record for the full list). Lines are flushed as written, so a
@@ -9,13 +10,16 @@ skipped by the reader.
 
 Invariant: with a TensorBoard folder, every number of a record (nested dicts flattened to ``a/b/c`` names, see
 :func:`flatten_numbers`) is written as a scalar at ``global_step = record["step"]``, so the event files hold
-exactly the numbers of metrics.jsonl.
+exactly the numbers of metrics.jsonl; with a Weights & Biases mirror the same numbers (same names) are logged
+at ``step = record["step"]``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -72,24 +76,90 @@ class TensorBoardMirror:
         self._writer.close()
 
 
+WANDB_ID_FILE = "wandb-run-id"
+"""The file in the run folder holding the W&B run id, so a resumed run (``arpo run --resume``) logs to the same
+W&B run."""
+
+
+@dataclass(frozen=True)
+class WandbSettings:
+    """Where a :class:`WandbMirror` logs: the W&B ``project``, the run's display ``name`` (the run id), the run
+    folder (``run_dir``: W&B's files go to ``<run_dir>/wandb``, the run id to ``<run_dir>/wandb-run-id``) and the
+    run ``config`` shown in W&B (a plain dict, e.g. arpo_async.config.to_dict of the RunConfig)."""
+
+    project: str
+    name: str
+    run_dir: Path
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+class WandbMirror:
+    """Logs metrics records to Weights & Biases: ``wandb.log(flatten_numbers(record), step=record["step"])``.
+
+    The W&B run id is created once and kept in ``<run_dir>/wandb-run-id``; ``wandb.init(resume="allow")`` with it
+    makes a resumed run continue the same W&B run. W&B's own environment variables apply (``WANDB_MODE=offline``
+    writes ``<run_dir>/wandb/offline-run-*`` without a network, to upload later with ``wandb sync``;
+    ``WANDB_API_KEY``, ``WANDB_ENTITY``). W&B drops (with a warning) a step lower than one it already has, which is
+    what happens to steps a resumed run redoes after rolling back to its checkpoint. Console capture is off: the
+    learner's log is in ``<run>/logs``.
+
+    Raises:
+        RuntimeError: the ``wandb`` package is not installed (the message says how to install it or turn the
+            mirror off by unsetting learner.wandb_project).
+    """
+
+    def __init__(self, settings: WandbSettings) -> None:
+        try:
+            import wandb
+        except ImportError as error:
+            raise RuntimeError(f"learner.wandb_project={settings.project!r} needs the wandb package ({error}): "
+                               "pip install -e '.[wandb]' in the clone, or unset learner.wandb_project "
+                               "(--set learner.wandb_project=)") from error
+        run_dir = Path(settings.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        id_file = run_dir / WANDB_ID_FILE
+        run_id = id_file.read_text(encoding="utf-8").strip() if id_file.is_file() else ""
+        if not run_id:
+            run_id = uuid.uuid4().hex[:16]  # W&B run ids: letters and digits
+            id_file.write_text(run_id + "\n", encoding="utf-8")
+        self.run_id = run_id
+        self._run = wandb.init(project=settings.project, name=settings.name, id=run_id, resume="allow",
+                               dir=str(run_dir), config=settings.config, settings=wandb.Settings(console="off"))
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Log every number of ``record`` (flattened as for TensorBoard) at W&B step ``record["step"]``."""
+        self._run.log(flatten_numbers(record), step=int(record["step"]))
+
+    def close(self) -> None:
+        """Finish the W&B run (offline: the run folder is complete; online: waits for the upload)."""
+        self._run.finish()
+
+
 class MetricsWriter:
     """Appends metric records to a JSONL file (created with its parent folders).
 
     ``tensorboard``: a folder to mirror every record to as TensorBoard scalars (None: JSONL only). Records
     already in the file mark where a resumed run continues: TensorBoard events of later steps are purged.
+    ``wandb``: where to mirror every record to Weights & Biases (:class:`WandbMirror`; None: not at all).
+
+    Raises:
+        RuntimeError: a mirror's package (tensorboard, wandb) is not installed.
     """
 
-    def __init__(self, path: Path, tensorboard: Path | None = None) -> None:
+    def __init__(self, path: Path, tensorboard: Path | None = None, wandb: WandbSettings | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.tensorboard: TensorBoardMirror | None = None
+        self.wandb: WandbMirror | None = None
         if tensorboard is not None:
             steps = [r["step"] for r in read_metrics(path) if isinstance(r, dict) and isinstance(r.get("step"), int)]
             self.tensorboard = TensorBoardMirror(tensorboard, purge_step=max(steps) + 1 if steps else None)
+        if wandb is not None:
+            self.wandb = WandbMirror(wandb)
         self._file: TextIO = path.open("a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append one record (and mirror it to TensorBoard). Raises ValueError when a required key is missing."""
+        """Append one record (and mirror it to TensorBoard and W&B). Raises ValueError when a required key is missing."""
         missing = [k for k in REQUIRED_KEYS if k not in record]
         if missing:
             raise ValueError(f"metrics record lacks {missing}")
@@ -98,11 +168,15 @@ class MetricsWriter:
         self._file.flush()
         if self.tensorboard is not None:
             self.tensorboard.write(record)
+        if self.wandb is not None:
+            self.wandb.write(record)
 
     def close(self) -> None:
         self._file.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
+        if self.wandb is not None:
+            self.wandb.close()
 
     def __enter__(self) -> MetricsWriter:
         return self

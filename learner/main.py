@@ -30,10 +30,10 @@ import uuid
 import torch
 import torch.distributed as dist
 
-from arpo_async.config import ConfigError, LearnerConfig, RunConfig, load_config
+from arpo_async.config import ConfigError, LearnerConfig, RunConfig, load_config, to_dict
 from arpo_async.config_doc import add_config_arguments
 from arpo_async.inference_client import PolicyClient
-from arpo_async.metrics import MetricsWriter
+from arpo_async.metrics import MetricsWriter, WandbSettings
 from arpo_async.process import run_until_signal, setup_logging
 from arpo_async.tasks import Task, load_tasks
 from arpo_async.transport import INBOX_SIZE, Envelope, Outbox, SocketPump, learner_socket
@@ -122,7 +122,10 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
                      config.transport.endpoint, lc.schedule, len(plan.pool), lc.group_size, lc.batch_trajectories,
                      lc.max_staleness, service.step, service.version,
                      f"; evaluating {len(eval_tasks)} tasks x {config.eval.repeats}" if eval_tasks else "")
-            with MetricsWriter(run / "metrics.jsonl", tensorboard=run / "tb" if lc.tensorboard else None) as metrics:
+            wandb = (WandbSettings(lc.wandb_project, config.resolved_run_id, run, to_dict(config))
+                     if lc.wandb_project else None)
+            with MetricsWriter(run / "metrics.jsonl", tensorboard=run / "tb" if lc.tensorboard else None,
+                               wandb=wandb) as metrics:
                 async with asyncio.TaskGroup() as tg:
                     background = [tg.create_task(pump.run()), tg.create_task(service.serve(inbox)),
                                   tg.create_task(service.peers.expire_loop()),
