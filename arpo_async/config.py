@@ -18,7 +18,9 @@ TOML layout (every section and key optional)::
     [eval]       tasks = "grid4-test"   every_steps = 20   repeats = 2 ...
     [cluster]    servers = 1   learner_ranks = 2 ...   (read by `arpo launch` only)
 
-CLI overrides use dotted keys: ``--set learner.lr=1e-3 --set actors.max_steps=5``.
+CLI overrides use dotted keys: ``--set learner.lr=1e-3 --set actors.max_steps=5``; a value is read by its key's
+type (a str key takes the text as written, ``--set run_id=2024``; any other a TOML value). An unknown key is
+refused with the key it probably meant (``lr`` -> "did you mean learner.lr?").
 Every field needs an attribute docstring (the string right below it): `arpo config show` prints it as the key's
 documentation (arpo_async.config_doc reads them from this source) and tests/unit/test_config_show.py fails
 without one.
@@ -27,6 +29,7 @@ without one.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import tomllib
 import typing
@@ -560,18 +563,65 @@ SECTION_TYPES: dict[str, type] = {name: hint for name, hint in typing.get_type_h
 
 
 def _config_error(error: ValidationError, section: str, cls: type) -> ConfigError:
-    """One ConfigError for the ValidationError raised building ``cls``: the unknown keys with the known ones,
-    then every other problem as ``section.key: reason`` (a model validator's reason starts with its key)."""
+    """One ConfigError for the ValidationError raised building ``cls``: each unknown key with the known key it
+    probably meant (:func:`suggest_keys`), then every other problem as ``section.key: reason`` (a model validator's
+    reason starts with its key)."""
     prefix = f"{section}." if section else ""
-    unknown = sorted(prefix + str(e["loc"][0]) for e in error.errors() if e["type"] == "unexpected_keyword_argument")
     problems = []
-    if unknown:
-        problems.append(f"unknown config key(s) {unknown}; known: {sorted(f.name for f in dataclasses.fields(cls))}")
+    for e in error.errors():
+        if e["type"] == "unexpected_keyword_argument":
+            problems.append(_unknown_key(prefix + str(e["loc"][0]), is_section=isinstance(e["input"], dict)))
     for e in error.errors():
         if e["type"] != "unexpected_keyword_argument":
             key = ".".join(str(part) for part in e["loc"] if isinstance(part, str))  # without a list index
             problems.append(f"{prefix}{key}: {_reason(e)}" if key else prefix + _reason(e))
     return ConfigError("; ".join(problems))
+
+
+def dotted_keys() -> list[str]:
+    """Every key a run file or ``--set`` may name, in declaration order: the top-level keys (the section names
+    among them, e.g. "learner"), then each section's keys as ``section.key`` (e.g. "learner.lr")."""
+    keys = [f.name for f in dataclasses.fields(RunConfig)]
+    for name, cls in SECTION_TYPES.items():
+        keys += [f"{name}.{f.name}" for f in dataclasses.fields(cls)]
+    return keys
+
+
+def suggest_keys(key: str, sections_only: bool = False) -> list[str]:
+    """The known dotted keys an unknown ``key`` probably meant, best first (at most 3; [] when none is close).
+
+    A key whose last part is a known key's name in another place is pointed there (``lr`` and ``actors.lr`` ->
+    ``learner.lr``, ``learner.run_dir`` -> ``run_dir``); otherwise difflib's close matches (ratio >= 0.6) of the
+    last part over the names of the same section's keys (``learner.lrr`` -> ``learner.lr``), then over every
+    key's name (``lrr`` -> ``learner.lr``). ``sections_only``: ``key`` is a TOML table, so only section names are
+    candidates (``lerner`` -> ``learner``).
+    """
+    if sections_only:
+        return difflib.get_close_matches(key, list(SECTION_TYPES), n=3)
+    keys = [k for k in dotted_keys() if k not in SECTION_TYPES and k != key]
+    section, _, name = key.rpartition(".")
+    same_name = [k for k in keys if k.rpartition(".")[2] == name]
+    if same_name:
+        return same_name
+    here = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == section]
+    close = difflib.get_close_matches(name, here, n=3)
+    if close:
+        return [f"{section}.{k}" if section else k for k in close]
+    by_name: dict[str, list[str]] = {}
+    for k in keys:
+        by_name.setdefault(k.rpartition(".")[2], []).append(k)
+    return [k for near in difflib.get_close_matches(name, list(by_name), n=3) for k in by_name[near]][:3]
+
+
+def _unknown_key(key: str, is_section: bool) -> str:
+    """The message for one unknown key or section: what it probably meant, else where the known keys are listed."""
+    kind = "section" if is_section else "key"
+    near = suggest_keys(key, sections_only=is_section)
+    if near:
+        return f"unknown config {kind} {key!r}; did you mean {' or '.join(near)}?"
+    section = key.rpartition(".")[0]
+    where = f"arpo config show --section {section}" if section in SECTION_TYPES else "arpo config show"
+    return f"unknown config {kind} {key!r} (`{where}` lists the known keys)"
 
 
 def _reason(e: ErrorDetails) -> str:
@@ -610,12 +660,20 @@ def load_config(path: str | Path | None = None, overrides: typing.Iterable[str] 
         key, sep, raw = item.partition("=")
         if not sep:
             raise ConfigError(f"override {item!r} must look like section.key=value")
-        _set_dotted(data, key.strip(), _parse_scalar(raw.strip()))
-    for name, cls in SECTION_TYPES.items():
+        _set_dotted(data, key.strip(), _parse_override(key.strip(), raw.strip()))
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+    problems = [_unknown_key(k, is_section=isinstance(v, dict)) for k, v in data.items() if k not in known]
+    for name, cls in SECTION_TYPES.items():  # every section's problems at once, not the first section's only
         if name in data:
             if not isinstance(data[name], dict):
-                raise ConfigError(f"{name}: must be a table (section), got {data[name]!r}")
-            data[name] = cls(**data[name])
+                problems.append(f"{name}: must be a table (section), got {data[name]!r}")
+                continue
+            try:
+                data[name] = cls(**data[name])
+            except ConfigError as e:
+                problems.append(str(e))
+    if problems:
+        raise ConfigError("; ".join(problems))
     return RunConfig(**data)
 
 
@@ -625,6 +683,32 @@ def _parse_scalar(raw: str) -> Any:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         return raw
+
+
+def _parse_override(key: str, raw: str) -> Any:
+    """An override's value, parsed by the type of the field ``key`` names: for a str field (a Literal of strs
+    included) the text itself, or the string it spells when quoted as TOML (``run_id=2024`` and
+    ``run_id="2024"`` both give "2024"); for a list of strs the same, unless the text is a TOML list (one value
+    becomes a 1-tuple); for any other field, or a key that names no field, the TOML value (:func:`_parse_scalar`).
+    """
+    value = _parse_scalar(raw)
+    kind = _field_kind(key)
+    if kind == "str" or (kind == "strs" and not isinstance(value, list)):
+        return value if isinstance(value, str) else raw
+    return value
+
+
+def _field_kind(key: str) -> str:
+    """"str" for a str field (or a Literal of strs), "strs" for a tuple of strs, "" for any other type or a key
+    that names no field."""
+    section, _, name = key.rpartition(".")
+    cls = RunConfig if not section else SECTION_TYPES.get(section)
+    hint = typing.get_type_hints(cls).get(name) if cls is not None else None
+    if hint is str or (typing.get_origin(hint) is Literal and all(isinstance(a, str) for a in typing.get_args(hint))):
+        return "str"
+    if typing.get_origin(hint) is tuple and typing.get_args(hint)[:1] == (str,):
+        return "strs"
+    return ""
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
