@@ -1,7 +1,8 @@
-"""Task-set coverage: which tasks of a folder load, set up in a real desktop, and evaluate untouched.
+"""Task-set coverage: which tasks of a file or folder load, set up in a real desktop, and evaluate untouched.
 
-``arpo tasks check DIR`` and ``bench/osworld_coverage.py`` are built on this module. For every ``*.json`` under
-the folder (OSWorld's layout: ``examples/<domain>/<id>.json``, so the domain is the file's parent folder):
+``arpo tasks check PATH`` and ``bench/osworld_coverage.py`` are built on this module. For one task file, or every
+``*.json`` under a folder (OSWorld's layout: ``examples/<domain>/<id>.json``, so the domain is the file's parent
+folder):
 
 1. **load**: :func:`arpo_async.tasks.load_task_file` (format, caps, and the setup types, getters and metrics our
    evaluator implements). A task that does not load gets the rejection's kind (``format``, ``setup_type``,
@@ -101,12 +102,15 @@ def evaluate_failure_kind(exc: BaseException) -> str:
     return "needs_network" if "needs network" in str(exc) else "eval_failed"
 
 
-def task_files(folder: str | Path) -> list[Path]:
-    """Every ``*.json`` file under ``folder`` (recursively, sorted); raises FileNotFoundError when the folder
-    does not exist and ValueError when it has none."""
-    root = Path(folder)
+def task_files(path: str | Path) -> list[Path]:
+    """The task files to check: ``path`` itself when it is a file, else every ``*.json`` under the folder
+    ``path`` (recursively, sorted). Raises FileNotFoundError when ``path`` does not exist and ValueError for a
+    folder with no ``*.json`` file."""
+    root = Path(path)
+    if root.is_file():
+        return [root]
     if not root.is_dir():
-        raise FileNotFoundError(f"{root}: no such folder")
+        raise FileNotFoundError(f"{root}: no such file or folder")
     files = sorted(p for p in root.rglob("*.json") if p.is_file())
     if not files:
         raise ValueError(f"{root}: no *.json task files in this folder")
@@ -234,18 +238,19 @@ def write_json(reports: list[TaskReport], path: str | Path) -> None:
     Path(path).write_text(json.dumps([asdict(r) for r in reports], indent=1) + "\n")
 
 
-async def check_folder(folder: str | Path, *, desktops: int = 0, image: str | None = None,
+async def check_folder(path: str | Path, *, desktops: int = 0, image: str | None = None,
                        run_id: str = "tasks-check", memory_mb: int = 512, keep: set[str] | None = None,
                        downloads: DownloadCache | None = None,
                        progress: Callable[[TaskReport], None] | None = None) -> list[TaskReport]:
-    """Load every task under ``folder`` and, when ``desktops`` > 0, set up and evaluate each loaded one in a
+    """Load the task file ``path``, or every task under the folder ``path`` (:func:`task_files`), and, when
+    ``desktops`` > 0, set up and evaluate each loaded one in a
     fresh desktop from ``image`` (``desktops`` at a time, containers of ``memory_mb`` MiB). Returns the reports
     in file order.
 
-    Raises FileNotFoundError / ValueError for a missing or empty folder; ValueError when desktops > 0 and no
-    image is given. A desktop that cannot start is reported per task (``desktop_failed``).
+    Raises FileNotFoundError / ValueError for a missing path or an empty folder; ValueError when desktops > 0 and
+    no image is given. A desktop that cannot start is reported per task (``desktop_failed``).
     """
-    reports, tasks = check_load(f for f in task_files(folder) if keep is None or str(f) in keep)
+    reports, tasks = check_load(f for f in task_files(path) if keep is None or str(f) in keep)
     if desktops > 0:
         if not image:
             raise ValueError("an image is needed to run tasks in desktops")

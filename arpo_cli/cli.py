@@ -28,12 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(run, ("", "transport", "learner", "actors", "serve", "eval"))
     _add_run_arguments(run)
 
-    launch = sub.add_parser("launch", help="run serve + learner ranks + actors on a Ray cluster (arpo-async[cluster])",
+    launch = sub.add_parser("launch", help="run serve + learner ranks + actors on a Ray cluster (needs ray: "
+                                           "pip install -e '.[cluster]')",
                             description="Place the inference servers, the learner's ranks and one arpo-actors per "
                                         "node offering the desktops resource on a running Ray cluster, as the run "
                                         "file's [cluster] section says; show the progress line, gather every log "
                                         "into RUN/logs, and stop everything (every container removed) when the "
-                                        "learner finishes or on Ctrl-C. See README, 'Running on a cluster'.")
+                                        "learner finishes or on Ctrl-C. Guide: docs/guides/ray-cluster.md.")
     launch.add_argument("--address", required=True, help="the Ray head's GCS address HOST:PORT (what `ray start "
                                                           "--head` printed; port 6379 by default)")
     add_config_arguments(launch, ("", "cluster", "transport", "learner", "actors", "serve", "eval"))
@@ -77,9 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     tasks = sub.add_parser("tasks", help="task files: check which load, set up and evaluate")
     tsub = tasks.add_subparsers(dest="tasks_command", required=True)
-    check = tsub.add_parser("check", help="load every task of a folder (OSWorld layout <domain>/<id>.json) and, "
-                                          "with --desktops N, set each up in a real desktop and evaluate it untouched")
-    check.add_argument("folder", type=Path, help="task folder, e.g. ../shared/osworld/examples")
+    check = tsub.add_parser("check", help="load one task file or every task of a folder (OSWorld layout "
+                                          "<domain>/<id>.json) and, with --desktops N, set each up in a real "
+                                          "desktop and evaluate it untouched",
+                            description="Load one task file, or every *.json under a folder (OSWorld's layout "
+                                        "<domain>/<id>.json), as the learner would; with --desktops N also set "
+                                        "each up in a fresh desktop and evaluate it untouched. Prints a per-domain "
+                                        "table and every failed task's reason. Exit status: 0 when every task "
+                                        "loaded, 1 when any task failed to load or the check could not run, 2 for "
+                                        "a bad config.")
+    check.add_argument("path", type=Path, metavar="PATH",
+                       help="a task file or a folder of them, e.g. arpo_async/tasks_builtin or OSWorld's "
+                            "evaluation_examples/examples")
     check.add_argument("--desktops", type=int, default=0, help="desktops at a time (default 0: only load)")
     check.add_argument("--profile", choices=("default", "osworld"), default="osworld",
                        help="desktop image profile for --desktops (default osworld; built if missing)")
@@ -192,8 +202,9 @@ def _config_show(args: argparse.Namespace) -> int:
 
 
 def _tasks_check(args: argparse.Namespace) -> int:
-    """`arpo tasks check`: print the per-domain table and every task's reason; 0 when it ran (whatever the
-    coverage), 1 when it could not (no such folder, the image cannot be built), 2 for a bad config."""
+    """`arpo tasks check`: print the per-domain table and every task's reason; 0 when every task loaded (a
+    setup or evaluation failure with --desktops is reported, not an error), 1 when any task failed to load or the
+    check could not run (no such path, the image cannot be built), 2 for a bad config."""
     from actors.desktop.build import DesktopBuildError, build_image
     from actors.osworld.downloads import run_download_cache
     from actors.task_check import check_folder, format_report, write_json
@@ -209,7 +220,7 @@ def _tasks_check(args: argparse.Namespace) -> int:
     try:
         image = build_image(profile=args.profile) if args.desktops > 0 else None
         reports = asyncio.run(check_folder(
-            args.folder, desktops=args.desktops, image=image, memory_mb=memory_mb, downloads=downloads,
+            args.path, desktops=args.desktops, image=image, memory_mb=memory_mb, downloads=downloads,
             progress=lambda r: print(r.progress_line(), flush=True)))
     except (FileNotFoundError, ValueError, DesktopBuildError) as e:
         print(f"arpo tasks check: {e}", file=sys.stderr)
@@ -217,6 +228,10 @@ def _tasks_check(args: argparse.Namespace) -> int:
     print(format_report(reports, ran_desktops=args.desktops > 0))
     if args.json:
         write_json(reports, args.json)
+    failed = sum(not r.loaded for r in reports)
+    if failed:
+        print(f"arpo tasks check: {failed} of {len(reports)} task(s) failed to load", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -264,7 +279,7 @@ def _launch(args: argparse.Namespace) -> int:
         print(f"arpo launch: {e}", file=sys.stderr)
         return 1
     except ImportError as e:  # ray is the optional extra
-        print(f"arpo launch: {e}; install it with pip install 'arpo-async[cluster]'", file=sys.stderr)
+        print(f"arpo launch: {e}; install it from the clone with pip install -e '.[cluster]'", file=sys.stderr)
         return 1
     from arpo_cli.cluster_plan import ClusterError
     try:

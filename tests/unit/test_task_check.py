@@ -51,7 +51,7 @@ def test_setup_failures_keep_the_kind_the_setup_step_gave():
 
 
 def test_missing_or_empty_folder_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no such folder"):
+    with pytest.raises(FileNotFoundError, match="no such file or folder"):
         task_files(tmp_path / "nope")
     with pytest.raises(ValueError, match="no \\*.json"):
         task_files(tmp_path)
@@ -118,3 +118,41 @@ def test_parameter_types_and_metric_options_are_caught_before_any_episode(tmp_pa
     assert by_id["t-sleep"].reason == "format" and "parameters.seconds" in by_id["t-sleep"].detail
     assert by_id["t-option"].reason == "metric_options" and "unexpected keyword argument 'o'" in by_id["t-option"].detail
     assert tasks == {}
+
+
+def test_one_task_file_is_checked_alone_and_a_missing_path_is_named(tmp_path):
+    good = _write(tmp_path, "os", "ok", GOOD)
+    _write(tmp_path, "os", "broken", "{not json")
+    assert task_files(good) == [good]
+    (report,), tasks = check_load(task_files(good))
+    assert report.loaded and report.domain == "os" and list(tasks) == [str(good)]
+    with pytest.raises(FileNotFoundError, match="nope.json: no such file or folder"):
+        task_files(tmp_path / "nope.json")
+
+
+def test_arpo_tasks_check_exits_non_zero_when_a_task_fails_to_load(tmp_path, capsys):
+    """The command, run in-process on a file and on folders: 0 only when every task loaded; 1 with the count on
+    stderr when any did not, and for a path that does not exist."""
+    from arpo_cli.cli import main
+
+    good = _write(tmp_path / "good", "os", "ok", GOOD)
+    _write(tmp_path / "mixed", "os", "ok", GOOD)
+    broken = _write(tmp_path / "mixed", "os", "broken", "{not json")
+    settings = ["--set", f"run_dir={tmp_path / 'run'}"]
+    assert main(["tasks", "check", str(good), *settings]) == 0
+    assert main(["tasks", "check", str(tmp_path / "good"), *settings]) == 0
+    capsys.readouterr()
+    assert main(["tasks", "check", str(broken), *settings]) == 1
+    assert "1 of 1 task(s) failed to load" in capsys.readouterr().err
+    assert main(["tasks", "check", str(tmp_path / "mixed"), *settings]) == 1
+    out, err = capsys.readouterr()
+    assert "os/broken: load: format" in out and "1 of 2 task(s) failed to load" in err
+    assert main(["tasks", "check", str(tmp_path / "nope"), *settings]) == 1
+    assert "no such file or folder" in capsys.readouterr().err
+
+
+def test_the_builtin_tasks_all_load():
+    from arpo_async.tasks import BUILTIN_DIR
+
+    reports, tasks = check_load(task_files(BUILTIN_DIR))
+    assert reports and all(r.loaded for r in reports) and len(tasks) == len(reports)
