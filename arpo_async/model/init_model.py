@@ -285,7 +285,7 @@ def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False,
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         if not overwrite:
-            raise FileExistsError(f"{out_dir} exists and is not empty (use overwrite=True / --force)")
+            raise FileExistsError(f"{out_dir} exists and is not empty (pass overwrite=True to replace it)")
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -335,7 +335,10 @@ def run_from_args(args: argparse.Namespace, prog: str = "arpo init-model") -> in
     try:
         path = create_tiny_model(args.out, seed=args.seed, overwrite=args.force, init_std=args.init_std,
                                  hidden_size=args.hidden_size, max_pixels=args.max_pixels)
-    except (FileExistsError, ValueError) as e:
+    except FileExistsError:  # the library's message names its argument; this one the flag
+        print(f"{prog}: {args.out} exists and is not empty; add --force to replace it", file=sys.stderr)
+        return 2
+    except ValueError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     print(path)
