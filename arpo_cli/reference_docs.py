@@ -372,8 +372,8 @@ def _escape(text: str) -> str:
 
 
 def _code(text: str) -> str:
-    """``text`` as an inline code span (a ``|`` in it escaped for tables)."""
-    text = text.replace("|", "\\|")
+    """``text`` as an inline code span. A ``|`` in it stays as it is: Python-Markdown's tables (MkDocs) split no
+    cell inside a code span, and would show a backslash before it."""
     fence = "``" if "`" in text else "`"
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}" if text else '`""`'
