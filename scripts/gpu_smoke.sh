@@ -4,14 +4,15 @@
 # /generate, compare sampler and trainer log-probs, train, publish over SGLang's weight group, check the server's
 # /weights_checker checksums and weight_version. Prints the per-step figures and PASS or FAIL (exit 0 or 1).
 #
-#   pip install -e '.[gpu]'            # sglang==0.5.23 and its CUDA dependencies (about 11 GB)
+#   .venv/bin/pip install -e '.[gpu]'  # sglang==0.5.23 and its CUDA dependencies (about 11 GB), into bootstrap's .venv
 #   bash scripts/gpu_smoke.sh          # needs one CUDA GPU
 #   bash scripts/gpu_smoke.sh --dry-run   # no GPU: arpo-serve in SGLang's place, learner on the CPU, gloo (CI runs this)
 #
-# Environment: PORT (default 30000), WORK (default a temporary folder; the model, the server log), PYTHON.
+# Environment: PORT (default 30000), WORK (default a temporary folder; the model, the server log), PYTHON (default
+# .venv/bin/python, the environment scripts/bootstrap.sh makes, when it exists; else python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+if [[ -z ${PYTHON:-} && -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=${PYTHON:-python3}; fi
 PORT=${PORT:-30000}
 WORK=${WORK:-$(mktemp -d /tmp/arpo-gpu-smoke.XXXXXX)}
 DRY=0
@@ -28,7 +29,8 @@ if [[ $DRY == 1 ]]; then
 else
   "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
     || { say "FAIL: no CUDA device (use --dry-run on a machine without a GPU)"; exit 1; }
-  "$PY" -c 'import sglang' 2>/dev/null || { say "FAIL: sglang is not installed (pip install -e '.[gpu]')"; exit 1; }
+  "$PY" -c 'import sglang' 2>/dev/null \
+    || { say "FAIL: sglang is not installed ($PY -m pip install -e '.[gpu]')"; exit 1; }
   say "starting sglang.launch_server on the tiny model (log: $LOG)"
   # min/max pixels come from the model folder's preprocessor_config.json, which the learner reads too
   "$PY" -m sglang.launch_server --model-path "$MODEL" --host 127.0.0.1 --port "$PORT" --dtype bfloat16 \

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_script(*args: str, work: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PORT": str(free_port()), "WORK": str(work)}
+    # PYTHON: the script runs its steps with the interpreter running the tests (the one with the project installed)
+    env = {**os.environ, "PORT": str(free_port()), "WORK": str(work), "PYTHON": sys.executable}
     return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_smoke.sh"), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=540)
 
