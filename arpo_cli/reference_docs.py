@@ -133,8 +133,9 @@ def metrics_page() -> str:
            "The learner appends one JSON object per trained batch to `<run_dir>/metrics.jsonl` (one line each, "
            "flushed as written). With `learner.tensorboard` on, every number of a record is also a TensorBoard "
            "scalar in `<run_dir>/tb/` at `global_step = step`, nested keys joined with `/` (`drops/stale`); "
-           "booleans, strings, lists and nulls are left out. A value that is not a finite number is written as "
-           "`null`. `arpo curve` and `arpo view` draw curves from this file.", ""]
+           "booleans, strings, lists and nulls are left out. With `learner.wandb_project` set, the same numbers go "
+           "to Weights & Biases at the same step. A value that is not a finite number is written as `null`. "
+           "`arpo curve` and `arpo view` draw curves from this file.", ""]
     for when, text in WHEN.items():
         fields = [(key, f) for key, f in METRIC_FIELDS.items() if f.when == when]
         if not fields:
@@ -164,7 +165,8 @@ def cli_page() -> str:
     commands = list(walk(arpo))
     scripts = {name: target for name, target in entry_points().items() if name != arpo.prog}
     out = ["# CLI reference", "", GENERATED, "",
-           "Every command of `arpo`, and the processes it starts. `arpo COMMAND --help` prints the same text.", "",
+           "Every command of `arpo`, and the processes it starts, with the arguments their parsers take. "
+           "`arpo COMMAND --help` prints the same arguments.", "",
            "Commands: " + ", ".join(f"[`{p.prog}`](#{_anchor(p.prog)})" for p in commands[1:]) + ".", ""]
     for parser in commands:
         out += _parser_section(parser, _help_of(arpo, parser), "##")

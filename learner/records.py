@@ -1,7 +1,9 @@
 """Metrics records: what one training batch writes to metrics.jsonl (and TensorBoard, arpo_async.metrics).
 
 Role: pure functions from values to a record; they read no component. Owns the record's keys (documented in
-:func:`step_record`) and the success-rate rule: successes over trainable trajectories (ENV_ERROR, TASK_ERROR and
+:func:`step_record`; every key a record can carry, those its callers add included, is described in
+arpo_async.metric_fields, which tests/unit/test_reference_docs.py checks against a record built here) and the
+success-rate rule: successes over trainable trajectories (ENV_ERROR, TASK_ERROR and
 ABORTED never count).
 """
 
