@@ -60,13 +60,14 @@ ARMS: dict[str, tuple[str, list[str]]] = {
 ARPO's dataloader, which draws a batch's task ids without replacement. The learning rate (1e-6 for a 7B model) and
 the action grammar are not ARPO's: they are sized for the tiny policy, alike in every arm. The async arms a and b
 take 2 optimizer steps per batch too (configs/grid4.toml does the same): in probe_learning.py's 3 seeds, arm a
-reached 80% at 104-114 batches with 2 and at 155 / never / never in 200 with 1 (bench/README.md)."""
+reached 80% at 104-114 batches with 2 and at 155 / never / never in 200 with 1 (docs/benchmarks.md; the
+record: ``git show 3588234:bench/README.md``)."""
 
 TASK_SETUP = ['actors.grammar_actions=["click"]', "actors.max_steps=1", "actors.max_thought_chars=1",
               "learner.group_size=8", "learner.groups_per_step=4", "learner.steps=100000"]
 """The task as every arm poses it: one click per episode, groups of 8, 4 groups per optimizer step (one per grid4
 task), the default lr (5e-4: on the grid4 family 1e-3 took twice the steps, 2e-3 did not learn in 150 steps
-and 3e-3 not in 80; bench/README.md)."""
+and 3e-3 not in 80; probe_learning.py, issue 12, in ``git log -p bench/README.md``)."""
 
 
 MULTI_STEP = {"settings": 2, "settings-apply": 3}

@@ -4,7 +4,7 @@ Role: pure functions of the parameters, in modelled seconds; nothing here sleeps
 asyncio stand-ins that apply it (a modelled SGLang server, trainer, publisher and desktop) are in
 bench/gpu_stand_ins.py. Only bench/ uses this model: the product's code paths carry no timing model.
 
-Formulas (sources in bench/gpu_timing.toml and bench/README.md):
+Formulas (sources in bench/gpu_timing.toml):
   prefill of t text and i image tokens      (t + image_token_factor x i) x prefill_s_per_token
   one decode iteration over running seqs    decode_base_s + decode_s_per_context_token x (their context tokens)
   one training batch of n tokens, m steps   n x (1 + logprob_forward_fraction) / (gpus x tokens_per_s_per_gpu)
