@@ -51,15 +51,24 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"only these sections (repeatable; top = the top-level keys; one of top, "
                            f"{', '.join(SECTIONS)})")
 
-    curve = sub.add_parser("curve", help="draw RUN_DIR/curve.png from its metrics.jsonl (running or finished run)")
-    curve.add_argument("--out", type=Path, required=True, metavar="RUN_DIR", help="the run folder")
+    curve = sub.add_parser("curve", help="draw RUN_DIR/curve.png from its metrics.jsonl (running or finished run)",
+                           usage="%(prog)s [-h] RUN_DIR",  # RUN_DIR is optional to argparse only for the old --out
+                           description="Draw RUN_DIR/curve.png from RUN_DIR/metrics.jsonl and print its path: "
+                                       "success rate and reward against the optimizer step and against wall time. "
+                                       "Exit status: 0 drawn, 2 nothing to draw (no metrics.jsonl or no record in "
+                                       "it), 1 the picture could not be written.")
+    curve.add_argument("run_dir", type=Path, nargs="?", metavar="RUN_DIR", help="the run folder, e.g. runs/demo")
+    curve.add_argument("--out", type=Path, dest="old_out", help=argparse.SUPPRESS)  # the old spelling of RUN_DIR
 
     view = sub.add_parser("view", help="write RUN_DIR/view.html: sampled episodes with screenshots and action marks",
                           description="Write a static page (works offline) of the trajectories the learner sampled "
                                       "into RUN_DIR/trajectories (learner.sample_trajectories, sample_disk_mb): per "
                                       "episode the instruction, each step's screenshot with its click or drag drawn "
                                       "on it, thought, action, reward, outcome, policy version and timings; and "
-                                      "success-rate and reward curves from metrics.jsonl.")
+                                      "success-rate and reward curves from metrics.jsonl. RUN_DIR may also be an "
+                                      "`arpo eval` results folder (its episodes). Exit status: 0 written, 2 not a "
+                                      "folder or no episode in it (nothing written), 1 the page or the port "
+                                      "failed.")
     view.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run folder, e.g. runs/demo")
     view.add_argument("--out", type=Path, help="the page file (default RUN_DIR/view.html)")
     view.add_argument("--serve", action="store_true",
@@ -146,8 +155,14 @@ def main(argv: list[str] | None = None) -> int:
         return _config_show(args)
     if args.command == "curve":
         from arpo_cli.curve import CurveError, write_curve
+        if args.old_out is not None:
+            print("arpo curve: --out RUN_DIR is deprecated; write `arpo curve RUN_DIR`", file=sys.stderr)
+        run_dir = args.run_dir or args.old_out
+        if run_dir is None or (args.run_dir and args.old_out and args.run_dir != args.old_out):
+            print("arpo curve: give one run folder: arpo curve RUN_DIR", file=sys.stderr)
+            return 2
         try:
-            print(write_curve(args.out))
+            print(write_curve(run_dir))
         except CurveError as e:  # nothing to draw
             print(f"arpo curve: {e}", file=sys.stderr)
             return 2

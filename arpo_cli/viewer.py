@@ -96,6 +96,23 @@ def load_samples(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return records, problems
 
 
+def require_episodes(run_dir: Path) -> int:
+    """The number of episodes ``run_dir`` has to show (a run's sampled trajectories, or an `arpo eval` folder's
+    episodes), at least 1.
+
+    Raises:
+        ViewerError: ``run_dir`` is not a folder, or it has no episode that can be read (the message says where
+            episodes come from, and names the first unreadable one, if any).
+    """
+    samples, problems = load_samples(run_dir)
+    if samples:
+        return len(samples)
+    unreadable = f"; {len(problems)} unreadable, e.g. {problems[0]}" if problems else ""
+    raise ViewerError(f"no episodes in {run_dir} (not a run folder, or no trajectory sampled yet: the learner "
+                      f"writes {SAMPLES_DIR}/*/{RECORD_FILE} while a run trains, learner.sample_trajectories; "
+                      f"nor `arpo eval` results{unreadable})")
+
+
 def curve_svg(title: str, draw: Callable[[Axes, list[dict[str, Any]], str], None],
               records: list[dict[str, Any]], points: int) -> Markup:
     """One summary curve as inline SVG markup: ``draw`` (arpo_cli.curve's ``draw_success`` or ``draw_reward``:
@@ -280,8 +297,10 @@ def make_server(run_dir: Path, port: int = 8765, host: str = "127.0.0.1") -> htt
 def view_main(run_dir: Path, *, out: Path | None = None, serve: bool = False, port: int = 8765) -> int:
     """`arpo view RUN_DIR [--out FILE] [--serve [--port P]]`: write the page and print its path; with ``serve``,
     also serve it on http://127.0.0.1:PORT/ until interrupted. Returns the exit status (0 ok, 2 not a run
-    folder, 1 the page or the port failed), with the reason on stderr."""
+    folder or no episode to show (:func:`require_episodes`; nothing is written), 1 the page or the port
+    failed), with the reason on stderr."""
     try:
+        require_episodes(run_dir)
         print(write_page(run_dir, out))
         if not serve:
             return 0

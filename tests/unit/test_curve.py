@@ -1,4 +1,4 @@
-"""The learning curve of a run folder (arpo_cli.curve) and `arpo curve --out DIR`, on real files."""
+"""The learning curve of a run folder (arpo_cli.curve) and `arpo curve RUN_DIR`, on real files."""
 
 import subprocess
 import sys
@@ -75,8 +75,8 @@ def test_trailing_means():
         trailing_means([1.0], 0)
 
 
-def arpo_curve(folder: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "arpo_cli.cli", "curve", "--out", str(folder)], cwd=REPO,
+def arpo_curve(*args: str | Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "arpo_cli.cli", "curve", *map(str, args)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -93,3 +93,14 @@ def test_cli_without_metrics_exits_2_with_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr.startswith("arpo curve: no metrics.jsonl in") and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "curve.png").exists()
+
+
+def test_cli_takes_the_run_folder_as_its_argument_and_the_old_out_flag_still_works(run_dir):
+    """`arpo curve RUN_DIR`, like `arpo view RUN_DIR`; the old `--out RUN_DIR` still draws, with a deprecation
+    note; no folder at all is refused with the syntax."""
+    assert "usage: arpo curve [-h] RUN_DIR" in arpo_curve("--help").stdout
+    old = arpo_curve("--out", run_dir)
+    assert old.returncode == 0 and old.stdout.strip() == str(run_dir / "curve.png")
+    assert "--out RUN_DIR is deprecated; write `arpo curve RUN_DIR`" in old.stderr
+    none = arpo_curve()
+    assert none.returncode == 2 and none.stderr.strip() == "arpo curve: give one run folder: arpo curve RUN_DIR"

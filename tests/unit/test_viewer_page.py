@@ -153,3 +153,28 @@ def test_every_step_of_a_multi_step_episode_shows_its_screenshot_thought_and_act
         assert f"step {number}" in text and f"Thought: {thought}" in text and f"Action: {step.action}" in text
     assert [parse_html(f).images[0].rsplit("/", 1)[1] for f in figures] == ["shot-0.png", "shot-1.png", "shot-2.png"]
     assert "v4-5" in figures[1] and "3 steps" in page  # step 2 was sampled across a weight publication
+
+
+def test_arpo_view_refuses_a_folder_with_no_episodes_and_writes_nothing(tmp_path, capsys):
+    """As `arpo curve` refuses a folder with no metrics: exit 2, one line naming the folder, no view.html; a
+    folder whose only sample cannot be read is refused too, naming it."""
+    from arpo_cli.viewer import view_main
+
+    empty = tmp_path / "empty"
+    (empty / "trajectories").mkdir(parents=True)
+    (empty / "metrics.jsonl").write_text(json.dumps({"step": 1, "success_rate": 0.5}) + "\n")
+    assert view_main(empty) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"arpo view: no episodes in {empty} (") and len(err.strip().splitlines()) == 1
+    assert "learner.sample_trajectories" in err and not (empty / "view.html").exists()
+    (empty / "trajectories" / "broken").mkdir()
+    (empty / "trajectories" / "broken" / "record.json").write_text("{not json")
+    assert view_main(empty, serve=True, port=0) == 2
+    assert "1 unreadable, e.g. broken: " in capsys.readouterr().err and not (empty / "view.html").exists()
+
+
+def test_arpo_view_writes_the_page_of_a_folder_with_episodes(run_dir, capsys):
+    from arpo_cli.viewer import require_episodes, view_main
+
+    assert require_episodes(run_dir) == 2
+    assert view_main(run_dir) == 0 and capsys.readouterr().out.strip() == str(run_dir / "view.html")
