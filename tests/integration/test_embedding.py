@@ -1,7 +1,7 @@
 """The embedding API against real desktops: DesktopEnv step by step, EpisodeRunner with a custom policy into
-list and JSONL sinks, the scripted example run as a user runs it, and the README section's code as written.
+list and JSONL sinks, the scripted example run as a user runs it, and the embedding guide's code as written.
 
-README_FILE (environment variable ARPO_README, default the repository's README.md) is the file whose section
+GUIDE_FILE (environment variable ARPO_EMBEDDING_GUIDE, default docs/guides/embedding.md) is the page whose section
 "Using the desktops and actors from your own agent" is run.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from tests.support import labelled
 pytestmark = pytest.mark.docker
 
 ROOT = Path(__file__).resolve().parents[2]
-README_FILE = Path(os.environ.get("ARPO_README", ROOT / "README.md"))
+GUIDE_FILE = Path(os.environ.get("ARPO_EMBEDDING_GUIDE", ROOT / "docs" / "guides" / "embedding.md"))
 SECTION = "## Using the desktops and actors from your own agent"
 LAYOUT = "/tmp/arpo/layout.json"
 RUN_DEADLINE_S = 300
@@ -238,17 +238,17 @@ def _runs() -> set[str]:
     return asyncio.run(desktop_runs())
 
 
-def readme_blocks() -> list[str]:
-    """The python code blocks of the README's embedding section, in order."""
-    text = README_FILE.read_text()
+def guide_blocks() -> list[str]:
+    """The python code blocks of the embedding guide's section, in order."""
+    text = GUIDE_FILE.read_text()
     if SECTION not in text:
-        pytest.fail(f"{README_FILE} has no section {SECTION!r}")
+        pytest.fail(f"{GUIDE_FILE} has no section {SECTION!r}")
     section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
 
 
-def test_readme_embedding_section_runs_as_written(tiny_model, tmp_path):
-    blocks = readme_blocks()
+def test_embedding_guide_runs_as_written(tiny_model, tmp_path):
+    blocks = guide_blocks()
     assert len(blocks) == 2, blocks
     env_code, runner_code = blocks
     first = subprocess.run([sys.executable, "-c", env_code], cwd=tmp_path, capture_output=True, text=True,
