@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from arpo_cli.eval_command import add_eval_parser
     add_eval_parser(sub)
+    from arpo_cli.export_command import add_export_parser
+    add_export_parser(sub)
 
     init_model.add_arguments(sub.add_parser("init-model", help="create a tiny random Qwen2.5-VL policy offline"))
     keys = sub.add_parser("keys", help="write a ZeroMQ CURVE key pair (the learner's, or an actor host's)")
@@ -198,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "eval":
         from arpo_cli.eval_command import eval_main
         return eval_main(args, list(sys.argv[1:] if argv is None else argv))
+    if args.command == "export":
+        from arpo_cli.export_command import export_main
+        return export_main(args)
     if args.command == "init-model":
         return init_model.run_from_args(args)
     return 2

@@ -4,7 +4,8 @@ learner.checkpoint owns the checkpoint folder (``<run>/checkpoints/step-N``) and
 under :func:`checkpoint_name`: ``trainer.pt`` with one rank (``torch.save`` of :func:`state_dict`, loaded with
 ``weights_only=True``), or ``trainer.dcp`` with several (a torch.distributed.checkpoint folder of every rank's
 shards plus rank 0's ``trainer.json``: schema, step count, world size, config). Reads and writes the trainer's
-``model``, ``module``, ``optimizer`` and ``steps``.
+``model``, ``module``, ``optimizer`` and ``steps``. :func:`read_model_weights` reads the policy's weights back out of
+either kind without a trainer or ranks (``arpo export``).
 
 With several ranks :func:`save_checkpoint` and :func:`load_checkpoint` are collectives: every rank must call them,
 so the learner reaches them through the Trainer methods of the same names, which learner.distributed.LeadTrainer
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +35,8 @@ from learner.trainer_errors import TrainerError
 if TYPE_CHECKING:
     from learner.trainer import Trainer
 
-__all__ = ["checkpoint_name", "load_checkpoint", "load_state_dict", "save_checkpoint", "state_dict"]
+__all__ = ["checkpoint_name", "load_checkpoint", "load_state_dict", "read_model_weights", "save_checkpoint",
+           "state_dict"]
 
 _SCHEMA = 1
 
@@ -148,3 +151,66 @@ def _load_sharded(trainer: Trainer, path: Path) -> None:
     set_model_state_dict(trainer.module, state["model"])
     set_optimizer_state_dict(trainer.module, trainer.optimizer, state["optimizer"])
     trainer.steps = int(info["steps"])
+
+
+_SHARDED_MODEL_PREFIX = "model.policy."
+"""How a sharded checkpoint names a policy weight: the ``model`` entry of :func:`_sharded_state`, then the path of
+the weight in ``trainer.module`` (learner.policy_forward.CompletionLogprobs, whose ``policy`` is the model)."""
+
+
+def read_model_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The policy's weights in a trainer checkpoint, on the CPU, keyed as transformers names them
+    (``model.language_model.layers.0...``, ``lm_head.weight``; tied names included, as ``state_dict`` has them).
+
+    Needs no trainer and no process group: ``trainer.pt`` (one rank) is memory-mapped and only its ``model`` entry
+    is read; ``trainer.dcp`` (several ranks) is read with torch.distributed.checkpoint in one process
+    (``no_dist=True``), which joins every rank's shards into full tensors and skips the AdamW state.
+
+    Args:
+        path: a checkpoint folder's ``trainer.pt`` or ``trainer.dcp`` (:func:`checkpoint_name`).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        TrainerError: the file or folder cannot be read as a trainer checkpoint (truncated, schema unknown, no
+            model weights); the message names the cause.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no trainer checkpoint at {path}")
+    try:
+        if path.is_dir():
+            return _read_sharded_model(path)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except TrainerError:
+        raise
+    except Exception as error:  # noqa: BLE001 - torch.load / DCP raise many types for a damaged file
+        raise TrainerError(f"cannot read {path}: {type(error).__name__}: {error}") from error
+    if not isinstance(state, dict) or state.get("schema") != _SCHEMA:
+        schema = state.get("schema") if isinstance(state, dict) else type(state).__name__
+        raise TrainerError(f"{path} is not a trainer checkpoint of schema {_SCHEMA} (found {schema!r})")
+    model = state.get("model")
+    if not isinstance(model, dict) or not model:
+        raise TrainerError(f"{path} holds no model weights")
+    return dict(model)
+
+
+def _read_sharded_model(path: Path) -> dict[str, torch.Tensor]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    info_file = path / "trainer.json"
+    if not info_file.is_file():
+        raise TrainerError(f"{path} is not a sharded trainer checkpoint (no trainer.json)")
+    info = json.loads(info_file.read_text())
+    if info.get("schema") != _SCHEMA:
+        raise TrainerError(f"unsupported trainer checkpoint schema {info.get('schema')!r} in {info_file}")
+    metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    empty = {key: torch.empty(meta.size, dtype=meta.properties.dtype)
+             for key, meta in metadata.state_dict_metadata.items()
+             if key.startswith(_SHARDED_MODEL_PREFIX) and isinstance(meta, TensorStorageMetadata)}
+    if not empty:
+        raise TrainerError(f"{path} holds no model weights (no {_SHARDED_MODEL_PREFIX}* entry)")
+    with warnings.catch_warnings():  # "torch.distributed is disabled ... assuming ... a single process": intended
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load(empty, checkpoint_id=str(path), no_dist=True)
+    return {key[len(_SHARDED_MODEL_PREFIX):]: tensor for key, tensor in empty.items()}

@@ -1,7 +1,8 @@
 """Weight export: the trained policy's weights in the forms inference servers load, gathered from every rank.
 
 Owns the two exports the weight publisher (learner.publisher) sends: a complete Hugging Face checkpoint folder
-(:func:`save_weights`: for ``/update_weights_from_disk`` and arpo-serve) and the full tensors under checkpoint
+(:func:`save_weights`: for ``/update_weights_from_disk`` and arpo-serve; written by :func:`write_folder`, which
+``arpo export`` uses too) and the full tensors under checkpoint
 names (:func:`checkpoint_state_dict`: for the NCCL/gloo weight broadcast, learner.publisher.DistributedPublisher).
 Reads the trainer's policy (``trainer.model``, ``trainer.module``), its rank group and its source folder; writes
 nothing to the trainer.
@@ -30,7 +31,7 @@ from learner.trainer_errors import TrainerError
 if TYPE_CHECKING:
     from learner.trainer import Trainer
 
-__all__ = ["checkpoint_state_dict", "full_state_dict", "save_weights"]
+__all__ = ["checkpoint_state_dict", "full_state_dict", "save_weights", "write_folder"]
 
 # Files besides the weights that make a checkpoint folder loadable by transformers, arpo-serve and SGLang:
 # tokenizer, chat template and image/video processor configs. Copied from the source model folder when present.
@@ -78,12 +79,34 @@ def save_weights(trainer: Trainer, out_dir: Path, *, overwrite: bool = False) ->
         return out_dir
     if out_dir.exists() and not overwrite:
         raise TrainerError(f"weights folder {out_dir} already exists (pass overwrite=True to replace it)")
+    return write_folder(trainer.model, out_dir, trainer.model_dir, state_dict=full)
+
+
+def write_folder(model: torch.nn.Module, out_dir: Path, source_dir: Path, *,
+                 state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write ``model`` as a Hugging Face folder at ``out_dir``, atomically, replacing any folder there.
+
+    ``model.save_pretrained`` (safetensors; ``config.json``, ``generation_config.json``; tied weights left out)
+    into a temporary sibling, plus the tokenizer, chat-template and processor files of ``source_dir`` (the model
+    folder the weights came from), then renamed to ``out_dir``; an existing ``out_dir`` is moved aside first and
+    deleted after. Used by :func:`save_weights` (the learner's ``weights/vN``) and ``arpo export``.
+
+    Args:
+        model: a transformers ``PreTrainedModel`` (its config and generation config are written).
+        out_dir: the folder to create or replace.
+        source_dir: the folder to copy the processor files from (those it has).
+        state_dict: the weights to write instead of ``model``'s own (e.g. gathered from a sharded model).
+
+    Returns:
+        ``out_dir`` as a Path.
+    """
+    out_dir, source_dir = Path(out_dir), Path(source_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        trainer.model.save_pretrained(tmp, safe_serialization=True, state_dict=full)
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         for name in _PROCESSOR_FILES:
-            source = trainer.model_dir / name
+            source = source_dir / name
             if source.is_file():
                 shutil.copy2(source, tmp / name)
         if out_dir.exists():
