@@ -1,4 +1,5 @@
-"""Task sets for evaluation: a folder of OSWorld task files (or the built-in suite) cut by a split file.
+"""Task sets: the training pool (:func:`select_tasks`, which the learner and `arpo run`'s check before it starts
+any process share), and for evaluation a folder of OSWorld task files (or the built-in suite) cut by a split file.
 
 A split is OSWorld's ``test_all.json`` form, ``{domain: [task id, ...]}`` (evaluation_examples/test_all.json in
 https://github.com/xlang-ai/OSWorld). A task's domain is the folder its file sits in under the task folder
@@ -18,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from arpo_async.config import LearnerConfig
 from arpo_async.tasks import BUILTIN_DIR, Task, TaskFormatError, load_task_file, load_tasks, read_task_json
 
 SPLITS_DIR = Path(__file__).resolve().parent / "splits"
@@ -167,3 +169,20 @@ def runnable_tasks(entries: list[TaskEntry]) -> list[Task]:
     if bad:
         raise TaskFormatError("tasks that cannot run: " + "; ".join(bad))
     return [e.task for e in entries if e.task is not None]
+
+
+def select_tasks(config: LearnerConfig) -> list[Task]:
+    """The training task pool of ``config`` (the ``[learner]`` section): ``learner.tasks`` (a task folder or
+    file; empty = the built-in suite), loaded by :func:`arpo_async.tasks.load_tasks`, then cut to the tasks
+    whose id is one of ``learner.task_ids`` or starts with one.
+
+    Raises:
+        TaskFormatError: a task file that does not load (naming the file and field), a missing path, an empty
+            folder, a duplicate id, or a ``task_ids`` filter that leaves no task.
+    """
+    tasks = load_tasks(config.tasks or None)
+    if config.task_ids:
+        tasks = [t for t in tasks if any(t.id == p or t.id.startswith(p) for p in config.task_ids)]
+    if not tasks:
+        raise TaskFormatError(f"no task matches learner.task_ids={list(config.task_ids)}")
+    return tasks

@@ -1,9 +1,9 @@
 """`arpo run`: the embedded default on one machine.
 
 Owns: the three child processes of a local run and their logs (``<run>/logs/{serve,learner,actors}.log``).
-Order: build the desktop image and the tiny model if missing -> write ``<run>/config.toml`` -> start
-arpo-serve and wait for /health -> start arpo-learner and arpo-actors -> show a progress line (arpo_cli.progress:
-live in a terminal, plain lines in a pipe) from ``status.json`` and ``metrics.jsonl`` and redraw
+Order: load and check the task sets (:func:`check_tasks`) -> build the desktop image and the tiny model if
+missing -> write ``<run>/config.toml`` -> start arpo-serve and wait for /health -> start arpo-learner and
+arpo-actors -> show a progress line (arpo_cli.progress: live in a terminal, plain lines in a pipe) from ``status.json`` and ``metrics.jsonl`` and redraw
 ``<run>/curve.png`` every ``CURVE_EVERY_S`` -> when the learner exits, write summary.json and the final curve.png,
 stop the actors (SIGTERM, they remove their desktops; they may have exited already, once the learner said
 shutdown), the learner, then the server -> remove any container still labelled with this run. Exit code: the
@@ -359,12 +359,42 @@ def run_interruptible(main: Callable[[RunSignals], Coroutine[Any, Any, int]]) ->
         raise
 
 
-def prepare_run(config: RunConfig, say: Callable[[str], None], resume: bool, *, desktops: bool = True) -> RunConfig:
-    """Check the run folder (a new run, or ``resume`` with a checkpoint), :func:`prepare` the image (``desktops``)
-    and model and write ``<run>/config.toml``; returns the resolved config.
+def check_tasks(config: RunConfig) -> tuple[int, int]:
+    """Load the run's task sets as its learner will, before any process starts: the training pool
+    (arpo_async.task_sets.select_tasks: ``learner.tasks`` cut by ``learner.task_ids``) and the ``[eval]`` set
+    (learner.evaluation_rounds.evaluation_tasks, which must run whole). Returns (training tasks, evaluation
+    tasks; 0 when the run does not evaluate).
 
     Raises:
-        RunError: the folder holds a run and ``resume`` is False, or ``resume`` is set and it has no checkpoint.
+        RunError: a task file that does not load, a path or name that selects nothing, a filter or split that
+            leaves no task, or an evaluation task that cannot run; the message names the keys and the file.
+    """
+    from arpo_async.config import ConfigError
+    from arpo_async.task_sets import select_tasks
+    from arpo_async.tasks import TaskFormatError
+    from learner.evaluation_rounds import evaluation_tasks
+
+    lc = config.learner
+    try:
+        train = select_tasks(lc)
+    except TaskFormatError as e:
+        where = f"learner.tasks = {lc.tasks!r}" + (f", learner.task_ids = {list(lc.task_ids)}" if lc.task_ids else "")
+        raise RunError(f"{where}: {e} (`arpo tasks check PATH` reports every task file)") from e
+    try:
+        evaluated = evaluation_tasks(config)
+    except ConfigError as e:
+        raise RunError(str(e)) from e
+    return len(train), len(evaluated)
+
+
+def prepare_run(config: RunConfig, say: Callable[[str], None], resume: bool, *, desktops: bool = True) -> RunConfig:
+    """Check the run folder (a new run, or ``resume`` with a checkpoint) and the task sets (:func:`check_tasks`),
+    :func:`prepare` the image (``desktops``) and model and write ``<run>/config.toml``; returns the resolved
+    config. Nothing is built, written or started when a check fails.
+
+    Raises:
+        RunError: the folder holds a run and ``resume`` is False, or ``resume`` is set and it has no checkpoint;
+            a task set that does not load or selects no runnable task.
     """
     run = config.run_path
     if resume:
@@ -375,6 +405,8 @@ def prepare_run(config: RunConfig, say: Callable[[str], None], resume: bool, *, 
     elif (run / "metrics.jsonl").exists():
         raise RunError(f"{run} already holds a run (metrics.jsonl); pass another --out, remove it, "
                        "or pass --resume to continue it from its last checkpoint")
+    train, evaluated = check_tasks(config)
+    say(f"tasks: {train} to train on" + (f", {evaluated} to evaluate on" if evaluated else ""))
     config = prepare(config, say, desktops=desktops)
     (run / "logs").mkdir(parents=True, exist_ok=True)
     (run / "config.toml").write_text(dump_toml(config))

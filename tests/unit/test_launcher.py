@@ -264,3 +264,47 @@ def test_summary_counts_optimizer_steps_not_records(tmp_path):
     (tmp_path / "empty").mkdir()  # a run that failed before its first batch
     assert launcher.write_summary(load_config(None, [f'run_dir="{tmp_path / "empty"}"']), 1, "http://127.0.0.1:9",
                                   wall_s=0.0)["steps"] == 0
+
+
+GOOD_TASK = {"id": "t-ok", "instruction": "x", "config": [],
+             "evaluator": {"func": "exact_match", "result": {"type": "vm_command_line", "command": "echo hi"},
+                           "expected": {"type": "rule", "rules": {"expected": "hi"}}}}
+
+
+@pytest.mark.parametrize("settings,message", [
+    (["learner.tasks={tasks}"], "bad.json: invalid JSON"),  # a task file that does not load
+    (["learner.tasks={tmp}/absent"], "learner.tasks = '{tmp}/absent': {tmp}/absent: no such task file or folder"),
+    (["learner.task_ids=['nope-']"], "learner.task_ids = ['nope-']: no task matches learner.task_ids=['nope-']"),
+    (["eval.tasks={tasks}"], "eval.tasks = '{tasks}'"),  # an evaluation set must run whole
+    (["eval.tasks=grid4-test", "eval.split=no-such-split"], "eval.split = 'no-such-split'"),
+])
+def test_arpo_run_checks_its_task_sets_before_it_builds_writes_or_starts_anything(tmp_path, capsys, settings,
+                                                                                  message):
+    """`arpo run` with a task set that does not load or selects nothing: exit 1 with the reason, and nothing
+    built, written or started: no run folder, no tiny model, and the missing desktop image (which would be an
+    error of its own) never looked at."""
+    import json
+
+    from arpo_cli.cli import main
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "ok.json").write_text(json.dumps(GOOD_TASK))
+    (tasks / "bad.json").write_text("{not json")
+    run = tmp_path / "runs" / "demo"
+    args = ["run", "--out", str(run), "--set", 'actors.image="arpo-no-such-image:0"']
+    for setting in settings:
+        args += ["--set", setting.format(tasks=tasks, tmp=tmp_path)]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("arpo run: ") and message.format(tasks=tasks, tmp=tmp_path) in err
+    assert "arpo-no-such-image" not in err
+    assert not run.exists() and not (tmp_path / "runs" / "tiny-model").exists()
+
+
+def test_check_tasks_counts_what_the_learner_will_train_and_evaluate_on(tmp_path):
+    from arpo_async.task_sets import select_tasks
+
+    config = load_config(None, ["learner.task_ids=['grid4-']", "eval.tasks=grid4-test"])
+    assert launcher.check_tasks(config) == (len(select_tasks(config.learner)), 4)
+    assert launcher.check_tasks(load_config(None, [])) == (len(select_tasks(load_config().learner)), 0)
