@@ -260,13 +260,13 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
     --set, then --out, --steps, --actors and --model. Raises ConfigError."""
     overrides = list(args.overrides)
     if args.out is not None:
-        overrides.append(f'run_dir="{args.out}"')
+        overrides.append(f"run_dir={args.out}")  # a str key takes the text as written (no TOML quoting)
     if args.steps is not None:
         overrides.append(f"learner.steps={args.steps}")
     if args.actors is not None:
         overrides.append(f"actors.actors={args.actors}")
     if args.model is not None:
-        overrides.append(f'model="{args.model}"')
+        overrides.append(f"model={args.model}")
     config_file = args.config
     if args.resume and config_file is None and args.out is not None and (args.out / "config.toml").exists():
         config_file = args.out / "config.toml"

@@ -39,3 +39,12 @@ def test_init_model_names_the_flag_that_replaces_a_folder(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"arpo init-model: {out} exists and is not empty; add --force to replace it" in err
     assert not re.search(r"overwrite\s*=", err) and (out / "something").exists()
+
+
+@pytest.mark.parametrize("folder", ["runs/demo", "2024", "runs/a\\b", 'runs/"q"x', "true"])
+def test_run_flags_set_the_path_as_written(folder):
+    """--out and --model become run_dir and model exactly (a str key takes an override's text as written)."""
+    from arpo_cli.cli import _run_config
+
+    config = _run_config(build_parser().parse_args(["run", "--out", folder, "--model", f"{folder}/m"]))
+    assert (config.run_dir, config.model) == (folder, f"{folder}/m")
