@@ -80,7 +80,7 @@ if ! "$VPY" -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '
   say "installing torch==$TORCH"
   "$VPY" -m pip install -q "torch==$TORCH"
 fi
-say "torch $("$VPY" -c 'import torch; print(torch.__version__, "(CUDA" if torch.version.cuda else "(CPU", "build)")')"
+say "torch $("$VPY" -W ignore -c 'import torch; print(torch.__version__, "(CUDA" if torch.version.cuda else "(CPU", "build)")')"
 
 # 4. This checkout, editable, with its extras.
 say "installing arpo-async from $ROOT (editable) with the $EXTRAS extras"
