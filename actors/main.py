@@ -115,7 +115,8 @@ async def cancel_on_shutdown(link: LearnerLink, rollouts: list[asyncio.Task]) ->
         rollout.cancel()
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """arpo-actors' command line: ``--config``/``--set``, ``--actors`` and ``--actor-id`` (default host-pid)."""
     parser = argparse.ArgumentParser(
         prog="arpo-actors", description="Environment actors: N docker desktops, each running episodes the learner "
         "hands out (policy replies from the inference servers) and sending the trajectories back over ZeroMQ.")
@@ -123,11 +124,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--actors", type=int, help="EnvActors in this process (overrides actors.actors)")
     parser.add_argument("--actor-id", default=f"{socket.gethostname()}-{os.getpid()}",
                         help="this process's id (its ZeroMQ routing id); default host-pid")
-    return parser.parse_args(argv)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = build_parser().parse_args(argv)
     setup_logging()
     overrides = list(args.overrides) + ([f"actors.actors={args.actors}"] if args.actors else [])
     try:

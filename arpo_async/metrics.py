@@ -1,10 +1,10 @@
 """Run metrics: one JSON object per line in ``<run_dir>/metrics.jsonl``, mirrored to TensorBoard and, optionally,
 Weights & Biases.
 
-Owns: the file format of metrics.jsonl, its TensorBoard mirror and its Weights & Biases mirror. Each trained batch (``learner.updates_per_batch``
-optimizer steps; its ``step`` counts optimizer steps) appends one object with
+Owns: the file format of metrics.jsonl, its TensorBoard mirror and its Weights & Biases mirror. Each trained
+batch (``learner.updates_per_batch`` optimizer steps; its ``step`` counts optimizer steps) appends one object with
 at least step, policy_version, trajectories, success_rate, reward_mean, loss, replay_injections,
-staleness_mean and wall_s (see learner.main.step_record for the full list). Lines are flushed as written, so a
+staleness_mean and wall_s (every field: arpo_async.metric_fields, built by learner.records.step_record). Lines are flushed as written, so a
 reader (`arpo run`'s progress line, a notebook) always sees whole steps; a torn last line after a crash is
 skipped by the reader.
 
@@ -93,6 +93,21 @@ class WandbSettings:
     config: dict[str, Any] = field(default_factory=dict)
 
 
+def import_wandb(project: str) -> Any:
+    """The ``wandb`` module, for ``learner.wandb_project = project``.
+
+    Raises:
+        RuntimeError: the package is not installed (the message says how to install it, or to unset the key).
+    """
+    try:
+        import wandb
+    except ImportError as error:
+        raise RuntimeError(f"learner.wandb_project={project!r} needs the wandb package ({error}): "
+                           "pip install -e '.[wandb]' in the clone, or unset learner.wandb_project "
+                           "(--set learner.wandb_project=)") from error
+    return wandb
+
+
 class WandbMirror:
     """Logs metrics records to Weights & Biases: ``wandb.log(flatten_numbers(record), step=record["step"])``.
 
@@ -109,12 +124,7 @@ class WandbMirror:
     """
 
     def __init__(self, settings: WandbSettings) -> None:
-        try:
-            import wandb
-        except ImportError as error:
-            raise RuntimeError(f"learner.wandb_project={settings.project!r} needs the wandb package ({error}): "
-                               "pip install -e '.[wandb]' in the clone, or unset learner.wandb_project "
-                               "(--set learner.wandb_project=)") from error
+        wandb = import_wandb(settings.project)
         run_dir = Path(settings.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         id_file = run_dir / WANDB_ID_FILE

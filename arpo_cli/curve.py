@@ -2,7 +2,7 @@
 
 Owns: the picture. A 2 x 2 grid: success rate (overall, and one line per task family from ``family_success``) and
 ``reward_mean``, against the optimizer step (top row) and against training wall time in minutes (bottom row). Lines
-are trailing means over ``TRAILING_STEPS`` records; the raw overall success rate of each step is shown as faint
+are trailing means over ``TRAILING_RECORDS`` records; the raw overall success rate of each step is shown as faint
 dots. A run with ``[eval]`` also shows held-out success (``eval_success``, each round once, as large markers joined
 by a dashed line) at the step whose weights were evaluated (``eval_step``). Drawn with matplotlib's Agg canvas (no
 display, no pyplot state), written atomically so a viewer never sees half a file. ``arpo run`` redraws it while it
@@ -25,7 +25,7 @@ from matplotlib.ticker import MaxNLocator
 from arpo_async.metrics import read_metrics
 
 CURVE_FILE = "curve.png"
-TRAILING_STEPS = 5
+TRAILING_RECORDS = 5
 """Records in each trailing mean of the curve's lines."""
 X_AXES = (("step", "optimizer step", True), ("minutes", "training wall time (min)", False))
 """(Series attribute, axis label, whole-number ticks) of each row of panels."""
@@ -87,7 +87,7 @@ def load_records(run_dir: Path) -> list[dict[str, Any]]:
     records = [r for r in read_metrics(path) if isinstance(r, dict)
                and all(isinstance(r.get(k), (int, float)) for k in ("step", "wall_s"))]
     if not records:
-        raise CurveError(f"{path} has no metrics record yet (the learner writes one per optimizer step)")
+        raise CurveError(f"{path} has no metrics record yet (the learner writes one per trained batch)")
     return records
 
 
@@ -97,10 +97,10 @@ def families(records: list[dict[str, Any]]) -> list[str]:
 
 
 def plot_line(ax: Axes, points: Series, x: str, label: str, **style: Any) -> None:
-    """Draw the trailing mean (``TRAILING_STEPS``) of ``points`` against their attribute ``x`` (small markers, so a
+    """Draw the trailing mean (``TRAILING_RECORDS``) of ``points`` against their attribute ``x`` (small markers, so a
     family seen at one step only still shows)."""
     if points.value:
-        ax.plot(getattr(points, x), trailing_means(points.value, TRAILING_STEPS), label=label, marker="o",
+        ax.plot(getattr(points, x), trailing_means(points.value, TRAILING_RECORDS), label=label, marker="o",
                 markersize=2, **style)
 
 
@@ -125,14 +125,14 @@ def draw_success(ax: Axes, records: list[dict[str, Any]], x: str) -> None:
         plot_line(ax, series(records, lambda r: (r.get("family_success") or {}).get(family)), x, family,
                   linewidth=1)
     ax.set_ylim(-0.03, 1.03)
-    ax.set_ylabel(f"success rate (mean of {TRAILING_STEPS} steps)")
+    ax.set_ylabel(f"success rate (mean of {TRAILING_RECORDS} records)")
     ax.legend(fontsize="small", loc="best")
 
 
 def draw_reward(ax: Axes, records: list[dict[str, Any]], x: str) -> None:
     """Mean reward of the trained batch (trailing mean)."""
     plot_line(ax, series(records, lambda r: r.get("reward_mean")), x, "reward_mean", color="tab:blue")
-    ax.set_ylabel(f"reward_mean (mean of {TRAILING_STEPS} steps)")
+    ax.set_ylabel(f"reward_mean (mean of {TRAILING_RECORDS} records)")
 
 
 def write_curve(run_dir: Path) -> Path:

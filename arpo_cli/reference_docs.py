@@ -12,7 +12,6 @@ variable, and no terminal width (usage lines are formatted here, not by argparse
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import re
 import sys
@@ -196,40 +195,18 @@ def entry_points() -> dict[str, str]:
     return dict(tomllib.loads(path.read_text(encoding="utf-8"))["project"].get("scripts", {}))
 
 
-class _Parsed(Exception):
-    def __init__(self, parser: argparse.ArgumentParser) -> None:
-        self.parser = parser
-
-
-@contextlib.contextmanager
-def _stop_at_parse() -> Iterator[None]:
-    original = argparse.ArgumentParser.parse_args
-
-    def stop(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
-        raise _Parsed(self)
-
-    argparse.ArgumentParser.parse_args = stop  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
-
-
 def entry_point_parser(target: str) -> argparse.ArgumentParser:
-    """The argparse parser of a console script ``"module:function"``: the function is called with ``[]`` and
-    stopped when it parses its arguments (each entry point parses them first), so nothing else of it runs.
+    """The argparse parser of a console script ``"module:function"``: the ``build_parser()`` of its module
+    (each entry point's module has one, and its ``main`` parses with it).
 
     Raises:
-        RuntimeError: the function returned or failed without parsing arguments.
+        RuntimeError: the module has no ``build_parser``.
     """
-    module, _, function = target.partition(":")
-    main = getattr(importlib.import_module(module), function)
-    with _stop_at_parse():
-        try:
-            main([])
-        except _Parsed as parsed:
-            return parsed.parser
-    raise RuntimeError(f"{target} returned without parsing its arguments")
+    module = importlib.import_module(target.partition(":")[0])
+    build = getattr(module, "build_parser", None)
+    if build is None:
+        raise RuntimeError(f"{target}: its module has no build_parser() to document")
+    return build()
 
 
 def _help_of(root: argparse.ArgumentParser, parser: argparse.ArgumentParser) -> str:

@@ -116,7 +116,7 @@ def require_episodes(run_dir: Path) -> int:
 def curve_svg(title: str, draw: Callable[[Axes, list[dict[str, Any]], str], None],
               records: list[dict[str, Any]], points: int) -> Markup:
     """One summary curve as inline SVG markup: ``draw`` (arpo_cli.curve's ``draw_success`` or ``draw_reward``:
-    trailing means over ``TRAILING_STEPS`` records) of ``records`` against the optimizer step, titled ``title``.
+    trailing means over ``TRAILING_RECORDS`` records) of ``records`` against the optimizer step, titled ``title``.
     ``points``: how many points the curve's metric has; with none, the panel says "no data". Matplotlib's SVG
     backend on a bare Figure (no pyplot state, no display), text kept as text; ids are salted with ``title`` so
     two curves on one page never share one."""

@@ -83,16 +83,9 @@ FLAG_KEYS = {"model": "model", "host": "serve.host", "port": "serve.port", "max_
 """arpo-serve's flags and the run-file key each one sets."""
 
 
-def parse_args(argv: list[str] | None) -> RunConfig:
-    """The run configuration of one arpo-serve: the run file with the command line applied (``model`` and the
-    ``serve`` section are what it uses; arpo_async.config.ServeConfig documents each key).
-
-    Precedence, highest first: a flag given on the command line (each sets its key of :data:`FLAG_KEYS`, after
-    any ``--set``); then $ARPO_API_KEY for the API key; then the run file (``--config`` with ``--set``
-    overrides); then the config defaults. An empty ``model`` means ``<run_dir>/../tiny-model``, as for the
-    learner. ``--model`` is needed only when neither --config nor --set is given. Exits with status 2
-    (argparse's usage error) for a bad run file or value (naming the key) or a missing model.
-    """
+def build_parser() -> argparse.ArgumentParser:
+    """arpo-serve's command line: ``--config``/``--set`` over the ``serve`` section, and one flag per key of
+    :data:`FLAG_KEYS` (``--api-key`` defaults to $ARPO_API_KEY)."""
     p = argparse.ArgumentParser(
         prog="arpo-serve", description="CPU inference server speaking SGLang's HTTP API (/generate, "
         "/update_weights_from_disk, ...): the embedded policy server `arpo run` starts. Flags win over the run file.")
@@ -119,6 +112,20 @@ def parse_args(argv: list[str] | None) -> RunConfig:
     p.add_argument("--image-root", type=Path,
                    help="read image_data naming a local file only under this folder (default: serve.image_root; "
                         "unset: no local files)")
+    return p
+
+
+def parse_args(argv: list[str] | None) -> RunConfig:
+    """The run configuration of one arpo-serve: the run file with the command line applied (``model`` and the
+    ``serve`` section are what it uses; arpo_async.config.ServeConfig documents each key).
+
+    Precedence, highest first: a flag given on the command line (each sets its key of :data:`FLAG_KEYS`, after
+    any ``--set``); then $ARPO_API_KEY for the API key; then the run file (``--config`` with ``--set``
+    overrides); then the config defaults. An empty ``model`` means ``<run_dir>/../tiny-model``, as for the
+    learner. ``--model`` is needed only when neither --config nor --set is given. Exits with status 2
+    (argparse's usage error) for a bad run file or value (naming the key) or a missing model.
+    """
+    p = build_parser()
     a = p.parse_args(argv)
     if a.model is None and a.config is None and not a.overrides:
         p.error("--model or --config is required")

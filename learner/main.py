@@ -33,9 +33,9 @@ import torch.distributed as dist
 from arpo_async.config import ConfigError, LearnerConfig, RunConfig, load_config, to_dict
 from arpo_async.config_doc import add_config_arguments
 from arpo_async.inference_client import PolicyClient
-from arpo_async.metrics import MetricsWriter, WandbSettings
+from arpo_async.metrics import MetricsWriter, WandbSettings, import_wandb
 from arpo_async.process import run_until_signal, setup_logging
-from arpo_async.tasks import Task, load_tasks
+from arpo_async.task_sets import select_tasks
 from arpo_async.transport import INBOX_SIZE, Envelope, Outbox, SocketPump, learner_socket
 from learner.baseline import plan_tasks
 from learner.batcher import Batcher, BatchQueue
@@ -54,21 +54,6 @@ from learner.training_loop import TrainingLoop, keep_ranks_alive
 from learner.trajectory_sample import TrajectorySampler
 
 log = logging.getLogger("arpo.learner")
-
-
-def select_tasks(config: LearnerConfig) -> list[Task]:
-    """The task pool: the configured folder (or the built-in suite), filtered by ``task_ids`` prefixes.
-
-    Raises:
-        arpo_async.tasks.TaskFormatError: a malformed task file (names the file).
-        ValueError: the filter leaves no task.
-    """
-    tasks = load_tasks(config.tasks or None)
-    if config.task_ids:
-        tasks = [t for t in tasks if any(t.id == p or t.id.startswith(p) for p in config.task_ids)]
-    if not tasks:
-        raise ValueError(f"no task matches learner.task_ids={list(config.task_ids)}")
-    return tasks
 
 
 def replay_buffer(config: LearnerConfig) -> ReplayBuffer:
@@ -197,17 +182,18 @@ def weight_publisher(config: RunConfig, client: PolicyClient) -> WeightPublisher
                                 load_format=None if lc.sync_load_format == "tensors" else lc.sync_load_format)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """arpo-learner's command line: ``--config`` and ``--set`` over the sections the learner reads."""
     parser = argparse.ArgumentParser(
         prog="arpo-learner", description="The GRPO learner: hands out rollouts to arpo-actors over ZeroMQ, trains "
         "on their trajectories, publishes weights to the inference servers and writes <run_dir>/metrics.jsonl. "
         "Under torchrun (`torchrun --nproc-per-node N -m learner.main ...`) it trains with N ranks.")
     add_config_arguments(parser, ("", "learner", "transport", "actors", "serve", "eval"))
-    return parser.parse_args(argv)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = build_parser().parse_args(argv)
     setup_logging()
     try:
         config = load_config(args.config, args.overrides)
@@ -219,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         if config.learner.weight_sync == "distributed":
             sync_backend(config.learner)
         evaluation_tasks(config)
-    except ConfigError as e:  # learner.trainer's TrainerConfigError too
+        if config.learner.wandb_project:
+            import_wandb(config.learner.wandb_project)  # before the model loads, not after
+    except (ConfigError, RuntimeError) as e:  # learner.trainer's TrainerConfigError too; wandb missing
         log.error("%s", e)
         return 2
     if torchrun_world() > 1:

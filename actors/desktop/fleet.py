@@ -72,7 +72,7 @@ uploads, /reset killing processes and restoring /root and /tmp) all run as root,
 capability (owner = uid 0). What dropping the rest costs: root cannot read, write or delete past a file's mode
 (/reset restores boot modes first), chown, mknod, bind ports below 1024, use raw sockets (there is no network
 anyway) or setuid to another user. Add one here only with a test that needs it, and say why in this comment
-and in README ("What the desktops isolate")."""
+and in docs/operations.md ("What the desktops isolate")."""
 SOCKET_TMPFS_OPTIONS = "mode=0700,size=1m,nr_inodes=64"
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MNT_DETACH = 0x2, 0x4, 0x8, 0x2
 MIB = 1024 * 1024

@@ -28,7 +28,7 @@ Invariants:
   all asked at the same moment on 2 cores;
 - :meth:`close` cancels the background tasks and removes every desktop the pool started, wherever it is.
 
-The trade-offs: each warm spare costs one desktop's RAM (~100-200 MB, see bench/README.md) and buys a reset
+The trade-offs: each warm spare costs one desktop's RAM (~100-200 MB, see docs/benchmarks.md) and buys a reset
 that takes a /health round trip instead of a container boot; reuse (``max_episodes`` > 1) saves a container
 boot per episode (the machine's CPU, see bench_e2e.py) at the price of state outside /root and /tmp surviving
 up to ``max_episodes`` episodes.

@@ -23,7 +23,7 @@ instruction last, in the current screenshot's user turn, right before the reply;
 of about 600 (UI-TARS prompt, same screenshot), so the instruction is a large share of what the policy attends to
 (issue 12: with the 653-token prompt only 0.1% of a GRPO update was specific to the instruction, and grid4 stayed
 at chance). Placing the instruction after the screenshot rather than before it took the tiny policy on the grid4
-family from 0.49 to 0.73 success in 100 optimizer steps (bench/README.md, probe_learning.py).
+family from 0.49 to 0.73 success in 100 optimizer steps (probe_learning.py; in the history of bench/README.md).
 
 Image window: ARPO keeps every screenshot (15-step episodes, <= 15 images). OSWorld's UI-TARS-1.5 agent
 (``mm_agents/uitars15_v1.py``, ``history_n=5``) keeps only the last k screenshots *counting the current one*;

@@ -159,7 +159,7 @@ def _train_tokenizer(seed: int):
 DEFAULT_INIT_STD = 0.1
 """Standard deviation of the random weights (``initializer_range``; transformers' Qwen2.5-VL default is 0.02). At
 0.02 the instruction moved the coordinate logits by 3.4e-4 against a 0.13 spread and RL stayed at chance; 0.1 lets
-the instruction matter from the first step (issue 12, bench/README.md)."""
+the instruction matter from the first step (issue 12; `git log -p bench/README.md`)."""
 DEFAULT_HIDDEN_SIZE = 64
 """Width of the tiny policy's text model (and of the vision merger's output)."""
 
@@ -262,8 +262,8 @@ def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False,
             With transformers' 0.02 the tiny model's attention starts almost uniform, the instruction barely
             moves its replies, and RL on grid4 stayed at chance (`DEFAULT_INIT_STD`).
         hidden_size: width of the text model, a multiple of 64 (`text_shape` gives the heads and MLP). 64 is the
-            default; 256 (about 3 M parameters) runs ~2x slower per token and, by a supervised-fitting probe (bench/README.md), fits
-            the four grid4 replies in about as many supervised steps (140 vs 120): width is not what limits the
+            default; 256 (about 3 M parameters) runs ~2x slower per token and, by a supervised-fitting probe
+            (`git log -p bench/README.md`), fits the four grid4 replies in about as many supervised steps (140 vs 120): width is not what limits the
             tiny policy's learning there.
         max_pixels: the image processor's largest image area in pixels (a multiple of 28*28 is natural; default
             28*28*16: 15 image tokens for a 1280x720 screenshot).

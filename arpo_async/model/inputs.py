@@ -189,7 +189,7 @@ class PromptEncoder:
         the tokenizer cuts the text at added tokens (``<|im_start|>``, ``<|image_pad|>``, ...) and tokenizes the
         segments between them independently, so this does the cut itself and remembers each segment's ids.
         An episode's prompt repeats the instruction and the earlier replies every step: only the newest reply is
-        tokenized again (1.3 ms -> 0.05 ms per 15-step prompt with the tiny tokenizer; bench/README.md).
+        tokenized again (1.3 ms -> 0.05 ms per 15-step prompt with the tiny tokenizer; bench_prompt_prefix.py).
         """
         if self._added_split is None:
             return self._tokenizer.encode(text, add_special_tokens=False).ids

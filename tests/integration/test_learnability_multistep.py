@@ -12,7 +12,7 @@ arpo-serve `Engine` samples every step with the actors' grammar, and the learner
 behaviour log-probs as the actors record them. Sampling lags the trained weights by one version (the async
 schedule of the config). The whole run is seeded (learner.seed=1).
 
-Measured on the CI machine (2 shared cores; bench/README.md), 5-batch trailing success of this run (seed 1, lag 1)
+Measured on the CI machine (2 shared cores; docs/benchmarks.md), 5-batch trailing success of this run (seed 1, lag 1)
 continued to 60 batches: 0.00 after 5 batches, 0.28 after 30, 0.62 after 35, 0.74 after 40, 0.91 after 45, 0.88
 after 60; seed 0 with lag 0 took off later (0.24 after 40, 0.64 after 45, 0.86 after 60). Here, 50 batches: 0.00
 (first 3) -> 0.86 (last 5); with the reward inverted (an episode that does not solve the task scores 1) 0.00; with

@@ -64,11 +64,15 @@ def test_a_short_run_writes_tensorboard_and_prints_plain_progress(tmp_path, desk
 
 
 def test_a_crashed_learner_is_quoted_in_arpo_runs_message(tmp_path, desktop_image, tiny_model):
+    # A crash only the learner can meet (arpo run checks the tasks and config before it starts anything): its
+    # TensorBoard folder <run>/tb is a file, so creating the event writer fails inside the learner.
     run_dir = tmp_path / "crash"
-    proc = arpo_run(run_dir, tiny_model, 'learner.task_ids=["no-such-task"]', "actors.actors=1", timeout_s=600)
+    run_dir.mkdir()
+    (run_dir / "tb").write_text("not a folder")
+    proc = arpo_run(run_dir, tiny_model, 'learner.task_ids=["grid4"]', "actors.actors=1", timeout_s=600)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     assert f"arpo-learner exited with 1; see {run_dir / 'logs' / 'learner.log'}" in out
-    assert "Traceback (most recent call last):" in out and "in select_tasks" in out
-    assert "arpo-learner failed: ValueError: no task matches learner.task_ids=['no-such-task']" in out
+    assert "Traceback (most recent call last):" in out and "in run_learner" in out
+    assert "arpo-learner failed: FileExistsError:" in out
     assert "ERROR Traceback" in (run_dir / "logs" / "learner.log").read_text()

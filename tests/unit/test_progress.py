@@ -108,7 +108,7 @@ async def test_a_crashed_child_logs_its_traceback_at_error_and_the_excerpt_quote
     assert lines[:2] == ["earlier line 198", "earlier line 199"]  # 2 lines of context before the traceback
     assert "Traceback (most recent call last):" in lines[2]
     assert "in select_tasks" in excerpt
-    assert lines[-1] == "arpo-learner failed: ValueError: no task matches learner.task_ids=['no-such-task']"
+    assert lines[-1] == "arpo-learner failed: TaskFormatError: no task matches learner.task_ids=['no-such-task']"
     assert crash_excerpt(tmp_path / "missing.log") == ""
 
 
