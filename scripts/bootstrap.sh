@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine (root, no GPU) for arpo-async; safe to run again (skips what is done).
-#   1. Debian packages: python3-venv (Debian's python3 refuses pip installs outside a virtual environment, PEP 668),
-#      docker.io (the engine), debootstrap (builds the desktop image without a registry), chromium
-#      (tests/integration/test_viewer.py renders `arpo view`'s page in headless Chromium)
+#   1. Debian packages: python3-venv (Debian's python3 refuses pip installs outside a virtual environment, PEP 668)
+#      and ca-certificates when missing, docker.io (the engine), debootstrap (builds the desktop image without a
+#      registry), chromium (tests/integration/test_viewer.py renders `arpo view`'s page in headless Chromium)
 #   2. the Docker engine, started in the background if it is not answering
 #   3. Python (scripts/setup_python.sh): a virtual environment .venv in the repository root with torch 2.13.0 (CPU
 #      build) and this checkout, editable, with its test, cluster (ray: `arpo launch` and
@@ -26,6 +26,7 @@ command -v chromium >/dev/null || packages+=(chromium)
 # Debian splits venv's ensurepip (the pip a new environment starts with) into python3-venv; an interpreter of
 # one's own (pyenv, a python.org build) has it already.
 "$PY" -c 'import venv, ensurepip' 2>/dev/null || packages+=(python3-venv)
+[[ -s /etc/ssl/certs/ca-certificates.crt ]] || packages+=(ca-certificates)  # pip's HTTPS (Debian's pip reads this file)
 if ((${#packages[@]})); then
   say "installing ${packages[*]}"
   export DEBIAN_FRONTEND=noninteractive

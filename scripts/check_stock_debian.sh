@@ -4,19 +4,20 @@
 # seconds; exit 0 on PASS, 1 on FAIL. The result is recorded in docs/stock-debian.md.
 #
 #   sudo bash scripts/check_stock_debian.sh            # reuses the cached bookworm root file system
-#   sudo bash scripts/check_stock_debian.sh --fresh    # builds it again (and empties the apt and pip caches)
+#   sudo bash scripts/check_stock_debian.sh --fresh    # builds it again (and empties the cache of .deb files)
 #
 # Phases:
 #   rootfs   debootstrap --variant=minbase bookworm from http://deb.debian.org/debian (cached under
 #            $CACHE/rootfs; the default CACHE is /var/tmp/arpo-stock-debian)
-#   copy     a fresh copy of it for this run ($CACHE/run, left in place for inspection; the next run replaces it)
+#   copy     a fresh copy of it for this run ($CACHE/run, about 3 GB with .venv; left for inspection, the next run
+#            replaces it)
 #   apt      in the chroot: apt-get install python3 python3-venv ca-certificates (bookworm, bookworm-updates,
 #            bookworm-security), the packages bootstrap's apt step adds for Python
 #   ca       the host's own certificate authorities (/usr/local/share/ca-certificates/*.crt, e.g. an HTTPS proxy's)
 #            are added to the chroot's trust store with update-ca-certificates, as a user behind such a proxy does
 #            on any machine; Debian's pip in .venv uses that store. None on the host: nothing to do.
 #   pep668   Debian's python3 refuses a plain `pip install` (the marker /usr/lib/python3.11/EXTERNALLY-MANAGED
-#            exists; Debian's own pip 23.0.1, run from the wheel python3-venv ships, exits with
+#            exists; Debian's own pip 23.0.1, run from the wheel that python3-venv brings (python3-pip-whl), exits with
 #            "externally-managed-environment"), and `python3 -m pip` does not exist
 #   clone    the repository as a clone has it: `git archive HEAD` (committed files only) into /root/arpo-async
 #   setup    PYTHON=/usr/bin/python3 bash scripts/setup_python.sh in the chroot, with a clean environment (no host
@@ -116,7 +117,7 @@ in_chroot() {  # in_chroot COMMAND...: a clean environment, as a root login shel
 rootfs() {
   if ((FRESH)) || [[ ! -x $ROOTFS/usr/bin/apt-get || ! -f $ROOTFS/.arpo-complete ]]; then
     command -v debootstrap >/dev/null || [[ -x /usr/sbin/debootstrap ]] || apt-get install -y -qq debootstrap
-    rm -rf --one-file-system "$ROOTFS" "$CACHE/apt-archives" "$CACHE/pip-cache"
+    rm -rf --one-file-system "$ROOTFS" "$CACHE/apt-archives"
     mkdir -p "$CACHE"
     say "debootstrap --variant=minbase bookworm $ROOTFS $MIRROR"
     PATH=$PATH:/usr/sbin debootstrap --variant=minbase bookworm "$ROOTFS" "$MIRROR" >"$CACHE/debootstrap.log" 2>&1 \
@@ -139,9 +140,8 @@ copy() {
   bind /sys "$RUN/sys"
   bind /dev "$RUN/dev"
   bind /dev/pts "$RUN/dev/pts"
-  mkdir -p "$CACHE/apt-archives/partial" "$CACHE/pip-cache"
+  mkdir -p "$CACHE/apt-archives/partial"
   bind "$CACHE/apt-archives" "$RUN/var/cache/apt/archives"  # reruns need not download the .debs again
-  bind "$CACHE/pip-cache" "$RUN/root/.cache/pip"           # nor the wheels (--fresh empties both)
   [[ -z $WHEELS ]] || bind "$WHEELS" "$RUN$WHEELS" ro
   cp -L /etc/resolv.conf "$RUN/etc/resolv.conf"
 }
