@@ -30,13 +30,17 @@ STAMP=$VENV/.arpo-installed  # what the last editable install was made from (pyp
 say() { printf '[setup-python] %s\n' "$*"; }
 die() { say "FAIL: $*"; exit 1; }
 
+# Does the script $1 run .venv's python at this checkout's path? pip writes "#!/path/.venv/bin/python", or for a
+# long path or one with spaces, a /bin/sh line and then an exec line naming it.
+bound_here() { head -n2 "$1" 2>/dev/null | grep -qF "$ROOT/$VPY"; }
+
 want_stamp() { printf '%s %s\n' "$(sha256sum pyproject.toml | cut -d' ' -f1)" "$EXTRAS"; }
 
 # Does .venv import everything, with arpo_async from this checkout and the `arpo` script bound to .venv's python?
 # Run isolated (-I), from /, so that the checkout on sys.path cannot stand in for the editable install.
 ready() {
   [[ -x $VPY && -f $STAMP && "$(cat "$STAMP")" == "$(want_stamp)" ]] || return 1
-  [[ "$(head -n1 "$VENV/bin/arpo" 2>/dev/null)" == "#!$ROOT/$VPY" ]] || return 1
+  bound_here "$VENV/bin/arpo" || return 1
   (cd / && "$ROOT/$VPY" -I - "$ROOT" "$TORCH" <<'EOF'
 import pathlib, sys
 import torch, arpo_async, actors, learner, arpo_serve, arpo_cli, ray, mkdocs, pytest  # noqa: F401
@@ -54,7 +58,7 @@ fi
 
 # 1. The environment. A .venv whose interpreter no longer runs (its base Python was removed) or whose scripts name
 #    another folder (the checkout moved: a venv is not relocatable) is made again.
-works_here() { "$VPY" -c '' 2>/dev/null && [[ "$(head -n1 "$VENV/bin/pip" 2>/dev/null)" == "#!$ROOT/$VPY" ]]; }
+works_here() { "$VPY" -c '' 2>/dev/null && bound_here "$VENV/bin/pip"; }
 if [[ -e $VENV ]] && ! works_here; then
   say "$VENV does not work from here (moved checkout or removed base Python): making it again"
   rm -rf "$VENV"
