@@ -79,7 +79,7 @@ if ! "$VPY" -c 'import sys, pip; sys.exit(int(pip.__version__.split(".")[0]) < 2
   "$VPY" -m pip install -q --upgrade pip
 fi
 
-# 3. torch first, pinned, so that the project's `torch>=2.4,<=2.14.1` is already met and pip never picks a build.
+# 3. torch first, pinned, so that the project's `torch>=2.4,<=2.14.1` is already met when step 4 resolves it.
 if ! "$VPY" -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$TORCH')" 2>/dev/null; then
   say "installing torch==$TORCH"
   "$VPY" -m pip install -q "torch==$TORCH"
