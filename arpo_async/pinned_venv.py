@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
@@ -52,6 +53,25 @@ def run(cmd: list[str], log: Callable[[str], None], error: type[Exception], time
         raise error(f"{' '.join(cmd[:6])} ... failed ({proc.returncode}): {proc.stderr[-2000:]}")
 
 
+_SITE_DIRS = "import json, site; print(json.dumps(site.getsitepackages()))"
+
+
+def _share_site_packages(base_python: str, python: Path, error: type[Exception], timeout_s: float) -> None:
+    """Write ``_arpo_base_site.pth`` into the new environment ``python``'s site-packages: one
+    ``site.addsitedir`` line per site-packages folder of ``base_python`` (see the ``site`` module)."""
+    folders = []
+    for interpreter in (base_python, str(python)):
+        done = subprocess.run([interpreter, "-c", _SITE_DIRS], capture_output=True, text=True, timeout=timeout_s)
+        if done.returncode != 0:
+            raise error(f"{interpreter} could not list its site-packages: {done.stderr.strip()[-500:]}")
+        folders.append(json.loads(done.stdout))
+    base, own = folders
+    # "import" lines of a .pth file run at start-up: addsitedir also reads the .pth files of those folders
+    # (an editable install's, for one), as the base environment itself does.
+    lines = "".join(f"import site; site.addsitedir({folder!r})\n" for folder in base)
+    (Path(own[0]) / "_arpo_base_site.pth").write_text(lines, encoding="utf-8")
+
+
 def build(root: Path, *, marker: str, expected: str, installs: Sequence[Sequence[str]], base_python: str,
           error: type[Exception], timeout_s: float, log: Callable[[str], None] = lambda _msg: None,
           system_site_packages: bool = False, finish: Callable[[Path], None] | None = None) -> Path:
@@ -70,7 +90,10 @@ def build(root: Path, *, marker: str, expected: str, installs: Sequence[Sequence
         error: the exception class raised on failure.
         timeout_s: the limit for each command.
         log: called with each command run (e.g. ``print``).
-        system_site_packages: let the venv see ``base_python``'s site-packages.
+        system_site_packages: let the venv see ``base_python``'s site-packages. When ``base_python`` is itself
+            in a virtual environment (such as the checkout's ``.venv``), ``venv --system-site-packages`` would
+            show only the interpreter it was made from, so a ``.pth`` file adds ``base_python``'s own
+            site-packages folders too (after the new environment's, before the base interpreter's).
         finish: a last step before the marker is written (e.g. an import check); it raises to fail the build.
     Returns:
         The environment's interpreter.
@@ -88,6 +111,8 @@ def build(root: Path, *, marker: str, expected: str, installs: Sequence[Sequence
         venv = ["--system-site-packages"] if system_site_packages else []
         run([base_python, "-m", "venv", *venv, str(root)], log, error, timeout_s)
         python = env_python(root)
+        if system_site_packages:
+            _share_site_packages(base_python, python, error, timeout_s)
         pip = [str(python), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "--no-input",
                "--prefer-binary"]
         for group in installs:

@@ -136,7 +136,10 @@ def _shared_versions() -> str:
 
 
 def _fingerprint() -> str:
-    return pinned_venv.fingerprint(SGLANG_PACKAGE, *REQUIREMENTS, *CHECK_MODULES, TORCHVISION_HOOK, _shared_versions())
+    # sys.prefix: the environment shares the creating interpreter's packages (pinned_venv's .pth file), so one
+    # made from another environment is not reused.
+    return pinned_venv.fingerprint(SGLANG_PACKAGE, *REQUIREMENTS, *CHECK_MODULES, TORCHVISION_HOOK, _shared_versions(),
+                                   sys.prefix)
 
 
 def env_python(env_dir: Path | None = None) -> Path:
