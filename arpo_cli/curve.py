@@ -2,7 +2,7 @@
 
 Owns: the picture. A 2 x 2 grid: success rate (overall, and one line per task family from ``family_success``) and
 ``reward_mean``, against the optimizer step (top row) and against training wall time in minutes (bottom row). Lines
-are trailing means over ``TRAILING_RECORDS`` records; the raw overall success rate of each step is shown as faint
+are trailing means over ``TRAILING_RECORDS`` records; the raw overall success rate of each record is shown as faint
 dots. A run with ``[eval]`` also shows held-out success (``eval_success``, each round once, as large markers joined
 by a dashed line) at the step whose weights were evaluated (``eval_step``). Drawn with matplotlib's Agg canvas (no
 display, no pyplot state), written atomically so a viewer never sees half a file. ``arpo run`` redraws it while it
@@ -119,7 +119,7 @@ def draw_success(ax: Axes, records: list[dict[str, Any]], x: str) -> None:
         ax.plot(getattr(evaluated, x), evaluated.value, label="held-out (eval)", color="tab:red", marker="D",
                 markersize=6, linestyle="--", linewidth=1, zorder=4)
     overall = series(records, lambda r: r.get("success_rate"))
-    ax.scatter(getattr(overall, x), overall.value, s=10, color="black", alpha=0.2, label="per step")
+    ax.scatter(getattr(overall, x), overall.value, s=10, color="black", alpha=0.2, label="per record")
     plot_line(ax, overall, x, "overall", color="black", linewidth=2, zorder=3)
     for family in families(records):
         plot_line(ax, series(records, lambda r: (r.get("family_success") or {}).get(family)), x, family,
