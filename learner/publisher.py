@@ -250,7 +250,7 @@ def _hasher(info: dict):
             from sglang.srt.managers.mm_utils import tensor_hash
         except ImportError as error:
             raise PublishError("learner.verify_weights_every with a CUDA SGLang server needs sglang installed on "
-                               f"the learner (pip install 'arpo-async[gpu]') to hash as the server does: {error}")
+                               f"the learner (pip install -e '.[gpu]' in the clone) to hash as the server does: {error}")
         return lambda t: f"{tensor_hash(t.cuda()):016x}"
     return tensor_checksum
 

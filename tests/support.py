@@ -23,6 +23,13 @@ import pytest
 _HANDED_OUT: set[int] = set()
 
 
+def osworld_examples() -> Path | None:
+    """OSWorld's task files, ``evaluation_examples/examples`` of a clone of github.com/xlang-ai/OSWorld, named by
+    $OSWORLD_EXAMPLES; None when unset or not a folder (the tests that read them skip)."""
+    folder = os.environ.get("OSWORLD_EXAMPLES")
+    return Path(folder) if folder and Path(folder).is_dir() else None
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago and that this test process has not handed out before
     (the kernel may give a just-released port again, and two servers of one test would then collide)."""

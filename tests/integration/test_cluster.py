@@ -20,7 +20,7 @@ from arpo_async.metrics import read_metrics
 from tests.integration.test_resume import server_weight_version
 from tests.support import free_port, until_sync
 
-ray_cluster_utils = pytest.importorskip("ray.cluster_utils", reason="arpo-async[cluster] (ray) is not installed")
+ray_cluster_utils = pytest.importorskip("ray.cluster_utils", reason="ray is not installed (pip install -e '.[cluster]')")
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.docker

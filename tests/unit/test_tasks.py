@@ -153,8 +153,9 @@ from arpo_async.tasks import (  # noqa: E402
     GETTER_TYPES, MAX_ID_CHARS, MAX_INSTRUCTION_CHARS, MAX_JSON_DEPTH, MAX_METRICS, MAX_RELATED_APPS, MAX_STEPS,
     MAX_TASK_FILE_BYTES, METRIC_FUNCS, SETUP_TYPES, parse_task_json,
 )
+from tests.support import osworld_examples  # noqa: E402
 
-OSWORLD_EXAMPLES = Path(__file__).resolve().parents[3] / "shared" / "osworld" / "examples"
+OSWORLD_EXAMPLES = osworld_examples()
 
 
 def test_supported_names_are_exactly_the_evaluator_registries():
@@ -356,7 +357,7 @@ def test_parse_task_json_is_strict_json():
         parse_task_json(b'{"a": {"b": 1, "b": 2}}', "x")
 
 
-@pytest.mark.skipif(not OSWORLD_EXAMPLES.is_dir(), reason="no OSWorld examples checked out beside the repo")
+@pytest.mark.skipif(OSWORLD_EXAMPLES is None, reason="$OSWORLD_EXAMPLES names no folder of OSWorld's task files")
 def test_osworld_examples_load_or_fail_clearly():
     files = sorted(OSWORLD_EXAMPLES.rglob("*.json"))
     loaded = 0
