@@ -26,14 +26,11 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from arpo_async.config import LearnerConfig
 from arpo_async.tasks import Task
 from learner.task_selection import TaskSelectionError, TaskSelector, check_pool, task_id_of
-
-if TYPE_CHECKING:
-    from learner.service import LearnerService
 
 log = logging.getLogger(__name__)
 
@@ -259,6 +256,17 @@ def training_pool(tasks: list[Task], lc: LearnerConfig, path: Path) -> list[Task
     return tasks
 
 
+class PassRunner(Protocol):
+    """What :meth:`TaskPlan.run_baseline` drives: the learner service (learner.service.LearnerService), typed here
+    rather than imported because the service imports :class:`BaselinePass`."""
+
+    async def evaluate(self, baseline: BaselinePass) -> None:
+        """Hand out ``baseline``'s groups and return when every one has come back."""
+
+    async def start_training(self, selector: TaskSelector, group_budget: int | None) -> None:
+        """Switch to training on the tasks ``selector`` picks."""
+
+
 @dataclass
 class TaskPlan:
     """Where the learner's tasks come from as it starts: a baseline pass over every task first (``baseline`` set,
@@ -284,7 +292,7 @@ class TaskPlan:
         """The scheduler's task source now: the pass's while one is due, else the selector's."""
         return (self.baseline or self.selector).pick_task
 
-    async def run_baseline(self, service: LearnerService, lc: LearnerConfig, group_budget: int | None) -> None:
+    async def run_baseline(self, service: PassRunner, lc: LearnerConfig, group_budget: int | None) -> None:
         """Run the pass through ``service`` until every group came back, save it to ``path``, then switch the
         service to training on the valuable tasks (``group_budget``: None for the async schedule, 0 for lockstep).
         Does nothing when no pass is due.

@@ -31,16 +31,13 @@ import collections
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from arpo_async.model.inputs import ModelInputError, check_image_pads, pixel_inputs, rope_positions
-
-if TYPE_CHECKING:  # pragma: no cover
-    from learner.trainer import TrainSample
+from learner.train_sample import TrainSample
 
 __all__ = ["CompletionLogprobs", "MicroBatch", "PixelCache", "collate"]
 
@@ -114,7 +111,7 @@ class MicroBatch:
                           self.counts)
 
 
-def collate(policy, samples: Sequence["TrainSample"], pixels: PixelCache, pad_id: int) -> MicroBatch:
+def collate(policy, samples: Sequence[TrainSample], pixels: PixelCache, pad_id: int) -> MicroBatch:
     """Right-pad ``samples`` into one :class:`MicroBatch` on the CPU.
 
     Raises:
@@ -183,7 +180,7 @@ class CompletionLogprobs(torch.nn.Module):
         return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def image_pad_problem(policy, sample: "TrainSample", pixels: PixelCache) -> str | None:
+def image_pad_problem(policy, sample: TrainSample, pixels: PixelCache) -> str | None:
     """Why ``sample``'s screenshots cannot go with its prompt (an image that does not decode, or a count of image
     pad tokens that differs from what its screenshots make), or None."""
     try:

@@ -22,7 +22,8 @@ sampler produced; the policy runs without dropout (eval mode) so its log-probs a
 
 Not here: exporting the weights for inference servers (learner.weights_export) and the trainer's checkpoint
 files (learner.trainer_checkpoint); the Trainer keeps one-line methods for the calls that must reach every rank
-(see the end of :class:`Trainer`). The error types live in learner.trainer_errors and are re-exported here.
+(see the end of :class:`Trainer`). The error types (learner.trainer_errors) and the sample type
+(learner.train_sample) are re-exported here.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +41,6 @@ import torch
 import torch.distributed as dist
 
 from arpo_async.config import LearnerConfig
-from arpo_async.messages import LogprobArray, TokenArray, float_array, int_array
 from arpo_async.model.checkpoint_names import tied_names
 from arpo_async.model.inputs import load_policy
 from learner import trainer_checkpoint, weights_export
@@ -49,52 +48,12 @@ from learner.distributed import RankGroup, decoder_layers, shard_policy
 from learner.grpo import corrected_token_loss
 from learner.microbatch import MicroBatchBudgetError, step_plan
 from learner.policy_forward import CompletionLogprobs, PixelCache, check_pad_id, collate, image_pad_problem
+from learner.train_sample import TrainSample, sample_problem
 from learner.trainer_errors import TrainerConfigError, TrainerError, TrainerInputError
 
 log = logging.getLogger("arpo.learner.trainer")
 
 __all__ = ["TrainSample", "Trainer", "TrainerConfigError", "TrainerError", "TrainerInputError"]
-
-
-@dataclass
-class TrainSample:
-    """One generated reply to train on: the exact tokens the sampler saw and produced, and the rollout's advantage.
-
-    Attributes:
-        prompt_ids: the prompt token ids as sent to the sampler (image pad tokens already expanded), [P] int32.
-        images: the screenshots the prompt references, encoded image bytes (PNG/JPEG; a received one is a
-            memoryview of its ZeroMQ frame), in prompt order.
-        output_ids: the generated token ids, [T] int32, T >= 1; the loss covers exactly these tokens.
-        behaviour_logprobs: the sampler's log-prob of each output token (nats), [T] float64.
-        advantage: the rollout's group-relative advantage, broadcast to all T tokens.
-        replayed: True when the step belongs to a trajectory the replay buffer injected (its behaviour
-            log-probs are those recorded when it was sampled); only used to report its correction separately.
-        loss_mask: length T, True for the tokens the loss covers; False for tokens the action grammar forced
-            (`learner.forced_tokens`). None = every token. A sample with no True token adds nothing to the loss.
-    """
-
-    prompt_ids: TokenArray
-    images: list[bytes]
-    output_ids: TokenArray
-    behaviour_logprobs: LogprobArray
-    advantage: float
-    replayed: bool = False
-    loss_mask: list[bool] | None = None
-
-    def __post_init__(self) -> None:  # the step's arrays as they are; lists (tests, tools) become arrays
-        self.prompt_ids = int_array(self.prompt_ids)
-        self.output_ids = int_array(self.output_ids)
-        self.behaviour_logprobs = float_array(self.behaviour_logprobs)
-
-    def __getstate__(self) -> dict:
-        """Pickled state (torch.distributed sends samples to the other ranks as objects): the images as bytes,
-        since a received screenshot is a memoryview of its ZeroMQ frame, which does not pickle."""
-        return {**self.__dict__, "images": [bytes(image) for image in self.images]}
-
-    @property
-    def loss_tokens(self) -> int:
-        """Tokens the loss covers (T, or the True entries of ``loss_mask``)."""
-        return len(self.output_ids) if self.loss_mask is None else sum(map(bool, self.loss_mask))
 
 
 def resolve_device(name: str) -> torch.device:
@@ -109,28 +68,6 @@ def resolve_device(name: str) -> torch.device:
         raise TrainerConfigError("learner.device = \"cuda\" but torch sees no CUDA device on this machine "
                                  f"(torch {torch.__version__}); use \"cpu\" or \"auto\"")
     return torch.device(name)
-
-
-def sample_problem(sample: TrainSample, proximal: Sequence[float] | None = None) -> str | None:
-    """Why ``sample`` cannot be trained on (empty, mismatched lengths, non-finite numbers), or None."""
-    n = len(sample.output_ids)
-    if n == 0:
-        return "no output tokens"
-    if not len(sample.prompt_ids):
-        return "no prompt tokens"
-    if len(sample.behaviour_logprobs) != n:
-        return f"{n} output tokens but {len(sample.behaviour_logprobs)} behaviour log-probs"
-    if sample.loss_mask is not None and len(sample.loss_mask) != n:
-        return f"{n} output tokens but a loss mask of {len(sample.loss_mask)}"
-    if proximal is not None and len(proximal) != n:
-        return f"{n} output tokens but {len(proximal)} proximal log-probs"
-    if not math.isfinite(sample.advantage):
-        return f"advantage {sample.advantage!r} is not finite"
-    if not np.isfinite(sample.behaviour_logprobs).all():
-        return "behaviour log-probs must be finite"
-    if proximal is not None and not all(math.isfinite(x) for x in proximal):
-        return "proximal log-probs must be finite"
-    return None
 
 
 def _check_samples(samples: Sequence[TrainSample], proximal: Sequence[Sequence[float]] | None) -> None:

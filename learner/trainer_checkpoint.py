@@ -25,29 +25,47 @@ import uuid
 import warnings
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
+from arpo_async.config import LearnerConfig
+from learner.distributed import RankGroup
 from learner.trainer_errors import TrainerError
-
-if TYPE_CHECKING:
-    from learner.trainer import Trainer
 
 __all__ = ["checkpoint_name", "load_checkpoint", "load_state_dict", "read_model_weights", "save_checkpoint",
            "state_dict"]
 
+
+class CheckpointedTrainer(Protocol):
+    """What a trainer checkpoint reads and restores of a trainer; learner.trainer.Trainer is one. Typed here rather
+    than imported so that the Trainer's forwarding methods (learner.trainer) can call this module without an import
+    circle."""
+
+    model: torch.nn.Module
+    """The Hugging Face policy, saved and restored with ``state_dict`` on one rank."""
+    module: torch.nn.Module
+    """The root that FSDP2 shards (learner.policy_forward.CompletionLogprobs around ``model``)."""
+    optimizer: torch.optim.Optimizer
+    """The AdamW optimizer whose state is saved."""
+    group: RankGroup
+    """This process's rank (learner.distributed); sharded: a DCP folder."""
+    config: LearnerConfig
+    """The learner section, saved with the checkpoint for reference."""
+    steps: int
+    """Optimizer steps taken; restored on load."""
+
 _SCHEMA = 1
 
 
-def checkpoint_name(trainer: Trainer) -> str:
+def checkpoint_name(trainer: CheckpointedTrainer) -> str:
     """The name of this trainer's part of a checkpoint folder: ``trainer.pt`` (one rank, one file) or
     ``trainer.dcp`` (several ranks: a torch.distributed.checkpoint folder of shards)."""
     return "trainer.dcp" if trainer.group.sharded else "trainer.pt"
 
 
-def state_dict(trainer: Trainer) -> dict[str, Any]:
+def state_dict(trainer: CheckpointedTrainer) -> dict[str, Any]:
     """Model and optimizer state plus the step count and config (tensors and plain python values only).
     One rank only (a sharded trainer saves with :func:`save_checkpoint`)."""
     return {
@@ -59,7 +77,7 @@ def state_dict(trainer: Trainer) -> dict[str, Any]:
     }
 
 
-def load_state_dict(trainer: Trainer, state: dict[str, Any]) -> None:
+def load_state_dict(trainer: CheckpointedTrainer, state: dict[str, Any]) -> None:
     """Restore model, optimizer and step count from :func:`state_dict`'s output.
 
     The optimizer's hyper-parameters come from the checkpoint (as torch restores them); this trainer's
@@ -78,7 +96,7 @@ def load_state_dict(trainer: Trainer, state: dict[str, Any]) -> None:
         raise TrainerError(f"checkpoint does not fit this model: {type(error).__name__}: {error}") from error
 
 
-def save_checkpoint(trainer: Trainer, path: Path) -> Path:
+def save_checkpoint(trainer: CheckpointedTrainer, path: Path) -> Path:
     """``torch.save`` :func:`state_dict` to ``path`` (written to a temporary file, then renamed).
 
     With several ranks (every rank calls it with the same ``path``, a folder on storage they share): each
@@ -99,7 +117,7 @@ def save_checkpoint(trainer: Trainer, path: Path) -> Path:
     return path
 
 
-def load_checkpoint(trainer: Trainer, path: Path) -> None:
+def load_checkpoint(trainer: CheckpointedTrainer, path: Path) -> None:
     """Load a checkpoint written by :func:`save_checkpoint` (``torch.load`` with ``weights_only=True``).
 
     Raises:
@@ -117,14 +135,14 @@ def load_checkpoint(trainer: Trainer, path: Path) -> None:
     load_state_dict(trainer, state)
 
 
-def _sharded_state(trainer: Trainer) -> dict[str, Any]:
+def _sharded_state(trainer: CheckpointedTrainer) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     return {"model": get_model_state_dict(trainer.module),
             "optimizer": get_optimizer_state_dict(trainer.module, trainer.optimizer)}
 
 
-def _save_sharded(trainer: Trainer, path: Path) -> Path:
+def _save_sharded(trainer: CheckpointedTrainer, path: Path) -> Path:
     import torch.distributed.checkpoint as dcp
 
     dcp.save(_sharded_state(trainer), checkpoint_id=str(path))
@@ -136,7 +154,7 @@ def _save_sharded(trainer: Trainer, path: Path) -> Path:
     return path
 
 
-def _load_sharded(trainer: Trainer, path: Path) -> None:
+def _load_sharded(trainer: CheckpointedTrainer, path: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 

@@ -21,17 +21,31 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from arpo_async.model.checkpoint_names import to_checkpoint_names
+from learner.distributed import RankGroup
 from learner.trainer_errors import TrainerError
 
-if TYPE_CHECKING:
-    from learner.trainer import Trainer
+__all__ = ["ExportSource", "checkpoint_state_dict", "full_state_dict", "save_weights", "write_folder"]
 
-__all__ = ["checkpoint_state_dict", "full_state_dict", "save_weights", "write_folder"]
+
+class ExportSource(Protocol):
+    """What the export reads of a trainer; learner.trainer.Trainer is one. Typed here rather than imported so that
+    the Trainer's forwarding methods (learner.trainer) can call this module without an import circle."""
+
+    model: torch.nn.Module
+    """The Hugging Face policy (``state_dict``, ``save_pretrained``)."""
+    module: torch.nn.Module
+    """The root that FSDP2 shards (learner.policy_forward.CompletionLogprobs around ``model``)."""
+    group: RankGroup
+    """This process's rank (learner.distributed)."""
+    tied: set[str]
+    """Names of weights tied to another one, left out of every export."""
+    model_dir: Path
+    """The source model folder, whose processor files are copied."""
 
 # Files besides the weights that make a checkpoint folder loadable by transformers, arpo-serve and SGLang:
 # tokenizer, chat template and image/video processor configs. Copied from the source model folder when present.
@@ -51,7 +65,7 @@ _PROCESSOR_FILES: tuple[str, ...] = (
 )
 
 
-def save_weights(trainer: Trainer, out_dir: Path, *, overwrite: bool = False) -> Path:
+def save_weights(trainer: ExportSource, out_dir: Path, *, overwrite: bool = False) -> Path:
     """Write the current weights as a complete Hugging Face checkpoint folder, atomically.
 
     The folder holds ``config.json``, ``generation_config.json``, ``model.safetensors`` (``save_pretrained``,
@@ -122,7 +136,7 @@ def write_folder(model: torch.nn.Module, out_dir: Path, source_dir: Path, *,
     return out_dir
 
 
-def full_state_dict(trainer: Trainer) -> dict[str, torch.Tensor]:
+def full_state_dict(trainer: ExportSource) -> dict[str, torch.Tensor]:
     """The policy's whole weights on the CPU, keyed as transformers names them (``model.language_model...``).
 
     With several ranks this is a collective (every rank must call it): rank 0 receives the full tensors,
@@ -138,7 +152,7 @@ def full_state_dict(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {k: v for k, v in named.items() if k not in trainer.tied}
 
 
-def checkpoint_state_dict(trainer: Trainer) -> dict[str, torch.Tensor]:
+def checkpoint_state_dict(trainer: ExportSource) -> dict[str, torch.Tensor]:
     """:func:`full_state_dict` under checkpoint names (``model.layers...``, ``visual...``: what save_pretrained
     writes and SGLang's ``load_weights`` matches; arpo_async.model.checkpoint_names). A collective like
     :func:`full_state_dict`; ranks other than 0 get an empty dict."""
