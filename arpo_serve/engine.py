@@ -8,19 +8,9 @@ all or nothing. Both are blocking and must be called from one worker thread, nev
 scheduler guarantees that), so a request never sees its weights change: every token of a result carries the
 same ``weight_version``.
 
-Log-probs (``logprob_mode="model"``, the default): the log-prob of each sampled token under the unmasked model
-distribution at temperature 1, log_softmax(logits)[token], before grammar mask, temperature, top-k/top-p. This
-is what the trainer computes (learner.policy_forward). SGLang instead reports log_softmax(masked logits / temperature)
-(before top-k/top-p; with SGLANG_RETURN_ORIGINAL_LOGPROB=1 before temperature but still after the grammar mask);
-``logprob_mode="sglang"`` reproduces that. Both agree at temperature 1 without a grammar.
-
-Jump-forward (``jump_forward=True``, the default): where a request's grammar forces the next text
-(`GrammarBackend.forced_prefix_ids`), the engine emits that text's canonical token ids one per decode step instead
-of sampling, and where the grammar allows only stop tokens it emits the first of the model's end tokens. The
-tokens are reported in ``output_ids`` and ``output_token_logprobs`` like sampled ones (as SGLang reports every
-token); the learner finds them again from the grammar (``GrammarBackend.forced_token_mask``) and leaves them out
-of the loss. Without it, forced text is sampled token by token under the mask, so the same fixed text comes out
-as many different token sequences (issue 12: 25.2 sampled tokens per reply against 16.9 canonical ones).
+Not here: the decode loop, its log-prob modes and jump-forward (arpo_serve.decode), and sampling parameters and
+the one-token sampler (arpo_serve.sampling). The request and result types are re-exported here, where the server's
+modules import them from.
 """
 
 from __future__ import annotations
@@ -28,25 +18,21 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
 
 import torch
 
 from arpo_async.model.checkpoint_names import checkpoint_name_map
-from arpo_async.model.inputs import (
-    ModelInputError,
-    PromptEncoder,
-    forward_kwargs,
-    image_size,
-    load_policy,
-    pixel_inputs,
-)
-from arpo_async.grammar import GrammarBackend, GrammarSpec
+from arpo_async.model.inputs import ModelInputError, PromptEncoder, image_size, load_policy, pixel_inputs
+from arpo_async.grammar import GrammarBackend
 from arpo_async.weight_sync import tensor_checksum
+from arpo_serve.decode import BatchRun, GenerationResult, PreparedRequest
+from arpo_serve.sampling import RequestError, SamplingParams
+
+__all__ = ["LOGPROB_MODES", "Engine", "GenerationResult", "PreparedRequest", "RequestError", "SamplingParams"]
 
 log = logging.getLogger(__name__)
 
@@ -62,135 +48,6 @@ MAX_REQUEST_PIXELS = 4 * MAX_IMAGE_PIXELS
 """Most pixels over all images of one request (15 history screenshots of 1920x1080 are 31 M)."""
 MAX_IMAGES_PER_REQUEST = 64
 """Most images in one request (SGLang's ``limit_mm_data_per_request``, which it leaves unset)."""
-
-
-class RequestError(ValueError):
-    """A generate request that is malformed or inconsistent (HTTP 400)."""
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """SGLang's ``sampling_params`` (python/sglang/srt/sampling/sampling_params.py), the part we honour."""
-
-    max_new_tokens: int | None = None
-    """Most tokens to generate; None (not sent) = SGLang's default 128. `Engine.prepare` caps it to what fits in
-    the context and refuses a sent value that does not fit, as SGLang does."""
-    temperature: float = 1.0
-    """Softmax temperature; < 1e-6 means greedy."""
-    top_p: float = 1.0
-    """Nucleus sampling mass in (0, 1]."""
-    top_k: int = -1
-    """Keep the k most likely tokens; -1 = all."""
-    min_p: float = 0.0
-    """Drop tokens whose probability is below min_p x the top probability."""
-    stop: tuple[str, ...] = ()
-    """Stop strings; the text is cut before the match (output_ids keep every sampled token)."""
-    stop_token_ids: tuple[int, ...] = ()
-    """Extra stop tokens besides the model's end tokens."""
-    ignore_eos: bool = False
-    """Do not stop on the model's end tokens."""
-    skip_special_tokens: bool = True
-    """Drop special tokens from the returned text."""
-    no_stop_trim: bool = False
-    """Keep a matched stop string in the text."""
-    regex: str | None = None
-    ebnf: str | None = None
-    json_schema: str | None = None
-    sampling_seed: int | None = None
-    """Seeds this request's sampler; None = the server's generator."""
-
-    @classmethod
-    def from_json(cls, obj: Any) -> "SamplingParams":
-        """Validate a JSON ``sampling_params`` map. Raises RequestError with the offending field."""
-        if obj is None:
-            return cls()
-        if not isinstance(obj, dict):
-            raise RequestError("sampling_params must be an object")
-        known = {f for f in cls.__dataclass_fields__}
-        kw: dict[str, Any] = {}
-        for key, value in obj.items():
-            if key not in known or value is None:
-                continue  # SGLang has many more knobs (n, penalties, ...); unknown ones are ignored
-            kw[key] = value
-        try:
-            if "stop" in kw:
-                kw["stop"] = (kw["stop"],) if isinstance(kw["stop"], str) else tuple(str(s) for s in kw["stop"])
-            if "stop_token_ids" in kw:
-                kw["stop_token_ids"] = tuple(int(t) for t in kw["stop_token_ids"])
-            for k in ("max_new_tokens", "top_k"):
-                if k in kw:
-                    kw[k] = _as_int(kw[k], k)
-            for k in ("temperature", "top_p", "min_p"):
-                if k in kw:
-                    kw[k] = float(kw[k])
-            if "sampling_seed" in kw:
-                kw["sampling_seed"] = _as_int(kw["sampling_seed"], "sampling_seed")
-            if "json_schema" in kw and not isinstance(kw["json_schema"], str):
-                import json
-
-                kw["json_schema"] = json.dumps(kw["json_schema"])
-        except (TypeError, ValueError) as e:
-            raise RequestError(f"invalid sampling_params: {e}") from e
-        params = cls(**kw)
-        params.validate()
-        return params
-
-    def validate(self) -> None:
-        """Raises RequestError on out-of-range values."""
-        if self.max_new_tokens is not None and self.max_new_tokens < 0:
-            raise RequestError("max_new_tokens must be >= 0")
-        if self.temperature < 0:
-            raise RequestError("temperature must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise RequestError("top_p must be in (0, 1]")
-        if self.top_k == 0 or self.top_k < -1:
-            raise RequestError("top_k must be -1 or >= 1")
-        if not 0 <= self.min_p <= 1:
-            raise RequestError("min_p must be in [0, 1]")
-        if sum(x is not None for x in (self.regex, self.ebnf, self.json_schema)) > 1:
-            raise RequestError("only one of regex, ebnf, json_schema may be set")
-
-    @property
-    def grammar(self) -> GrammarSpec | None:
-        """The grammar constraint, if any."""
-        if self.regex is None and self.ebnf is None and self.json_schema is None:
-            return None
-        return GrammarSpec(regex=self.regex, ebnf=self.ebnf, json_schema=self.json_schema)
-
-
-def _as_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-        raise RequestError(f"{name} must be an integer, got {value!r}")
-    return int(value)
-
-
-@dataclass
-class PreparedRequest:
-    """A validated request, ready to batch: token ids with pads expanded, pixel tensors, a grammar matcher."""
-
-    rid: str
-    input_ids: list[int]
-    pixels: dict
-    params: SamplingParams
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    return_text_in_logprobs: bool = False
-    matcher: Any = None
-    created: float = field(default_factory=time.monotonic)
-
-
-@dataclass
-class GenerationResult:
-    """One finished request. logprobs[i] is the log-prob of output_ids[i] (see module docstring)."""
-
-    rid: str
-    output_ids: list[int]
-    output_logprobs: list[float]
-    input_logprobs: list[float | None]
-    finish_reason: dict
-    prompt_tokens: int
-    weight_version: str
-    text: str = ""
 
 
 class Engine:
@@ -372,7 +229,7 @@ class Engine:
         keeps the tokens generated so far.
         """
         with self._thread_guard:
-            return _BatchRun(self, list(requests), is_aborted).run()
+            return BatchRun(self, list(requests), is_aborted, self._generator).run()
 
     def load_weights(self, model_path: str | Path, load_format: str | None = None) -> tuple[bool, str]:
         """Load every ``*.safetensors`` file of ``model_path`` into the live model (same architecture).
@@ -449,176 +306,3 @@ def _expanded_length(input_ids: list[int], pad: int, counts: list[int]) -> int:
         f"prompt has {n_pads} <|image_pad|> tokens but {len(counts)} images were sent: expected "
         f"{len(counts)} (one per image) or {sum(counts)} (already expanded)"
     )
-
-
-class _BatchRun:
-    """State of one batch: left-padded prefill, then a decode loop with per-row sampling and stopping."""
-
-    def __init__(self, engine: Engine, requests: list[PreparedRequest], is_aborted: Callable[[str], bool]):
-        self.e = engine
-        self.reqs = requests
-        self.is_aborted = is_aborted
-        n = len(requests)
-        self.out_ids: list[list[int]] = [[] for _ in range(n)]
-        self.out_lp: list[list[float]] = [[] for _ in range(n)]
-        self.in_lp: list[list[float | None]] = [[] for _ in range(n)]
-        self.finish: list[dict | None] = [None] * n
-        self.texts: list[str] = [""] * n
-        self.generators = [
-            torch.Generator().manual_seed(r.params.sampling_seed) if r.params.sampling_seed is not None
-            else engine._generator for r in requests
-        ]
-        self.stop_ids = [
-            set(r.params.stop_token_ids) | (set() if r.params.ignore_eos else set(engine.end_token_ids))
-            for r in requests
-        ]
-        self.forced_queue: list[list[int]] = [[] for _ in range(n)]
-        """Per row: canonical ids of forced text still to emit (jump-forward)."""
-
-    def run(self) -> list[GenerationResult]:
-        version = self.e.weight_version
-        for i, r in enumerate(self.reqs):
-            if r.params.max_new_tokens == 0:
-                self.finish[i] = {"type": "length", "length": 0}
-        logits, attention_mask, next_pos, cache = self._prefill()
-        step_ids = torch.full((len(self.reqs),), self.e.pad_id, dtype=torch.long)
-        while True:
-            for i, r in enumerate(self.reqs):
-                if self.finish[i] is None and self.is_aborted(r.rid):
-                    self.finish[i] = {"type": "abort", "message": "Abort request."}
-            active = [i for i in range(len(self.reqs)) if self.finish[i] is None]
-            if not active:
-                break
-            self._sample_step(logits, active, step_ids)
-            if all(self.finish[i] is not None for i in range(len(self.reqs))):
-                break
-            attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
-            positions = next_pos.view(1, -1, 1).expand(3, -1, 1)
-            out = self.e.model(input_ids=step_ids.view(-1, 1), attention_mask=attention_mask,
-                               position_ids=positions, past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
-            logits = out.logits[:, -1].float()
-            next_pos = next_pos + 1
-        return [self._result(i, version) for i in range(len(self.reqs))]
-
-    def _prefill(self):
-        lengths = [len(r.input_ids) for r in self.reqs]
-        width = max(lengths)
-        ids = torch.full((len(self.reqs), width), self.e.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(self.reqs), width), dtype=torch.long)
-        for i, r in enumerate(self.reqs):
-            ids[i, width - lengths[i]:] = torch.tensor(r.input_ids)
-            mask[i, width - lengths[i]:] = 1
-        pixels: dict = {}
-        with_images = [r.pixels for r in self.reqs if r.pixels]
-        if with_images:
-            pixels = {
-                "pixel_values": torch.cat([p["pixel_values"] for p in with_images]),
-                "image_grid_thw": torch.cat([p["image_grid_thw"] for p in with_images]),
-            }
-        kw = forward_kwargs(self.e.model, ids, mask, pixels)
-        next_pos = kw.pop("_next_position")
-        out = self.e.model(**kw, use_cache=True)
-        all_logits = out.logits.float()
-        for i, r in enumerate(self.reqs):
-            if r.return_logprob and r.logprob_start_len >= 0:
-                self.in_lp[i] = self._input_logprobs(all_logits[i, width - lengths[i]:], r)
-        return all_logits[:, -1], mask, next_pos, out.past_key_values
-
-    @staticmethod
-    def _input_logprobs(logits: torch.Tensor, r: PreparedRequest) -> list[float | None]:
-        logp = torch.log_softmax(logits[:-1], dim=-1)
-        ids = torch.tensor(r.input_ids[1:]).unsqueeze(-1)
-        values = [None] + logp.gather(-1, ids).squeeze(-1).tolist()
-        return values[r.logprob_start_len:]
-
-    def _sample_step(self, logits: torch.Tensor, active: list[int], step_ids: torch.Tensor) -> None:
-        raw_logp = torch.log_softmax(logits, dim=-1)
-        masked = logits.clone()
-        self.e.grammars.mask_logits(masked, [self.reqs[i].matcher if i in active else None
-                                             for i in range(len(self.reqs))])
-        for i in active:
-            r = self.reqs[i]
-            token = self._forced_token(i, masked[i]) if self.e.jump_forward else None
-            if token is None:
-                token, tempered_logp = _sample(masked[i], r.params, self.generators[i])
-            else:
-                tempered_logp = float(torch.log_softmax(masked[i] / max(r.params.temperature, 1e-6), dim=-1)[token])
-            lp = raw_logp[i, token].item() if self.e.logprob_mode == "model" else tempered_logp
-            self.out_ids[i].append(token)
-            self.out_lp[i].append(lp)
-            step_ids[i] = token
-            if r.matcher is not None and not r.matcher.is_terminated():
-                if not r.matcher.accept_token(token):  # cannot happen after masking; guards a backend bug
-                    self.finish[i] = {"type": "abort", "message": f"grammar rejected token {token}"}
-                    continue
-            self._check_stop(i)
-
-    def _forced_token(self, i: int, masked_row: torch.Tensor) -> int | None:
-        """The token jump-forward emits for row ``i`` now, or None when the policy must choose (sample)."""
-        r, queue = self.reqs[i], self.forced_queue[i]
-        if r.matcher is None or r.matcher.is_terminated():
-            return None
-        if not queue:
-            queue.extend(self.e.grammars.forced_prefix_ids(r.matcher, self.e.encoder.tokenize))
-        if queue:
-            token = queue.pop(0)
-            if torch.isfinite(masked_row[token]):
-                return token
-            queue.clear()  # cannot happen for the grammar's own text; sample rather than emit a forbidden token
-            return None
-        allowed = torch.isfinite(masked_row).nonzero().flatten().tolist()
-        ends = [t for t in self.e.end_token_ids if t in self.stop_ids[i]]
-        if ends and allowed and set(allowed) <= set(ends):
-            return ends[0]
-        return None
-
-    def _check_stop(self, i: int) -> None:
-        r, token = self.reqs[i], self.out_ids[i][-1]
-        if token in self.stop_ids[i]:
-            self.finish[i] = {"type": "stop", "matched": token}
-            return
-        if r.params.stop:
-            text = self.e.encoder.decode(self.out_ids[i], skip_special_tokens=r.params.skip_special_tokens)
-            for s in r.params.stop:
-                at = text.find(s)
-                if at >= 0:
-                    self.finish[i] = {"type": "stop", "matched": s}
-                    self.texts[i] = text if r.params.no_stop_trim else text[:at]
-                    return
-        if len(self.out_ids[i]) >= r.params.max_new_tokens:
-            self.finish[i] = {"type": "length", "length": r.params.max_new_tokens}
-
-    def _result(self, i: int, version: str) -> GenerationResult:
-        r, finish = self.reqs[i], self.finish[i]
-        text = self.texts[i]
-        if not (finish and finish["type"] == "stop" and isinstance(finish.get("matched"), str)):
-            text = self.e.encoder.decode(self.out_ids[i], skip_special_tokens=r.params.skip_special_tokens)
-        return GenerationResult(r.rid, self.out_ids[i], self.out_lp[i], self.in_lp[i], finish or {},
-                                len(r.input_ids), version, text)
-
-
-def _sample(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> tuple[int, float]:
-    """Sample one token from a (grammar-masked) logits row [V]. Returns (token, log_softmax(logits/T)[token]).
-
-    Order as in SGLang's sampler: temperature, then top-k, top-p, min-p renormalisation; temperature < 1e-6 is
-    greedy (SGLang's threshold)."""
-    if p.temperature < 1e-6:
-        token = int(torch.argmax(logits))
-        return token, float(torch.log_softmax(logits, dim=-1)[token])
-    scaled = logits / p.temperature
-    tempered_logp = torch.log_softmax(scaled, dim=-1)
-    probs = tempered_logp.exp()
-    if p.top_k > 0 and p.top_k < probs.numel():
-        kth = torch.topk(probs, p.top_k).values[-1]
-        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
-    if p.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        cum = torch.cumsum(sorted_probs, dim=0)
-        drop = (cum - sorted_probs) > p.top_p * cum[-1]
-        sorted_probs[drop] = 0.0
-        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
-    if p.min_p > 0:
-        probs = torch.where(probs >= p.min_p * probs.max(), probs, torch.zeros_like(probs))
-    token = int(torch.multinomial(probs, 1, generator=generator))
-    return token, float(tempered_logp[token])

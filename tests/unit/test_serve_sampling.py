@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arpo_serve.engine import RequestError, SamplingParams, _sample
+from arpo_serve.sampling import RequestError, SamplingParams, sample_token
 
 
 def test_sampling_params_from_sglang_json():
@@ -28,7 +28,7 @@ def test_greedy_top_k_1_and_tiny_top_p_pick_the_argmax():
     g = torch.Generator().manual_seed(0)
     for params in (SamplingParams(temperature=0.0), SamplingParams(top_k=1), SamplingParams(top_p=1e-6)):
         for _ in range(20):
-            assert _sample(logits, params, g)[0] == 1
+            assert sample_token(logits, params, g)[0] == 1
 
 
 def test_reported_tempered_logprob_and_empirical_frequencies():
@@ -37,7 +37,7 @@ def test_reported_tempered_logprob_and_empirical_frequencies():
     g = torch.Generator().manual_seed(1)
     counts = torch.zeros(3)
     for _ in range(4000):
-        token, lp = _sample(logits, params, g)
+        token, lp = sample_token(logits, params, g)
         counts[token] += 1
         assert lp == pytest.approx(float(torch.log_softmax(logits / 2.0, -1)[token]), abs=1e-6)
     expected = torch.softmax(logits / 2.0, -1)
@@ -48,11 +48,11 @@ def test_top_p_keeps_the_smallest_prefix_reaching_the_mass():
     # probabilities 0.5, 0.3, 0.2: top_p 0.7 keeps {0, 1}; token 2 must never appear.
     logits = torch.log(torch.tensor([0.5, 0.3, 0.2]))
     g = torch.Generator().manual_seed(2)
-    seen = {_sample(logits, SamplingParams(top_p=0.7), g)[0] for _ in range(500)}
+    seen = {sample_token(logits, SamplingParams(top_p=0.7), g)[0] for _ in range(500)}
     assert seen == {0, 1}
 
 
 def test_masked_tokens_are_never_sampled():
     logits = torch.tensor([5.0, float("-inf"), 0.0, float("-inf")])
     g = torch.Generator().manual_seed(3)
-    assert {_sample(logits, SamplingParams(), g)[0] for _ in range(300)} <= {0, 2}
+    assert {sample_token(logits, SamplingParams(), g)[0] for _ in range(300)} <= {0, 2}
