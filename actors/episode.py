@@ -4,17 +4,18 @@ Owns: the mapping from what happens in an episode to a Trajectory and its Outcom
 
 | what happened                                   | outcome       | trained on |
 |-------------------------------------------------|---------------|------------|
-| evaluator score >= 0.5 (whatever ended the loop)| SUCCESS       | yes        |
-| agent said finished / FAIL, score < 0.5         | FAILURE       | yes        |
-| step budget ran out, score < 0.5                | TRUNCATED     | yes        |
+| score > threshold (whatever ended the loop)     | SUCCESS       | yes        |
+| agent said finished / FAIL, score <= threshold  | FAILURE       | yes        |
+| step budget ran out, score <= threshold         | TRUNCATED     | yes        |
 | a reply did not parse (episode ends there)      | POLICY_ERROR  | yes, with ARPO's format penalty |
 | desktop died, controller timed out, setup or evaluator failed | ENV_ERROR | no |
 | inference server unreachable after all retries  | ABORTED       | no         |
 | the server aborted a generation (finish_reason abort) | ABORTED | no         |
 
-The reward always comes from the evaluator reading the desktop's real state after the episode, never from
-the actor's own bookkeeping. Sampled token ids, their behaviour log-probs and weight versions are recorded
-exactly as the server returned them (tokens in, tokens out).
+The threshold is ``learner.success_threshold`` (ARPO's 0.1), applied by :func:`arpo_async.success.is_success`,
+the run's one definition of success. The reward always comes from the evaluator reading the desktop's real state
+after the episode, never from the actor's own bookkeeping. Sampled token ids, their behaviour log-probs and weight
+versions are recorded exactly as the server returned them (tokens in, tokens out).
 
 Without a learner: :meth:`EpisodeRunner.run_task` runs one episode of a task (a Task, a task dict or a
 built-in task id, :func:`load_task`) and hands the trajectory to a sink (actors.sinks); the policy may be any
@@ -45,13 +46,12 @@ from actors.uitars import pyautogui, xdotool
 from arpo_async.config import ActorConfig
 from arpo_async.inference_client import GenerationAborted, PolicyRequestError, PolicyUnavailable
 from arpo_async.messages import Assignment, Outcome, Step, Trajectory
+from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
 from arpo_async.model.inputs import PromptEncoder
 from arpo_async.tasks import BUILTIN_DIR, Task, TaskFormatError, load_task_file, load_tasks
 
 log = logging.getLogger(__name__)
 
-SUCCESS_SCORE = 0.5
-"""An episode whose evaluator score reaches this is a SUCCESS."""
 RELATIVE_MAX = 999
 """Largest coordinate of ``coordinate_mode = "relative1000"`` (x / 1000 of the screen width; 3 digits)."""
 CURRENT_CONTROLLER: contextvars.ContextVar[ControllerClient] = contextvars.ContextVar("arpo_current_controller")
@@ -75,12 +75,14 @@ class EpisodeRunner:
         config: actor settings (step budget, sampling, screen size, history length).
         downloads: where tasks' ``download`` setup steps and ``cloud_file`` getters fetch files from (default
             ``DownloadCache()``; a run uses ``actors.osworld.downloads.run_download_cache``).
+        success_threshold: an episode scored above this is a SUCCESS (``learner.success_threshold``).
     """
 
     encoder: PromptEncoder
     policy: Policy | GenerateFn
     config: ActorConfig
     downloads: DownloadCache = field(default_factory=DownloadCache)
+    success_threshold: float = DEFAULT_SUCCESS_THRESHOLD
     resized_size: tuple[int, int] = field(init=False)
     """(w, h) of a screenshot as the model sees it (Qwen2.5-VL smart_resize of the screen size)."""
     sampling_params: dict = field(init=False)
@@ -143,7 +145,7 @@ class EpisodeRunner:
             async with asyncio.timeout(self.config.setup_timeout_s):
                 traj.score = float(await evaluate(controller, task, last_action, self.downloads))
             traj.timings["evaluate_s"] = time.perf_counter() - t0
-            traj.outcome = episode_outcome(traj.score, traj.format_ok, last_action)
+            traj.outcome = episode_outcome(traj.score, traj.format_ok, last_action, self.success_threshold)
         except (DesktopError, TaskSetupError, EvaluationError, TimeoutError) as e:
             traj.outcome, traj.error = Outcome.ENV_ERROR, f"{type(e).__name__}: {e or 'deadline passed'}"
         except (PolicyUnavailable, PolicyRequestError, GenerationAborted) as e:
@@ -243,10 +245,12 @@ class EpisodeRunner:
         return None
 
 
-def episode_outcome(score: float, format_ok: bool, last_action: str | None) -> Outcome:
+def episode_outcome(score: float, format_ok: bool, last_action: str | None,
+                    success_threshold: float = DEFAULT_SUCCESS_THRESHOLD) -> Outcome:
     """The outcome of an evaluated episode (the module docstring's table): its evaluator ``score``, whether every
-    reply parsed, and how the step loop ended ("DONE", "FAIL", or None when the step budget ran out)."""
-    if score >= SUCCESS_SCORE:
+    reply parsed, how the step loop ended ("DONE", "FAIL", or None when the step budget ran out), and the score
+    above which it is a SUCCESS (:func:`arpo_async.success.is_success`)."""
+    if is_success(score, success_threshold):
         return Outcome.SUCCESS
     if not format_ok:
         return Outcome.POLICY_ERROR

@@ -74,7 +74,7 @@ async def run_actors(config: RunConfig, actor_id: str) -> None:
                                        ac.download_timeout_s)
     except ValueError as exc:  # learner.osworld_files is not a folder
         raise ConfigError(str(exc)) from exc
-    runner = EpisodeRunner(encoder, policy, ac, downloads)
+    runner = EpisodeRunner(encoder, policy, ac, downloads, config.learner.success_threshold)
     log.info("%s: %d actors -> learner %s, inference %s", actor_id, ac.actors, config.transport.endpoint,
              ", ".join(ac.inference_urls))
     try:

@@ -43,6 +43,8 @@ from pydantic_core import ErrorDetails
 from pydantic import (AfterValidator, BeforeValidator, ConfigDict, Field, NonNegativeFloat, NonNegativeInt,
                       PositiveFloat, PositiveInt, ValidationError, model_validator)
 
+from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD
+
 
 class ConfigError(ValueError):
     """A config file or override that cannot be used; the message names the key and the reason."""
@@ -213,6 +215,10 @@ class LearnerConfig:
     set aside for the rest of the run and named in metrics and on the progress line (0 = never)."""
     format_reward_weight: float = 0.5
     """reward = score + weight x format reward (format reward -1 when a reply does not parse; ARPO: 0.5)."""
+    success_threshold: Annotated[float, Field(ge=0, lt=1)] = DEFAULT_SUCCESS_THRESHOLD
+    """An episode is a success when its evaluator score is strictly above this (arpo_async.success.is_success), for
+    every count: the actors' Outcome.SUCCESS, success rates, replay, task selection and the baseline pass. Default
+    ARPO's replay rule, score > 0.1 (github.com/dvlab-research/ARPO); actors read it too, so give them the same file."""
     rollout_retries: int = 2
     """A rollout that ends in ENV_ERROR or ABORTED is handed out again this many times before its group goes on without it."""
     torch_threads: PositiveInt = 1

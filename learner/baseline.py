@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
 from arpo_async.config import LearnerConfig
+from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
 from arpo_async.tasks import Task
 from learner.task_selection import TaskSelectionError, TaskSelector, check_pool, task_id_of
 
@@ -61,19 +62,19 @@ def valuable_tasks(
     min_success: int = 1,
     *,
     drop_solved: bool = False,
-    success_threshold: float = 0.5,
+    success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
 ) -> list[str]:
     """ARPO's valuable tasks: the ids whose baseline results hold at least ``min_success`` successes.
 
-    A result is a success when its evaluator score is ``>= success_threshold`` (OSWorld scores are 0 or 1 for
-    almost every task; 0.5 is the learner's success threshold for metrics). A task with no result (every
-    rollout of it failed to run) is dropped: nothing shows it can be solved.
+    A result is a success when its evaluator score is above ``success_threshold``
+    (:func:`arpo_async.success.is_success`). A task with no result (every rollout of it failed to run) is
+    dropped: nothing shows it can be solved.
 
     Args:
         results: task id -> evaluator scores of its baseline rollouts (trainable outcomes only).
         min_success: successes needed to keep a task (>= 1; ARPO: 1).
         drop_solved: also drop tasks solved in every one of their rollouts (k out of k).
-        success_threshold: the score from which a rollout counts as a success.
+        success_threshold: a rollout scored above this is a success (``learner.success_threshold``).
 
     Returns:
         The kept ids, in the order of ``results``.
@@ -87,7 +88,7 @@ def valuable_tasks(
     for task_id, scores in results.items():
         if not all(math.isfinite(float(s)) for s in scores):
             raise TaskSelectionError(f"task {task_id!r}: non-finite score in {list(scores)}")
-        successes = sum(float(s) >= success_threshold for s in scores)
+        successes = sum(is_success(s, success_threshold) for s in scores)
         if successes < min_success:
             continue
         if drop_solved and successes == len(scores):
@@ -165,7 +166,7 @@ class BaselinePass(Generic[T]):
         return True
 
     def valuable(self, min_success: int = 1, *, drop_solved: bool = False,
-                 success_threshold: float = 0.5) -> list[str]:
+                 success_threshold: float = DEFAULT_SUCCESS_THRESHOLD) -> list[str]:
         """:func:`valuable_tasks` of the results so far."""
         return valuable_tasks(self.results, min_success, drop_solved=drop_solved,
                               success_threshold=success_threshold)
@@ -194,8 +195,10 @@ def save_baseline(path: Path, baseline: BaselinePass, lc: LearnerConfig) -> list
         ValueError: no task met ``baseline_min_success`` (nothing to train on; the message lists the results).
     """
     results = baseline.results
-    kept = baseline.valuable(lc.baseline_min_success, drop_solved=lc.baseline_drop_solved)
-    summary = {task_id: f"{sum(s >= 0.5 for s in scores)}/{len(scores)}" for task_id, scores in results.items()}
+    kept = baseline.valuable(lc.baseline_min_success, drop_solved=lc.baseline_drop_solved,
+                             success_threshold=lc.success_threshold)
+    summary = {task_id: f"{sum(is_success(s, lc.success_threshold) for s in scores)}/{len(scores)}"
+               for task_id, scores in results.items()}
     if not kept:
         raise ValueError(f"the baseline pass found no task with >= {lc.baseline_min_success} successes in "
                          f"{lc.baseline_k} rollouts (successes per task: {summary}); lower "
@@ -241,7 +244,7 @@ def task_selector(tasks: list[Task], lc: LearnerConfig) -> TaskSelector:
     """The online task selector over ``tasks`` with the configured window, retirement and revisits."""
     return TaskSelector(tasks, window=lc.task_window, retire=lc.task_retire, revisit_every=lc.task_revisit_every,
                         revisit_prob=lc.task_revisit_prob, strategy=lc.task_strategy, seed=lc.seed,
-                        task_error_limit=lc.task_error_limit)
+                        task_error_limit=lc.task_error_limit, success_threshold=lc.success_threshold)
 
 
 def training_pool(tasks: list[Task], lc: LearnerConfig, path: Path) -> list[Task]:

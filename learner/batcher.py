@@ -20,6 +20,7 @@ import collections
 from dataclasses import dataclass, field
 
 from arpo_async.messages import Trajectory
+from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
 from learner.forced_tokens import ForcedTokens
 from learner.grpo import compute_reward, group_advantages, is_zero_variance
 from learner.replay import ReplayBuffer
@@ -64,11 +65,12 @@ class Batcher:
         max_staleness: eta; trajectories with policy lag above it are dropped (reason "stale").
         groups_per_step: scored groups per training batch.
         format_reward_weight: ARPO's weight on the format reward.
+        success_threshold: ``sampled_success`` counts scores above this (:func:`arpo_async.success.is_success`).
         stratified: batches cover distinct tasks where the ready groups allow it (see `take_batch`).
     """
 
     def __init__(self, replay: ReplayBuffer, *, max_staleness: int, groups_per_step: int,
-                 format_reward_weight: float = 0.5, success_threshold: float = 0.5,
+                 format_reward_weight: float = 0.5, success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
                  stratified: bool = False) -> None:
         self.replay = replay
         self.stratified = stratified
@@ -93,7 +95,7 @@ class Batcher:
             self.drops["group_too_small"] += 1
             return None
         scores = [t.score for t in kept]
-        sampled_success = sum(s >= self._success_threshold for s in scores) / len(scores)
+        sampled_success = sum(is_success(s, self._success_threshold) for s in scores) / len(scores)
         sampled_rewards = [compute_reward(t.score, t.format_ok, format_weight=self._format_weight) for t in kept]
         injection = self.replay.inject(group.task.id, kept, scores, version=version, rewards=sampled_rewards)
         self.replay.add_group(group.task.id, kept, [t.score for t in kept], version=version)

@@ -60,7 +60,8 @@ def replay_buffer(config: LearnerConfig) -> ReplayBuffer:
     """The success replay buffer chosen by ``replay_mode`` ("off" whenever ``replay`` is false)."""
     return make_replay(config.replay_mode if config.replay else "off", capacity_per_task=config.replay_capacity,
                        max_total=config.replay_max_total, seed=config.seed, inject_below=config.replay_inject_below,
-                       alpha=config.replay_alpha, tau=config.replay_age_tau, beta=config.replay_length_beta)
+                       alpha=config.replay_alpha, tau=config.replay_age_tau, beta=config.replay_length_beta,
+                       success_threshold=config.success_threshold)
 
 
 async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None = None) -> None:
@@ -82,7 +83,8 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
                  else StalenessManager(lc.batch_trajectories, lc.max_staleness))
     replay = replay_buffer(lc)
     batcher = Batcher(replay, max_staleness=lc.max_staleness, groups_per_step=lc.groups_per_step,
-                      format_reward_weight=lc.format_reward_weight, stratified=lc.stratified)
+                      format_reward_weight=lc.format_reward_weight, success_threshold=lc.success_threshold,
+                      stratified=lc.stratified)
     inbox: asyncio.Queue[Envelope] = asyncio.Queue(INBOX_SIZE)  # ROUTER pump -> service
     outbox = Outbox(routed=True)  # service -> ROUTER pump
     batches = BatchQueue(1)  # service -> training loop

@@ -3,8 +3,9 @@
 Role: pure functions from values to a record; they read no component. Owns the record's keys (documented in
 :func:`step_record`; every key a record can carry, those its callers add included, is described in
 arpo_async.metric_fields, which tests/unit/test_reference_docs.py checks against a record built here) and the
-success-rate rule: successes over trainable trajectories (ENV_ERROR, TASK_ERROR and
-ABORTED never count).
+success-rate rule: SUCCESS trajectories over trainable trajectories (ENV_ERROR, TASK_ERROR and ABORTED never
+count). SUCCESS is the actor's outcome for a score above ``learner.success_threshold``
+(:func:`arpo_async.success.is_success`, as for the batch, replay and task-selection counts).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def success_rate(outcomes: Mapping[str, int]) -> tuple[float, int]:
     """(SUCCESS count / trainable count, trainable count) of outcome counts (Outcome value -> trajectories);
     (0.0, 0) when none is trainable (ENV_ERROR, TASK_ERROR and ABORTED never are)."""
     trainable = sum(n for outcome, n in outcomes.items() if Outcome(outcome).trainable)
-    return (outcomes.get("SUCCESS", 0) / trainable if trainable else 0.0), trainable
+    return (outcomes.get(Outcome.SUCCESS.value, 0) / trainable if trainable else 0.0), trainable
 
 
 def per_task_success(window: WindowStats) -> dict[str, dict[str, float | int]]:

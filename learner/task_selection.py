@@ -27,6 +27,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
+
 __all__ = [
     "SELECTION_STRATEGIES",
     "NoTaskLeft",
@@ -77,7 +79,7 @@ def trainable_scores(group: Any) -> list[float]:
 class TaskSelector(Generic[T]):
     """Online task selection: retire tasks solved every time over a window, revisit them now and then.
 
-    Per task, the outcomes of its last ``window`` rollouts are kept (success: score >= ``success_threshold``).
+    Per task, the outcomes of its last ``window`` rollouts are kept (success: score > ``success_threshold``).
 
     - Retire: an active task whose window is full and all successes is retired.
     - Revisit: a pick goes to a retired task when every task is retired, or when ``revisit_every > 0`` and the
@@ -101,7 +103,7 @@ class TaskSelector(Generic[T]):
         revisit_every: revisit period in picks (0 = never by count).
         revisit_prob: revisit probability per pick (0 = never by chance).
         strategy: one of :data:`SELECTION_STRATEGIES`.
-        success_threshold: score from which a rollout counts as a success.
+        success_threshold: a rollout scored above this is a success (:func:`arpo_async.success.is_success`).
         seed: RNG seed (the RNG state is part of :meth:`state_dict`).
         task_id: a task's id (default: its ``id`` attribute).
         task_error_limit: TASK_ERROR rollouts in a row (:meth:`record_rollout`) after which a task is set aside
@@ -120,7 +122,7 @@ class TaskSelector(Generic[T]):
         revisit_every: int = 10,
         revisit_prob: float = 0.0,
         strategy: str = "round_robin",
-        success_threshold: float = 0.5,
+        success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
         seed: int = 0,
         task_id: Callable[[T], str] = task_id_of,
         task_error_limit: int = 3,
@@ -248,7 +250,7 @@ class TaskSelector(Generic[T]):
         if window is None:
             self._counts["unknown_groups"] += 1
             return False
-        successes = [float(s) >= self.success_threshold for s in scores]
+        successes = [is_success(s, self.success_threshold) for s in scores]
         window.extend(successes)
         if task_id in self._retired:
             if not all(successes):

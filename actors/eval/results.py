@@ -41,7 +41,8 @@ class EpisodeRecord:
     Attributes:
         domain, task_id, repeat: which episode (repeat counts from 0).
         score: the evaluator's score (0.0 when the episode errored).
-        success: the episode counts as a success (outcome SUCCESS: score >= 0.5).
+        success: the episode counts as a success (outcome SUCCESS: score above ``learner.success_threshold``,
+            :func:`arpo_async.success.is_success`).
         outcome: the episode's ``arpo_async.messages.Outcome`` value, e.g. "success", "env_error".
         error: why it errored ("" when it did not): the setup, desktop, server or task-file error.
         steps: policy steps taken.

@@ -283,7 +283,7 @@ async def _run_episodes(plan: list[tuple[TaskEntry, int]], config: RunConfig, en
     ac = config.actors
     downloads = run_download_cache(config.run_dir, config.learner.osworld_files, ac.download_max_mb,
                                    ac.download_timeout_s)
-    runner = EpisodeRunner(encoder, policy, ac, downloads)
+    runner = EpisodeRunner(encoder, policy, ac, downloads, config.learner.success_threshold)
     work = _LocalWork(plan, finish)
     pool = desktop_pool(config)
     fleet = pool.fleet

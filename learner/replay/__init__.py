@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD
 from learner.replay.arpo import SuccessReplay
 from learner.replay.buffer import Injection, ReplayBuffer, ReplayError
 from learner.replay.prioritized import PrioritizedReplay, trajectory_length, trajectory_version
@@ -52,19 +53,21 @@ def make_replay(
     alpha: float = 1.0,
     tau: float = 8.0,
     beta: float = 0.5,
+    success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
 ) -> SuccessReplay[Any] | PrioritizedReplay[Any]:
     """The replay buffer for ``mode``: "arpo" (:class:`SuccessReplay`, ARPO-exact), "prioritized"
     (:class:`PrioritizedReplay`; ``max_total``, ``inject_below``, ``alpha``, ``tau``, ``beta`` apply to it only)
-    or "off" (a disabled :class:`SuccessReplay`: stores and injects nothing).
+    or "off" (a disabled :class:`SuccessReplay`: stores and injects nothing). Both store the trajectories scored
+    above ``success_threshold`` (:func:`arpo_async.success.is_success`).
 
     Raises:
         ReplayError: unknown mode or a parameter out of range.
     """
     if mode == "arpo":
-        return SuccessReplay(capacity_per_task=capacity_per_task, seed=seed)
+        return SuccessReplay(capacity_per_task=capacity_per_task, success_threshold=success_threshold, seed=seed)
     if mode == "off":
         return SuccessReplay(capacity_per_task=capacity_per_task, enabled=False, seed=seed)
     if mode == "prioritized":
-        return PrioritizedReplay(capacity_per_task, max_total, inject_below=inject_below, alpha=alpha, tau=tau,
-                                 beta=beta, seed=seed)
+        return PrioritizedReplay(capacity_per_task, max_total, success_threshold=success_threshold,
+                                 inject_below=inject_below, alpha=alpha, tau=tau, beta=beta, seed=seed)
     raise ReplayError(f"unknown replay mode {mode!r}; expected one of {REPLAY_MODES}")

@@ -7,8 +7,9 @@ ARPO's rule (:class:`SuccessReplay`; ARPO ``verl/trainer/ray_trainer.py`` ``appl
 1. A group whose evaluator scores satisfy :func:`learner.grpo.is_all_failed` (std < 0.05 and mean < 0.2) and
    whose task has a stored success gets one stored success, drawn uniformly, in place of its FIRST rollout;
    the group size is unchanged. Other groups are untouched.
-2. Only after that is the buffer updated from the group as sampled (successes: score > 0.1), at most 8 per task,
-   oldest evicted first.
+2. Only after that is the buffer updated from the group as sampled (successes: score > 0.1, the rule that
+   :func:`arpo_async.success.is_success` makes the run's one definition of success), at most 8 per task, oldest
+   evicted first.
 
 Unlike ARPO (whose ``enable_replay`` switch is never read, ARPO issue 17) ``enabled=False`` really turns the
 buffer off: nothing is stored and nothing is injected.
@@ -25,6 +26,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
 from learner.grpo import is_all_failed
 from learner.replay.buffer import Injection, ReplayError, check_group, rng_from_state, rng_state
 
@@ -40,7 +42,8 @@ class SuccessReplay(Generic[T]):
 
     Args:
         capacity_per_task: most successes kept per task; the oldest is evicted first (ARPO: 8).
-        success_threshold: a trajectory is a success when its evaluator score is strictly above this (ARPO: 0.1).
+        success_threshold: a trajectory is a success when its evaluator score is strictly above this
+            (:func:`arpo_async.success.is_success`; ``learner.success_threshold``, ARPO: 0.1).
         enabled: False turns the buffer off (no storing, no injection).
         seed: seed of the RNG used for the uniform draw; the RNG state is part of :meth:`state_dict`.
         all_failed_std: std threshold of the all-failed rule (ARPO: 0.05).
@@ -53,7 +56,7 @@ class SuccessReplay(Generic[T]):
     def __init__(
         self,
         capacity_per_task: int = 8,
-        success_threshold: float = 0.1,
+        success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
         enabled: bool = True,
         seed: int = 0,
         *,
@@ -106,7 +109,7 @@ class SuccessReplay(Generic[T]):
             return 0
         stored = 0
         for trajectory, score in zip(trajectories, checked):
-            if score > self.success_threshold:
+            if is_success(score, self.success_threshold):
                 fifo = self._buffers.setdefault(task_id, deque(maxlen=self.capacity_per_task))
                 fifo.append((trajectory, score))
                 stored += 1

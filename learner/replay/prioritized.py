@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
 from learner.grpo import is_all_failed
 from learner.replay.buffer import Injection, ReplayError, check_group, rng_from_state, rng_state
 
@@ -98,7 +99,8 @@ class PrioritizedReplay(Generic[T]):
     Args:
         capacity_per_task: most successes kept per task (>= 1).
         max_total: most successes kept over all tasks (>= 1).
-        success_threshold: a trajectory is a success when its score is strictly above this (ARPO: 0.1).
+        success_threshold: a trajectory is a success when its score is strictly above this
+            (:func:`arpo_async.success.is_success`; ``learner.success_threshold``, ARPO: 0.1).
         inject_below: also inject into groups with success rate below this (0 = all-failed groups only).
         alpha, eps: task-preference exponent (>= 0) and floor (> 0).
         tau: age scale in policy versions (> 0).
@@ -118,7 +120,7 @@ class PrioritizedReplay(Generic[T]):
         capacity_per_task: int = 8,
         max_total: int = 256,
         *,
-        success_threshold: float = 0.1,
+        success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
         inject_below: float = 0.0,
         alpha: float = 1.0,
         eps: float = 0.05,
@@ -212,7 +214,7 @@ class PrioritizedReplay(Generic[T]):
         out = list(trajectories)
         entries = self._tasks.get(task_id)
         all_failed = is_all_failed(checked, std_threshold=self.all_failed_std, mean_threshold=self.all_failed_mean)
-        rate = sum(score > self.success_threshold for score in checked) / len(checked)
+        rate = sum(is_success(score, self.success_threshold) for score in checked) / len(checked)
         low_success = self.inject_below > 0 and rate < self.inject_below
         if not entries or not (all_failed or low_success):
             return Injection(out, checked, None)
@@ -254,7 +256,7 @@ class PrioritizedReplay(Generic[T]):
         """
         checked = check_group(trajectories, scores)
         self._now = max(self._now, int(version))
-        successes = [score > self.success_threshold for score in checked]
+        successes = [is_success(score, self.success_threshold) for score in checked]
         rate = sum(successes) / len(checked)
         previous = self._success.get(task_id)
         self._success[task_id] = rate if previous is None else previous + self.ema * (rate - previous)

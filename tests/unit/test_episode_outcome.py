@@ -10,10 +10,10 @@ from arpo_async.messages import Outcome
 
 @pytest.mark.parametrize("score, format_ok, last_action, outcome", [
     (1.0, True, "DONE", Outcome.SUCCESS),
-    (0.5, True, None, Outcome.SUCCESS),  # the score decides, whatever ended the loop
+    (0.3, True, None, Outcome.SUCCESS),  # the score decides (above learner.success_threshold), whatever ended the loop
     (1.0, False, "FAIL", Outcome.SUCCESS),
     (0.0, False, "FAIL", Outcome.POLICY_ERROR),  # a reply that did not parse ends the episode with FAIL
-    (0.4, True, None, Outcome.TRUNCATED),  # the step budget ran out
+    (0.1, True, None, Outcome.TRUNCATED),  # the step budget ran out; 0.1 is no success (strictly above it)
     (0.0, True, "DONE", Outcome.FAILURE),
     (0.0, True, "FAIL", Outcome.FAILURE),
 ])

@@ -10,6 +10,7 @@ import msgpack
 import pytest
 
 from arpo_async.messages import Outcome, Step, Trajectory
+from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
 from arpo_async.tasks import Task
 from learner.batcher import Batcher, train_samples
 from learner.checkpoint import decode_trajectory, encode_trajectory
@@ -335,8 +336,8 @@ def test_prioritized_success_is_not_injected_into_its_own_group():
 
 def _real_traj(name: str, score: float, versions: tuple[int, ...], steps: int = 1) -> Trajectory:
     step = Step([1, 2, 3], [0], [7] * len(versions), [-0.5] * len(versions), list(versions), "t", "click(1,2)")
-    return Trajectory(name, "actor", "t", "g0", 0, "SUCCESS" if score > 0.5 else "FAILURE", score, True,
-                      [step] * steps, [bytes(range(256)) * 20])
+    outcome = Outcome.SUCCESS if is_success(score, DEFAULT_SUCCESS_THRESHOLD) else Outcome.FAILURE
+    return Trajectory(name, "actor", "t", "g0", 0, outcome, score, True, [step] * steps, [bytes(range(256)) * 20])
 
 
 def test_trajectory_version_and_length():
@@ -409,7 +410,6 @@ def _scheduled_group(index: int, outcomes: list[tuple[float, bool]], version: in
     for i, (score, format_ok) in enumerate(outcomes):
         traj = _real_traj(f"g{index}-r{i}", score, (version,))
         traj.group_id, traj.rollout_index, traj.format_ok = group.group_id, i, format_ok
-        traj.outcome = Outcome.SUCCESS if score > 0.5 else Outcome.FAILURE
         group.results[i] = traj
     return group
 

@@ -33,8 +33,8 @@ def ids(picks: list[Task]) -> list[str]:
 
 def test_baseline_plan_and_valuable_tasks():
     assert [(t.id, k) for t, k in baseline_plan(POOL, 8)] == [("a", 8), ("b", 8), ("c", 8), ("d", 8)]
-    results = {"a": [0, 0, 1, 0], "b": [0, 0, 0, 0], "c": [1, 1, 1, 1], "d": [], "e": [0.4, 0.6, 0.5, 1.0]}
-    assert valuable_tasks(results) == ["a", "c", "e"]  # "d" has no result, "b" no success; 0.4 < 0.5
+    results = {"a": [0, 0, 1, 0], "b": [0, 0.1, 0.05, 0], "c": [1, 1, 1, 1], "d": [], "e": [0.05, 0.6, 0.3, 1.0]}
+    assert valuable_tasks(results) == ["a", "c", "e"]  # "d" has no result, "b" no score above 0.1 (e: 3 of 4)
     assert valuable_tasks(results, drop_solved=True) == ["a", "e"]  # "c" solved 4/4
     assert valuable_tasks(results, min_success=2) == ["c", "e"]
     with pytest.raises(TaskSelectionError):
