@@ -1,10 +1,11 @@
 """HTTP client for inference servers that speak SGLang's native API (SGLang itself, or arpo-serve).
 
-Role: all HTTP to inference servers lives here, in the shared contract, because both roles use it: actors call
-``generate`` (``PolicyClient`` is one implementation of ``actors.policy.Policy``); the learner's weight publisher calls
-``pause_generation`` -> ``update_weights_from_disk`` -> ``continue_generation`` on each server directly
-(pause and weight calls never go through a router: sglang-router spreads requests over servers, while a pause or
-a weight update must reach every server; sglang 0.5.23, python/sglang/srt/entrypoints/http_server.py).
+Role: the HTTP transport to inference servers and generation, in the shared contract, because both roles use
+it: actors call ``generate`` (``PolicyClient`` is one implementation of ``actors.policy.Policy``); the learner
+reaches each server through ``arpo_async.sglang_engine.SGLangEngine`` (the learner's ``InferenceEngine``,
+arpo_async.engine), which sends SGLang's control routes (pause, weight updates, checksums) with this client's
+session and retry policy, to each server directly (a pause or a weight update must reach every server, while
+sglang-router spreads requests over them; sglang 0.5.23, python/sglang/srt/entrypoints/http_server.py).
 
 Owns: one aiohttp session (create the client inside the running event loop, close it with ``aclose`` or
 ``async with``), the retry policy, and the episode -> server assignment.
@@ -354,9 +355,17 @@ class PolicyClient(HttpClient):
             raise PolicyUnavailable(f"{url} unavailable after {self.retry.attempts} attempts: {exc}") from exc
         return answer, elapsed, attempt.retry_state.attempt_number
 
-    async def _post_json(self, url: str, payload: dict, *, accept_failure_body: bool = False) -> dict:
-        """POST a small JSON body (admin calls). With ``accept_failure_body``, a 4xx answer whose JSON carries
-        ``success`` (SGLang answers a failed weight update with HTTP 400 + {"success": false, "message"}) is
+    async def get_json(self, url: str) -> dict:
+        """GET ``url`` (with retries) -> its JSON object. Raises PolicyUnavailable, or PolicyRequestError (4xx, or
+        an answer that is not a JSON object)."""
+        answer, _, _ = await self._call("GET", url)
+        if not isinstance(answer, dict):
+            raise PolicyRequestError(f"{url} did not return a JSON object", url=url)
+        return answer
+
+    async def post_json(self, url: str, payload: dict, *, accept_failure_body: bool = False) -> dict:
+        """POST a small JSON body (admin calls) with retries. With ``accept_failure_body``, a 4xx answer whose JSON
+        carries ``success`` (SGLang answers a failed weight update with HTTP 400 + {"success": false, "message"}) is
         returned rather than raised, so the caller can report the server's own message."""
         try:
             answer, _, _ = await self._call("POST", url, body=json.dumps(payload).encode())
@@ -370,7 +379,13 @@ class PolicyClient(HttpClient):
 
     async def generate(self, *, input_ids: list[int], images: Sequence[bytes], sampling_params: dict,
                        rid: str, episode_id: str) -> Generation:
-        """Sample one reply on the episode's server.
+        """Sample one reply on the episode's server (``server_for(episode_id)``): :meth:`generate_on` there."""
+        return await self.generate_on(self.server_for(episode_id), input_ids=input_ids, images=images,
+                                      sampling_params=sampling_params, rid=rid)
+
+    async def generate_on(self, url: str, *, input_ids: list[int], images: Sequence[bytes], sampling_params: dict,
+                          rid: str) -> Generation:
+        """Sample one reply on the server at ``url``.
 
         Posts SGLang's /generate with ``input_ids`` (one ``<|image_pad|>`` per image: SGLang 0.5.23 expands each
         from its own image processing to the ids the trainer sees, and refuses ids already expanded;
@@ -383,7 +398,6 @@ class PolicyClient(HttpClient):
             images: PNG or JPEG bytes, one per image in the prompt, in order.
             sampling_params: SGLang sampling params (``max_new_tokens``, ``temperature``, ``regex``, ...).
             rid: request id, unique per request (used by the server for abort and logging).
-            episode_id: picks the server (``server_for``).
         Returns:
             Generation with T output ids, their behaviour log-probs and policy versions.
         Raises:
@@ -391,7 +405,7 @@ class PolicyClient(HttpClient):
             PolicyRequestError: HTTP 4xx (e.g. prompt too long, bad regex) or a malformed response.
             ValueError: an image is neither PNG nor JPEG.
         """
-        url = self.server_for(episode_id)
+        url = url.rstrip("/")
         payload_head = {"input_ids": list(input_ids), "sampling_params": dict(sampling_params),
                         "return_logprob": True, "logprob_start_len": -1, "rid": rid, "stream": False}
 
@@ -417,39 +431,12 @@ class PolicyClient(HttpClient):
                 return False
         return True
 
-    async def server_info(self, url: str) -> dict:
-        """GET /get_server_info (server arguments, ``weight_version`` and more, as the server reports them)."""
-        answer, _, _ = await self._call("GET", f"{url.rstrip('/')}/get_server_info")
-        if not isinstance(answer, dict):
-            raise PolicyRequestError(f"{url}/get_server_info did not return a JSON object", url=url)
-        return answer
-
-    async def model_info(self, url: str) -> dict:
-        """GET /get_model_info (``model_path``, ``is_generation``, ...)."""
-        answer, _, _ = await self._call("GET", f"{url.rstrip('/')}/get_model_info")
-        if not isinstance(answer, dict):
-            raise PolicyRequestError(f"{url}/get_model_info did not return a JSON object", url=url)
-        return answer
-
-    async def update_weights_from_disk(self, url: str, model_path: str, weight_version: int) -> dict:
-        """POST /update_weights_from_disk {model_path, weight_version: str(version)} on one server.
-
-        Returns:
-            The server's answer: ``{"success": bool, "message": str, ...}``; a refused update (SGLang: HTTP 400)
-            comes back as ``success: False`` with the server's message rather than an exception.
-        Raises:
-            PolicyUnavailable: the server stayed unreachable.
-        """
-        return await self._post_json(
-            f"{url.rstrip('/')}/update_weights_from_disk",
-            {"model_path": model_path, "weight_version": str(int(weight_version)), "flush_cache": True},
-            accept_failure_body=True)
-
-    async def _post_once(self, url: str, payload: dict, timeout_s: float) -> dict:
+    async def post_once(self, url: str, payload: dict, timeout_s: float | None = None) -> dict:
         """POST once, no retry (a collective's partner must not be asked twice). A 4xx answer with ``success``
         in its JSON is returned. Raises PolicyUnavailable (unreachable, 5xx, timeout) or PolicyRequestError."""
         try:
-            answer, _ = await self._once("POST", url, body=json.dumps(payload).encode(), timeout_s=timeout_s)
+            answer, _ = await self._once("POST", url, body=json.dumps(payload).encode(),
+                                         timeout_s=timeout_s or self.retry.admin_timeout_s)
         except RetryableError as exc:
             raise PolicyUnavailable(f"{url}: {exc}") from exc
         except PolicyRequestError as exc:
@@ -457,66 +444,3 @@ class PolicyClient(HttpClient):
                 return exc.body
             raise
         return answer if isinstance(answer, dict) else {"success": True, "message": answer}
-
-    async def init_weights_update_group(self, url: str, *, master_address: str, master_port: int, rank_offset: int,
-                                        world_size: int, group_name: str, backend: str,
-                                        timeout_s: float = 180.0) -> dict:
-        """POST /init_weights_update_group (SGLang's fields; arpo_async.weight_sync) once -> {success, message}.
-        The server joins the group while this request is open: start the learner's own join beside it."""
-        return await self._post_once(f"{url.rstrip('/')}/init_weights_update_group", {
-            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
-            "world_size": world_size, "group_name": group_name, "backend": backend}, timeout_s)
-
-    async def update_weights_from_distributed(self, url: str, *, names: list[str], dtypes: list[str],
-                                              shapes: list[list[int]], group_name: str,
-                                              weight_version: int | None, load_format: str | None = None,
-                                              timeout_s: float = 600.0) -> dict:
-        """POST /update_weights_from_distributed once -> {success, message}; the tensors follow as broadcasts
-        from the learner while this request is open (one per name, or one flat bucket with ``load_format =
-        "flattened_bucket"``). ``weight_version`` None leaves the server's version as is (every bucket but the
-        last). SGLang 0.5.23 loads it only inside a session (:meth:`begin_weight_update`)."""
-        payload: dict[str, Any] = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
-                                   "flush_cache": True, "abort_all_requests": False}
-        if weight_version is not None:
-            payload["weight_version"] = str(int(weight_version))
-        if load_format is not None:
-            payload["load_format"] = load_format
-        return await self._post_once(f"{url.rstrip('/')}/update_weights_from_distributed", payload, timeout_s)
-
-    async def destroy_weights_update_group(self, url: str, group_name: str) -> dict:
-        """POST /destroy_weights_update_group {group_name} once -> {success, message} (success false when the
-        server has no such group)."""
-        return await self._post_once(f"{url.rstrip('/')}/destroy_weights_update_group", {"group_name": group_name},
-                                     self.retry.admin_timeout_s)
-
-    async def begin_weight_update(self, url: str) -> dict:
-        """POST /begin_weight_update {"selector": "all"} once -> {success, message}: open SGLang 0.5.23's
-        weight-update session (success false when one is already open)."""
-        return await self._post_once(f"{url.rstrip('/')}/begin_weight_update", {"selector": "all"},
-                                     self.retry.admin_timeout_s)
-
-    async def end_weight_update(self, url: str) -> dict:
-        """POST /end_weight_update {} once -> {success, message}: close the session (success false when none is
-        open)."""
-        return await self._post_once(f"{url.rstrip('/')}/end_weight_update", {}, self.retry.admin_timeout_s)
-
-    async def weights_checker(self, url: str, *, skip: Sequence[str] = ()) -> dict:
-        """POST /weights_checker {"action": "checksum"} -> SGLang's answer {success, message, ranks: [{checksums,
-        per_gpu_checksum, parallelism_info}], per_engine_checksum}; a refusal comes back with success false."""
-        payload: dict[str, Any] = {"action": "checksum"}
-        if skip:
-            payload["skip_tensor_list"] = list(skip)
-        return await self._post_json(f"{url.rstrip('/')}/weights_checker", payload, accept_failure_body=True)
-
-    async def pause_generation(self, url: str, *, mode: str = "retract") -> dict:
-        """POST /pause_generation {mode}. ``retract`` (default) puts running requests back in the queue and frees
-        their KV cache, so the following weight update may flush the cache, and they resume, recomputed under
-        the new weights, after ``continue_generation``; ``abort`` ends them (finish_reason "abort");
-        ``in_place`` keeps their cache (then the update must not flush it)."""
-        if mode not in ("abort", "retract", "in_place"):
-            raise ValueError(f"pause mode must be abort, retract or in_place, got {mode!r}")
-        return await self._post_json(f"{url.rstrip('/')}/pause_generation", {"mode": mode})
-
-    async def continue_generation(self, url: str) -> dict:
-        """POST /continue_generation: resume scheduling after ``pause_generation``."""
-        return await self._post_json(f"{url.rstrip('/')}/continue_generation", {})

@@ -14,6 +14,9 @@ model_executor/model_runner_components/weight_updater.py, utils/common.py), whic
    :func:`flatten_bucket` lays it out; then ``POST /end_weight_update {}`` closes the session. An update outside
    a session, a second begin or an end without a begin answer success = false (HTTP 400).
 
+The learner sends these requests through its inference engine (arpo_async.engine: ``join_weight_group``,
+``begin_weight_update``, ``receive_weights``, ``end_weight_update``; SGLang's in arpo_async.sglang_engine).
+
 Names on the wire are checkpoint names (``model.layers.N...``, ``visual...``, ``lm_head.weight``: what
 ``save_pretrained`` writes, arpo_async.model.checkpoint_names), because SGLang's ``load_weights`` matches those.
 

@@ -27,6 +27,7 @@ from PIL import Image, ImageDraw
 from arpo_async.config import LearnerConfig
 from arpo_async.inference_client import PolicyClient, PolicyRequestError, PolicyUnavailable, RetryPolicy
 from arpo_async.model.inputs import PromptEncoder
+from arpo_async.sglang_engine import SGLangEngine
 from learner.publisher import DistributedPublisher, PublishError
 from learner.trainer import Trainer, TrainSample
 
@@ -52,8 +53,8 @@ async def smoke(url: str, model: Path, *, device: str, backend: str, steps: int,
     trainer = Trainer(model, LearnerConfig(lr=1e-3, device=device, dtype="bfloat16" if device == "cuda" else "float32"))
     retry = RetryPolicy(attempts=3, request_timeout_s=120.0, admin_timeout_s=300.0)
     async with PolicyClient([url], retry=retry) as client:
-        publisher = DistributedPublisher(client, [url], bucket_mb=64, backend=backend, timeout_s=300.0,
-                                         verify_every=1)
+        engine = SGLangEngine(client, url)
+        publisher = DistributedPublisher([engine], bucket_mb=64, backend=backend, timeout_s=300.0, verify_every=1)
         worst = 0.0
         for step in range(1, steps + 1):
             replies = [await client.generate(input_ids=encoder.collapse_image_pads(prompt), images=[image],
@@ -71,7 +72,7 @@ async def smoke(url: str, model: Path, *, device: str, backend: str, steps: int,
             worst = max(worst, mean)
             await asyncio.to_thread(trainer.train_step, samples)
             seconds = await publisher.publish_from(trainer, step)
-            served = (await client.server_info(url)).get("weight_version")
+            served = (await engine.server_info()).get("weight_version")
             print(f"step {step}: {len(diffs)} tokens, sampler/trainer |dlogp| mean {mean:.4f} max {peak:.4f} nats; "
                   f"published v{step} in {seconds:.2f} s, checksums agree on {publisher.verified} syncs; "
                   f"server weight_version {served}", flush=True)

@@ -179,6 +179,7 @@ async def time_publish(model: Path, repeats: int, work: Path) -> tuple[list[floa
     """Seconds of one publication to a real arpo-serve: disk (save + load) and distributed (gather + broadcast)."""
     from arpo_async.config import LearnerConfig
     from arpo_async.inference_client import PolicyClient
+    from arpo_async.sglang_engine import sglang_engines
     from arpo_cli.launcher import spawn, stop, wait_healthy
     from learner.publisher import DistributedPublisher, WeightPublisher
     from learner.trainer import Trainer
@@ -194,8 +195,8 @@ async def time_publish(model: Path, repeats: int, work: Path) -> tuple[list[floa
         trainer = Trainer(model, LearnerConfig(lr=1e-5))
         disk_times, dist_times = [], []
         async with PolicyClient([url]) as client:
-            disk = WeightPublisher(client, [url], work / "weights")
-            net = DistributedPublisher(client, [url])
+            disk = WeightPublisher(sglang_engines(client), work / "weights")
+            net = DistributedPublisher(sglang_engines(client))
             await net.publish_from(trainer, 0)  # makes the group (once per run), not timed
             for version in range(1, repeats + 1):
                 started = time.perf_counter()

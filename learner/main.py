@@ -32,9 +32,11 @@ import torch.distributed as dist
 
 from arpo_async.config import ConfigError, LearnerConfig, RunConfig, load_config, to_dict
 from arpo_async.config_doc import add_config_arguments
+from arpo_async.engine import InferenceEngine
 from arpo_async.inference_client import PolicyClient
 from arpo_async.metrics import MetricsWriter, WandbSettings, import_wandb
 from arpo_async.process import run_until_signal, setup_logging
+from arpo_async.sglang_engine import sglang_engines
 from arpo_async.task_sets import select_tasks
 from arpo_async.transport import INBOX_SIZE, Envelope, Outbox, SocketPump, learner_socket
 from learner.baseline import plan_tasks
@@ -100,7 +102,8 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
                                  evaluation=EvaluationRounds(eval_tasks, config.eval, final_step=lc.steps,
                                                              id_prefix=f"{learner_id[:6]}-") if eval_tasks else None)
         async with PolicyClient(list(config.actors.inference_urls), api_key=config.serve.api_key) as client:
-            loop = TrainingLoop(service, batches, trainer, weight_publisher(config, client),
+            engines = sglang_engines(client)  # the inference engine (arpo_async.engine): another is chosen here
+            loop = TrainingLoop(service, batches, trainer, weight_publisher(config, engines),
                                 Checkpointer(run / "checkpoints", keep=lc.keep_checkpoints), replay, lc,
                                 forced=ForcedTokens(config.model_path, vocab_size) if lc.mask_forced_tokens else None,
                                 final_eval_timeout_s=config.eval.final_timeout_s)
@@ -173,13 +176,13 @@ def sync_backend(lc: LearnerConfig) -> str:
     return backend
 
 
-def weight_publisher(config: RunConfig, client: PolicyClient) -> WeightPublisher | DistributedPublisher:
-    """The publisher ``learner.weight_sync`` names (learner.publisher)."""
-    lc, urls = config.learner, list(config.actors.inference_urls)
+def weight_publisher(config: RunConfig, engines: list[InferenceEngine]) -> WeightPublisher | DistributedPublisher:
+    """The publisher ``learner.weight_sync`` names (learner.publisher), over ``engines`` (one per server)."""
+    lc = config.learner
     if lc.weight_sync == "disk":
-        return WeightPublisher(client, urls, config.run_path / "weights", keep=lc.keep_weights,
+        return WeightPublisher(engines, config.run_path / "weights", keep=lc.keep_weights,
                                verify_every=lc.verify_weights_every)
-    return DistributedPublisher(client, urls, bucket_mb=lc.sync_bucket_mb, host=lc.sync_host, backend=sync_backend(lc),
+    return DistributedPublisher(engines, bucket_mb=lc.sync_bucket_mb, host=lc.sync_host, backend=sync_backend(lc),
                                 timeout_s=lc.sync_timeout_s, verify_every=lc.verify_weights_every,
                                 load_format=None if lc.sync_load_format == "tensors" else lc.sync_load_format)
 

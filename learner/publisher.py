@@ -1,19 +1,19 @@
 """Weight publishers: the trainer's new weights -> every inference server, one server at a time.
 
-Two ways (``learner.weight_sync``), one interface (``publish_from(trainer, version) -> seconds``):
+Servers are reached only through the inference-engine seam (arpo_async.engine.InferenceEngine, one object per
+server; SGLang's routes live in arpo_async.sglang_engine). Two ways (``learner.weight_sync``), one interface
+(``publish_from(trainer, version) -> seconds``):
 
 - :class:`WeightPublisher` ("disk"): the trainer writes a Hugging Face folder (``<run>/weights/v<N>``, the
-  last ``keep`` are kept), then per server pause_generation -> update_weights_from_disk(model_path,
-  weight_version) -> continue_generation (sglang 0.5.23, python/sglang/srt/entrypoints/http_server.py; as slime
-  and AReaL do it). A server that
+  last ``keep`` are kept), then per server pause -> load_weights_from_disk(path, version) -> resume (SGLang:
+  pause_generation, update_weights_from_disk, continue_generation; as slime and AReaL do it). A server that
   refuses the update raises PublishError, naming the server; one that does not answer is skipped and caught up.
 - :class:`DistributedPublisher` ("distributed"): the full tensors (gathered from every rank's shards), under
-  checkpoint names, go to each server over a process group of its own (arpo_async.weight_sync, SGLang 0.5.23's
-  ``/init_weights_update_group``, ``/begin_weight_update``, ``/update_weights_from_distributed``,
-  ``/end_weight_update``), in buckets of ``bucket_mb``, between pause_generation and continue_generation.
-  Nothing touches the disk.
+  checkpoint names, go to each server over a process group of its own (arpo_async.weight_sync; the engine's
+  join_weight_group, begin_weight_update, receive_weights, end_weight_update), in buckets of ``bucket_mb``,
+  between pause and resume. Nothing touches the disk.
 
-Both can check what a server serves afterwards (``verify_every``; SGLang's ``/weights_checker``).
+Both can check what a server serves afterwards (``verify_every``; the engine's ``weights_checksums``).
 
 Both catch up a server that is behind (``catch_up(trainer, version)``, :func:`servers_behind`): a server restarted
 after a publication serves the run's base weights under version 0 until it gets the current ones.
@@ -24,7 +24,6 @@ Updating one server at a time keeps the others generating.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import secrets
@@ -33,22 +32,14 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
-from arpo_async.inference_client import PolicyClient, PolicyRequestError, PolicyUnavailable, parse_version
-from arpo_async.weight_sync import (
-    DTYPE_NAMES,
-    FLATTENED_BUCKET,
-    WeightGroup,
-    WeightGroupError,
-    dtype_from_name,
-    dtype_name,
-    flatten_bucket,
-    tensor_checksum,
-)
-from learner.weight_check import WeightCheck, compare_checksums, served_checksums
+from arpo_async.engine import InferenceEngine
+from arpo_async.inference_client import PolicyRequestError, PolicyUnavailable
+from arpo_async.weight_sync import FLATTENED_BUCKET, WeightGroup, WeightGroupError, dtype_name, flatten_bucket
+from learner.weight_check import WeightCheck, compare_checksums, served_dtype
 
 log = logging.getLogger("arpo.learner.publish")
 
@@ -61,22 +52,21 @@ class SyncRejected(PublishError):
     """A server refused to join the weight group (a configuration error: it stops the learner)."""
 
 
-async def servers_behind(client: PolicyClient, urls: list[str], version: int) -> list[str]:
-    """The servers among ``urls`` that answer /health and report a ``weight_version`` below ``version`` (GET
-    /get_model_info, where SGLang 0.5.23 reports the version a weight update set; /get_server_info keeps the
-    startup value; its "default" is 0). A server that does not answer, or reports no version this learner
-    can read, is left out (logged at DEBUG): the next check asks again."""
+async def servers_behind(engines: Sequence[InferenceEngine], version: int) -> list[InferenceEngine]:
+    """The engines that answer now and serve a ``weight_version()`` below ``version`` (a restarted server serves
+    the base weights as 0). One that does not answer, or reports no version this learner can read, is left out
+    (logged at DEBUG): the next check asks again."""
     behind = []
-    for url in urls:
+    for engine in engines:
         try:
-            if not await client.health(url):
+            if not await engine.healthy():
                 continue
-            served = parse_version((await client.model_info(url)).get("weight_version", "default"))
+            served = await engine.weight_version()
         except (PolicyUnavailable, PolicyRequestError) as error:
-            log.debug("weight version check of %s: %s", url, error)
+            log.debug("weight version check of %s: %s", engine.url, error)
             continue
         if served < version:
-            behind.append(url)
+            behind.append(engine)
     return behind
 
 
@@ -84,16 +74,15 @@ class WeightPublisher:
     """Pushes saved checkpoints to inference servers and keeps the last ``keep`` folders on disk.
 
     Args:
-        client: HTTP client for the servers' admin endpoints.
-        urls: every inference server (each gets the update directly, never through a router).
-        weights_root: where versioned weight folders live.
+        engines: every inference server (each gets the update directly, never through a router).
+        weights_root: where versioned weight folders live (a path every server can read).
         keep: how many published folders to keep (the server may still read the newest).
+        verify_every: compare checksums after every this many publications (0 = never).
     """
 
-    def __init__(self, client: PolicyClient, urls: list[str], weights_root: Path, keep: int = 2,
+    def __init__(self, engines: Sequence[InferenceEngine], weights_root: Path, keep: int = 2,
                  verify_every: int = 0) -> None:
-        self._client = client
-        self._urls = list(urls)
+        self._engines = list(engines)
         self.weights_root = weights_root
         self._keep = keep
         self.verify_every = verify_every
@@ -113,8 +102,8 @@ class WeightPublisher:
         self.publications += 1
         if self.verify_every > 0 and self.publications % self.verify_every == 0:
             tensors = await asyncio.to_thread(trainer.checkpoint_state_dict)
-            for url in self._urls:
-                await verify_server(self._client, url, tensors, trainer)
+            for engine in self._engines:
+                await verify_server(engine, tensors, trainer)
                 self.verified += 1
         return seconds
 
@@ -125,20 +114,20 @@ class WeightPublisher:
     async def publish(self, version: int) -> float:
         """Load ``folder(version)`` on every server under ``version``; returns the seconds it took.
 
-        A server that stays unreachable through the client's retries (dead, or restarting) is skipped for this
+        A server that stays unreachable (PolicyUnavailable: dead, or restarting) is skipped for this
         version (counted in ``failures``, logged); :meth:`catch_up` sends it the current weights once it answers.
 
         Raises:
             PublishError: a server answered success=false; the message names it.
         """
         started = time.perf_counter()
-        for url in self._urls:
+        for engine in self._engines:
             try:
-                await self._load(url, version)
+                await self._load(engine, version)
             except PolicyUnavailable as error:
                 self.failures += 1
                 log.warning("loading version %d on %s failed: %s; it gets the current weights once it answers "
-                            "(learner.resync_interval_s)", version, url, error)
+                            "(learner.resync_interval_s)", version, engine.url, error)
         self._prune(version)
         return time.perf_counter() - started
 
@@ -147,26 +136,27 @@ class WeightPublisher:
         (:func:`servers_behind`); returns their URLs. ``trainer`` is unused (the interface is the publishers').
         A server that fails on the way is logged and left for the next check."""
         synced = []
-        for url in await servers_behind(self._client, self._urls, version):
+        for engine in await servers_behind(self._engines, version):
             try:
-                await self._load(url, version)
+                await self._load(engine, version)
             except (PublishError, PolicyUnavailable, PolicyRequestError) as error:
-                log.warning("catching %s up to version %d failed: %s; trying again at the next check", url, version,
-                            error)
+                log.warning("catching %s up to version %d failed: %s; trying again at the next check", engine.url,
+                            version, error)
                 continue
-            log.warning("%s served an older version than %d (restarted?): sent it the current weights", url, version)
-            synced.append(url)
+            log.warning("%s served an older version than %d (restarted?): sent it the current weights", engine.url,
+                        version)
+            synced.append(engine.url)
         return synced
 
-    async def _load(self, url: str, version: int) -> None:
+    async def _load(self, engine: InferenceEngine, version: int) -> None:
         path = str(self.folder(version).resolve())
-        await self._client.pause_generation(url)
+        await engine.pause()
         try:
-            reply = await self._client.update_weights_from_disk(url, path, version)
+            reply = await engine.load_weights_from_disk(path, version)
         finally:
-            await self._client.continue_generation(url)
-        if not reply.get("success", False):
-            raise PublishError(f"{url} did not load {path}: {reply.get('message', reply)}")
+            await engine.resume()
+        if not reply.ok:
+            raise PublishError(f"{engine.url} did not load {path}: {reply.message}")
 
     def _prune(self, newest: int) -> None:
         for old in self.weights_root.glob("v*"):
@@ -228,57 +218,33 @@ class WeightsMismatch(PublishError):
     learner: every later version would be served wrong in the same way)."""
 
 
-def _served_dtype(info: dict, trainer: Any) -> torch.dtype:
-    """The dtype a server holds its weights in: ``dtype`` of /get_server_info (SGLang's --dtype). "auto" resolves
-    as SGLang 0.5.23 resolves it (configs/model_config.py ``_get_and_verify_dtype``): the checkpoint's config
-    dtype, except that a float32 checkpoint is served in float16 (bfloat16 for Gemma)."""
-    name = str(info.get("dtype") or "auto").lower()
-    if name != "auto":
-        return dtype_from_name(name)
-    config = json.loads((Path(trainer.model_dir) / "config.json").read_text())
-    configured = DTYPE_NAMES.get(str(config.get("dtype") or config.get("torch_dtype") or "float32"), torch.float32)
-    if configured == torch.float32:
-        return torch.bfloat16 if str(config.get("model_type", "")).startswith("gemma") else torch.float16
-    return configured
-
-
-def _hasher(info: dict):
-    """How the server hashes: on a CUDA server SGLang hashes with its own GPU kernel (mm_utils.tensor_hash), which
-    only sglang itself computes; on a CPU server, sha256 (arpo_async.weight_sync.tensor_checksum)."""
-    if str(info.get("device", "cpu")).startswith("cuda"):
-        try:
-            from sglang.srt.managers.mm_utils import tensor_hash
-        except ImportError as error:
-            raise PublishError("learner.verify_weights_every with a CUDA SGLang server needs sglang installed on "
-                               f"the learner (pip install -e '.[gpu]' in the clone) to hash as the server does: {error}")
-        return lambda t: f"{tensor_hash(t.cuda()):016x}"
-    return tensor_checksum
-
-
-async def verify_server(client: PolicyClient, url: str, tensors: dict[str, torch.Tensor], trainer: Any) -> WeightCheck:
-    """Compare ``url``'s /weights_checker checksums with ``tensors`` (checkpoint names, the weights just published).
+async def verify_server(engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: Any) -> WeightCheck:
+    """Compare ``engine``'s checksums (``weights_checksums``) with ``tensors`` (checkpoint names, the weights just
+    published), cast to the dtype it serves (``trainer.model_dir``'s config resolves "auto").
 
     Raises:
-        WeightsMismatch: a checksum differs, or no name could be compared (the message names the server).
+        WeightsMismatch: a checksum differs, no name could be compared, the server refused to report checksums or
+            named no dtype we know (the message names the server).
+        PublishError: the server cannot be hashed alike here (a CUDA SGLang server and no sglang on the learner).
         PolicyUnavailable, PolicyRequestError: the server did not answer.
     """
-    info = await client.server_info(url)
-    answer = await client.weights_checker(url)
     try:
-        served = served_checksums(answer)
+        served = await engine.weights_checksums()
     except ValueError as error:
-        raise WeightsMismatch(f"{url} /weights_checker: {error}") from error
+        raise WeightsMismatch(f"{engine.url} weights checksums: {error}") from error
+    except RuntimeError as error:
+        raise PublishError(str(error)) from error
     try:
-        dtype = _served_dtype(info, trainer)
+        dtype = served_dtype(served.dtype, Path(trainer.model_dir))
     except ValueError as error:
-        raise WeightsMismatch(f"{url} get_server_info: cannot tell its weights' dtype: {error}") from error
-    check = await asyncio.to_thread(compare_checksums, served, tensors, dtype, _hasher(info))
+        raise WeightsMismatch(f"{engine.url}: cannot tell its weights' dtype: {error}") from error
+    check = await asyncio.to_thread(compare_checksums, served.checksums, tensors, dtype, served.hasher)
     if not check.ok:
-        raise WeightsMismatch(f"{url} /weights_checker: {len(check.mismatched)} of {check.compared} weights differ "
-                              f"from the learner's after the publication (first: {check.mismatched[:5]}; "
+        raise WeightsMismatch(f"{engine.url} weights checksums: {len(check.mismatched)} of {check.compared} weights "
+                              f"differ from the learner's after the publication (first: {check.mismatched[:5]}; "
                               f"{check.skipped} names not comparable)")
-    log.info("%s serves the published weights: %d checksums agree (%d names not comparable)", url, check.compared,
-             check.skipped)
+    log.info("%s serves the published weights: %d checksums agree (%d names not comparable)", engine.url,
+             check.compared, check.skipped)
     return check
 
 
@@ -286,15 +252,15 @@ class DistributedPublisher:
     """Pushes the trainer's weights to each server over a weight group of its own (learner.weight_sync =
     "distributed"), as SGLang 0.5.23 takes them (arpo_async.weight_sync).
 
-    Per server and publication: pause_generation (retract) -> begin_weight_update -> per bucket
-    update_weights_from_distributed + broadcast -> end_weight_update -> continue_generation, under checkpoint names
-    (Trainer.checkpoint_state_dict). Every ``verify_every``-th publication, each server's /weights_checker
-    checksums are compared with the published tensors (:func:`verify_server`).
+    Per server and publication, through its engine (SGLang's routes in brackets): pause (retract; /pause_generation)
+    -> begin_weight_update -> per bucket receive_weights (/update_weights_from_distributed) + broadcast ->
+    end_weight_update -> resume (/continue_generation), under checkpoint names (Trainer.checkpoint_state_dict).
+    Every ``verify_every``-th publication, each server's checksums are compared with the published tensors
+    (:func:`verify_server`).
 
     Args:
-        client: HTTP client for the servers' admin endpoints.
-        urls: every inference server.
-        bucket_mb: most megabytes of tensors per ``/update_weights_from_distributed`` request.
+        engines: every inference server.
+        bucket_mb: most megabytes of tensors per bucket (one ``receive_weights`` request).
         host: the address the servers reach this learner at (``master_address``; learner.sync_host).
         backend: "gloo" (arpo-serve, CPU) or "nccl" (SGLang on GPUs).
         timeout_s: rendezvous and broadcast timeout per server.
@@ -314,13 +280,12 @@ class DistributedPublisher:
       end_weight_update and one more begin.
     """
 
-    def __init__(self, client: PolicyClient, urls: list[str], *, bucket_mb: float = 512.0,
+    def __init__(self, engines: Sequence[InferenceEngine], *, bucket_mb: float = 512.0,
                  host: str = "127.0.0.1", backend: str = "gloo", timeout_s: float = 120.0,
                  load_format: str | None = None, verify_every: int = 0) -> None:
         if load_format not in (None, FLATTENED_BUCKET):
             raise ValueError(f"load_format must be None or {FLATTENED_BUCKET!r}, got {load_format!r}")
-        self._client = client
-        self._urls = list(urls)
+        self._engines = list(engines)
         self.bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
         self.host = host
         self.backend = backend
@@ -328,6 +293,7 @@ class DistributedPublisher:
         self.load_format = load_format
         self.verify_every = verify_every
         self._groups: dict[str, WeightGroup] = {}
+        """Server URL -> its weight group."""
         self._joins = 0
         self._token = f"{os.getpid()}-{secrets.token_hex(3)}"
         self.publications = 0
@@ -343,9 +309,9 @@ class DistributedPublisher:
         started = time.perf_counter()
         self.publications += 1
         verify = self.verify_every > 0 and self.publications % self.verify_every == 0
-        for index, url in enumerate(self._urls):
-            if await self._sync_or_skip(index, url, tensors, version) and verify:
-                await verify_server(self._client, url, tensors, trainer)
+        for index, engine in enumerate(self._engines):
+            if await self._sync_or_skip(index, engine, tensors, version) and verify:
+                await verify_server(engine, tensors, trainer)
                 self.verified += 1
         return time.perf_counter() - started
 
@@ -353,32 +319,33 @@ class DistributedPublisher:
         """Send the trainer's current weights, as ``version``, to every server behind it (:func:`servers_behind`)
         over a new group; returns the URLs that got them. Gathers the weights only when a server is behind (every
         rank takes part). Failures are handled as in :meth:`publish_from` (the server waits for the next check)."""
-        behind = await servers_behind(self._client, self._urls, version)
+        behind = await servers_behind(self._engines, version)
         if not behind:
             return []
-        for url in behind:  # a restarted server left its old group: it joins a new one
-            self._drop(url)
+        for engine in behind:  # a restarted server left its old group: it joins a new one
+            self._drop(engine.url)
         tensors = await asyncio.to_thread(trainer.checkpoint_state_dict)
         synced = []
-        for url in behind:
-            if await self._sync_or_skip(self._urls.index(url), url, tensors, version):
-                log.warning("%s served an older version than %d (restarted?): sent it the current weights", url,
-                            version)
-                synced.append(url)
+        for engine in behind:
+            if await self._sync_or_skip(self._engines.index(engine), engine, tensors, version):
+                log.warning("%s served an older version than %d (restarted?): sent it the current weights",
+                            engine.url, version)
+                synced.append(engine.url)
         return synced
 
-    async def _sync_or_skip(self, index: int, url: str, tensors: dict[str, torch.Tensor], version: int) -> bool:
+    async def _sync_or_skip(self, index: int, engine: InferenceEngine, tensors: dict[str, torch.Tensor],
+                            version: int) -> bool:
         """Sync one server; False (counted in ``failures``, its group dropped) when it fails in a way that skips
         it for this version. Raises SyncRejected."""
         try:
-            await self._sync(index, url, tensors, version)
+            await self._sync(index, engine, tensors, version)
         except SyncRejected:
             raise
         except (WeightGroupError, PolicyUnavailable, PolicyRequestError, PublishError) as error:
             self.failures += 1
-            self._drop(url)
+            self._drop(engine.url)
             log.warning("weight sync of version %d to %s failed: %s; it gets the whole weights over a new "
-                        "group at the next publication once it answers", version, url, error)
+                        "group at the next publication once it answers", version, engine.url, error)
             return False
         return True
 
@@ -387,24 +354,21 @@ class DistributedPublisher:
         if group is not None:
             group.destroy()
 
-    async def _join(self, index: int, url: str) -> WeightGroup:
-        """A new group with ``url``: this learner is rank 0, the server's tensor-parallel ranks are 1..tp_size
-        (SGLang: rank_offset + tp_rank; ``tp_size`` from /get_server_info, 1 when it does not say)."""
+    async def _join(self, index: int, engine: InferenceEngine) -> WeightGroup:
+        """A new group with ``engine``: this learner is rank 0, the server's ranks are 1..ranks
+        (``weight_group_ranks``; SGLang: rank_offset + tp_rank)."""
         self._joins += 1
         name = f"arpo-weights-{index}-{self._token}-{self._joins}"
-        tp_size = (await self._client.server_info(url)).get("tp_size") or 1
-        if not isinstance(tp_size, int) or isinstance(tp_size, bool) or not 1 <= tp_size <= 4096:
-            raise PublishError(f"{url} get_server_info reports tp_size {tp_size!r}: not a rank count")
-        world = 1 + tp_size
+        world = 1 + await engine.weight_group_ranks()
         port = _free_port(self.host)
-        joining = asyncio.create_task(self._client.init_weights_update_group(
-            url, master_address=self.host, master_port=port, rank_offset=1, world_size=world, group_name=name,
+        joining = asyncio.create_task(engine.join_weight_group(
+            master_address=self.host, master_port=port, rank_offset=1, world_size=world, group_name=name,
             backend=self.backend, timeout_s=self.timeout_s + 30))
         joined = in_daemon_thread(WeightGroup.join, self.host, port, 0, world, name, self.timeout_s, self.backend)
         await asyncio.wait([joining, joined], return_when=asyncio.FIRST_COMPLETED)
-        if joining.done() and not joining.exception() and not joining.result().get("success", False):
-            raise SyncRejected(f"{url} init_weights_update_group refused group {name}: "
-                               f"{joining.result().get('message')}; check learner.sync_backend (sent "
+        if joining.done() and not joining.exception() and not joining.result().ok:
+            raise SyncRejected(f"{engine.url} init_weights_update_group refused group {name}: "
+                               f"{joining.result().message}; check learner.sync_backend (sent "
                                f"{self.backend!r}) and learner.sync_host ({self.host!r}, the address the server "
                                "must reach)")
         try:
@@ -413,53 +377,54 @@ class DistributedPublisher:
             joining.cancel()
             raise
         reply = await joining
-        if not reply.get("success", False):
+        if not reply.ok:
             group.destroy()
-            raise PublishError(f"{url} init_weights_update_group did not join {name}: {reply.get('message', reply)}")
-        self._groups[url] = group
+            raise PublishError(f"{engine.url} init_weights_update_group did not join {name}: {reply.message}")
+        self._groups[engine.url] = group
         return group
 
-    async def _begin(self, url: str) -> None:
-        reply = await self._client.begin_weight_update(url)
-        if not reply.get("success", False):  # a session left open by a publication cut short: close it once
-            log.warning("%s begin_weight_update refused (%s); closing the open session and beginning again", url,
-                        reply.get("message"))
-            await self._client.end_weight_update(url)
-            reply = await self._client.begin_weight_update(url)
-        if not reply.get("success", False):
-            raise PublishError(f"{url} begin_weight_update answered success=false: {reply.get('message', reply)}")
+    async def _begin(self, engine: InferenceEngine) -> None:
+        reply = await engine.begin_weight_update()
+        if not reply.ok:  # a session left open by a publication cut short: close it once
+            log.warning("%s begin_weight_update refused (%s); closing the open session and beginning again",
+                        engine.url, reply.message)
+            await engine.end_weight_update()
+            reply = await engine.begin_weight_update()
+        if not reply.ok:
+            raise PublishError(f"{engine.url} begin_weight_update answered success=false: {reply.message}")
 
-    async def _sync(self, index: int, url: str, tensors: dict[str, torch.Tensor], version: int) -> None:
-        group = self._groups.get(url)
+    async def _sync(self, index: int, engine: InferenceEngine, tensors: dict[str, torch.Tensor], version: int) -> None:
+        group = self._groups.get(engine.url)
         if group is None:
-            if not await self._client.health(url):
-                raise PolicyUnavailable(f"{url} does not answer /health")
-            group = await self._join(index, url)
-        await self._client.pause_generation(url)
+            if not await engine.healthy():
+                raise PolicyUnavailable(f"{engine.url} does not answer /health")
+            group = await self._join(index, engine)
+        await engine.pause()
         try:
-            await self._begin(url)
+            await self._begin(engine)
         except PublishError:  # nothing was loaded: the server goes on with its old weights
-            await self._client.continue_generation(url)
+            await engine.resume()
             raise
         try:
-            await self._send(url, group, tensors, version)
+            await self._send(engine, group, tensors, version)
         except BaseException:
-            log.error("%s may hold part of version %d: left paused until a whole publication succeeds on it", url,
-                      version)
+            log.error("%s may hold part of version %d: left paused until a whole publication succeeds on it",
+                      engine.url, version)
             raise
-        reply = await self._client.end_weight_update(url)
-        if not reply.get("success", False):
-            raise PublishError(f"{url} end_weight_update answered success=false: {reply.get('message', reply)}")
-        await self._client.continue_generation(url)
+        reply = await engine.end_weight_update()
+        if not reply.ok:
+            raise PublishError(f"{engine.url} end_weight_update answered success=false: {reply.message}")
+        await engine.resume()
 
-    async def _send(self, url: str, group: WeightGroup, tensors: dict[str, torch.Tensor], version: int) -> None:
+    async def _send(self, engine: InferenceEngine, group: WeightGroup, tensors: dict[str, torch.Tensor],
+                    version: int) -> None:
         parts = buckets(tensors, self.bucket_bytes, aligned=self.load_format == FLATTENED_BUCKET)
         for k, names in enumerate(parts):
             batch = [tensors[n].contiguous() for n in names]
-            request = asyncio.create_task(self._client.update_weights_from_distributed(
-                url, names=names, dtypes=[dtype_name(t.dtype) for t in batch],
+            request = asyncio.create_task(engine.receive_weights(
+                names=names, dtypes=[dtype_name(t.dtype) for t in batch],
                 shapes=[list(t.shape) for t in batch], group_name=group.name,
-                weight_version=version if k == len(parts) - 1 else None, load_format=self.load_format,
+                version=version if k == len(parts) - 1 else None, load_format=self.load_format,
                 timeout_s=self.timeout_s + 30))
             payload = [flatten_bucket(batch)] if self.load_format == FLATTENED_BUCKET else batch
             try:
@@ -468,6 +433,6 @@ class DistributedPublisher:
                 request.cancel()
                 raise
             reply = await request
-            if not reply.get("success", False):
-                raise PublishError(f"{url} update_weights_from_distributed answered success=false for bucket "
-                                   f"{k + 1}/{len(parts)}: {reply.get('message', reply)}")
+            if not reply.ok:
+                raise PublishError(f"{engine.url} update_weights_from_distributed answered success=false for "
+                                   f"bucket {k + 1}/{len(parts)}: {reply.message}")

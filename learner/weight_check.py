@@ -1,7 +1,8 @@
-"""Checking what a server serves after a weight sync: its /weights_checker checksums against the learner's tensors.
+"""Checking what a server serves after a weight sync: its checksums against the learner's tensors.
 
-A server answers ``/weights_checker {"action": "checksum"}`` with a checksum per weight it serves (SGLang 0.5.23
-utils/weight_checker.py; arpo-serve answers the same shape). arpo-serve keys them by checkpoint name. SGLang keys
+An inference engine reports a checksum per weight it serves (arpo_async.engine ``weights_checksums``; SGLang
+0.5.23's ``/weights_checker``, utils/weight_checker.py, which arpo-serve answers too, read by
+arpo_async.sglang_engine). arpo-serve keys them by checkpoint name. SGLang keys
 them by its own parameter names, which for Qwen2.5-VL fuse what the checkpoint keeps apart (models/qwen2_5_vl.py
 ``load_weights``, one tensor-parallel rank): ``...self_attn.qkv_proj`` is q, k and v concatenated along dim 0,
 ``...mlp.gate_up_proj`` is gate then up (visual blocks too), and a vision block's ``attn.qkv`` is
@@ -11,14 +12,16 @@ cannot compute (buffers, another architecture's fused names) are left out of the
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
 
-from arpo_async.weight_sync import tensor_checksum
+from arpo_async.weight_sync import DTYPE_NAMES, dtype_from_name, tensor_checksum
 
-__all__ = ["WeightCheck", "compare_checksums", "expected_checksums", "served_checksums"]
+__all__ = ["WeightCheck", "compare_checksums", "expected_checksums", "served_dtype"]
 
 Hasher = Callable[[torch.Tensor], str]
 
@@ -61,24 +64,22 @@ def expected_checksums(name: str, tensors: dict[str, torch.Tensor], dtype: torch
     return out
 
 
-def served_checksums(answer: dict) -> dict[str, str]:
-    """Name -> checksum from a /weights_checker answer (every rank's ``checksums`` merged).
+def served_dtype(name: str, model_dir: Path) -> torch.dtype:
+    """The dtype a server holds its weights in, from the name it reports (SGLang's --dtype). "auto" resolves as
+    SGLang 0.5.23 resolves it (configs/model_config.py ``_get_and_verify_dtype``): the dtype in ``model_dir``'s
+    config.json, except that a float32 checkpoint is served in float16 (bfloat16 for Gemma).
 
     Raises:
-        ValueError: the answer is not success, or has no ``ranks`` with ``checksums``.
+        ValueError: a name that is not one of arpo_async.weight_sync.DTYPE_NAMES.
     """
-    if not answer.get("success"):
-        raise ValueError(f"weights_checker answered success=false: {answer.get('message', answer)}")
-    ranks = answer.get("ranks")
-    if not isinstance(ranks, list) or not ranks:
-        raise ValueError("weights_checker answer has no 'ranks'")
-    merged: dict[str, str] = {}
-    for rank in ranks:
-        checksums = rank.get("checksums") if isinstance(rank, dict) else None
-        if not isinstance(checksums, dict):
-            raise ValueError("a weights_checker rank has no 'checksums' map")
-        merged.update({str(k): str(v) for k, v in checksums.items()})
-    return merged
+    name = str(name or "auto").lower()
+    if name != "auto":
+        return dtype_from_name(name)
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    configured = DTYPE_NAMES.get(str(config.get("dtype") or config.get("torch_dtype") or "float32"), torch.float32)
+    if configured == torch.float32:
+        return torch.bfloat16 if str(config.get("model_type", "")).startswith("gemma") else torch.float16
+    return configured
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,10 @@ import torch
 
 from actors import ActorConfig, DesktopEnv, EpisodeRunner, Outcome, load_task
 from actors.uitars.prompt import action_space_prompt
+from arpo_async.engine import EngineReply
 from arpo_async.inference_client import Generation, PolicyClient
 from arpo_async.model.inputs import PromptEncoder, load_policy
+from arpo_async.sglang_engine import SGLangEngine
 from learner.batcher import Batcher, ScoredGroup, policy_lag, train_samples
 from learner.grpo import correction_weights
 from learner.policy_forward import CompletionLogprobs, PixelCache, check_pad_id, collate, image_pad_problem
@@ -148,7 +150,7 @@ async def test_an_episode_across_a_weight_publication_keeps_each_steps_version_a
 
     server = ServeProcess(tiny_model, free_port(), tmp_path)
     config = ActorConfig(max_steps=3, grammar_actions=("wait",))  # three steps whatever the random policy says
-    published: list[dict] = []
+    published: list[EngineReply] = []
     try:
         await asyncio.to_thread(server.start)
         async with PolicyClient([server.url]) as client:
@@ -158,7 +160,7 @@ async def test_an_episode_across_a_weight_publication_keeps_each_steps_version_a
                 async def generate(self, **kw) -> Generation:
                     gen = await client.generate(**kw)
                     if not published:
-                        published.append(await client.update_weights_from_disk(server.url, str(v1), 1))
+                        published.append(await SGLangEngine(client, server.url).load_weights_from_disk(str(v1), 1))
                     return gen
 
             async with DesktopEnv(config) as env:
@@ -168,7 +170,7 @@ async def test_an_episode_across_a_weight_publication_keeps_each_steps_version_a
         await asyncio.to_thread(server.stop)
 
     assert traj.outcome == Outcome.TRUNCATED and traj.assigned_version == 0, (traj.outcome, traj.error)
-    assert published and published[0].get("success") is True, published
+    assert published and published[0].ok, published
     assert [sorted(set(s.versions.tolist())) for s in traj.steps] == [[0], [1], [1]]
     assert all(len(s.versions) == len(s.output_ids) == len(s.logprobs) > 0 for s in traj.steps)
 

@@ -19,6 +19,7 @@ from arpo_async.inference_client import (
     RetryPolicy,
     image_data_uri,
 )
+from arpo_async.sglang_engine import SGLangEngine
 from actors.uitars import action_regex, build_messages, parse_reply
 from tests.support import ServeProcess, free_port
 
@@ -66,7 +67,7 @@ async def test_regex_constrained_episode_parses_every_step(tiny_serve, encoder):
     shots = [_screenshot(0), _screenshot(1)]
     replies: list[str] = []
     async with PolicyClient([tiny_serve.url]) as client:
-        info = await client.server_info(tiny_serve.url)
+        info = await SGLangEngine(client, tiny_serve.url).server_info()
         for step in range(2):
             prompt = build_messages("open the file menu", replies, history_images=2)
             images = [shots[i] for i in prompt.image_indices]
@@ -110,21 +111,22 @@ async def test_weight_publisher_calls(tiny_serve, tiny_model, encoder):
     prompt = build_messages("task", [])
     ids = encoder.encode(prompt.messages, [SCREEN])
     async with PolicyClient([tiny_serve.url]) as client:
-        assert await client.health()
-        assert (await client.pause_generation(tiny_serve.url))
-        reply = await client.update_weights_from_disk(tiny_serve.url, str(tiny_model), 7)
-        await client.continue_generation(tiny_serve.url)
-        assert reply["success"] is True, reply
-        assert (await client.server_info(tiny_serve.url))["weight_version"] == "7"
+        engine = SGLangEngine(client, tiny_serve.url)
+        assert await client.health() and await engine.healthy()
+        assert (await engine.pause()).ok
+        reply = await engine.load_weights_from_disk(str(tiny_model), 7)
+        assert (await engine.resume()).ok
+        assert reply.ok, reply
+        assert (await engine.server_info())["weight_version"] == "7" and await engine.weight_version() == 7
         g = await client.generate(input_ids=ids, images=[_screenshot(0)], sampling_params=SAMPLING,
                                   rid="after-update", episode_id="e")
         _check_generation(g)
         assert g.weight_version == 7 and set(g.token_versions) == {7}
-        refused = await client.update_weights_from_disk(tiny_serve.url, str(tiny_model / "missing"), 8)
-        assert refused["success"] is False and refused.get("message")
-        assert (await client.server_info(tiny_serve.url))["weight_version"] == "7"
+        refused = await engine.load_weights_from_disk(str(tiny_model / "missing"), 8)
+        assert not refused.ok and refused.message
+        assert await engine.weight_version() == 7
         with pytest.raises(ValueError, match="pause mode"):
-            await client.pause_generation(tiny_serve.url, mode="nap")
+            await engine.pause(mode="nap")
 
 
 async def test_server_down_then_back_on_the_same_port(tiny_model, encoder, tmp_path):

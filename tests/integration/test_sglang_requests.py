@@ -1,7 +1,7 @@
 """Every request our code sends, and every response arpo-serve sends, checked against SGLang 0.5.23's own types
 (run in the SGLang test environment: ``tests/sglang_receiver.py check``, see tests/sglang_env.py).
 
-- requests: PolicyClient's bodies, recorded by a local aiohttp server, decode into SGLang's request types with
+- requests: PolicyClient's and SGLangEngine's bodies, recorded by a local aiohttp server, decode into SGLang's request types with
   no unknown, missing or mistyped field: /generate through SGLang's HTTP contract gate, GenerateReqInput and
   SamplingParams (the actor's real sampling parameters, action regex included) and its image loader; every
   weight, pause and continue route into its io_struct type;
@@ -24,6 +24,7 @@ from actors.episode import EpisodeRunner
 from arpo_async.config import ActorConfig
 from arpo_async.inference_client import PolicyClient, RetryPolicy, image_data_uri
 from arpo_async.model.inputs import PromptEncoder
+from arpo_async.sglang_engine import SGLangEngine
 from tests.rank_driver import screenshot
 from tests.support import catch_all_http_server
 
@@ -85,28 +86,27 @@ async def test_every_request_body_decodes_into_sglang_types(sglang_python, tiny_
                                   rid="ep-1-0", episode_id="ep-1")
             await client.generate(input_ids=prompt[:5], images=[], sampling_params=free, rid="ep-2-0",
                                   episode_id="ep-2")
-            assert await client.health(url)
-            await client.server_info(url)
-            await client.model_info(url)
-            await client.update_weights_from_disk(url, "/models/v3", 3)
-            await client.init_weights_update_group(url, master_address="127.0.0.1", master_port=29500,
-                                                   rank_offset=1, world_size=2, group_name="arpo-weights-0",
-                                                   backend="gloo")
-            await client.begin_weight_update(url)
-            await client.update_weights_from_distributed(url, names=["model.norm.weight"], dtypes=["float32"],
-                                                         shapes=[[64]], group_name="arpo-weights-0",
-                                                         weight_version=None)
-            await client.update_weights_from_distributed(url, names=["lm_head.weight", "model.norm.weight"],
-                                                         dtypes=["bfloat16", "float32"], shapes=[[8, 64], [64]],
-                                                         group_name="arpo-weights-0", weight_version=4,
-                                                         load_format="flattened_bucket")
-            await client.end_weight_update(url)
-            await client.weights_checker(url)
-            await client.weights_checker(url, skip=["rotary_emb"])
-            await client.destroy_weights_update_group(url, "arpo-weights-0")
+            engine = SGLangEngine(client, url)
+            assert await engine.healthy()
+            await engine.server_info()
+            assert await engine.weight_version() == 0  # GET /get_model_info without a version: "default"
+            await engine.load_weights_from_disk("/models/v3", 3)
+            await engine.join_weight_group(master_address="127.0.0.1", master_port=29500, rank_offset=1,
+                                           world_size=2, group_name="arpo-weights-0", backend="gloo", timeout_s=30.0)
+            await engine.begin_weight_update()
+            await engine.receive_weights(names=["model.norm.weight"], dtypes=["float32"], shapes=[[64]],
+                                         group_name="arpo-weights-0", version=None, load_format=None, timeout_s=30.0)
+            await engine.receive_weights(names=["lm_head.weight", "model.norm.weight"],
+                                         dtypes=["bfloat16", "float32"], shapes=[[8, 64], [64]],
+                                         group_name="arpo-weights-0", version=4, load_format="flattened_bucket",
+                                         timeout_s=30.0)
+            await engine.end_weight_update()
+            await engine.checksum_answer()
+            await engine.checksum_answer(skip=["rotary_emb"])
+            await engine.leave_weight_group("arpo-weights-0")
             for mode in ("retract", "abort", "in_place"):
-                await client.pause_generation(url, mode=mode)
-            await client.continue_generation(url)
+                await engine.pause(mode)
+            await engine.resume()
 
     paths = {r["path"] for r in recorder.requests}
     assert paths == {"/generate", "/health", "/get_server_info", "/get_model_info", "/update_weights_from_disk",

@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 from arpo_async.config import LearnerConfig
 from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.model.init_model import create_tiny_model
+from arpo_async.sglang_engine import SGLangEngine
 from learner.publisher import DistributedPublisher
 from learner.trainer import Trainer
 from tests.rank_driver import batch
@@ -116,7 +117,7 @@ async def test_sglang_receives_and_loads_the_published_weights(receiver, model_d
 
     retry = RetryPolicy(attempts=2, request_timeout_s=30.0, admin_timeout_s=30.0)
     async with PolicyClient([receiver.url], retry=retry) as client:
-        publisher = DistributedPublisher(client, [receiver.url], bucket_mb=0.05, timeout_s=30.0,
+        publisher = DistributedPublisher([SGLangEngine(client, receiver.url)], bucket_mb=0.05, timeout_s=30.0,
                                          load_format=load_format)
         await publisher.publish_from(trainer, 1)
         assert publisher.failures == 0
@@ -185,7 +186,7 @@ async def test_sglang_session_rules_meet_the_publisher(receiver, model_dir):
     trainer = Trainer(model_dir, LearnerConfig(lr=1e-2))
     retry = RetryPolicy(attempts=2, request_timeout_s=30.0, admin_timeout_s=30.0)
     async with PolicyClient([receiver.url], retry=retry) as client:
-        publisher = DistributedPublisher(client, [receiver.url], bucket_mb=1.0, timeout_s=30.0)
+        publisher = DistributedPublisher([SGLangEngine(client, receiver.url)], bucket_mb=1.0, timeout_s=30.0)
         await publisher.publish_from(trainer, 7)  # the session left open above is closed first
         assert publisher.failures == 0
     state = await receiver.state()
@@ -201,6 +202,7 @@ async def test_learner_weight_check_agrees_with_sglang_weights_checker(receiver,
     trainer.train_step(batch(model_dir, 0))
     retry = RetryPolicy(attempts=2, request_timeout_s=30.0, admin_timeout_s=30.0)
     async with PolicyClient([receiver.url], retry=retry) as client:
-        publisher = DistributedPublisher(client, [receiver.url], bucket_mb=1.0, timeout_s=30.0, verify_every=1)
+        publisher = DistributedPublisher([SGLangEngine(client, receiver.url)], bucket_mb=1.0, timeout_s=30.0,
+                                         verify_every=1)
         await publisher.publish_from(trainer, 1)
         assert (publisher.failures, publisher.verified) == (0, 1)

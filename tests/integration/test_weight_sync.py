@@ -18,9 +18,9 @@ from arpo_async.config import LearnerConfig
 from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.model.init_model import create_tiny_model
 from arpo_async.model.inputs import PromptEncoder
+from arpo_async.sglang_engine import SGLangEngine, sglang_engines
 from learner.publisher import DistributedPublisher, WeightPublisher, WeightsMismatch, servers_behind, verify_server
 from learner.trainer import Trainer
-from learner.weight_check import served_checksums
 from tests.rank_driver import batch, screenshot
 from tests.support import ServeProcess, free_port, until
 
@@ -55,8 +55,8 @@ async def test_distributed_sync_matches_disk_and_survives_a_server_killed_mid_sy
         net_server.start()
         async with PolicyClient([disk_server.url, net_server.url], retry=retry) as client:
             before, _ = await scored(net_server.url, model_dir)
-            disk = WeightPublisher(client, [disk_server.url], tmp_path / "weights")
-            net = DistributedPublisher(client, [net_server.url], bucket_mb=0.05, timeout_s=20.0)
+            disk = WeightPublisher([SGLangEngine(client, disk_server.url)], tmp_path / "weights")
+            net = DistributedPublisher([SGLangEngine(client, net_server.url)], bucket_mb=0.05, timeout_s=20.0)
             await disk.publish_from(trainer, 1)
             await net.publish_from(trainer, 1)
             assert net.failures == 0
@@ -69,7 +69,7 @@ async def test_distributed_sync_matches_disk_and_survives_a_server_killed_mid_sy
             # version 2: SIGKILL the server once its first bucket is in; the learner skips it and goes on
             trainer.train_step(batch(model_dir, 1))
             log = net_server.log_dir / f"serve-{net_server.port}-{net_server.starts}.log"
-            slow = DistributedPublisher(client, [net_server.url], bucket_mb=0.001, timeout_s=20.0)
+            slow = DistributedPublisher([SGLangEngine(client, net_server.url)], bucket_mb=0.001, timeout_s=20.0)
             slow._groups = net._groups  # the same learner: its group to this server exists already
             syncing = asyncio.create_task(slow.publish_from(trainer, 2))
             await until(lambda: "weight bucket of" in log.read_text(errors="replace"), 60,
@@ -111,13 +111,13 @@ async def test_a_restarted_server_is_caught_up_to_the_current_version(model_dir,
         disk_server.start()
         net_server.start()
         async with PolicyClient(urls, retry=retry) as client:
-            disk = WeightPublisher(client, [disk_server.url], tmp_path / "weights")
-            net = DistributedPublisher(client, [net_server.url], bucket_mb=0.05, timeout_s=20.0)
+            disk = WeightPublisher([SGLangEngine(client, disk_server.url)], tmp_path / "weights")
+            net = DistributedPublisher([SGLangEngine(client, net_server.url)], bucket_mb=0.05, timeout_s=20.0)
             await disk.publish_from(trainer, 1)
             await net.publish_from(trainer, 1)
             trained, version = await scored(disk_server.url, model_dir)
             assert version == "1"
-            assert await servers_behind(client, urls, 1) == []
+            assert await servers_behind(sglang_engines(client), 1) == []
             assert await disk.catch_up(trainer, 1) == [] and await net.catch_up(trainer, 1) == []
 
             for server in (disk_server, net_server):
@@ -130,12 +130,12 @@ async def test_a_restarted_server_is_caught_up_to_the_current_version(model_dir,
             for server in (disk_server, net_server):
                 server.start()  # back with the base weights
             assert [v for _, v in [await scored(u, model_dir) for u in urls]] == ["0", "0"]
-            assert await servers_behind(client, urls, 2) == urls
+            assert [e.url for e in await servers_behind(sglang_engines(client), 2)] == urls
             assert await disk.catch_up(trainer, 2) == [disk_server.url]
             assert await net.catch_up(trainer, 2) == [net_server.url]
             via_disk, via_group = await scored(disk_server.url, model_dir), await scored(net_server.url, model_dir)
             assert via_disk == via_group and via_disk[1] == "2" and via_disk[0] != trained
-            assert await servers_behind(client, urls, 2) == [] and net.failures == 1
+            assert await servers_behind(sglang_engines(client), 2) == [] and net.failures == 1
     finally:
         disk_server.stop()
         net_server.stop()
@@ -211,25 +211,26 @@ async def test_flattened_buckets_checksums_and_refused_names(model_dir, tmp_path
     retry = RetryPolicy(attempts=2, request_timeout_s=30.0, admin_timeout_s=30.0)
     try:
         async with PolicyClient([server.url], retry=retry) as client:
-            initial = served_checksums(await client.weights_checker(server.url))
+            engine = SGLangEngine(client, server.url)
+            initial = (await engine.weights_checksums()).checksums
             assert set(initial) == set(trainer.checkpoint_state_dict())  # checkpoint names, every weight
 
-            flat = DistributedPublisher(client, [server.url], bucket_mb=0.05, timeout_s=20.0,
+            flat = DistributedPublisher([SGLangEngine(client, server.url)], bucket_mb=0.05, timeout_s=20.0,
                                         load_format="flattened_bucket", verify_every=1)
             await flat.publish_from(trainer, 1)
             assert (flat.failures, flat.verified) == (0, 1)
-            published = served_checksums(await client.weights_checker(server.url))
+            published = (await engine.weights_checksums()).checksums
             assert published != initial
             assert (await scored(server.url, model_dir))[1] == "1"
 
             # module names are refused and nothing of them is loaded; the server stays paused until a whole
             # publication (which first closes the session left open) succeeds
             trainer.train_step(batch(model_dir, 1))
-            refused = DistributedPublisher(client, [server.url], bucket_mb=0.05, timeout_s=20.0)
+            refused = DistributedPublisher([SGLangEngine(client, server.url)], bucket_mb=0.05, timeout_s=20.0)
             await refused.publish_from(ModuleNamed(trainer), 2)
             assert refused.failures == 1
-            assert served_checksums(await client.weights_checker(server.url)) == published
-            info = await client.server_info(server.url)
+            assert (await engine.weights_checksums()).checksums == published
+            info = await engine.server_info()
             assert info["internal_states"][0]["paused"] is True and info["weight_version"] == "1"
             await flat.publish_from(trainer, 2)
             assert (flat.failures, flat.verified) == (0, 2)
@@ -240,7 +241,7 @@ async def test_flattened_buckets_checksums_and_refused_names(model_dir, tmp_path
             name = next(iter(tampered))
             tampered[name] = tampered[name] + 1.0
             with pytest.raises(WeightsMismatch, match=f"{server.url}.*{name}"):
-                await verify_server(client, server.url, tampered, trainer)
+                await verify_server(engine, tampered, trainer)
     finally:
         server.stop()
 

@@ -12,6 +12,7 @@ from aiohttp import web
 from arpo_async.config import LearnerConfig
 from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.model.init_model import create_tiny_model
+from arpo_async.sglang_engine import SGLangEngine
 from learner.publisher import DistributedPublisher
 from learner.trainer import Trainer
 from tests.support import ServeProcess, catch_all_http_server, free_port
@@ -29,7 +30,7 @@ async def publish_once(url: str, trainer: Trainer, caplog) -> DistributedPublish
     """One distributed publication of version 1 to the server at ``url`` (a test's own HTTP server), its
     warnings captured; returns the publisher (its ``failures``)."""
     async with PolicyClient([url], retry=RETRY) as client:
-        publisher = DistributedPublisher(client, [url], timeout_s=3.0)
+        publisher = DistributedPublisher([SGLangEngine(client, url)], timeout_s=3.0)
         with caplog.at_level(logging.WARNING, logger="arpo.learner.publish"):
             await publisher.publish_from(trainer, 1)  # returns: a server never stops the learner
     return publisher
@@ -40,15 +41,16 @@ async def test_a_session_left_open_is_closed_once_and_the_publication_goes_throu
     server.start()
     try:
         async with PolicyClient([server.url], retry=RETRY) as client:
-            assert (await client.begin_weight_update(server.url))["success"] is True  # a learner died here
-            publisher = DistributedPublisher(client, [server.url], timeout_s=20.0, verify_every=1)
+            engine = SGLangEngine(client, server.url)
+            assert (await engine.begin_weight_update()).ok  # a learner died here
+            publisher = DistributedPublisher([SGLangEngine(client, server.url)], timeout_s=20.0, verify_every=1)
             with caplog.at_level(logging.WARNING, logger="arpo.learner.publish"):
                 await publisher.publish_from(trainer, 7)
             assert (publisher.failures, publisher.verified) == (0, 1)
             assert "begin_weight_update refused (a weight-update session is already open" in caplog.text
-            info = await client.server_info(server.url)
+            info = await engine.server_info()
             assert info["weight_version"] == "7" and info["internal_states"][0]["paused"] is False
-            assert (await client.end_weight_update(server.url))["success"] is False  # the session was closed
+            assert not (await engine.end_weight_update()).ok  # the session was closed
     finally:
         server.stop()
 
