@@ -121,6 +121,6 @@ class InferenceEngine(Protocol):
 
     async def weights_checksums(self) -> ServedChecksums:
         """Checksums of every weight the server serves, its dtype and how it hashes. Raises ValueError when the
-        server refuses or answers without checksums. SGLang: POST /weights_checker {"action": "checksum"} and
-        GET /get_server_info (``dtype``, ``device``)."""
+        server refuses or answers without checksums, RuntimeError when this machine cannot hash as it does.
+        SGLang: POST /weights_checker {"action": "checksum"} and GET /get_server_info (``dtype``, ``device``)."""
         ...

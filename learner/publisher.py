@@ -230,10 +230,12 @@ async def verify_server(engine: InferenceEngine, tensors: dict[str, torch.Tensor
     """
     try:
         served = await engine.weights_checksums()
+    except (PolicyUnavailable, PolicyRequestError):
+        raise
     except ValueError as error:
         raise WeightsMismatch(f"{engine.url} weights checksums: {error}") from error
-    except RuntimeError as error:
-        raise PublishError(str(error)) from error
+    except RuntimeError as error:  # it cannot be hashed alike here
+        raise PublishError(f"{engine.url}: {error}") from error
     try:
         dtype = served_dtype(served.dtype, Path(trainer.model_dir))
     except ValueError as error:
