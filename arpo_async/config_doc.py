@@ -1,8 +1,9 @@
 """The run config described key by key: name, type, value, default and docstring (`arpo config show`).
 
 Role: make every config key discoverable from the command line. The docstrings are the attribute docstrings of
-arpo_async.config's dataclasses (the string literal right after each field), read from that module's source with
-`ast`, so the documentation lives in one place, next to the field.
+arpo_async.config's dataclasses (the string literal right after each field), read from each class's source with
+`ast` (wherever the class is declared: arpo_async.config_sections, arpo_async.config_learner), so the documentation
+lives in one place, next to the field.
 Invariants: `describe` lists every field of every section, in declaration order; `render_toml` writes TOML that
 `load_config` reads back to the same config, each key preceded by its docstring as comments.
 """
@@ -29,7 +30,7 @@ SECTIONS: tuple[str, ...] = tuple(SECTION_TYPES)
 @dataclass(frozen=True)
 class KeyDoc:
     """One config key: ``section`` ("" for top-level keys such as run_dir), ``name``, the type as written in
-    config.py, the current ``value``, the dataclass ``default`` and the field's attribute ``doc`` ("" if none)."""
+    its class, the current ``value``, the dataclass ``default`` and the field's attribute ``doc`` ("" if none)."""
 
     section: str
     name: str
