@@ -11,7 +11,6 @@ import io
 import math
 import random
 import statistics
-import urllib.request
 from typing import Iterable
 
 from arpo_async.stage_timings import percentile as stage_percentile
@@ -93,11 +92,3 @@ def desktop_png(seed: int, size: tuple[int, int] = (1280, 720)) -> bytes:
     img.save(out, format="PNG")
     return out.getvalue()
 
-
-def healthy(url: str) -> bool:
-    """Whether the HTTP server at ``url`` (arpo-serve, SGLang) answers ``GET /health`` with 200 within 2 s."""
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
-            return reply.status == 200
-    except OSError:
-        return False

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _common import median
+from bench._common import median
 
 from actors.desktop.fleet import Desktop, DesktopFleet
 from actors.desktop.pool import DesktopPool

@@ -22,8 +22,8 @@ same length ("no encoder"), to show what the chat template and the tokenizer cos
 
 Last line, e.g.: ``ratio_1024_1s=... cpu_ms_per_step_1024_1s=... ratio_256_0.1s=...``
 
-    python bench/bench_actor_loop.py            # 20 s window per configuration (about 5 minutes)
-    python bench/bench_actor_loop.py --quick    # 5 s window per configuration
+    python -m bench.bench_actor_loop            # 20 s window per configuration (about 5 minutes)
+    python -m bench.bench_actor_loop --quick    # 5 s window per configuration
 """
 
 from __future__ import annotations
@@ -43,12 +43,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import zmq
+import zmq.asyncio
 
-import zmq  # noqa: E402
-import zmq.asyncio  # noqa: E402
-
-from _common import desktop_png, result_line  # noqa: E402
+from bench._common import desktop_png, result_line
 
 MAX_STEPS = 15
 HISTORY_IMAGES = 2

@@ -35,13 +35,9 @@ import asyncio
 import secrets
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _common import median, p95, result_line
-from _live import probe
+from bench._common import median, p95, result_line
+from bench._live import probe
 
 from actors.desktop.build import build_image, image_size_mb
 from actors.desktop.fleet import Desktop, DesktopFleet

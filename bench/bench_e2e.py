@@ -12,7 +12,7 @@ place between episodes), and async-fresh: async with a fresh container per episo
 the behaviour before reuse). Ratios: async / lockstep of both figures (target from issue 4: >= 3x
 trajectories/min) and async / async-fresh trajectories/min (what reuse buys).
 
-Usage: python bench/bench_e2e.py [--minutes 5] [--actors 8] [--quick] [--arms async,lockstep,async-fresh]
+Usage: python -m bench.bench_e2e [--minutes 5] [--actors 8] [--quick] [--arms async,lockstep,async-fresh]
 Last line: key=value figures.
 """
 
@@ -24,9 +24,7 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._arpo_run import ROOT, ensure_model, run_arpo  # noqa: E402
+from bench._arpo_run import ROOT, ensure_model, run_arpo
 
 ASYNC = ['learner.schedule="async"', "learner.max_staleness=2"]
 ARMS = {

@@ -24,10 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _common import median, result_line
+from bench._common import median, result_line
 
 from arpo_async.model.init_model import create_tiny_model
 from arpo_async.task_sets import load_task_set

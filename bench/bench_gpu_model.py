@@ -47,15 +47,15 @@ achieved / ideal), ``best``, ``async_over_arpo`` (the same schedule against arpo
 per-schedule figures (with real desktops: ``desktop_label`` and each schedule's
 ``act_x``, ``late_share``, ``work_p50_ms``, ``click_p50_ms``, ``shot_p50_ms``, ``reset_p50_ms``).
 
-    python bench/bench_gpu_model.py                  # 1,024 desktops, 5 schedules (about 15 minutes)
-    python bench/bench_gpu_model.py --quick          # smoke: 32 desktops, batches of 2 groups, short windows
-    python bench/bench_gpu_model.py --schedules lockstep,eta2 --warmup 300 --window 900 --sensitivity
+    python -m bench.bench_gpu_model                  # 1,024 desktops, 5 schedules (about 15 minutes)
+    python -m bench.bench_gpu_model --quick          # smoke: 32 desktops, batches of 2 groups, short windows
+    python -m bench.bench_gpu_model --schedules lockstep,eta2 --warmup 300 --window 900 --sensitivity
                                                      # + each parameter halved and doubled (about an hour)
-    python bench/bench_gpu_model.py ... --sensitivity --sensitivity-params training.gpus,episode.action_s
-    python bench/bench_gpu_model.py --set inference.servers=2 --set run.time_scale=10
-    python bench/bench_gpu_model.py --real-desktops 64 --schedules lockstep,eta2,eta4 --warmup 120 --window 360
+    python -m bench.bench_gpu_model ... --sensitivity --sensitivity-params training.gpus,episode.action_s
+    python -m bench.bench_gpu_model --set inference.servers=2 --set run.time_scale=10
+    python -m bench.bench_gpu_model --real-desktops 64 --schedules lockstep,eta2,eta4 --warmup 120 --window 360
                                                      # 64 docker desktops (about 30 minutes)
-    python bench/bench_gpu_model.py --real-desktops 2 --quick --schedules lockstep,eta2   # smoke (CI, ~100 s)
+    python -m bench.bench_gpu_model --real-desktops 2 --quick --schedules lockstep,eta2   # smoke (CI, ~100 s)
 """
 
 from __future__ import annotations
@@ -75,19 +75,16 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import zmq
+import zmq.asyncio
 
-import zmq  # noqa: E402
-import zmq.asyncio  # noqa: E402
+from arpo_async.process import run_until_signal
 
-from arpo_async.process import run_until_signal  # noqa: E402
-
-from _common import desktop_png, result_line  # noqa: E402
-from bench_actor_loop import TASK, _make_model, free_port  # noqa: E402
-from gpu_model import DEFAULT_PATH, GpuTimingModel, load_model  # noqa: E402
-from gpu_stand_ins import (REPLY, BarrierStalled, ModelledPolicy, ModelledPool, ModelledPublisher,  # noqa: E402
-                           ModelledServer, ModelledTrainer, PaddedPool, StepBarrier)
+from bench._common import desktop_png, result_line
+from bench.bench_actor_loop import TASK, _make_model, free_port
+from bench.gpu_model import DEFAULT_PATH, GpuTimingModel, load_model
+from bench.gpu_stand_ins import (REPLY, BarrierStalled, ModelledPolicy, ModelledPool, ModelledPublisher,
+                                 ModelledServer, ModelledTrainer, PaddedPool, StepBarrier)
 
 SCHEDULES = {"lockstep": ("lockstep", 0), "arpo": ("lockstep", 0), "eta1": ("async", 1), "eta2": ("async", 2),
              "eta4": ("async", 4)}

@@ -7,7 +7,7 @@ What runs, each a process of its own:
   publisher, checkpoints and metrics.jsonl with TensorBoard; it binds ``tcp://0.0.0.0:PORT``;
 - the real ``arpo-serve`` with the same policy, which the learner publishes every new version to (the actors do
   not call it: see below);
-- two actor hosts, each a network namespace joined to the host by a veth pair (bench._netns, as
+- two actor hosts, each a network namespace joined to the host by a veth pair (tests/netns.py, as
   tests/integration/test_second_host.py does), running this script's ``--actor-host`` mode: N real EnvActors with
   the real EpisodeRunner (UI-TARS prompt, PromptEncoder, reply parser, evaluator) and the real LearnerLink over a
   DEALER SocketPump that connects to the learner across the link. Stand-ins, from bench_actor_loop.py: the
@@ -35,8 +35,8 @@ Where namespaces cannot be made (not root, no iproute2) both hosts run on loopba
 
 Last line, e.g.: ``actors=1024 hosts=2 netns=1 lost=0 unbounded=0 loop_lag_p99_ms=... max_queue_depth=...``
 
-    python bench/bench_hosts.py                # 2 x 512 actors, 120 s of training
-    python bench/bench_hosts.py --quick        # smoke: 2 x 32 actors, 20 s
+    python -m bench.bench_hosts                # 2 x 512 actors, 120 s of training
+    python -m bench.bench_hosts --quick        # smoke: 2 x 32 actors, 20 s
 """
 
 from __future__ import annotations
@@ -57,13 +57,11 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from arpo_async.loop_lag import bucket_quantile  # noqa: E402
-from bench._arpo_run import ROOT, ensure_model  # noqa: E402
-from bench._common import desktop_png, healthy, median, result_line  # noqa: E402
-from bench._netns import NamespaceUnavailable, in_namespace, private_link  # noqa: E402
-from bench.bench_actor_loop import (HISTORY_IMAGES, OUTPUT_TOKENS, REPLY, TASK, FixedLatencyPolicy,  # noqa: E402
+from arpo_async.loop_lag import bucket_quantile
+from bench._arpo_run import ROOT, ensure_model
+from bench._common import desktop_png, median, result_line
+from tests.netns import NamespaceUnavailable, in_namespace, private_link
+from bench.bench_actor_loop import (HISTORY_IMAGES, OUTPUT_TOKENS, REPLY, TASK, FixedLatencyPolicy,
                                     InstantController, InstantPool, free_port)
 
 WIRE_UP = ("hello", "work_request", "trajectory")
@@ -362,14 +360,15 @@ def run(setup: Setup, model: Path, work: Path, netns: bool) -> dict:
         with hosts_links(setup.hosts, netns) as links:
             procs.start("serve", [sys.executable, "-m", "arpo_serve.main", "--model", str(model),
                                   "--port", str(serve_port)])
-            wait_for("arpo-serve /health", lambda: healthy(serve_url), 300, lambda: procs.check("serve"))
+            ready = lambda: "arpo-serve ready" in (work / "serve.log").read_text(errors="replace")  # noqa: E731
+            wait_for("arpo-serve's ready line", ready, 300, lambda: procs.check("serve"))
             procs.start("learner", [sys.executable, "-m", "learner.main", "--config", str(config)])
             alive = lambda: procs.check("serve", "learner")  # noqa: E731
             wait_for("the learner's status.json", lambda: status().get("loop_lag_ms", {}).get("samples", 0) >= 100,
                      300, alive)
             idle = status()["loop_lag_ms"]  # the baseline: the same learner, no actor yet
             for name, (ns, address) in zip(names, links):
-                argv = [sys.executable, str(Path(__file__).resolve()), "--actor-host", "--endpoint",
+                argv = [sys.executable, "-m", "bench.bench_hosts", "--actor-host", "--endpoint",
                         f"tcp://{address}:{port}", "--actors", str(setup.actors_per_host), "--actor-id", name,
                         "--run-id", run_id, "--model", str(model), "--latency", str(setup.latency_s),
                         "--max-steps", str(setup.max_steps), "--counts", str(work / f"{name}.json"),

@@ -18,9 +18,9 @@ start from the same desktop):
 Medians over ``--repeats`` steps after one warm-up step. ``--quick`` is the smoke mode CI runs (2 repeats).
 
 Usage:
-  python bench/bench_learner.py              # 10 repeats
-  python bench/bench_learner.py --quick      # smoke mode (about a minute)
-  python bench/bench_learner.py --model runs/tiny-model --device cuda   # on a GPU machine
+  python -m bench.bench_learner              # 10 repeats
+  python -m bench.bench_learner --quick      # smoke mode (about a minute)
+  python -m bench.bench_learner --model runs/tiny-model --device cuda   # on a GPU machine
 """
 
 from __future__ import annotations
@@ -36,12 +36,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-from bench._arpo_run import ROOT, ensure_model  # noqa: E402
-from bench._common import desktop_png, median, result_line  # noqa: E402
+from bench._arpo_run import ROOT, ensure_model
+from bench._common import desktop_png, median, result_line
 
 COLOURS = ("Red", "Blue", "Green", "Yellow", "Purple", "Orange", "Black", "White")
 
@@ -166,7 +164,7 @@ def rank_worker(model: Path, repeats: int, device: str, threads: int) -> int:
 
 def time_ranks(model: Path, ranks: int, repeats: int, device: str, threads: int) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-           str(Path(__file__).resolve()), "--worker", "--model", str(model), "--repeats", str(repeats),
+           "-m", "bench.bench_learner", "--worker", "--model", str(model), "--repeats", str(repeats),
            "--device", device, "--threads", str(threads)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     found = [line for line in proc.stdout.splitlines() if line.startswith("RANKS ")]

@@ -15,8 +15,8 @@ Printed per layout: prompt ids and their bytes per trajectory each way, the shar
 bytes saved (with bench_transport's 15 screenshots, 2.70 MB), and CPU per trajectory (process time, medians of
 rounds) to pack on the actor and unpack on the learner, each way.
 
-    python bench/bench_prompt_prefix.py            # 7 rounds of 200 episodes per encoding
-    python bench/bench_prompt_prefix.py --quick    # 3 rounds of 20
+    python -m bench.bench_prompt_prefix            # 7 rounds of 200 episodes per encoding
+    python -m bench.bench_prompt_prefix --quick    # 3 rounds of 20
 
 Last line: ``h2_saved_frac=... h15_saved_frac=... h2_pack_us=... h2_prefix_pack_us=...`` and so on (``saved_frac``:
 bytes saved over the whole trajectory, screenshots included).
@@ -30,11 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from _common import median, result_line  # noqa: E402
+from bench._common import median, result_line
 
 STEPS = 15
 SCREEN = (1280, 720)

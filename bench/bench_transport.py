@@ -25,8 +25,8 @@ Last line: ``traj_per_s=... mb_per_s=... raw_mb_per_s=... ratio=... actor_cpu_ms
 learner_cpu_ms_per_traj=... encode_ms=... decode_validate_ms=...`` (medians over rounds; MB = 10^6 bytes; ratio =
 stack MB/s / raw MB/s, target >= 0.8).
 
-    python bench/bench_transport.py            # 7 rounds x 200 trajectories per mode
-    python bench/bench_transport.py --quick    # 3 rounds x 60
+    python -m bench.bench_transport            # 7 rounds x 200 trajectories per mode
+    python -m bench.bench_transport --quick    # 3 rounds x 60
 """
 
 from __future__ import annotations
@@ -42,13 +42,11 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np
+import zmq
+import zmq.asyncio
 
-import numpy as np  # noqa: E402
-import zmq  # noqa: E402
-import zmq.asyncio  # noqa: E402
-
-from _common import desktop_png, median, result_line  # noqa: E402
+from bench._common import desktop_png, median, result_line
 
 STEPS = 15
 PROMPT_TOKENS = 3000

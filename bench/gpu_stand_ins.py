@@ -34,8 +34,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from bench_actor_loop import InstantController, InstantPool
-from gpu_model import EpisodeModel, InferenceModel, TrainingModel
+from bench.bench_actor_loop import InstantController, InstantPool
+from bench.gpu_model import EpisodeModel, InferenceModel, TrainingModel
 
 REPLY = "Thought: I click the red button.\nAction: click(start_box='<|box_start|>(640,360)<|box_end|>')"
 MAX_CATCH_UP_S = 0.5

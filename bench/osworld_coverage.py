@@ -1,9 +1,9 @@
 """OSWorld coverage: how many tasks of a folder load, set up in a real desktop, and evaluate untouched.
 
-    python bench/osworld_coverage.py OSWorld/evaluation_examples/examples          # loading only
-    python bench/osworld_coverage.py OSWorld/evaluation_examples/examples --desktops 2 --domains os,vlc --offline-only
-    python bench/osworld_coverage.py OSWorld/evaluation_examples/examples --offline-split offline.json
-    python bench/osworld_coverage.py --quick                 # smoke: our own OSWorld-format tasks, 1 desktop
+    python -m bench.osworld_coverage OSWorld/evaluation_examples/examples          # loading only
+    python -m bench.osworld_coverage OSWorld/evaluation_examples/examples --desktops 2 --domains os,vlc --offline-only
+    python -m bench.osworld_coverage OSWorld/evaluation_examples/examples --offline-split offline.json
+    python -m bench.osworld_coverage --quick                 # smoke: our own OSWorld-format tasks, 1 desktop
 
 Prints the per-domain table and one line per task that did not pass (the reason: needs network, app missing,
 getter or metric not implemented, setup failed with its error), then the key=value figures line:
@@ -22,11 +22,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from actors.osworld.downloads import run_download_cache  # noqa: E402
-from actors.task_check import TaskReport, check_folder, format_report, task_files, write_json  # noqa: E402
-from bench._common import result_line  # noqa: E402
+from actors.osworld.downloads import run_download_cache
+from actors.task_check import TaskReport, check_folder, format_report, task_files, write_json
+from bench._common import result_line
 
 QUICK_DIR = ROOT / "tests" / "data" / "tasks" / "osworld"
 

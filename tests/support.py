@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import aiodocker
@@ -224,3 +225,12 @@ def parse_html(page: str) -> Elements:
     parser = Elements()
     parser.feed(page)
     return parser
+
+
+def healthy(url: str) -> bool:
+    """Whether the HTTP server at ``url`` (arpo-serve, SGLang) answers ``GET /health`` with 200 within 2 s."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
+            return reply.status == 200
+    except OSError:
+        return False

@@ -1,7 +1,8 @@
 """Smoke runs of the throughput benchmarks, so none of them silently stops working.
 
-Each runs in its smallest mode as a user would (`python bench/<name>.py ...`) and must exit 0 and end with the
-key=value figures line it exists for. Figures are not checked (tests check behaviour, not timings).
+Each runs in its smallest mode as a user would (`python -m bench.<name> ...`, from the repository root) and must
+exit 0 and end with the key=value figures line it exists for. Figures are not checked (tests check behaviour, not
+timings).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ pytestmark = pytest.mark.docker
 
 
 def run_bench(name: str, *args: str, timeout: float) -> dict[str, str]:
-    """Run bench/<name>.py with ``args``; its last line's key=value figures. Fails with the output's tail."""
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), *args], cwd=ROOT,
+    """Run ``python -m bench.<name>`` with ``args``; its last line's key=value figures. Fails with the output's
+    tail."""
+    proc = subprocess.run([sys.executable, "-m", f"bench.{name}", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
@@ -61,7 +63,7 @@ def test_bench_gpu_model_quick():
 
 def test_bench_gpu_model_sensitivity_compares_the_best_async_schedule_with_each_synchronous_one():
     """--sensitivity with one parameter: a table row with the ratio at x0.5 and x2 against lockstep and arpo."""
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_gpu_model.py"), "--quick", "--schedules",
+    proc = subprocess.run([sys.executable, "-m", "bench.bench_gpu_model", "--quick", "--schedules",
                            "lockstep,arpo,eta2", "--warmup", "20", "--window", "60", "--sensitivity",
                            "--sensitivity-params", "episode.action_s", "--sensitivity-window", "20", "60"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -75,7 +77,7 @@ def test_bench_gpu_model_sensitivity_compares_the_best_async_schedule_with_each_
 def test_bench_gpu_model_refuses_arpo_with_fewer_desktops_than_a_batch():
     """ARPO runs one desktop per trajectory of the batch; a round that could not start all of them together would
     never pass its first step, so the benchmark refuses it before it starts anything."""
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_gpu_model.py"), "--quick", "--actors", "8",
+    proc = subprocess.run([sys.executable, "-m", "bench.bench_gpu_model", "--quick", "--actors", "8",
                            "--schedules", "lockstep,arpo,eta2"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "16 desktops for 2 groups of 8, not 8" in proc.stderr
 
@@ -157,10 +159,10 @@ def test_osworld_coverage_quick():
 
 
 def test_bench_learning_poses_a_multi_step_family_with_its_number_of_actions():
-    """`bench/bench_learning.py --family settings` trains the 2-step family with 2-step episodes (and
+    """`python -m bench.bench_learning --family settings` trains the 2-step family with 2-step episodes (and
     settings-apply with 3), one group per task, as configs/multistep.toml does."""
     from arpo_async.config import load_config
-    from bench.bench_learning import TASK_SETUP, check_tasks, task_selection
+    from tests.learning_arms import TASK_SETUP, check_tasks, task_selection
 
     for family, actions in (("settings", 2), ("settings-apply", 3)):
         name, selection = task_selection(family)

@@ -21,7 +21,7 @@ from arpo_async import codec
 from arpo_async.config import load_config
 from arpo_async.messages import Hello, WorkRequest
 from arpo_async.metrics import read_metrics
-from bench.fuzz_wire import base_trajectory, reencode
+from tests.wire_fuzz import base_trajectory, reencode
 from tests.integration.test_resume import read_json, running_job, tail, write_config
 from tests.support import until_sync
 

@@ -1,13 +1,13 @@
 """Learnability: the product's recipe makes the embedded tiny policy learn, and the test fails when it does not.
 
-In one process, as bench/probe_learning.py does: real desktops capture each task's click tree (the screenshot after
-its setup, the app's button boxes, and the task's evaluator score after a click on each button); the real arpo-serve
-`Engine` samples with the actors' action grammar (compact prompt, fixed-width coordinates, forced text emitted as
-canonical tokens); a reply succeeds when its click lands in the box of the button the evaluator scores 1 (a click on
-no button changes nothing and scores 0); the learner's real `Batcher` and its training step
-(learner.training_step: the forced tokens left out of the loss, ``updates_per_batch`` optimizer steps per batch,
-the `Trainer`) train on the groups. The settings are bench_learning.py's arm a (its task setup and the arm's
-overrides). The whole run is seeded.
+In one process, with the learning probe (tests/learning_probe.py, also bench/probe_learning.py's): real desktops
+capture each task's click tree (the screenshot after its setup, the app's button boxes, and the task's evaluator
+score after a click on each button); the real arpo-serve `Engine` samples with the actors' action grammar (compact
+prompt, fixed-width coordinates, forced text emitted as canonical tokens); a reply succeeds when its click lands in
+the box of the button the evaluator scores 1 (a click on no button changes nothing and scores 0); the learner's real
+`Batcher` and its training step (learner.training_step: the forced tokens left out of the loss,
+``updates_per_batch`` optimizer steps per batch, the `Trainer`) train on the groups. The settings are the learning
+benchmarks' arm a (tests/learning_arms.py: its task setup and the arm's overrides). The whole run is seeded.
 
 A single task must rise from at most 30% to at least 70% within 40 rollout batches, for a built-in colour task
 and for a task of another family (tests/data/tasks/shapes: other labels, no colours, another window title and
@@ -26,8 +26,8 @@ import pytest
 
 from arpo_async.config import load_config
 from arpo_async.model.init_model import create_tiny_model
-from bench.bench_learning import ARMS, TASK_SETUP, task_selection
-from bench.probe_learning import capture_scenes, run_arm
+from tests.learning_arms import ARMS, TASK_SETUP, task_selection
+from tests.learning_probe import capture_scenes, run_arm
 
 pytestmark = pytest.mark.docker
 
@@ -37,7 +37,7 @@ SHAPES = str(Path(__file__).resolve().parent.parent / "data" / "tasks" / "shapes
 
 
 def _setup(task: str):
-    """The config (bench_learning's task setup and arm a, seed 0) and the captured scene of ``task``."""
+    """The config (the task setup and arm a of tests/learning_arms.py, seed 0) and the captured scene of ``task``."""
     family, selection = (SHAPES, ['learner.task_ids=["shapes-star"]']) if task == "shapes-star" else (task, [])
     config = load_config(None, TASK_SETUP + ARMS[ARM][1] + task_selection(family)[1] + selection + ["learner.seed=0"])
     scenes = asyncio.run(capture_scenes(config))

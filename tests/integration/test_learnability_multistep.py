@@ -1,16 +1,16 @@
 """Learnability of a 2-step task: the product's recipe makes the tiny policy learn two clicks in order, and the test
 fails when it does not.
 
-In one process, as bench/probe_learning.py does: real desktops capture the click tree of settings-sound-mute
-("Open the Sound section and turn on Mute.": no switch is on screen at the start, so it takes a click on the Sound
-tab, then one on its Mute switch): every state 2 clicks on the app's widgets reach, with its real screenshot, the
-widget boxes and the task's own evaluator score. Episodes are played on that tree with the actors' step loop as
-configs/multistep.toml sets it (2 steps; the second prompt carries both screenshots and the first reply), on its one
-task settings-sound-mute with 2 groups per rollout batch (as the figures below were measured); the real
-arpo-serve `Engine` samples every step with the actors' grammar, and the learner's Batcher and training step
-(learner.training_step) train on the 2-step trajectories, each step's prompt ids, screenshots, sampled ids and
-behaviour log-probs as the actors record them. Sampling lags the trained weights by one version (the async
-schedule of the config). The whole run is seeded (learner.seed=1).
+In one process, with the learning probe (tests/learning_probe.py): real desktops capture the click tree of
+settings-sound-mute ("Open the Sound section and turn on Mute.": no switch is on screen at the start, so it takes a
+click on the Sound tab, then one on its Mute switch): every state 2 clicks on the app's widgets reach, with its real
+screenshot, the widget boxes and the task's own evaluator score. Episodes are played on that tree with the actors'
+step loop as configs/multistep.toml sets it (2 steps; the second prompt carries both screenshots and the first
+reply), on its one task settings-sound-mute with 2 groups per rollout batch (as the figures below were measured);
+the real arpo-serve `Engine` samples every step with the actors' grammar, and the learner's Batcher and training
+step (learner.training_step) train on the 2-step trajectories, each step's prompt ids, screenshots, sampled ids and
+behaviour log-probs as the actors record them. Sampling lags the trained weights by one version (the async schedule
+of the config). The whole run is seeded (learner.seed=1).
 
 Measured on the CI machine (2 shared cores; docs/benchmarks.md), 5-batch trailing success of this run (seed 1, lag 1)
 continued to 60 batches: 0.00 after 5 batches, 0.28 after 30, 0.62 after 35, 0.74 after 40, 0.91 after 45, 0.88
@@ -35,7 +35,7 @@ import pytest
 
 from arpo_async.config import load_config
 from arpo_async.model.init_model import create_tiny_model
-from bench.probe_learning import capture_scenes, run_arm
+from tests.learning_probe import capture_scenes, run_arm
 
 pytestmark = pytest.mark.docker
 

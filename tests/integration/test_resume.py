@@ -40,8 +40,7 @@ from learner.scheduler import GroupScheduler
 from learner.service import LearnerService
 from learner.staleness import StalenessManager
 from learner.trainer import Trainer
-from bench._common import healthy
-from tests.support import free_port, until_sync
+from tests.support import free_port, healthy, until_sync
 
 PY = sys.executable
 EPISODE_LINE = re.compile(r"actor \S+ (\S+)/(\S+) #(\d+): ([A-Z_]+) ")

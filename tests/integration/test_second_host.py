@@ -23,14 +23,13 @@ import zmq.asyncio
 import zmq.auth
 
 from arpo_async import codec
-from bench import _netns as netns
 from arpo_cli.cli import write_keys
 from arpo_async.config import dump_toml, load_config
 from arpo_async.messages import Hello
 from arpo_async.metrics import read_metrics
-from tests.integration.test_resume import Processes, healthy, remove_containers, tail
-from tests.support import until_sync
-from tests.support import free_port
+from tests import netns
+from tests.integration.test_resume import Processes, remove_containers, tail
+from tests.support import free_port, healthy, until_sync
 
 pytestmark = pytest.mark.docker
 PY = sys.executable
@@ -38,7 +37,7 @@ PY = sys.executable
 
 @contextmanager
 def private_link():
-    """bench._netns.private_link, skipping the test where namespaces cannot be made."""
+    """tests.netns.private_link, skipping the test where namespaces cannot be made."""
     try:
         with netns.private_link() as link:
             yield link

@@ -1,5 +1,5 @@
-"""Codec + validation against hostile and corrupt trajectories (arpo_async.validation, bench/fuzz_wire.py); an
-integration test because it drives the fuzzer in bench/ (tests/unit imports no benchmark)."""
+"""Codec + validation against hostile and corrupt trajectories (arpo_async.validation, the fuzzer in
+tests/wire_fuzz.py, whose command line is bench/fuzz_wire.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from arpo_async import codec
 from arpo_async.validation import InvalidMessage, check_hello, check_trajectory
 from arpo_async.messages import Hello
-from bench.fuzz_wire import VERSION, VOCAB, base_trajectory, reencode, run_fuzz, set_step_value
+from tests.wire_fuzz import VERSION, VOCAB, base_trajectory, reencode, run_fuzz, set_step_value
 
 
 def test_fuzz_2000_cases_no_crash_no_wrong_accept():

@@ -1,10 +1,11 @@
 """Click trees: the desktop states a task reaches in up to ``depth`` clicks on its app's widgets, from a real desktop.
 
-Role: what bench/probe_learning.py consults instead of a desktop per episode. A node is one state of the app after
-the task's setup and a path of clicks: its screenshot (cursor drawn in, as the actors see it), the widget boxes the
-app reports (``/tmp/arpo/layout.json``: key -> box in screen pixels), each task's evaluator score in that state
-(actors.evaluation.evaluate, the episode's step budget ran out) and one child per widget: the state after a click on the
-widget's centre. A click that lands on no widget leaves the state as it was (:meth:`Node.after_click`).
+Role: what the learning probe (tests/learning_probe.py) consults instead of a desktop per episode. A node is one
+state of the app after the task's setup and a path of clicks: its screenshot (cursor drawn in, as the actors see
+it), the widget boxes the app reports (``/tmp/arpo/layout.json``: key -> box in screen pixels), each task's
+evaluator score in that state (actors.evaluation.evaluate, the episode's step budget ran out) and one child per
+widget: the state after a click on the widget's centre. A click that lands on no widget leaves the state as it was
+(:meth:`Node.after_click`).
 
 Capture (:func:`capture_trees`): tasks whose setup steps are equal share one tree (each node is scored by each of
 their evaluators). A node is reached by replaying its path from the boot state: the controller's in-place reset

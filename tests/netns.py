@@ -1,6 +1,7 @@
 """A second (or third) host on one machine: a network namespace joined to the host by a veth pair on a private /30.
 
-Shared by tests/integration/test_second_host.py and bench/bench_hosts.py. A process started with
+Test infrastructure, not product: shared by tests/integration/test_second_host.py and bench/bench_hosts.py (which
+imports it from here; no test imports bench/). A process started with
 ``nsenter --net=/var/run/netns/<ns>`` (:func:`in_namespace`) has only the namespace's loopback and its end of the
 link, so everything it sends to the host crosses the veth pair over TCP, as between two machines. Needs root and
 iproute2; :class:`NamespaceUnavailable` says which is missing. The namespace (and the veth pair with it) is

@@ -3,15 +3,11 @@ for hand-computed requests, batching, the KV cache bound, the weight version, th
 barrier of ARPO's step-synchronous rollout (the arpo schedule)."""
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "bench"))
-
-from gpu_model import EpisodeModel, InferenceModel  # noqa: E402
-from gpu_stand_ins import BarrierStalled, ModelledPolicy, ModelledServer, StepBarrier  # noqa: E402
+from bench.gpu_model import EpisodeModel, InferenceModel
+from bench.gpu_stand_ins import BarrierStalled, ModelledPolicy, ModelledServer, StepBarrier
 
 SCALE = 200.0  # modelled seconds per real second: the requests below take a few real milliseconds
 
