@@ -45,10 +45,81 @@ def test_the_walker_sees_lazy_and_relative_imports(tmp_path):
     # Ray only launches and supervises (arpo_cli.cluster): no process of a run imports it
     ("learner", {"actors", "arpo_cli", "arpo_serve", "ray"}),
     ("arpo_serve", {"actors", "learner", "arpo_cli", "ray"}),  # the inference server is a process of its own
-    ("tests/unit", {"bench"}),  # unit tests test the product, not a benchmark's code
+    # tests test the product and never lean on a benchmark's code: what they share with bench/ lives in tests/
+    # (tests/netns.py, wire_fuzz.py, learning_probe.py, ...), and bench/'s own tests live in bench/
+    ("tests", {"bench"}),
 ])
 def test_dependency_arrows_point_to_arpo_async_only(package, forbidden):
     assert violations(package, forbidden) == []
+
+
+# ------------------------------------------------------------------ bench/ is a package; tests/ does not reach into it
+
+
+def path_edits(path: Path) -> list[tuple[int, str]]:
+    """(line number, that line's source) of every use of ``sys.path`` in one file (an insert, an append, an
+    assignment or a read)."""
+    text = path.read_text()
+    lines = text.splitlines()
+    return sorted({(node.lineno, lines[node.lineno - 1].strip()) for node in ast.walk(ast.parse(text, str(path)))
+                   if isinstance(node, ast.Attribute) and node.attr == "path"
+                   and isinstance(node.value, ast.Name) and node.value.id == "sys"})
+
+
+def imports_from_tests(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted name) of every ``tests.<...>`` module one file imports (``from tests import x`` names
+    ``tests.x``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] == "tests"]
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "tests":
+            names = [f"tests.{alias.name}" for alias in node.names] if node.module == "tests" else [node.module]
+            found += [(node.lineno, name) for name in names]
+    return found
+
+
+def harness_module(name: str) -> bool:
+    """Whether dotted ``name`` is one of tests/'s helper modules (tests/<name>.py, not a test file nor conftest),
+    the only part of tests/ that bench/ may import."""
+    parts = name.split(".")
+    return (len(parts) == 2 and (ROOT / "tests" / f"{parts[1]}.py").is_file()
+            and not parts[1].startswith("test_") and parts[1] != "conftest")
+
+
+def test_the_bench_checks_can_fail(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("import sys\nsys.path.insert(0, 'bench')\nfrom tests import support, netns\n"
+                      "from tests.integration.test_resume import tail\n")
+    assert path_edits(script) == [(2, "sys.path.insert(0, 'bench')")]
+    assert imports_from_tests(script) == [(3, "tests.support"), (3, "tests.netns"),
+                                              (4, "tests.integration.test_resume")]
+    assert harness_module("tests.netns") and not harness_module("tests.integration.test_resume")
+    assert not harness_module("tests.conftest") and not harness_module("tests.no_such_module")
+
+
+def test_bench_runs_as_a_package_without_sys_path_edits():
+    # `python -m bench.<name>` from the repository root: no bench file puts a folder on sys.path (a module that
+    # loads under two names, bench_actor_loop and bench.bench_actor_loop, holds two copies of its state)
+    files = sorted((ROOT / "bench").rglob("*.py"))
+    assert files
+    assert {str(p.relative_to(ROOT)): edits for p in files if (edits := path_edits(p))} == {}
+
+
+def test_no_test_puts_bench_on_sys_path():
+    # an import of bench/ by another name: sys.path.insert(0, ".../bench") then `import gpu_model`
+    edits = {str(p.relative_to(ROOT)): [e for e in path_edits(p) if "bench" in e[1]]
+             for p in sorted((ROOT / "tests").rglob("*.py"))}
+    assert {path: e for path, e in edits.items() if e} == {}
+
+
+def test_bench_imports_only_the_helper_modules_of_tests():
+    # bench/ may use what tests/ shares with it (network namespaces, the wire fuzzer, the learning probe), never a
+    # test file nor conftest
+    found = {str(p.relative_to(ROOT)): [(line, name) for line, name in imports_from_tests(p)
+                                         if not harness_module(name)]
+             for p in sorted((ROOT / "bench").rglob("*.py"))}
+    assert {path: bad for path, bad in found.items() if bad} == {}
 
 
 # ------------------------------------------------------------------ no import circles in learner/, no long modules
