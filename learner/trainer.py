@@ -379,8 +379,8 @@ class Trainer:
         With ``minibatches == 1`` this is :meth:`train_step` (pi_prox from its own forward pass). Otherwise the
         pre-update log-probs of the whole batch are computed first, without gradient (:meth:`compute_logprobs`,
         one extra forward pass per sample), and the samples are split in order into ``minibatches`` contiguous
-        chunks, chunk j holding samples ``[j*n//m, (j+1)*n//m)``, one optimizer step each (ARPO: 2 optimizer steps per rollout batch,
-        old log-probs recomputed once before them).
+        chunks, chunk j holding samples ``[j*n//m, (j+1)*n//m)``, one optimizer step each (ARPO: 2 optimizer steps
+        per rollout batch, old log-probs recomputed once before them).
 
         Returns:
             The stats of :meth:`train_step`, token-weighted over the steps for means and fractions; ``loss`` the
