@@ -25,7 +25,7 @@ from learner.forced_tokens import ForcedTokens
 from learner.grpo import compute_reward, group_advantages, is_zero_variance
 from learner.replay import ReplayBuffer
 from learner.scheduler import Group
-from learner.trainer import TrainSample
+from learner.train_sample import TrainSample
 
 
 @dataclass
