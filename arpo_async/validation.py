@@ -7,8 +7,8 @@ published, and sizes within :class:`WireLimits`. A message that fails raises :cl
 short ``reason`` (counted in metrics by reason) and a detail for the log and the sender's ``Reject``.
 
 Why here and not in the learner: actors run the same checks before sending (a trajectory the learner would
-reject is a bug on the actor's side), and the fuzzer (bench/fuzz_wire.py, tests/unit/test_validation.py)
-drives codec and checks together.
+reject is a bug on the actor's side), and the fuzzer (tests/wire_fuzz.py, whose command line is bench/fuzz_wire.py;
+tests/unit/test_validation.py) drives codec and checks together.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The learner's training step: one training batch in, its optimizer steps taken, their stats out.
 
 Role: the part of the training loop (learner.training_loop) that touches the model, as one function of values,
-so that every caller trains exactly as the learner does (bench/probe_learning.py and the learnability test call it
+so that every caller trains exactly as the learner does (tests/learning_probe.py and the learnability test call it
 instead of a copy). Blocking: torch on CPU or GPU; the training loop runs it in a thread.
 
 Invariants: ``min(learner.updates_per_batch, samples)`` optimizer steps (at least 1), never past ``learner.steps``

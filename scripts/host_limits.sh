@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Raises the host limits that hundreds of live desktops on one machine run into (root; safe to run again: it only
-# raises). What each desktop uses, measured with `python bench/bench_desktops.py --live 32,64,128,256` (see
+# raises). What each desktop uses, measured with `python -m bench.bench_desktops --live 32,64,128,256` (see
 # docs/benchmarks.md, "bench_desktops, live"):
 #   - inotify instances: 2 per desktop (its session D-Bus and its AT-SPI bus, both dbus-daemon). They are
 #     charged to uid 0 host-wide (no user namespace), and Debian's default fs.inotify.max_user_instances = 128

@@ -64,7 +64,7 @@ def test_shapes_folder_loads_as_a_four_button_family_unlike_grid4():
 
 
 def test_expected_label_is_the_string_a_single_metric_expects_by_rule():
-    """bench/probe_learning.py finds a button-grid task's target by the label its evaluator expects."""
+    """tests/click_tree.py finds a button-grid task's target by the label its evaluator expects."""
     [star] = [t for t in shapes().values() if t.id == "shapes-star"]
     assert expected_label(star) == "Star"
     rule = {"type": "rule", "rules": {"expected": "Red"}}
@@ -82,7 +82,7 @@ def test_expected_label_is_the_string_a_single_metric_expects_by_rule():
 
 
 async def read_layout(c: ControllerClient, timeout: float = 10.0) -> dict:
-    """The app's layout file (as bench/probe_learning.py reads it) once it holds every button."""
+    """The app's layout file (as tests/click_tree.py reads it) once it holds every button."""
     async def layout() -> dict:
         answer = await c.execute(["cat", LAYOUT])
         return json.loads(answer["output"]) if answer.get("returncode") == 0 else {}
