@@ -64,7 +64,7 @@ def test_shapes_folder_loads_as_a_four_button_family_unlike_grid4():
 
 
 def test_expected_label_is_the_string_a_single_metric_expects_by_rule():
-    """tests/click_tree.py finds a button-grid task's target by the label its evaluator expects."""
+    """A button-grid task's target is the label its evaluator expects; expected_label reads it by rule."""
     [star] = [t for t in shapes().values() if t.id == "shapes-star"]
     assert expected_label(star) == "Star"
     rule = {"type": "rule", "rules": {"expected": "Red"}}
