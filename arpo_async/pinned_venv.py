@@ -61,7 +61,11 @@ def _share_site_packages(base_python: str, python: Path, error: type[Exception],
     ``site.addsitedir`` line per site-packages folder of ``base_python`` (see the ``site`` module)."""
     folders = []
     for interpreter in (base_python, str(python)):
-        done = subprocess.run([interpreter, "-c", _SITE_DIRS], capture_output=True, text=True, timeout=timeout_s)
+        try:
+            done = subprocess.run([interpreter, "-c", _SITE_DIRS], capture_output=True, text=True,
+                                  timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            raise error(f"{interpreter} did not list its site-packages within {timeout_s:g} s") from exc
         if done.returncode != 0:
             raise error(f"{interpreter} could not list its site-packages: {done.stderr.strip()[-500:]}")
         folders.append(json.loads(done.stdout))

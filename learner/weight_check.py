@@ -70,12 +70,17 @@ def served_dtype(name: str, model_dir: Path) -> torch.dtype:
     config.json, except that a float32 checkpoint is served in float16 (bfloat16 for Gemma).
 
     Raises:
-        ValueError: a name that is not one of arpo_async.weight_sync.DTYPE_NAMES.
+        ValueError: a name that is not one of arpo_async.weight_sync.DTYPE_NAMES, or "auto" and no readable
+            config.json in ``model_dir``.
     """
     name = str(name or "auto").lower()
     if name != "auto":
         return dtype_from_name(name)
-    config = json.loads((Path(model_dir) / "config.json").read_text())
+    config_file = Path(model_dir) / "config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except OSError as error:  # a malformed file is a ValueError already
+        raise ValueError(f"cannot read {config_file} to resolve dtype \"auto\": {error}") from error
     configured = DTYPE_NAMES.get(str(config.get("dtype") or config.get("torch_dtype") or "float32"), torch.float32)
     if configured == torch.float32:
         return torch.bfloat16 if str(config.get("model_type", "")).startswith("gemma") else torch.float16
