@@ -103,8 +103,9 @@ class LearnerConfig:
     """An episode is a success when its evaluator score is strictly above this (arpo_async.success.is_success), for
     every count: the actors' Outcome.SUCCESS, success rates, replay, task selection and the baseline pass. Default
     ARPO's replay rule, score > 0.1 (github.com/dvlab-research/ARPO); actors read it too, so give them the same file."""
-    rollout_retries: int = 2
-    """A rollout that ends in ENV_ERROR or ABORTED is handed out again this many times before its group goes on without it."""
+    rollout_retries: NonNegativeInt = 2
+    """A rollout that ends in ENV_ERROR or ABORTED is handed out again this many times before its group goes on
+    without it."""
     torch_threads: PositiveInt = 1
     """Threads for torch on the learner, per rank (the desktops need the other cores)."""
     device: Literal["auto", "cpu", "cuda"] = "cpu"

@@ -89,8 +89,8 @@ METRIC_FIELDS: dict[str, MetricField] = {
                           "silent_peers, unusable_batches, eval_* counts and others, plus trajectories by outcome "
                           "(SUCCESS, FAILURE, ...)."),
     "rejections": MetricField("Messages refused since the run started, by reason (ints): the wire and content "
-                              "checks' reasons (arpo_async.validation.InvalidMessage) and duplicate, owner, hello, run, slots, "
-                              "task."),
+                              "checks' reasons (arpo_async.validation.InvalidMessage) and duplicate, owner, hello, "
+                              "run, slots, task."),
     "stage_s": MetricField("Per-stage rollout timings of the window, {stage: {p50: s, p95: s, count: n}} for "
                            "reset, setup, screenshot, generate, execute, evaluate, episode (stages with no sample "
                            "left out; arpo_async.stage_timings)."),

@@ -4,9 +4,9 @@ Weights & Biases.
 Owns: the file format of metrics.jsonl, its TensorBoard mirror and its Weights & Biases mirror. Each trained
 batch (``learner.updates_per_batch`` optimizer steps; its ``step`` counts optimizer steps) appends one object with
 at least step, policy_version, trajectories, success_rate, reward_mean, loss, replay_injections,
-staleness_mean and wall_s (every field: arpo_async.metric_fields, built by learner.records.step_record). Lines are flushed as written, so a
-reader (`arpo run`'s progress line, a notebook) always sees whole steps; a torn last line after a crash is
-skipped by the reader.
+staleness_mean and wall_s (every field: arpo_async.metric_fields, built by learner.records.step_record). Lines
+are flushed as written, so a reader (`arpo run`'s progress line, a notebook) always sees whole steps; a torn last
+line after a crash is skipped by the reader.
 
 Invariant: with a TensorBoard folder, every number of a record (nested dicts flattened to ``a/b/c`` names, see
 :func:`flatten_numbers`) is written as a scalar at ``global_step = record["step"]``, so the event files hold
@@ -169,7 +169,8 @@ class MetricsWriter:
         self._file: TextIO = path.open("a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append one record (and mirror it to TensorBoard and W&B). Raises ValueError when a required key is missing."""
+        """Append one record (and mirror it to TensorBoard and W&B). Raises ValueError when a required key is
+        missing."""
         missing = [k for k in REQUIRED_KEYS if k not in record]
         if missing:
             raise ValueError(f"metrics record lacks {missing}")

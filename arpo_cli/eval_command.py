@@ -99,7 +99,7 @@ def eval_config(args: argparse.Namespace, run_config: Path | None, model: Path |
     Raises ConfigError."""
     overrides = list(args.overrides)
     if model is not None:
-        overrides.append(f"model={str(model)!r}")
+        overrides.append(f"model={model}")  # a str key takes the text as written
     return load_config(args.config or run_config, overrides)
 
 

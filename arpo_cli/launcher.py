@@ -3,7 +3,8 @@
 Owns: the three child processes of a local run and their logs (``<run>/logs/{serve,learner,actors}.log``).
 Order: load and check the task sets (:func:`check_tasks`) -> build the desktop image and the tiny model if
 missing -> write ``<run>/config.toml`` -> start arpo-serve and wait for /health -> start arpo-learner and
-arpo-actors -> show a progress line (arpo_cli.progress: live in a terminal, plain lines in a pipe) from ``status.json`` and ``metrics.jsonl`` and redraw
+arpo-actors -> show a progress line (arpo_cli.progress: live in a terminal, plain lines in a pipe) from
+``status.json`` and ``metrics.jsonl`` and redraw
 ``<run>/curve.png`` every ``CURVE_EVERY_S`` -> when the learner exits, write summary.json and the final curve.png,
 stop the actors (SIGTERM, they remove their desktops; they may have exited already, once the learner said
 shutdown), the learner, then the server -> remove any container still labelled with this run. Exit code: the
