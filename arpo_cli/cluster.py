@@ -325,8 +325,8 @@ class ClusterRun:
     def _rank_died(self, p: Placed, why: str) -> ClusterError:
         logs = self.config.run_path / "logs" / f"{p.name}.log"
         return ClusterError(f"learner rank {p.name.removeprefix('learner-rank')} on {p.node.ip} {why}; the job stops. "
-                            f"`arpo launch --resume --out {self.config.run_dir}` continues from the newest checkpoint. "
-                            f"See {logs}:\n{crash_excerpt(logs)}")
+                            f"`arpo launch --resume --out {self.config.run_dir} --address HOST:PORT` continues from "
+                            f"the newest checkpoint. See {logs}:\n{crash_excerpt(logs)}")
 
     async def _watch_rank(self, p: Placed) -> None:
         """Raise ClusterError when rank ``p`` dies: its Ray actor died, it was killed by a signal, or it exited
