@@ -16,7 +16,7 @@ from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD
 __all__ = ["Correction", "LearnerConfig"]
 
 Correction = Literal["arpo", "decoupled", "tis", "behaviour"]
-"""learner.grpo.CORRECTION_MODES. This module imports nothing of learner/ or arpo_serve/, so a choice their code
+"""learner.algo.grpo.CORRECTION_MODES. This module imports nothing of learner/ or arpo_serve/, so a choice their code
 also lists is spelt out here; tests/unit/test_config.py checks each such Literal against the code's tuple."""
 
 
@@ -72,7 +72,7 @@ class LearnerConfig:
     """Prioritized replay: priority x steps^-beta prefers short successful episodes."""
     correction: Correction = "decoupled"
     """Off-policy correction: "arpo" (none), "decoupled" (AReaL), "tis" (slime truncated IS) or "behaviour"
-    (PPO ratio against the sampler's log-probs); see learner.grpo.corrected_token_loss."""
+    (PPO ratio against the sampler's log-probs); see learner.algo.grpo.corrected_token_loss."""
     decoupled_cap: Annotated[float, Field(gt=1, allow_inf_nan=False)] = 5.0
     """"decoupled": tokens with pi_prox / pi_behav above this are left out of the loss (AReaL examples: 5.0)."""
     tis_cap: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 2.0
@@ -113,7 +113,7 @@ class LearnerConfig:
     available). "cuda" on a machine without CUDA stops the learner at start with an error naming this key."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """"float32" or "bfloat16": bf16 parameters and activations in the forward and backward passes, with float32
-    master weights, AdamW state, gradient reduction and log-softmax (learner.trainer)."""
+    master weights, AdamW state, gradient reduction and log-softmax (learner.train.trainer)."""
     gradient_checkpointing: bool = False
     """Recompute decoder-layer activations in the backward pass (less memory for long multi-screenshot prompts,
     about a third more compute)."""
@@ -122,7 +122,7 @@ class LearnerConfig:
     gradients accumulated; the step is the same for any value (0 = each rank's share in one pass). A sample longer
     than the budget stops the learner with an error naming this key."""
     logprob_chunk_tokens: PositiveInt = 1024
-    """Completion tokens the trainer projects to the vocabulary at once (learner.policy_forward): peak extra memory
+    """Completion tokens the trainer projects to the vocabulary at once (learner.train.policy_forward): peak extra memory
     chunk x vocab x 4 B of fp32 logits; the log-probs are the same for any value."""
     weight_sync: Literal["disk", "distributed"] = "disk"
     """How new weights reach the inference servers: "disk" (a weights folder per version, then
@@ -183,7 +183,7 @@ class LearnerConfig:
     the policy's choice. Found from the tokens and the trajectory's grammar, alike for SGLang and arpo-serve."""
     sample_trajectories: Fraction = 0.05
     """Fraction of received trajectories kept with their screenshots in <run>/trajectories for `arpo view` (chosen by
-    a hash of the trajectory id; 0 = none). Every task's first success is kept besides (learner.trajectory_sample)."""
+    a hash of the trajectory id; 0 = none). Every task's first success is kept besides (learner.rollouts.trajectory_sample)."""
     sample_disk_mb: PositiveFloat = 200.0
     """Disk budget of <run>/trajectories in MiB: beyond it the oldest samples are deleted (first successes never)."""
 

@@ -57,7 +57,7 @@ class TransportConfig:
     max_slots_per_peer: PositiveInt = 1024
     """The most work requests one actor process may have waiting or running at once, whatever slots its Hello
     announces; the learner hands out rollouts round-robin over the processes that wait, so one process cannot
-    starve another (learner.peers)."""
+    starve another (learner.rollouts.peers)."""
 
     @model_validator(mode="after")
     def _peer_timeout_spans_heartbeats(self) -> TransportConfig:
@@ -201,7 +201,7 @@ class ServeConfig:
 
 @config_section("eval")
 class EvalConfig:
-    """Held-out evaluation during training (learner.evaluation_rounds): rounds of episodes on the run's own
+    """Held-out evaluation during training (learner.rollouts.evaluation_rounds): rounds of episodes on the run's own
     desktops, at the policy version of the moment, never trained on, never in the replay buffer, never in task
     selection's statistics. A round runs before the first optimizer step (fresh runs), whenever the step count
     crosses a multiple of every_steps, and on the final weights before the learner stops; each round's

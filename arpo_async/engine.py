@@ -1,6 +1,6 @@
 """The inference-engine seam: what the learner asks of one inference server, in our terms.
 
-Role: the learner's weight publishers (learner.publisher) and weight check talk to inference servers only through
+Role: the learner's weight publishers (learner.train.publisher) and weight check talk to inference servers only through
 :class:`InferenceEngine`, as the actors' episode loop talks to a policy only through ``actors.policy.Policy``.
 One engine object stands for one server: a weight update must reach every server itself, never a router.
 
@@ -40,7 +40,7 @@ class EngineReply:
 
 @dataclass(frozen=True)
 class ServedChecksums:
-    """What a server reports of the weights it serves, to compare with the learner's (learner.weight_check).
+    """What a server reports of the weights it serves, to compare with the learner's (learner.train.weight_check).
 
     Attributes:
         checksums: weight name (checkpoint names, or the engine's fused names) -> checksum.

@@ -1,5 +1,5 @@
 """Constrained decoding, via xgrammar (the grammar backend SGLang uses by default): `arpo-serve` samples under it
-and the learner finds the tokens it forced (learner.forced_tokens), so it lives in the shared package.
+and the learner finds the tokens it forced (learner.algo.forced_tokens), so it lives in the shared package.
 
 Role: compile SGLang's ``regex`` / ``ebnf`` / ``json_schema`` sampling parameters into xgrammar grammars (cached
 per distinct spec), hand out one matcher per request, and turn matcher states into a token bitmask applied to a

@@ -235,7 +235,7 @@ class Assignment:
     rollout_index: int
     policy_version: int
     evaluation: bool = False
-    """True: a held-out evaluation episode (learner.evaluation_rounds): its trajectory is acked like any other and
+    """True: a held-out evaluation episode (learner.rollouts.evaluation_rounds): its trajectory is acked like any other and
     never trained on. The actor runs it the same way, with the overrides below."""
     max_steps: int = 0
     """Step budget of this episode; 0 = the actor's own (actors.max_steps)."""

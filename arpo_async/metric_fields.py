@@ -2,8 +2,8 @@
 
 Role: the one list of the record's keys, for people and for docs/reference/metrics.md (arpo_cli.reference_docs
 renders it). arpo_async imports nothing of learner/, so the list is written out here; the code that builds the
-record is learner.records.step_record (every record), learner.training_loop.TrainingLoop.train (the schedule
-counters passed to step_record, ``resumed_from``, ``checkpoint_s``) and learner.evaluation_rounds (the ``eval_*``
+record is learner.train.records.step_record (every record), learner.train.loop.TrainingLoop.train (the schedule
+counters passed to step_record, ``resumed_from``, ``checkpoint_s``) and learner.rollouts.evaluation_rounds (the ``eval_*``
 fields, EvaluationRounds.result_of). tests/unit/test_reference_docs.py checks this list against a record that
 step_record builds and against the keys those callers add (read from their source).
 Invariant: every key a record can carry is in :data:`METRIC_FIELDS`, and every key in it can be carried.
@@ -24,21 +24,21 @@ class MetricField:
 
 
 WHEN: dict[str, str] = {
-    "every": "every record (learner.records.step_record)",
+    "every": "every record (learner.train.records.step_record)",
     "pump": "every record of a learner serving actors over ZeroMQ (`arpo-learner`, `arpo run`): step_record adds "
             "it when the learner service knows its socket pump",
-    "loop": "every record the training loop writes (learner.training_loop.TrainingLoop.train passes them to "
+    "loop": "every record the training loop writes (learner.train.loop.TrainingLoop.train passes them to "
             "step_record)",
     "checkpoint": "the record of a batch after which a checkpoint was written (learner.checkpoint_every)",
     "resume": "the first record after a resumed run restarts (`arpo run --resume`)",
     "eval": "the next record after each complete held-out evaluation round (a run with an [eval] section; "
-            "learner.evaluation_rounds)",
+            "learner.rollouts.evaluation_rounds)",
 }
 """When a field is present, by :attr:`MetricField.when` (the text says which code adds it)."""
 
 
 METRIC_FIELDS: dict[str, MetricField] = {
-    # learner.records.step_record: every record
+    # learner.train.records.step_record: every record
     "step": MetricField("Optimizer steps in all after this batch (int); the x axis of curves and TensorBoard "
                         "(`global_step`)."),
     "policy_version": MetricField("The policy version the batch's new weights were published as (int)."),
@@ -56,7 +56,7 @@ METRIC_FIELDS: dict[str, MetricField] = {
     "batch_success_rate": MetricField("Mean over the batch's groups of their success rate as sampled, before replay "
                                        "injection (float in [0, 1])."),
     "reward_mean": MetricField("Mean reward of the batch's trajectories (float)."),
-    "loss": MetricField("The trainer's loss on the batch (float; learner.trainer.Trainer.train_batch)."),
+    "loss": MetricField("The trainer's loss on the batch (float; learner.train.trainer.Trainer.train_batch)."),
     "grad_norm": MetricField("Gradient norm before clipping (float; null when the trainer reports none or it is "
                              "not finite)."),
     "clip_frac": MetricField("Fraction of tokens where PPO's clipped term was taken (float in [0, 1]; null when "
@@ -73,7 +73,7 @@ METRIC_FIELDS: dict[str, MetricField] = {
     "staleness_max": MetricField("Largest policy lag of the batch's fresh rollouts (int, versions)."),
     "correction": MetricField("Off-policy correction statistics of the batch, those the trainer reported of "
                               "is_weight_mean, is_weight_max, is_capped_frac, behaviour_kl, replayed_tokens, "
-                              "replayed_is_weight_mean, ratio_mean, approx_kl (learner.grpo.corrected_token_loss)."),
+                              "replayed_is_weight_mean, ratio_mean, approx_kl (learner.algo.grpo.corrected_token_loss)."),
     "replay": MetricField("Replay buffer statistics: tasks (with a stored success), stored, injections; the "
                           "prioritized buffer adds low_success_injections, evicted, age_mean (versions), "
                           "length_mean (steps)."),
@@ -105,7 +105,7 @@ METRIC_FIELDS: dict[str, MetricField] = {
     "wall_s": MetricField("Training wall time in all (float, seconds, rounded to ms)."),
     "messages": MetricField("Messages counted by the learner's ZeroMQ pump, {received: {type: n}, sent: {type: n}}.",
                             "pump"),
-    # learner.training_loop.TrainingLoop.train: step_record's **extra
+    # learner.train.loop.TrainingLoop.train: step_record's **extra
     "schedule": MetricField("The learner's schedule, \"async\" or \"lockstep\" (learner.schedule).", "loop"),
     "updates": MetricField("Optimizer steps this batch took (int; learner.updates_per_batch, fewer at the run's "
                            "end).", "loop"),
@@ -116,7 +116,7 @@ METRIC_FIELDS: dict[str, MetricField] = {
     "checkpoint_s": MetricField("Seconds writing the checkpoint after this batch took (float).", "checkpoint"),
     "resumed_from": MetricField("What was resumed: {checkpoint (folder name), step, policy_version, trainer_steps, "
                                 "replay (buffer statistics), rolled_back_records}.", "resume"),
-    # learner.evaluation_rounds.EvaluationRounds.result_of
+    # learner.rollouts.evaluation_rounds.EvaluationRounds.result_of
     "eval_success": MetricField("SUCCESS episodes over all episodes of the round (float in [0, 1]; errors count as "
                                 "failures).", "eval"),
     "eval_task_success": MetricField("{task id: success rate in [0, 1]} of the round.", "eval"),

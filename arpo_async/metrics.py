@@ -4,7 +4,7 @@ Weights & Biases.
 Owns: the file format of metrics.jsonl, its TensorBoard mirror and its Weights & Biases mirror. Each trained
 batch (``learner.updates_per_batch`` optimizer steps; its ``step`` counts optimizer steps) appends one object with
 at least step, policy_version, trajectories, success_rate, reward_mean, loss, replay_injections,
-staleness_mean and wall_s (every field: arpo_async.metric_fields, built by learner.records.step_record). Lines
+staleness_mean and wall_s (every field: arpo_async.metric_fields, built by learner.train.records.step_record). Lines
 are flushed as written, so a reader (`arpo run`'s progress line, a notebook) always sees whole steps; a torn last
 line after a crash is skipped by the reader.
 

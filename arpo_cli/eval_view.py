@@ -2,7 +2,7 @@
 
 Reads the results layout of actors.eval.results (``<domain>/<task id>/<repeat>/episode.json``, ``traj.jsonl``
 and ``step_<i>.png``) and builds, per episode, the record the viewer reads from a run's trajectory sample
-(learner.trajectory_sample's record: instruction, outcome, score, error, screenshots, and per step the reply,
+(learner.rollouts.trajectory_sample's record: instruction, outcome, score, error, screenshots, and per step the reply,
 thought, action with its points, and the screenshot it acted on). Folders that cannot be read are reported as
 problems, not raised.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.eval.results import RECORD_FILE
-from learner.trajectory_sample import image_size, parse_compact_actions, thought_of
+from learner.rollouts.trajectory_sample import image_size, parse_compact_actions, thought_of
 
 
 def is_eval_dir(folder: Path) -> bool:

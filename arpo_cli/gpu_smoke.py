@@ -28,8 +28,8 @@ from arpo_async.config import LearnerConfig
 from arpo_async.inference_client import PolicyClient, PolicyRequestError, PolicyUnavailable, RetryPolicy
 from arpo_async.model.inputs import PromptEncoder
 from arpo_async.sglang_engine import SGLangEngine
-from learner.publisher import DistributedPublisher, PublishError
-from learner.trainer import Trainer, TrainSample
+from learner.train.publisher import DistributedPublisher, PublishError
+from learner.train.trainer import Trainer, TrainSample
 
 LOGPROB_TOLERANCE = 0.5
 """Most mean absolute difference (nats per token) between the sampler's and the trainer's log-probs that passes;

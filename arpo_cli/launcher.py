@@ -18,7 +18,7 @@ SIGINT and SIGTERM cancel the run's task once (:class:`RunSignals`); the cleanup
 Invariant: whatever ends the run (success, a crashed child, Ctrl-C), no child process and no container of this
 run is left.
 A run folder that already holds a run is refused unless ``resume`` is set: then the learner continues from
-the newest checkpoint in ``<run>/checkpoints`` (see learner.checkpoint) and metrics.jsonl keeps growing.
+the newest checkpoint in ``<run>/checkpoints`` (see learner.train.checkpoint) and metrics.jsonl keeps growing.
 """
 from __future__ import annotations
 
@@ -363,7 +363,7 @@ def run_interruptible(main: Callable[[RunSignals], Coroutine[Any, Any, int]]) ->
 def check_tasks(config: RunConfig) -> tuple[int, int]:
     """Load the run's task sets as its learner will, before any process starts: the training pool
     (arpo_async.task_sets.select_tasks: ``learner.tasks`` cut by ``learner.task_ids``) and the ``[eval]`` set
-    (learner.evaluation_rounds.evaluation_tasks, which must run whole). Returns (training tasks, evaluation
+    (learner.rollouts.evaluation_rounds.evaluation_tasks, which must run whole). Returns (training tasks, evaluation
     tasks; 0 when the run does not evaluate).
 
     Raises:
@@ -373,7 +373,7 @@ def check_tasks(config: RunConfig) -> tuple[int, int]:
     from arpo_async.config import ConfigError
     from arpo_async.task_sets import select_tasks
     from arpo_async.tasks import TaskFormatError
-    from learner.evaluation_rounds import evaluation_tasks
+    from learner.rollouts.evaluation_rounds import evaluation_tasks
 
     lc = config.learner
     try:
@@ -399,7 +399,7 @@ def prepare_run(config: RunConfig, say: Callable[[str], None], resume: bool, *, 
     """
     run = config.run_path
     if resume:
-        from learner.checkpoint import checkpoint_folders
+        from learner.train.checkpoint import checkpoint_folders
         if not checkpoint_folders(run / "checkpoints"):
             raise RunError(f"{run} has no checkpoint to resume from ({run / 'checkpoints'} is empty or missing)")
         (run / "status.json").unlink(missing_ok=True)  # the dead learner's; the new one rewrites it

@@ -2,7 +2,7 @@
 evaluation's episodes (`arpo view EVAL_DIR`, read by arpo_cli.eval_view).
 
 Role: turn a run folder into a page a person reads. It reads ``<run>/trajectories/*/record.json`` (written by
-the learner's trajectory sample; the record's fields are listed in learner/trajectory_sample.py) and
+the learner's trajectory sample; the record's fields are listed in learner/rollouts/trajectory_sample.py) and
 ``<run>/metrics.jsonl``, and shows:
 
 - a run summary: steps, policy version, samples by outcome, and success-rate and reward curves against the

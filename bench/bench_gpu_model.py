@@ -190,13 +190,13 @@ async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[byt
     from actors.link import LearnerLink
     from arpo_async.tasks import Task
     from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, dealer_socket, router_socket
-    from learner.batcher import Batcher, BatchQueue
-    from learner.checkpoint import Checkpointer
+    from learner.algo.batcher import Batcher, BatchQueue
+    from learner.train.checkpoint import Checkpointer
     from learner.main import replay_buffer
-    from learner.scheduler import GroupScheduler
-    from learner.service import LearnerService
-    from learner.staleness import LockstepAdmission, StalenessManager
-    from learner.training_loop import TrainingLoop
+    from learner.rollouts.scheduler import GroupScheduler
+    from learner.rollouts.service import LearnerService
+    from learner.rollouts.staleness import LockstepAdmission, StalenessManager
+    from learner.train.loop import TrainingLoop
 
     schedule, eta = SCHEDULES[name]
     scale = model.time_scale

@@ -420,7 +420,7 @@ def quiet(status, metrics_path: Path, still_s: float = 5.0) -> dict | None:
 def bounds(setup: Setup) -> dict[str, int]:
     """The bound of every learner queue whose peak is checked (see the module docstring of each owner):
     the pump's inbox and outbox (arpo_async.transport), requests waiting (each host's Hello announces one slot per
-    actor: waiting + running <= slots, learner.peers), one host's request queue, rollouts running, scored groups
+    actor: waiting + running <= slots, learner.rollouts.peers), one host's request queue, rollouts running, scored groups
     not yet trained (AReaL's rule, accepted + running < (eta + version + 1) x B, leaves at most (eta + 1) x B
     trainable trajectories untrained: (eta + 1) x groups_per_step groups), and the fullest host's outbox."""
     from arpo_async.transport import INBOX_SIZE, OUTBOX_SIZE

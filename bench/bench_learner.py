@@ -47,7 +47,7 @@ COLOURS = ("Red", "Blue", "Green", "Yellow", "Purple", "Orange", "Black", "White
 def make_batch(model: Path, n: int = 32, seed: int = 0) -> list:
     """``n`` TrainSamples: 8 distinct desktop screenshots, the compact prompt, 12-20 reply tokens each."""
     from arpo_async.model.inputs import PromptEncoder
-    from learner.trainer import TrainSample
+    from learner.train.trainer import TrainSample
 
     encoder = PromptEncoder(model)
     rng = random.Random(seed)
@@ -76,7 +76,7 @@ def peak_memory_mb(device: torch.device) -> float:
 
 def time_ours(model: Path, samples: list, repeats: int, device: str, threads: int) -> tuple[list[float], float]:
     from arpo_async.config import LearnerConfig
-    from learner.trainer import Trainer
+    from learner.train.trainer import Trainer
 
     trainer = Trainer(model, LearnerConfig(lr=1e-5, device=device, torch_threads=threads))
     trainer.train_step(samples)  # warm-up (fills the pixel cache, as the learner's steady state does)
@@ -91,7 +91,7 @@ def time_ours(model: Path, samples: list, repeats: int, device: str, threads: in
 def time_plain(model: Path, samples: list, repeats: int, device: str, threads: int) -> list[float]:
     """A plain transformers step on the same tokens: full-logit forward, fp32 log-softmax, backward, AdamW."""
     from arpo_async.model.inputs import load_policy, pixel_inputs
-    from learner.trainer import resolve_device
+    from learner.train.trainer import resolve_device
 
     torch.set_num_threads(threads)
     dev = resolve_device(device)
@@ -135,9 +135,9 @@ def rank_worker(model: Path, repeats: int, device: str, threads: int) -> int:
     """Under torchrun: every rank trains; rank 0 prints ``RANKS {json}`` (step times, peak memory per rank)."""
     import torch.distributed as dist
 
-    from learner.distributed import LeadTrainer, follow, init_ranks, leave
+    from learner.train.distributed import LeadTrainer, follow, init_ranks, leave
     from arpo_async.config import LearnerConfig
-    from learner.trainer import Trainer, resolve_device
+    from learner.train.trainer import Trainer, resolve_device
 
     group = init_ranks(resolve_device(device), timeout_s=300)
     trainer = Trainer(model, LearnerConfig(lr=1e-5, device=device, torch_threads=threads), group)
@@ -179,8 +179,8 @@ async def time_publish(model: Path, repeats: int, work: Path) -> tuple[list[floa
     from arpo_async.inference_client import PolicyClient
     from arpo_async.sglang_engine import sglang_engines
     from arpo_cli.launcher import spawn, stop, wait_healthy
-    from learner.publisher import DistributedPublisher, WeightPublisher
-    from learner.trainer import Trainer
+    from learner.train.publisher import DistributedPublisher, WeightPublisher
+    from learner.train.trainer import Trainer
 
     with __import__("socket").socket() as s:
         s.bind(("127.0.0.1", 0))

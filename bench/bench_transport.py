@@ -91,11 +91,11 @@ async def _stack_learner_async(endpoint: str, ready) -> None:
     from arpo_async.config import TransportConfig
     from arpo_async.tasks import Task
     from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, router_socket
-    from learner.batcher import Batcher
-    from learner.replay import SuccessReplay
-    from learner.scheduler import GroupScheduler
-    from learner.service import LearnerService
-    from learner.staleness import StalenessManager
+    from learner.algo.batcher import Batcher
+    from learner.algo.replay import SuccessReplay
+    from learner.rollouts.scheduler import GroupScheduler
+    from learner.rollouts.service import LearnerService
+    from learner.rollouts.staleness import StalenessManager
 
     task = Task.from_dict({"id": "grid4-red", "instruction": "click red", "config": [],
                            "evaluator": {"func": "exact_match", "result": {"type": "vm_file", "path": "/r"},

@@ -69,7 +69,7 @@ class TrainingModel:
 
     def batch_s(self, tokens: float, optimizer_steps: int) -> float:
         """Seconds to train one batch of ``tokens`` tokens with ``optimizer_steps`` optimizer steps (the
-        pre-update log-probs recomputed once, as learner.trainer.Trainer.train_batch does)."""
+        pre-update log-probs recomputed once, as learner.train.trainer.Trainer.train_batch does)."""
         rate = self.gpus * self.tokens_per_s_per_gpu
         return tokens * (1.0 + self.logprob_forward_fraction) / rate + optimizer_steps * self.step_overhead_s
 

@@ -374,7 +374,7 @@ class ModelledTrainer:
 
 class ModelledPublisher:
     """``publish_from``: loads the new weights into every modelled server, one at a time (``weight_sync_s``
-    each, generation paused there meanwhile), as learner.publisher does; returns the modelled seconds."""
+    each, generation paused there meanwhile), as learner.train.publisher does; returns the modelled seconds."""
 
     def __init__(self, servers: list[ModelledServer], model: TrainingModel) -> None:
         self.servers, self.model = servers, model
@@ -390,7 +390,7 @@ class ModelledPublisher:
         return seconds
 
     async def catch_up(self, trainer, version: int) -> list[str]:
-        """learner.publisher's ``catch_up``: the modelled servers never restart, so none is ever behind."""
+        """learner.train.publisher's ``catch_up``: the modelled servers never restart, so none is ever behind."""
         return []
 
 

@@ -2,21 +2,21 @@
 
 Dataflow (every queue and task is made in `run_learner`): ROUTER SocketPump -> inbox -> LearnerService.serve
 (admission, dedup, acks, replies on the outbox) -> GroupScheduler (groups) -> Batcher (replay, advantages) ->
-``batches`` -> TrainingLoop (learner.training_loop: optimizer steps in a thread -> WeightPublisher ->
-``service.on_trained(step, version)`` announces the version -> checkpoint -> metrics.jsonl via learner.records).
+``batches`` -> TrainingLoop (learner.train.loop: optimizer steps in a thread -> WeightPublisher ->
+``service.on_trained(step, version)`` announces the version -> checkpoint -> metrics.jsonl via learner.train.records).
 Stops after ``learner.steps`` optimizer steps in all (0 = until SIGINT/SIGTERM), then tells the actors to shut
-down. Schedules: learner.training_loop. Baseline pass (``learner.baseline_k`` > 0): learner.baseline, run before
-training starts. Held-out evaluation (``[eval]``): learner.evaluation_rounds, a round before the first step, every
+down. Schedules: learner.train.loop. Baseline pass (``learner.baseline_k`` > 0): learner.algo.baseline, run before
+training starts. Held-out evaluation (``[eval]``): learner.rollouts.evaluation_rounds, a round before the first step, every
 ``eval.every_steps`` and on the final weights (waited for before the actors are told to stop). Observability tasks:
-the event-loop lag probe (arpo_async.loop_lag) and the queue-depth peaks (learner.run_stats.RunStats.watch_depths),
+the event-loop lag probe (arpo_async.loop_lag) and the queue-depth peaks (learner.rollouts.run_stats.RunStats.watch_depths),
 both in every metrics record and in status.json.
 
 Ranks: ``torchrun --nproc-per-node N -m learner.main --config run.toml`` trains with N ranks (FSDP2); rank 0
-runs everything above and drives the other ranks' trainers (learner.distributed, :func:`run_ranks`).
+runs everything above and drives the other ranks' trainers (learner.train.distributed, :func:`run_ranks`).
 
 Resume: when ``<run>/checkpoints`` holds a checkpoint, the learner continues from it (model, optimizer,
 replay buffer, scheduler statistics, counters, policy version, step), republishes its weights to every
-inference server under its version, and repairs metrics.jsonl to match it (learner.checkpoint).
+inference server under its version, and repairs metrics.jsonl to match it (learner.train.checkpoint).
 """
 
 from __future__ import annotations
@@ -39,21 +39,21 @@ from arpo_async.process import run_until_signal, setup_logging
 from arpo_async.sglang_engine import sglang_engines
 from arpo_async.task_sets import select_tasks
 from arpo_async.transport import INBOX_SIZE, Envelope, Outbox, SocketPump, learner_socket
-from learner.baseline import plan_tasks
-from learner.batcher import Batcher, BatchQueue
-from learner.checkpoint import Checkpointer, checkpoint_folders
-from learner.distributed import LeadTrainer, RankGroupError, follow, init_ranks, leave, torchrun_world
-from learner.evaluation_rounds import EvaluationRounds, evaluation_tasks
-from learner.forced_tokens import ForcedTokens
-from learner.publisher import DistributedPublisher, WeightPublisher
-from learner.replay import ReplayBuffer, make_replay
-from learner.run_stats import write_status
-from learner.scheduler import GroupScheduler
-from learner.service import LearnerService
-from learner.staleness import LockstepAdmission, StalenessManager
-from learner.trainer import Trainer, resolve_device
-from learner.training_loop import TrainingLoop, keep_ranks_alive
-from learner.trajectory_sample import TrajectorySampler
+from learner.algo.baseline import plan_tasks
+from learner.algo.batcher import Batcher, BatchQueue
+from learner.train.checkpoint import Checkpointer, checkpoint_folders
+from learner.train.distributed import LeadTrainer, RankGroupError, follow, init_ranks, leave, torchrun_world
+from learner.rollouts.evaluation_rounds import EvaluationRounds, evaluation_tasks
+from learner.algo.forced_tokens import ForcedTokens
+from learner.train.publisher import DistributedPublisher, WeightPublisher
+from learner.algo.replay import ReplayBuffer, make_replay
+from learner.rollouts.run_stats import write_status
+from learner.rollouts.scheduler import GroupScheduler
+from learner.rollouts.service import LearnerService
+from learner.rollouts.staleness import LockstepAdmission, StalenessManager
+from learner.train.trainer import Trainer, resolve_device
+from learner.train.loop import TrainingLoop, keep_ranks_alive
+from learner.rollouts.trajectory_sample import TrajectorySampler
 
 log = logging.getLogger("arpo.learner")
 
@@ -137,7 +137,7 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
 def run_ranks(config: RunConfig) -> int:
     """Under torchrun (WORLD_SIZE > 1): join the process group, load and shard the policy on every rank, then
     rank 0 runs the learner (driving the others through :class:`LeadTrainer`) and the others follow it.
-    Returns this rank's exit code (learner.distributed describes what happens when a rank dies)."""
+    Returns this rank's exit code (learner.train.distributed describes what happens when a rank dies)."""
     lc = config.learner
     group = init_ranks(resolve_device(lc.device), lc.dist_timeout_s)
     log.info("rank %d of %d on %s", group.rank, group.world, group.device)
@@ -177,7 +177,7 @@ def sync_backend(lc: LearnerConfig) -> str:
 
 
 def weight_publisher(config: RunConfig, engines: list[InferenceEngine]) -> WeightPublisher | DistributedPublisher:
-    """The publisher ``learner.weight_sync`` names (learner.publisher), over ``engines`` (one per server)."""
+    """The publisher ``learner.weight_sync`` names (learner.train.publisher), over ``engines`` (one per server)."""
     lc = config.learner
     if lc.weight_sync == "disk":
         return WeightPublisher(engines, config.run_path / "weights", keep=lc.keep_weights,
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         evaluation_tasks(config)
         if config.learner.wandb_project:
             import_wandb(config.learner.wandb_project)  # before the model loads, not after
-    except (ConfigError, RuntimeError) as e:  # learner.trainer's TrainerConfigError too; wandb missing
+    except (ConfigError, RuntimeError) as e:  # learner.train.trainer's TrainerConfigError too; wandb missing
         log.error("%s", e)
         return 2
     if torchrun_world() > 1:

@@ -2,7 +2,7 @@
 
 In one process it runs the real arpo-serve `Engine` (grammar-constrained sampling with behaviour log-probs), the
 learner's real `Batcher` (replay injection, zero-variance filter, GRPO advantages) and its training step
-(learner.training_step: the samples, the optimizer steps per batch, the `Trainer`). The desktop is consulted once
+(learner.train.training_step: the samples, the optimizer steps per batch, the `Trainer`). The desktop is consulted once
 per task instead of once per episode: real desktops capture the task's click tree (tests/click_tree.py: from the
 task's setup, every state ``actors.max_steps`` clicks on the app's widgets reach, each with its screenshot, the
 widget boxes the app reports in `/tmp/arpo/layout.json` and the task's evaluator score). An episode is played on
@@ -40,12 +40,12 @@ from arpo_async.model.inputs import PromptEncoder
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
 from arpo_async.tasks import Task
 from arpo_serve.engine import Engine, SamplingParams
-from learner.batcher import Batcher
-from learner.forced_tokens import ForcedTokens
+from learner.algo.batcher import Batcher
+from learner.algo.forced_tokens import ForcedTokens
 from learner.main import replay_buffer, select_tasks
-from learner.scheduler import Group
-from learner.trainer import Trainer, TrainerInputError
-from learner.training_step import train_on_batch
+from learner.rollouts.scheduler import Group
+from learner.train.trainer import Trainer, TrainerInputError
+from learner.train.training_step import train_on_batch
 from tests.click_tree import CaptureError, Node, capture_trees
 
 CAPTURE_DESKTOPS = 3
@@ -175,7 +175,7 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
     The recipe is the product's, from ``config``: the prompt style and history window, the action grammar
     (coordinate format, forced text emitted as canonical tokens when ``serve.jump_forward``), the step budget
     (``actors.max_steps``), the Batcher (replay, zero-variance drop, stratified batches) and the learner's
-    training step (learner.training_step.train_on_batch: the forced-token loss mask, ``learner.updates_per_batch``
+    training step (learner.train.training_step.train_on_batch: the forced-token loss mask, ``learner.updates_per_batch``
     optimizer steps per batch, the Trainer). Each step samples ``groups_per_step`` groups whose tasks come in turn
     from a seeded shuffled order of the scenes (the learner's round-robin task choice), so a step covers distinct
     tasks; their episodes (:class:`EmulatedEpisode`) advance together, one ``Engine.generate_batch`` per policy

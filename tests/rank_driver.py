@@ -4,8 +4,8 @@
     python -m torch.distributed.run --nproc-per-node 2 tests/rank_driver.py MODEL OUT --steps 3 --save-at 2
     python -m torch.distributed.run --nproc-per-node 2 tests/rank_driver.py MODEL OUT --resume CKPT --steps 3
 
-Under torchrun rank 0 drives the others through learner.distributed.LeadTrainer and they run
-learner.distributed.follow, as in arpo-learner. Step k trains on batch k (the same samples with advantages that
+Under torchrun rank 0 drives the others through learner.train.distributed.LeadTrainer and they run
+learner.train.distributed.follow, as in arpo-learner. Step k trains on batch k (the same samples with advantages that
 change per step); ``--save-at K`` writes a checkpoint (``OUT/ckpt``) after K steps; ``--resume`` loads one and
 continues at its step count. Rank 0 writes ``OUT/losses.json`` ({step: loss}) and the full weights
 (``OUT/weights``).
@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from arpo_async.config import LearnerConfig  # noqa: E402
 from arpo_async.model.inputs import PromptEncoder  # noqa: E402
-from learner.distributed import LeadTrainer, follow, init_ranks, leave  # noqa: E402
-from learner.trainer import Trainer, TrainSample  # noqa: E402
-from learner.trainer_checkpoint import checkpoint_name  # noqa: E402
+from learner.train.distributed import LeadTrainer, follow, init_ranks, leave  # noqa: E402
+from learner.train.trainer import Trainer, TrainSample  # noqa: E402
+from learner.train.trainer_checkpoint import checkpoint_name  # noqa: E402
 
 REPLIES = ("T\nAction: click(start_box='(045,730)')", "Thought: wait\nAction: wait()", "Action: hotkey(key='ctrl s')",
            "Thought: the save button\nAction: click(start_box='(512,100)')", "Action: type(content='hello')")

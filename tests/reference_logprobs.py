@@ -1,7 +1,7 @@
 """Reference log-probs for tests: one plain full forward pass of the policy per reply.
 
 The product computes log-probs in two optimised places, arpo-serve's decode loop (arpo_serve.engine) and the
-trainer's chunked forward (learner.policy_forward); tests compare both with this plain computation, which uses the
+trainer's chunked forward (learner.train.policy_forward); tests compare both with this plain computation, which uses the
 same model inputs (arpo_async.model.inputs) and nothing else.
 """
 

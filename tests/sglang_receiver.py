@@ -403,7 +403,7 @@ SERVER_INFO_KEYS = frozenset({
 """Keys of /get_server_info that the api contract's GetServerInfoResponse declares and the Python server builds
 (utils/common.build_server_info: ServerArgs.resolved_dict() + the scheduler's handshake info with
 max_total_num_tokens; http_server.server_info adds internal_states and version; the contract's deployment_info
-is built by the Rust server only and max_context_length by neither), plus the ServerArgs fields learner.publisher
+is built by the Rust server only and max_context_length by neither), plus the ServerArgs fields learner.train.publisher
 reads (dtype, device: its served dtype and hasher)."""
 
 FLUSH_TEXT = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "

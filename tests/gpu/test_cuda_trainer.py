@@ -15,7 +15,7 @@ import torch
 
 from arpo_async.config import LearnerConfig
 from arpo_async.model.init_model import create_tiny_model
-from learner.trainer import Trainer
+from learner.train.trainer import Trainer
 from tests.rank_driver import batch
 
 pytestmark = [pytest.mark.gpu,

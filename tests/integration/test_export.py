@@ -31,13 +31,13 @@ from arpo_async.model.inputs import PromptEncoder, load_policy
 from arpo_async.tasks import Task
 from arpo_async.transport import Outbox
 from arpo_cli.cli import main as arpo
-from learner.batcher import Batcher
-from learner.checkpoint import Checkpointer, capture
-from learner.replay import make_replay
-from learner.scheduler import GroupScheduler
-from learner.service import LearnerService
-from learner.staleness import StalenessManager
-from learner.trainer import Trainer
+from learner.algo.batcher import Batcher
+from learner.train.checkpoint import Checkpointer, capture
+from learner.algo.replay import make_replay
+from learner.rollouts.scheduler import GroupScheduler
+from learner.rollouts.service import LearnerService
+from learner.rollouts.staleness import StalenessManager
+from learner.train.trainer import Trainer
 from tests.rank_driver import batch, screenshot
 from tests.reference_logprobs import token_logprobs
 from tests.support import ServeProcess, free_port

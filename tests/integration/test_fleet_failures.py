@@ -39,11 +39,11 @@ from arpo_async.messages import Outcome, Trajectory
 from arpo_async.model.inputs import PromptEncoder
 from arpo_async.tasks import Task, load_tasks
 from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, dealer_socket, router_socket
-from learner.batcher import Batcher
-from learner.replay import SuccessReplay
-from learner.scheduler import GroupScheduler
-from learner.service import LearnerService
-from learner.staleness import StalenessManager
+from learner.algo.batcher import Batcher
+from learner.algo.replay import SuccessReplay
+from learner.rollouts.scheduler import GroupScheduler
+from learner.rollouts.service import LearnerService
+from learner.rollouts.staleness import StalenessManager
 from tests.support import ServeProcess, free_port, labelled, until
 
 pytestmark = pytest.mark.docker

@@ -5,7 +5,7 @@ capture each task's click tree (the screenshot after its setup, the app's button
 score after a click on each button); the real arpo-serve `Engine` samples with the actors' action grammar (compact
 prompt, fixed-width coordinates, forced text emitted as canonical tokens); a reply succeeds when its click lands in
 the box of the button the evaluator scores 1 (a click on no button changes nothing and scores 0); the learner's real
-`Batcher` and its training step (learner.training_step: the forced tokens left out of the loss,
+`Batcher` and its training step (learner.train.training_step: the forced tokens left out of the loss,
 ``updates_per_batch`` optimizer steps per batch, the `Trainer`) train on the groups. The settings are the learning
 benchmarks' arm a (tests/learning_arms.py: its task setup and the arm's overrides). The whole run is seeded.
 

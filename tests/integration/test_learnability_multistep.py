@@ -8,7 +8,7 @@ screenshot, the widget boxes and the task's own evaluator score. Episodes are pl
 step loop as configs/multistep.toml sets it (2 steps; the second prompt carries both screenshots and the first
 reply), on its one task settings-sound-mute with 2 groups per rollout batch (as the figures below were measured);
 the real arpo-serve `Engine` samples every step with the actors' grammar, and the learner's Batcher and training
-step (learner.training_step) train on the 2-step trajectories, each step's prompt ids, screenshots, sampled ids and
+step (learner.train.training_step) train on the 2-step trajectories, each step's prompt ids, screenshots, sampled ids and
 behaviour log-probs as the actors record them. Sampling lags the trained weights by one version (the async schedule
 of the config). The whole run is seeded (learner.seed=1).
 

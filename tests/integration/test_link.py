@@ -22,13 +22,13 @@ from arpo_async.messages import Hello, Reject, Step, Trajectory, WorkRequest
 from arpo_async import codec
 from arpo_async.tasks import Task
 from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, dealer_socket, router_socket
-from learner.batcher import Batcher
-from learner.replay import SuccessReplay
-from learner.scheduler import GroupScheduler
-from learner.service import LearnerService
-from learner.staleness import StalenessManager
-from learner.baseline import BASELINE_FILE, plan_tasks
-from learner.task_selection import TaskSelector
+from learner.algo.batcher import Batcher
+from learner.algo.replay import SuccessReplay
+from learner.rollouts.scheduler import GroupScheduler
+from learner.rollouts.service import LearnerService
+from learner.rollouts.staleness import StalenessManager
+from learner.algo.baseline import BASELINE_FILE, plan_tasks
+from learner.algo.task_selection import TaskSelector
 from tests.support import free_port, until
 
 TASK = Task.from_dict({"id": "grid4-red", "instruction": "click red", "config": [],
@@ -214,7 +214,7 @@ async def test_a_flood_of_rejected_messages_writes_a_few_log_lines_and_counts_ev
     raw.connect(transport.endpoint)
     try:
         async with learner(ctx, transport) as service:
-            caplog.set_level(logging.WARNING, logger="learner.service")
+            caplog.set_level(logging.WARNING, logger="learner.rollouts.service")
             await raw.send_multipart(codec.encode(Hello("flooder", 1)))
             for i in range(1001):  # the first takes the one slot; the other 1,000 are refused
                 await raw.send_multipart(codec.encode(WorkRequest(f"flood-{i}", "flooder")))
@@ -360,7 +360,7 @@ async def test_an_honest_actor_gets_work_beside_a_hog_or_a_storm_of_identities(t
     the hog is capped at transport.max_slots_per_peer, the storm at UNANNOUNCED_PEERS x UNANNOUNCED_SLOTS (the
     rest refused, reason "hello"), and rollouts go round-robin over the peers that wait, so an honest actor that
     asks after the attack gets work within 2 s, with O(1) bookkeeping per request."""
-    from learner.peers import UNANNOUNCED_PEERS, UNANNOUNCED_SLOTS
+    from learner.rollouts.peers import UNANNOUNCED_PEERS, UNANNOUNCED_SLOTS
 
     ctx = zmq.asyncio.Context()
     sockets = []

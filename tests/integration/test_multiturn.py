@@ -25,11 +25,11 @@ from arpo_async.engine import EngineReply
 from arpo_async.inference_client import Generation, PolicyClient
 from arpo_async.model.inputs import PromptEncoder, load_policy
 from arpo_async.sglang_engine import SGLangEngine
-from learner.batcher import Batcher, ScoredGroup, policy_lag, train_samples
-from learner.grpo import correction_weights
-from learner.policy_forward import CompletionLogprobs, PixelCache, check_pad_id, collate, image_pad_problem
-from learner.replay import make_replay, trajectory_version
-from learner.scheduler import Group
+from learner.algo.batcher import Batcher, ScoredGroup, policy_lag, train_samples
+from learner.algo.grpo import correction_weights
+from learner.train.policy_forward import CompletionLogprobs, PixelCache, check_pad_id, collate, image_pad_problem
+from learner.algo.replay import make_replay, trajectory_version
+from learner.rollouts.scheduler import Group
 from tests.support import ServeProcess, free_port, until
 
 pytestmark = pytest.mark.docker

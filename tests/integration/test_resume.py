@@ -32,14 +32,14 @@ from arpo_async.messages import Step, Trajectory
 from arpo_async.metrics import REQUIRED_KEYS, MetricsWriter, read_metrics
 from arpo_async.tasks import Task
 from arpo_async.transport import Outbox
-from learner.batcher import Batcher
-from learner.checkpoint import (CheckpointError, Checkpointer, capture, checkpoint_folders, reconcile_metrics,
+from learner.algo.batcher import Batcher
+from learner.train.checkpoint import (CheckpointError, Checkpointer, capture, checkpoint_folders, reconcile_metrics,
                                 restore)
-from learner.replay import ReplayBuffer, make_replay
-from learner.scheduler import GroupScheduler
-from learner.service import LearnerService
-from learner.staleness import StalenessManager
-from learner.trainer import Trainer
+from learner.algo.replay import ReplayBuffer, make_replay
+from learner.rollouts.scheduler import GroupScheduler
+from learner.rollouts.service import LearnerService
+from learner.rollouts.staleness import StalenessManager
+from learner.train.trainer import Trainer
 from tests.support import free_port, healthy, until_sync
 
 PY = sys.executable

@@ -28,8 +28,8 @@ from arpo_async.config import LearnerConfig
 from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.model.init_model import create_tiny_model
 from arpo_async.sglang_engine import SGLangEngine
-from learner.publisher import DistributedPublisher
-from learner.trainer import Trainer
+from learner.train.publisher import DistributedPublisher
+from learner.train.trainer import Trainer
 from tests.rank_driver import batch
 from tests.support import free_port, read_until, stop_process
 

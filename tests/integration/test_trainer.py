@@ -1,4 +1,4 @@
-"""Integration tests for learner.trainer.Trainer on the real tiny Qwen2.5-VL policy (CPU, offline)."""
+"""Integration tests for learner.train.trainer.Trainer on the real tiny Qwen2.5-VL policy (CPU, offline)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from PIL import Image, ImageDraw
 from arpo_async.config import LearnerConfig
 from arpo_async.model.init_model import create_tiny_model
 from arpo_async.model.inputs import PromptEncoder, load_policy
-from learner import trainer_checkpoint
-from learner.trainer import (
+from learner.train import trainer_checkpoint
+from learner.train.trainer import (
     Trainer,
     TrainerConfigError,
     TrainerError,

@@ -13,8 +13,8 @@ from arpo_async.config import LearnerConfig
 from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.model.init_model import create_tiny_model
 from arpo_async.sglang_engine import SGLangEngine
-from learner.publisher import DistributedPublisher
-from learner.trainer import Trainer
+from learner.train.publisher import DistributedPublisher
+from learner.train.trainer import Trainer
 from tests.support import ServeProcess, catch_all_http_server, free_port
 
 RETRY = RetryPolicy(attempts=1, request_timeout_s=30.0, admin_timeout_s=30.0)

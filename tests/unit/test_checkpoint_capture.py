@@ -1,6 +1,6 @@
-"""learner.checkpoint.capture takes the replay buffer's trajectories by reference (no encoding on the event loop);
+"""learner.train.checkpoint.capture takes the replay buffer's trajectories by reference (no encoding on the event loop);
 encode_snapshot, run where the checkpoint is written, gives exactly the frames an eager encoding gives, inline or
-through the frames file (learner.frames_file)."""
+through the frames file (learner.train.frames_file)."""
 
 import os
 import uuid
@@ -8,9 +8,9 @@ import uuid
 import pytest
 
 from arpo_async.messages import Step, Trajectory
-from learner.checkpoint import _Unencoded, capture, decode_trajectory, encode_snapshot, encode_trajectory
-from learner.frames_file import FRAMES_KEY, FramesWriter, internalize, read_frames
-from learner.replay import make_replay
+from learner.train.checkpoint import _Unencoded, capture, decode_trajectory, encode_snapshot, encode_trajectory
+from learner.train.frames_file import FRAMES_KEY, FramesWriter, internalize, read_frames
+from learner.algo.replay import make_replay
 from tests.unit.test_queue_depths import make_service
 
 

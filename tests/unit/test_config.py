@@ -9,9 +9,9 @@ import pytest
 
 from arpo_async.config import ActorConfig, ConfigError, LearnerConfig, RunConfig, ServeConfig, dump_toml, load_config
 from arpo_serve.engine import LOGPROB_MODES
-from learner.grpo import CORRECTION_MODES
-from learner.replay import REPLAY_MODES
-from learner.task_selection import SELECTION_STRATEGIES
+from learner.algo.grpo import CORRECTION_MODES
+from learner.algo.replay import REPLAY_MODES
+from learner.algo.task_selection import SELECTION_STRATEGIES
 
 
 def test_defaults_are_the_embedded_run():
@@ -219,8 +219,8 @@ def test_the_correction_cap_is_the_selected_modes():
 
 def test_the_trainers_runtime_config_errors_are_config_errors():
     """learner.device "cuda" without CUDA or a sample over the micro-batch budget is found only when training
-    starts (learner.trainer's TrainerConfigError); one ``except ConfigError`` catches it with the rest."""
-    from learner.trainer_errors import TrainerConfigError
+    starts (learner.train.trainer's TrainerConfigError); one ``except ConfigError`` catches it with the rest."""
+    from learner.train.trainer_errors import TrainerConfigError
 
     assert issubclass(TrainerConfigError, ConfigError)
 

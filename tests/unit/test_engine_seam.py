@@ -18,8 +18,8 @@ from arpo_async.model.init_model import create_tiny_model
 from arpo_async.sglang_engine import PAUSE_MODES, SGLangEngine
 from arpo_async.weight_sync import dtype_name, tensor_checksum
 from arpo_serve.engine import Engine, SamplingParams
-from learner.publisher import WeightPublisher, servers_behind
-from learner.trainer import Trainer
+from learner.train.publisher import WeightPublisher, servers_behind
+from learner.train.trainer import Trainer
 
 PROTOCOL_CALLS = sorted(name for name, member in vars(InferenceEngine).items()
                         if inspect.iscoroutinefunction(member) and not name.startswith("_"))

@@ -1,4 +1,4 @@
-"""Held-out evaluation rounds in the learner (learner.evaluation_rounds): a real LearnerService with a real scheduler,
+"""Held-out evaluation rounds in the learner (learner.rollouts.evaluation_rounds): a real LearnerService with a real scheduler,
 admission rule, batcher, replay buffer and task selector, on ZeroMQ-free envelopes. A round of N episodes completes
 and is counted with its errors in the denominator; its trajectories are acked and reach nothing that trains."""
 
@@ -11,13 +11,13 @@ from arpo_async.config import ConfigError, EvalConfig, load_config
 from arpo_async.messages import Ack, Assignment, Hello, Step, Trajectory, WorkRequest
 from arpo_async.tasks import Task
 from arpo_async.transport import Envelope, Outbox
-from learner.batcher import Batcher
-from learner.evaluation_rounds import RESULT_KEYS, EvaluationRounds, evaluation_tasks
-from learner.replay import SuccessReplay
-from learner.scheduler import GroupScheduler
-from learner.service import LearnerService
-from learner.staleness import LockstepAdmission, StalenessManager
-from learner.task_selection import TaskSelector
+from learner.algo.batcher import Batcher
+from learner.rollouts.evaluation_rounds import RESULT_KEYS, EvaluationRounds, evaluation_tasks
+from learner.algo.replay import SuccessReplay
+from learner.rollouts.scheduler import GroupScheduler
+from learner.rollouts.service import LearnerService
+from learner.rollouts.staleness import LockstepAdmission, StalenessManager
+from learner.algo.task_selection import TaskSelector
 
 
 def task(task_id: str) -> Task:

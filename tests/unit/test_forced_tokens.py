@@ -13,7 +13,7 @@ from actors.uitars.grammar import action_regex
 from actors.uitars.prompt import build_messages
 from arpo_async.model.inputs import PromptEncoder
 from arpo_serve.engine import Engine, SamplingParams
-from learner.forced_tokens import ForcedTokens
+from learner.algo.forced_tokens import ForcedTokens
 
 REGEX = action_regex(max_x=999, max_y=999, fixed_width=True, actions=("click",), max_thought_chars=8)
 FORCED_TEXT = ("Thought: ", "\nAction: click(start_box='(", ",", ")')")

@@ -1,4 +1,4 @@
-"""Reference tests for learner.grpo: hand-computed numbers and a plain-loop reference for the loss."""
+"""Reference tests for learner.algo.grpo: hand-computed numbers and a plain-loop reference for the loss."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from learner.grpo import (
+from learner.algo.grpo import (
     CORRECTION_MODES,
     GrpoInputError,
     clipped_token_loss,

@@ -9,8 +9,8 @@ import pytest
 from arpo_async.config import ConfigError, load_config
 from arpo_async.messages import Step, Trajectory
 from arpo_async.tasks import Task
-from learner.scheduler import GroupScheduler
-from learner.staleness import LockstepAdmission, StalenessManager
+from learner.rollouts.scheduler import GroupScheduler
+from learner.rollouts.staleness import LockstepAdmission, StalenessManager
 
 
 def task(task_id: str) -> Task:

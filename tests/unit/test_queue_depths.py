@@ -8,12 +8,12 @@ from arpo_async.messages import Assignment, Heartbeat, Hello, Step, Trajectory, 
 from arpo_async.metrics import MetricsWriter, read_metrics
 from arpo_async.tasks import Task
 from arpo_async.transport import Envelope, Outbox
-from learner.batcher import Batcher, ScoredGroup
-from learner.records import step_record
-from learner.replay import SuccessReplay
-from learner.scheduler import GroupScheduler
-from learner.service import LearnerService
-from learner.staleness import StalenessManager
+from learner.algo.batcher import Batcher, ScoredGroup
+from learner.train.records import step_record
+from learner.algo.replay import SuccessReplay
+from learner.rollouts.scheduler import GroupScheduler
+from learner.rollouts.service import LearnerService
+from learner.rollouts.staleness import StalenessManager
 from tests.unit.test_tensorboard_metrics import read_tensorboard
 
 TASK = Task.from_dict({"id": "grid4-red", "instruction": "click red", "config": [],

@@ -1,9 +1,9 @@
 """The generated reference pages (docs/reference/*.md, arpo_cli.reference_docs) against the code: the pages on disk
 are what the code generates today, the config page has every field of every config class, the CLI page every
 command of `arpo` and every flag, and the metric fields (arpo_async.metric_fields) are exactly the keys a record
-can carry: those of a record the real learner.records.step_record builds from a real LearnerService (with a real
-ZeroMQ socket pump for ``messages``), plus the keys its caller learner.training_loop.TrainingLoop.train adds, read
-from that caller's source, and the evaluation fields learner.evaluation_rounds returns."""
+can carry: those of a record the real learner.train.records.step_record builds from a real LearnerService (with a real
+ZeroMQ socket pump for ``messages``), plus the keys its caller learner.train.loop.TrainingLoop.train adds, read
+from that caller's source, and the evaluation fields learner.rollouts.evaluation_rounds returns."""
 
 import argparse
 import ast
@@ -25,13 +25,14 @@ from arpo_async.tasks import Task
 from arpo_async.transport import Outbox, SocketPump
 from arpo_cli import reference_docs
 from arpo_cli.cli import build_parser
-from learner import evaluation_rounds, training_loop
-from learner.batcher import Batcher, ScoredGroup
-from learner.records import CORRECTION_STATS, step_record
-from learner.replay import SuccessReplay
-from learner.scheduler import GroupScheduler
-from learner.service import LearnerService
-from learner.staleness import StalenessManager
+from learner.rollouts import evaluation_rounds
+from learner.train import loop as training_loop
+from learner.algo.batcher import Batcher, ScoredGroup
+from learner.train.records import CORRECTION_STATS, step_record
+from learner.algo.replay import SuccessReplay
+from learner.rollouts.scheduler import GroupScheduler
+from learner.rollouts.service import LearnerService
+from learner.rollouts.staleness import StalenessManager
 
 
 def test_pages_on_disk_are_what_the_code_generates():
@@ -141,7 +142,7 @@ async def real_record() -> dict:
 
 
 def caller_keys() -> set[str]:
-    """The keys TrainingLoop (learner/training_loop.py) adds to step_record's: the keyword arguments of its
+    """The keys TrainingLoop (learner/train/loop.py) adds to step_record's: the keyword arguments of its
     step_record call and every ``record["key"] = ...`` (or ``record["a"], x = ...``) in the module."""
     tree = ast.parse(inspect.getsource(training_loop))
     keys: set[str] = set()

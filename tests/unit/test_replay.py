@@ -1,4 +1,4 @@
-"""Reference tests for learner.replay: SuccessReplay (ARPO's success replay buffer) and PrioritizedReplay."""
+"""Reference tests for learner.algo.replay: SuccessReplay (ARPO's success replay buffer) and PrioritizedReplay."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from arpo_async.messages import Outcome, Step, Trajectory
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
 from arpo_async.tasks import Task
-from learner.batcher import Batcher, train_samples
-from learner.checkpoint import decode_trajectory, encode_trajectory
-from learner.replay import (
+from learner.algo.batcher import Batcher, train_samples
+from learner.train.checkpoint import decode_trajectory, encode_trajectory
+from learner.algo.replay import (
     Injection,
     PrioritizedReplay,
     ReplayError,
@@ -23,7 +23,7 @@ from learner.replay import (
     trajectory_length,
     trajectory_version,
 )
-from learner.scheduler import Group
+from learner.rollouts.scheduler import Group
 
 FAILED = [0.0] * 4
 

@@ -4,9 +4,9 @@ import pytest
 
 from arpo_async.messages import Step, Trajectory
 from arpo_async.tasks import Task
-from learner.batcher import Batcher, policy_lag, train_samples
-from learner.replay import SuccessReplay
-from learner.scheduler import GroupScheduler
+from learner.algo.batcher import Batcher, policy_lag, train_samples
+from learner.algo.replay import SuccessReplay
+from learner.rollouts.scheduler import GroupScheduler
 
 
 def task(task_id: str) -> Task:

@@ -6,11 +6,11 @@ import asyncio
 
 from arpo_async.messages import Ack, Reject, Shutdown, Step, Trajectory
 from arpo_async.transport import Envelope, Outbox
-from learner.batcher import Batcher
-from learner.replay import SuccessReplay
-from learner.scheduler import GroupScheduler
-from learner.service import ACK_BATCH, LearnerService
-from learner.staleness import StalenessManager
+from learner.algo.batcher import Batcher
+from learner.algo.replay import SuccessReplay
+from learner.rollouts.scheduler import GroupScheduler
+from learner.rollouts.service import ACK_BATCH, LearnerService
+from learner.rollouts.staleness import StalenessManager
 from tests.support import cancelled
 from tests.unit.test_queue_depths import TASK
 

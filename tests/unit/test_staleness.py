@@ -2,7 +2,7 @@
 
 import pytest
 
-from learner.staleness import StalenessManager
+from learner.rollouts.staleness import StalenessManager
 
 
 def test_capacity_hand_computed():

@@ -1,5 +1,5 @@
 """Per-task and per-family success in metrics records: trajectories go through a real LearnerService (its outcome
-window counts them by task), then learner.records.step_record turns the window into task_success,
+window counts them by task), then learner.train.records.step_record turns the window into task_success,
 task_trajectories and family_success."""
 
 import itertools
@@ -9,12 +9,12 @@ import pytest
 from arpo_async.messages import Assignment, Step, Trajectory, WorkRequest
 from arpo_async.tasks import Task
 from arpo_async.transport import Envelope, Outbox
-from learner.batcher import Batcher, ScoredGroup
-from learner.records import step_record
-from learner.replay import SuccessReplay
-from learner.scheduler import GroupScheduler
-from learner.service import LearnerService
-from learner.staleness import StalenessManager
+from learner.algo.batcher import Batcher, ScoredGroup
+from learner.train.records import step_record
+from learner.algo.replay import SuccessReplay
+from learner.rollouts.scheduler import GroupScheduler
+from learner.rollouts.service import LearnerService
+from learner.rollouts.staleness import StalenessManager
 
 
 def task(task_id: str, **extra) -> Task:

@@ -19,12 +19,12 @@ from arpo_async.messages import Outcome, Step, Trajectory
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
 from arpo_async.task_sets import TaskEntry
 from arpo_async.tasks import Task
-from learner.baseline import BaselinePass, save_baseline, task_selector
-from learner.batcher import Batcher
+from learner.algo.baseline import BaselinePass, save_baseline, task_selector
+from learner.algo.batcher import Batcher
 from learner.main import replay_buffer
-from learner.records import per_task_success
-from learner.run_stats import WindowStats
-from learner.scheduler import Group
+from learner.train.records import per_task_success
+from learner.rollouts.run_stats import WindowStats
+from learner.rollouts.scheduler import Group
 
 TASK = Task.from_dict({"id": "form-name", "instruction": "Type Alice, then click Save.", "config": [],
                        "evaluator": {"func": "infeasible"}})

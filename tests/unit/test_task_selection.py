@@ -1,4 +1,4 @@
-"""Reference tests for learner.task_selection: baseline pass, valuable tasks, online retirement and revisits."""
+"""Reference tests for learner.algo.task_selection: baseline pass, valuable tasks, online retirement and revisits."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import msgpack
 import pytest
 
 from arpo_async.tasks import Task
-from learner.scheduler import GroupScheduler
-from learner.baseline import BaselineExhausted, BaselinePass, baseline_plan, valuable_tasks
-from learner.task_selection import TaskSelectionError, TaskSelector, trainable_scores
+from learner.rollouts.scheduler import GroupScheduler
+from learner.algo.baseline import BaselineExhausted, BaselinePass, baseline_plan, valuable_tasks
+from learner.algo.task_selection import TaskSelectionError, TaskSelector, trainable_scores
 
 
 def task(task_id: str) -> Task:
@@ -200,7 +200,7 @@ def test_bad_parameters_are_rejected(kwargs):
 
 def test_learner_baseline_file_is_written_reused_and_checked(tmp_path):
     from arpo_async.config import LearnerConfig
-    from learner.baseline import load_baseline, plan_baseline, save_baseline, valuable_pool
+    from learner.algo.baseline import load_baseline, plan_baseline, save_baseline, valuable_pool
 
     lc = LearnerConfig(baseline_k=2, group_size=2)
     path = tmp_path / "baseline.json"
@@ -221,7 +221,7 @@ def test_learner_baseline_file_is_written_reused_and_checked(tmp_path):
 
 def test_learner_baseline_with_no_valuable_task_is_a_clear_error(tmp_path):
     from arpo_async.config import LearnerConfig
-    from learner.baseline import save_baseline
+    from learner.algo.baseline import save_baseline
 
     lc = LearnerConfig(baseline_k=2, group_size=2)
     baseline = BaselinePass(POOL[:2], k=2, group_size=2)
@@ -236,7 +236,7 @@ def test_learner_baseline_with_no_valuable_task_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize("text", ["{not json", '{"k": 2}', '{"valuable": []}', '{"valuable": "b"}', "[1]",
                                   '{"valuable": [1, 2]}'])
 def test_a_damaged_baseline_file_is_a_clear_error(tmp_path, text):
-    from learner.baseline import load_baseline
+    from learner.algo.baseline import load_baseline
 
     path = tmp_path / "baseline.json"
     path.write_text(text)
@@ -247,7 +247,7 @@ def test_a_damaged_baseline_file_is_a_clear_error(tmp_path, text):
 def test_a_task_with_task_errors_in_a_row_is_set_aside_and_never_picked_again():
     """Issue 24 item 1: TASK_ERROR rollouts in a row set a task aside (another outcome restarts the count); it is
     named in stats, survives a checkpoint, and with every task set aside a pick raises NoTaskLeft."""
-    from learner.task_selection import NoTaskLeft
+    from learner.algo.task_selection import NoTaskLeft
 
     selector = TaskSelector(POOL, task_error_limit=3, seed=1)
     assert not selector.record_rollout("a", True) and not selector.record_rollout("a", True)

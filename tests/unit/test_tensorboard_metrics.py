@@ -1,5 +1,5 @@
 """metrics.jsonl and its TensorBoard mirror: trajectories with stage timings go through a real LearnerService,
-learner.records.step_record builds the records, the real MetricsWriter writes them, and TensorBoard's own reader
+learner.train.records.step_record builds the records, the real MetricsWriter writes them, and TensorBoard's own reader
 (EventAccumulator) must find exactly the numbers of metrics.jsonl, including the stage-timing aggregates and
 queue depths."""
 
@@ -15,12 +15,12 @@ from arpo_async.metrics import MetricsWriter, flatten_numbers, read_metrics
 from arpo_async.stage_timings import StageTimings, percentile
 from arpo_async.tasks import Task
 from arpo_async.transport import Envelope, Outbox
-from learner.batcher import Batcher, ScoredGroup
-from learner.records import step_record
-from learner.replay import SuccessReplay
-from learner.scheduler import GroupScheduler
-from learner.service import LearnerService
-from learner.staleness import StalenessManager
+from learner.algo.batcher import Batcher, ScoredGroup
+from learner.train.records import step_record
+from learner.algo.replay import SuccessReplay
+from learner.rollouts.scheduler import GroupScheduler
+from learner.rollouts.service import LearnerService
+from learner.rollouts.staleness import StalenessManager
 
 TASK = Task.from_dict({"id": "grid4-red", "instruction": "click red", "config": [],
                        "evaluator": {"func": "exact_match", "result": {"type": "vm_file", "path": "/r"},
@@ -143,7 +143,7 @@ def test_a_resumed_run_replaces_the_rolled_back_steps_in_tensorboard(tmp_path):
     for n in (1, 2, 3):
         writer.write(record(n, loss=float(n)))
     writer.close()
-    # the checkpoint was taken at step 2: learner.checkpoint.reconcile_metrics keeps steps 1 and 2
+    # the checkpoint was taken at step 2: learner.train.checkpoint.reconcile_metrics keeps steps 1 and 2
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
     writer = MetricsWriter(tmp_path / "metrics.jsonl", tensorboard=tmp_path / "tb")

@@ -1,11 +1,11 @@
-"""The learner's training step (learner.training_step): the samples and optimizer steps a batch gets."""
+"""The learner's training step (learner.train.training_step): the samples and optimizer steps a batch gets."""
 
 import pytest
 
 from arpo_async.config import load_config
 from arpo_async.messages import Step, Trajectory
-from learner.batcher import ScoredGroup
-from learner.training_step import train_on_batch
+from learner.algo.batcher import ScoredGroup
+from learner.train.training_step import train_on_batch
 
 
 class RecordingTrainer:

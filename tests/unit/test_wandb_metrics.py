@@ -32,7 +32,7 @@ def offline(monkeypatch, tmp_path):
 
 
 def record(step: int) -> dict:
-    """A metrics record as learner.records.step_record makes them: required keys, a nested dict, a string, a
+    """A metrics record as learner.train.records.step_record makes them: required keys, a nested dict, a string, a
     bool, a list and a non-finite float (the last four are not numbers and are left out of the mirrors)."""
     return {"step": step, "policy_version": step, "trajectories": 8 * step, "success_rate": 0.125 * step,
             "reward_mean": 0.1 * step - 0.05, "loss": 1.0 / (step + 1), "replay_injections": step % 2,

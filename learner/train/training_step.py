@@ -1,6 +1,6 @@
 """The learner's training step: one training batch in, its optimizer steps taken, their stats out.
 
-Role: the part of the training loop (learner.training_loop) that touches the model, as one function of values,
+Role: the part of the training loop (learner.train.loop) that touches the model, as one function of values,
 so that every caller trains exactly as the learner does (tests/learning_probe.py and the learnability test call it
 instead of a copy). Blocking: torch on CPU or GPU; the training loop runs it in a thread.
 
@@ -11,15 +11,15 @@ optimizer steps in all; the forced tokens are left out of the loss when a Forced
 from __future__ import annotations
 
 from arpo_async.config import LearnerConfig
-from learner.batcher import ScoredGroup, train_samples
-from learner.distributed import LeadTrainer
-from learner.forced_tokens import ForcedTokens
-from learner.trainer import Trainer
+from learner.algo.batcher import ScoredGroup, train_samples
+from learner.train.distributed import LeadTrainer
+from learner.algo.forced_tokens import ForcedTokens
+from learner.train.trainer import Trainer
 
 
 def train_on_batch(trainer: Trainer | LeadTrainer, batch: list[ScoredGroup], lc: LearnerConfig,
                    forced: ForcedTokens | None, steps_done: int) -> tuple[dict[str, float], int]:
-    """Train ``trainer`` on ``batch``: one TrainSample per generated step (learner.batcher.train_samples, the
+    """Train ``trainer`` on ``batch``: one TrainSample per generated step (learner.algo.batcher.train_samples, the
     forced tokens masked with ``forced``), split into ``updates`` mini-batches, one optimizer step each
     (Trainer.train_batch).
 

@@ -14,12 +14,12 @@ import collections
 from typing import Any, Mapping
 
 from arpo_async.messages import Outcome
-from learner.batcher import ScoredGroup
-from learner.run_stats import WindowStats
+from learner.algo.batcher import ScoredGroup
+from learner.rollouts.run_stats import WindowStats
 
 CORRECTION_STATS = ("is_weight_mean", "is_weight_max", "is_capped_frac", "behaviour_kl", "replayed_tokens",
                     "replayed_is_weight_mean", "ratio_mean", "approx_kl")
-"""Trainer statistics copied into each metrics record (see learner.grpo.corrected_token_loss)."""
+"""Trainer statistics copied into each metrics record (see learner.algo.grpo.corrected_token_loss)."""
 
 
 def success_rate(outcomes: Mapping[str, int]) -> tuple[float, int]:
@@ -58,10 +58,10 @@ def step_record(step: int, version: int, batch: list[ScoredGroup], stats: Mappin
     Args:
         step: optimizer steps in all after this batch; version: the policy version it published.
         batch: the scored groups trained on (non-empty).
-        stats: the trainer's statistics of the batch (``loss`` required; learner.trainer.Trainer.train_batch).
+        stats: the trainer's statistics of the batch (``loss`` required; learner.train.trainer.Trainer.train_batch).
         window: what arrived since the last batch: success_rate (and task_success, family_success) is over its
             trainable trajectories, stage_s is p50/p95 of its per-stage timings (arpo_async.stage_timings).
-        counters: the learner's counters now (learner.service.LearnerService.counters): ``replay``,
+        counters: the learner's counters now (learner.rollouts.service.LearnerService.counters): ``replay``,
             ``task_selection``, ``drops``, ``totals``, ``rejections``, ``queues`` (queue depths now),
             ``queues_max`` (each queue's peak since the previous record), ``loop_lag_ms`` (the event loop's lag
             since the previous record: p50, p99, max in ms, samples; arpo_async.loop_lag) and, when the

@@ -2,8 +2,8 @@
 
 Role: takes each message from the ROUTER pump's inbox (:meth:`LearnerService.serve`) and routes it; owns
 trajectory de-duplication, the optimizer step count, the baseline pass while it runs, and the hand-off of training
-batches. Its two other halves: :class:`learner.peers.Peers` (known actors, waiting requests, running rollouts,
-admission, the announced policy version) and :class:`learner.run_stats.RunStats` (counters, the outcome window,
+batches. Its two other halves: :class:`learner.rollouts.peers.Peers` (known actors, waiting requests, running rollouts,
+admission, the announced policy version) and :class:`learner.rollouts.run_stats.RunStats` (counters, the outcome window,
 the stall check). Channels (made by the wiring function, learner.main): the pump's inbox and outbox, and
 ``batches``, the bounded queue the training loop awaits; the loop reports each step back through one call,
 :meth:`LearnerService.on_trained`.
@@ -20,7 +20,7 @@ the stall check). Channels (made by the wiring function, learner.main): the pump
   schedule: a batch goes on ``batches`` as soon as the batcher has one and ``batches`` is empty (at most one batch
   is formed ahead of the training loop); lockstep: a rollout batch opened by :meth:`LearnerService.open_round`
   goes on ``batches`` (every scored group of it, perhaps none) once all of it has come back;
-- an evaluation episode's trajectory (learner.evaluation_rounds) is acked, validated and de-duplicated the same
+- an evaluation episode's trajectory (learner.rollouts.evaluation_rounds) is acked, validated and de-duplicated the same
   way, then goes to the evaluation rounds only: never to the scheduler, batcher, replay buffer, task selector,
   baseline pass, outcome window or trajectory sample; a round comes due in :meth:`LearnerService.on_trained`;
 - a message that failed to decode, or whose handling raised, is counted in ``rejections`` and answered with a
@@ -48,14 +48,14 @@ from arpo_async.process import WarningBudget
 from arpo_async.transport import Envelope, Outbox, Undecodable
 from arpo_async.validation import (InvalidMessage, WireLimits, check_hello, check_trajectory,
                                    check_work_request)
-from learner.baseline import BaselinePass
-from learner.batcher import Batcher, BatchQueue
-from learner.evaluation_rounds import EvaluationRounds
-from learner.peers import Admission, Peers, remember
-from learner.run_stats import RunStats
-from learner.scheduler import GroupScheduler
-from learner.task_selection import NoTaskLeft, TaskSelector, trainable_scores
-from learner.trajectory_sample import TrajectorySampler
+from learner.algo.baseline import BaselinePass
+from learner.algo.batcher import Batcher, BatchQueue
+from learner.rollouts.evaluation_rounds import EvaluationRounds
+from learner.rollouts.peers import Admission, Peers, remember
+from learner.rollouts.run_stats import RunStats
+from learner.rollouts.scheduler import GroupScheduler
+from learner.algo.task_selection import NoTaskLeft, TaskSelector, trainable_scores
+from learner.rollouts.trajectory_sample import TrajectorySampler
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +105,10 @@ class LearnerService:
         learner_id: this learner's id, announced in LearnerStatus; a new random one when None.
         selector: the online task selector fed with every complete training group (None: none).
         vocab_size: token ids of trajectories must lie in [0, vocab_size) (None: not checked).
-        peer_timeout_s: see :class:`learner.peers.Peers`.
-        sampler: keeps a sample of received trajectories with their screenshots (learner.trajectory_sample).
-        run_id: this run's id: actors of another run are refused (:meth:`learner.peers.Peers.check_run`).
-        max_slots_per_peer: see :class:`learner.peers.Peers`.
+        peer_timeout_s: see :class:`learner.rollouts.peers.Peers`.
+        sampler: keeps a sample of received trajectories with their screenshots (learner.rollouts.trajectory_sample).
+        run_id: this run's id: actors of another run are refused (:meth:`learner.rollouts.peers.Peers.check_run`).
+        max_slots_per_peer: see :class:`learner.rollouts.peers.Peers`.
         message_counts: the ROUTER pump's messages by type (arpo_async.transport.SocketPump.message_counts),
             reported in metrics and status.json as ``messages`` (None: left out).
         evaluation: the held-out evaluation rounds (None: the run does not evaluate); its counters go in
@@ -171,7 +171,7 @@ class LearnerService:
 
     @property
     def totals(self) -> collections.Counter[str]:
-        """The run's counters (learner.run_stats.RunStats.totals)."""
+        """The run's counters (learner.rollouts.run_stats.RunStats.totals)."""
         return self.stats.totals
 
     async def serve(self, inbox: asyncio.Queue[Envelope]) -> None:
@@ -179,7 +179,7 @@ class LearnerService:
         whose handling raises is logged with its peer, counted as ``handler`` and answered with a Reject.
 
         Raises:
-            learner.task_selection.NoTaskLeft: every task has been set aside after TASK_ERRORs (the run stops).
+            learner.algo.task_selection.NoTaskLeft: every task has been set aside after TASK_ERRORs (the run stops).
         """
         self._inbox = inbox
         try:
@@ -380,7 +380,7 @@ class LearnerService:
             self.batches.put_nowait(self.batcher.take_batch())
 
     async def evaluate(self, baseline: BaselinePass) -> None:
-        """ARPO's baseline pass (learner.baseline): hand out ``baseline``'s groups (k rollouts of every task with
+        """ARPO's baseline pass (learner.algo.baseline): hand out ``baseline``'s groups (k rollouts of every task with
         the current policy) and wait until every one has come back. The groups are recorded in ``baseline`` and
         never trained on; the outcome window is reset afterwards, so the first training step's success rate is
         training's own. The scores are in ``baseline.results`` when this returns.
@@ -433,7 +433,7 @@ class LearnerService:
 
     async def begin_evaluation(self) -> None:
         """Training starts (or resumes): a fresh run hands out its evaluation round of the initial weights now
-        (learner.evaluation_rounds.EvaluationRounds.begin); nothing without ``evaluation``."""
+        (learner.rollouts.evaluation_rounds.EvaluationRounds.begin); nothing without ``evaluation``."""
         if self.evaluation is not None and self.evaluation.begin(self.step, self.version):
             await self.peers.dispatch()
 
@@ -464,7 +464,7 @@ class LearnerService:
         ``outbox`` (messages queued for the socket) and ``outbox_full_waits`` (sends that found it full), and,
         over the actors heard from, their last Heartbeat's ``actor_running``, ``actor_waiting``, ``actor_unacked``
         (trajectories not yet acked) and ``actor_outbox`` (summed), and ``actor_outbox_max``
-        (learner.peers.Peers.depths)."""
+        (learner.rollouts.peers.Peers.depths)."""
         return {"inbox": self._inbox.qsize() if self._inbox is not None else 0, **self.peers.depths(),
                 "ready_groups": self._ready_groups(), "outbox": self.outbox.qsize(),
                 "outbox_full_waits": self.outbox.full_waits}
@@ -474,7 +474,7 @@ class LearnerService:
         return len(self.batcher.ready) + sum(len(batch) for batch in self.batches.pending())
 
     def counters(self) -> dict[str, Any]:
-        """The counters a metrics record carries now (learner.records.step_record's ``counters``); takes the
+        """The counters a metrics record carries now (learner.train.records.step_record's ``counters``); takes the
         window of the loop-lag probe (``loop_lag_ms``) and of the queue peaks (``queues_max``), so each record
         covers the time since the previous one."""
         return {"replay": self.batcher.replay.stats(),
@@ -485,7 +485,7 @@ class LearnerService:
                 **({"messages": self.message_counts()} if self.message_counts is not None else {})}
 
     def status(self) -> dict:
-        """A snapshot for progress displays (written to <run>/status.json by learner.run_stats.write_status)."""
+        """A snapshot for progress displays (written to <run>/status.json by learner.rollouts.run_stats.write_status)."""
         totals = self.stats.totals
         return {"learner_id": self.learner_id, "policy_version": self.version, "stall": self.stats.stall,
                 "trajectories": totals["trajectories"],

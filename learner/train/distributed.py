@@ -9,8 +9,8 @@ with torchrun's usual ``--nnodes``/``--rdzv-endpoint`` flags):
   metrics). It drives the trainer through :class:`LeadTrainer`, which first tells every other rank what to do
   (one ``broadcast_object_list`` per call: the method name and its arguments, the step's samples included),
   then does its own share;
-- ranks 1..N-1 run :func:`follow`: wait for the next command, run it on their :class:`~learner.trainer.Trainer`,
-  repeat until rank 0 says stop. Each picks its share of the step's samples itself (learner.microbatch plans
+- ranks 1..N-1 run :func:`follow`: wait for the next command, run it on their :class:`~learner.train.trainer.Trainer`,
+  repeat until rank 0 says stop. Each picks its share of the step's samples itself (learner.train.microbatch plans
   from token counts alone, so all ranks agree without talking), and FSDP's collectives keep them in step.
 
 Failure: a rank that dies breaks the collectives. The survivors' next collective fails (gloo reports the closed
@@ -108,7 +108,7 @@ def shard_policy(root: torch.nn.Module, policy, *, bf16: bool) -> None:
     gradients' reduce-scatter and the AdamW state stay float32 (``MixedPrecisionPolicy``). FSDP2 averages
     gradients over ranks (gloo has no pre-scaled sum, so the divide factor is left alone); the trainer scales
     each rank's loss by the world size, so the average is the sum over ranks of loss_sum / the step's token count
-    and the step equals the 1-rank step (learner.trainer).
+    and the step equals the 1-rank step (learner.train.trainer).
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -129,7 +129,7 @@ def decoder_layers(policy) -> list[torch.nn.Module]:
 class LeadTrainer:
     """Rank 0's handle on the trainer: each call is sent to every rank, then run here.
 
-    Exposes the :class:`~learner.trainer.Trainer` methods the learner uses (``train_batch``, ``train_step``,
+    Exposes the :class:`~learner.train.trainer.Trainer` methods the learner uses (``train_batch``, ``train_step``,
     ``compute_logprobs``, ``save_weights``, ``full_state_dict``, ``checkpoint_state_dict``, ``save_checkpoint``,
     ``load_checkpoint``) and forwards attribute
     reads (``steps``, ``model``, ``group``...) to the local trainer. Calls are serialised (a lock), as

@@ -47,7 +47,7 @@ class FramesWriter:
 
 def externalize(value: Any, leaf: Callable[[Any], Any | None]) -> Any:
     """``value`` rebuilt (dicts, lists, tuples), with every item for which ``leaf(item)`` is not None replaced by
-    that result (the writer's reference, in learner.checkpoint)."""
+    that result (the writer's reference, in learner.train.checkpoint)."""
     replaced = leaf(value)
     if replaced is not None:
         return replaced

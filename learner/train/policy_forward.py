@@ -7,7 +7,7 @@ Two parts:
   pixels of every screenshot (:class:`PixelCache`: a screenshot is decoded and resized once, however many
   samples and steps reference it);
 - :class:`CompletionLogprobs`, an ``nn.Module`` around the policy (the root that FSDP2 shards, see
-  learner.distributed), runs the decoder once and computes the log-softmax in fp32 for the rows that predict
+  learner.train.distributed), runs the decoder once and computes the log-softmax in fp32 for the rows that predict
   completion tokens, ``chunk_tokens`` rows at a time.
 
 Memory (why chunked, completion-only log-probs): the policy's own ``forward`` returns logits for every position,
@@ -37,7 +37,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from arpo_async.model.inputs import ModelInputError, check_image_pads, pixel_inputs, rope_positions
-from learner.train_sample import TrainSample
+from learner.algo.train_sample import TrainSample
 
 __all__ = ["CompletionLogprobs", "MicroBatch", "PixelCache", "collate"]
 

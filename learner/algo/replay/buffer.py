@@ -44,8 +44,8 @@ class Injection(Generic[T]):
 
 
 class ReplayBuffer(Protocol[T]):
-    """What the batcher needs from a replay buffer (both :class:`learner.replay.arpo.SuccessReplay` and
-    :class:`learner.replay.prioritized.PrioritizedReplay`)."""
+    """What the batcher needs from a replay buffer (both :class:`learner.algo.replay.arpo.SuccessReplay` and
+    :class:`learner.algo.replay.prioritized.PrioritizedReplay`)."""
 
     @property
     def mode(self) -> str: ...

@@ -1,18 +1,18 @@
 """The training loop: batches in, optimizer steps, published weights, checkpoints and metrics records out.
 
 Role: for each batch the learner service puts on the bounded ``batches`` queue: ``updates_per_batch`` optimizer
-steps in a thread (learner.training_step) -> publish the weights as the next policy version (learner.publisher) ->
+steps in a thread (learner.train.training_step) -> publish the weights as the next policy version (learner.train.publisher) ->
 report back with one call, :meth:`LearnerService.on_trained` (the service announces the version to the actors and
 admits more work) -> checkpoint every ``learner.checkpoint_every`` steps -> one metrics.jsonl record
-(learner.records). Schedules (``learner.schedule``): "async" trains on each batch as soon as the service has one,
+(learner.train.records). Schedules (``learner.schedule``): "async" trains on each batch as soon as the service has one,
 while the staleness rule keeps handing out work; "lockstep" is ARPO's synchronous loop: open a rollout batch of
 ``groups_per_step`` groups, wait for all of it, train (no step when no group had reward variance), publish,
-repeat. Both write the same records. Held-out evaluation (``[eval]``, learner.evaluation_rounds): a record carries
+repeat. Both write the same records. Held-out evaluation (``[eval]``, learner.rollouts.evaluation_rounds): a record carries
 the newest evaluation round completed since the previous record (``eval_success``, ...); the last batch's record
 waits for the round on the final weights, at most ``eval.final_timeout_s``.
 
 Owns: the loop's counters (rollout and skipped batches, wall time across restarts), resuming from the newest
-checkpoint (learner.checkpoint), and keeping the servers current: every ``learner.resync_interval_s`` a server
+checkpoint (learner.train.checkpoint), and keeping the servers current: every ``learner.resync_interval_s`` a server
 behind the current policy version (restarted after a publication) gets the current weights (``catch_up``), never
 while a batch trains or publishes.
 
@@ -31,16 +31,16 @@ from typing import Any
 
 from arpo_async.config import LearnerConfig
 from arpo_async.metrics import MetricsWriter
-from learner.batcher import BatchQueue, ScoredGroup
-from learner.checkpoint import Checkpointer, capture, reconcile_metrics, restore
-from learner.distributed import LeadTrainer
-from learner.forced_tokens import ForcedTokens
-from learner.publisher import DistributedPublisher, WeightPublisher
-from learner.records import step_record
-from learner.replay import ReplayBuffer
-from learner.service import LearnerService
-from learner.trainer import Trainer, TrainerInputError
-from learner.training_step import train_on_batch
+from learner.algo.batcher import BatchQueue, ScoredGroup
+from learner.train.checkpoint import Checkpointer, capture, reconcile_metrics, restore
+from learner.train.distributed import LeadTrainer
+from learner.algo.forced_tokens import ForcedTokens
+from learner.train.publisher import DistributedPublisher, WeightPublisher
+from learner.train.records import step_record
+from learner.algo.replay import ReplayBuffer
+from learner.rollouts.service import LearnerService
+from learner.train.trainer import Trainer, TrainerInputError
+from learner.train.training_step import train_on_batch
 
 log = logging.getLogger("arpo.learner")
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 
 from arpo_async.messages import Trajectory
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
-from learner.forced_tokens import ForcedTokens
-from learner.grpo import compute_reward, group_advantages, is_zero_variance
-from learner.replay import ReplayBuffer
-from learner.scheduler import Group
-from learner.train_sample import TrainSample
+from learner.algo.forced_tokens import ForcedTokens
+from learner.algo.grpo import compute_reward, group_advantages, is_zero_variance
+from learner.algo.replay import ReplayBuffer
+from learner.rollouts.scheduler import Group
+from learner.algo.train_sample import TrainSample
 
 
 @dataclass
@@ -60,8 +60,8 @@ class Batcher:
     """Turns complete groups into ScoredGroups and hands out batches of ``groups_per_step`` of them.
 
     Args:
-        replay: the success replay buffer (:class:`learner.replay.SuccessReplay` -- ARPO or off -- or
-            :class:`learner.replay.PrioritizedReplay`).
+        replay: the success replay buffer (:class:`learner.algo.replay.SuccessReplay` -- ARPO or off -- or
+            :class:`learner.algo.replay.PrioritizedReplay`).
         max_staleness: eta; trajectories with policy lag above it are dropped (reason "stale").
         groups_per_step: scored groups per training batch.
         format_reward_weight: ARPO's weight on the format reward.
@@ -158,7 +158,7 @@ def train_samples(batch: list[ScoredGroup], forced: ForcedTokens | None = None) 
 
     Tokens in, tokens out: the exact prompt and output ids the sampler used, its behaviour log-probs, and the
     screenshots the prompt referenced, in prompt order. With ``forced``, each sample's ``loss_mask`` leaves out
-    the tokens its trajectory's grammar forced (`learner.forced_tokens`); without it every token counts.
+    the tokens its trajectory's grammar forced (`learner.algo.forced_tokens`); without it every token counts.
     """
     samples: list[TrainSample] = []
     for group in batch:

@@ -1,6 +1,6 @@
 """Admission control: the rules that decide whether one more rollout may start. Pure and tiny so they can be
 reference-tested; both classes have the same interface (capacity, can_admit, on_start, on_finish, on_discard,
-and the ``accepted`` and ``running`` counts), which is all learner.service uses.
+and the ``accepted`` and ``running`` counts), which is all learner.rollouts.service uses.
 
 :class:`StalenessManager`, the async schedule, bounds staleness (AReaL, arXiv 2505.24298, section 5.1).
 Invariant: with B trajectories per optimizer step and staleness bound eta, a new rollout starts only while

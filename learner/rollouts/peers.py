@@ -14,7 +14,7 @@ Bookkeeping is O(1) per request (per-peer counts, not scans).
 
 Invariants: a request waits (backpressure) rather than being refused, unless its peer is at its cap; a rollout is
 handed out only while the scheduler has a slot and the admission rule (StalenessManager or LockstepAdmission)
-admits one more; an evaluation episode (learner.evaluation_rounds) waiting goes out first, outside the admission
+admits one more; an evaluation episode (learner.rollouts.evaluation_rounds) waiting goes out first, outside the admission
 rule (it is never trained on, so it adds no policy lag to any batch); a re-sent request gets the assignment it got
 before while that rollout still runs; a peer silent for ``peer_timeout_s`` is forgotten, its waiting requests
 dropped and its running rollouts handed out again at once.
@@ -32,10 +32,10 @@ from arpo_async.messages import Assignment, Heartbeat, Hello, LearnerStatus, Shu
 from arpo_async.tasks import Task
 from arpo_async.transport import Outbox
 from arpo_async.validation import InvalidMessage
-from learner.evaluation_rounds import EvaluationRounds
-from learner.scheduler import GroupScheduler
+from learner.rollouts.evaluation_rounds import EvaluationRounds
+from learner.rollouts.scheduler import GroupScheduler
 
-log = logging.getLogger("learner.service")
+log = logging.getLogger("learner.rollouts.service")
 
 UNANNOUNCED_SLOTS = 64
 """Requests a peer may have waiting or running before its Hello arrived (an actor's first requests can overtake
@@ -49,8 +49,8 @@ SEEN_IDS = 200_000
 
 
 class Admission(Protocol):
-    """What the service needs from an admission rule (learner.staleness.StalenessManager,
-    learner.scheduler.LockstepAdmission)."""
+    """What the service needs from an admission rule (learner.rollouts.staleness.StalenessManager,
+    learner.rollouts.scheduler.LockstepAdmission)."""
 
     accepted: int
     running: int
@@ -75,7 +75,7 @@ class Peers:
         outbox: the ROUTER pump's outbox.
         scheduler: hands out rollout slots.
         admission: the admission rule.
-        totals: the run's counters (learner.run_stats.RunStats.totals); this counts ``silent_peers`` and
+        totals: the run's counters (learner.rollouts.run_stats.RunStats.totals); this counts ``silent_peers`` and
             ``assignments_resent`` in it.
         learner_id: announced in every LearnerStatus.
         version: the policy version to announce first (a resumed learner's comes from its checkpoint).

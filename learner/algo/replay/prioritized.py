@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
-from learner.grpo import is_all_failed
-from learner.replay.buffer import Injection, ReplayError, check_group, rng_from_state, rng_state
+from learner.algo.grpo import is_all_failed
+from learner.algo.replay.buffer import Injection, ReplayError, check_group, rng_from_state, rng_state
 
 __all__ = ["PrioritizedReplay", "trajectory_length", "trajectory_version"]
 
@@ -77,7 +77,7 @@ class PrioritizedReplay(Generic[T]):
       goes first (deterministic).
 
     Which groups get a replayed success (always of their own task): every group satisfying ARPO's all-failed
-    rule (:func:`learner.grpo.is_all_failed`), and, when ``inject_below > 0``, every group whose success rate
+    rule (:func:`learner.algo.grpo.is_all_failed`), and, when ``inject_below > 0``, every group whose success rate
     (share of scores above ``success_threshold``) is below ``inject_below``. The replayed success replaces the
     rollout with the LOWEST reward (``rewards`` if given, else the scores; ties: the lowest index), so a rollout
     whose reply did not parse is replaced before a merely failed one.
@@ -318,7 +318,7 @@ class PrioritizedReplay(Generic[T]):
         version, length, counter, replays], ...]}}`` (insertion order).
 
         Args:
-            encode: applied to each stored trajectory (learner.checkpoint passes its ``encode_trajectory``); identity
+            encode: applied to each stored trajectory (learner.train.checkpoint passes its ``encode_trajectory``); identity
                 if None.
         """
         return {

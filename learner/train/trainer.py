@@ -8,7 +8,7 @@ optimizer steps taken. Everything here is synchronous, blocking torch work: the 
 Loss (ARPO, arXiv 2505.16282; AReaL's decoupled PPO, arXiv 2505.24298; ARPO / EasyR1 ``compute_policy_loss``;
 DAPO token-level averaging, arXiv 2503.14476):
 ``L = sum over samples and their generated tokens of w * l_ppo(pi_theta / pi_old, A) / total generated tokens``,
-with the off-policy correction chosen by ``learner.correction`` (:func:`learner.grpo.corrected_token_loss`):
+with the off-policy correction chosen by ``learner.correction`` (:func:`learner.algo.grpo.corrected_token_loss`):
 "arpo" (pi_old = pi_prox, w = 1), "decoupled" (AReaL: pi_old = pi_prox, w = pi_prox / pi_behav, tokens above the
 cap filtered out), "tis" (slime: pi_old = pi_prox, w = min(pi_prox / pi_behav, cap)) or "behaviour" (pi_old =
 pi_behav, w = 1). pi_behav is the sampler's log-prob reported with every token; pi_prox is the policy before the
@@ -20,10 +20,10 @@ the weights have not changed yet, so these are exactly the pre-update log-probs 
 Invariants: the loss is computed only on tokens the policy generated (``output_ids``), on exactly the ids the
 sampler produced; the policy runs without dropout (eval mode) so its log-probs are comparable to the sampler's.
 
-Not here: exporting the weights for inference servers (learner.weights_export) and the trainer's checkpoint
-files (learner.trainer_checkpoint); the Trainer keeps one-line methods for the calls that must reach every rank
-(see the end of :class:`Trainer`). The error types (learner.trainer_errors) and the sample type
-(learner.train_sample) are re-exported here.
+Not here: exporting the weights for inference servers (learner.train.weights_export) and the trainer's checkpoint
+files (learner.train.trainer_checkpoint); the Trainer keeps one-line methods for the calls that must reach every rank
+(see the end of :class:`Trainer`). The error types (learner.train.trainer_errors) and the sample type
+(learner.algo.train_sample) are re-exported here.
 """
 
 from __future__ import annotations
@@ -43,13 +43,13 @@ import torch.distributed as dist
 from arpo_async.config import LearnerConfig
 from arpo_async.model.checkpoint_names import tied_names
 from arpo_async.model.inputs import load_policy
-from learner import trainer_checkpoint, weights_export
-from learner.distributed import RankGroup, decoder_layers, shard_policy
-from learner.grpo import corrected_token_loss
-from learner.microbatch import MicroBatchBudgetError, step_plan
-from learner.policy_forward import CompletionLogprobs, PixelCache, check_pad_id, collate, image_pad_problem
-from learner.train_sample import TrainSample, sample_problem
-from learner.trainer_errors import TrainerConfigError, TrainerError, TrainerInputError
+from learner.train import trainer_checkpoint, weights_export
+from learner.train.distributed import RankGroup, decoder_layers, shard_policy
+from learner.algo.grpo import corrected_token_loss
+from learner.train.microbatch import MicroBatchBudgetError, step_plan
+from learner.train.policy_forward import CompletionLogprobs, PixelCache, check_pad_id, collate, image_pad_problem
+from learner.algo.train_sample import TrainSample, sample_problem
+from learner.train.trainer_errors import TrainerConfigError, TrainerError, TrainerInputError
 
 log = logging.getLogger("arpo.learner.trainer")
 
@@ -91,9 +91,9 @@ class Trainer:
         config: the run's learner section; the trainer reads its optimizer, loss and hardware keys (lr,
             weight_decay, grad_clip, eps_low/eps_high, dual_clip, correction and its caps, device, dtype,
             torch_threads, gradient_checkpointing, max_tokens_per_microbatch, logprob_chunk_tokens).
-        group: this process's rank in a sharded run (learner.distributed); None = one rank. With several ranks
+        group: this process's rank in a sharded run (learner.train.distributed); None = one rank. With several ranks
             the policy is sharded with FSDP2, every rank must make the same calls with the same samples (rank 0
-            drives the others through ``learner.distributed.LeadTrainer``), and each computes its share.
+            drives the others through ``learner.train.distributed.LeadTrainer``), and each computes its share.
 
     Sets ``torch.set_num_threads(config.torch_threads)`` for the whole process. The weights stay float32 (the
     master copy the optimizer updates); ``dtype = "bfloat16"`` computes in bf16 (autocast on one rank,
@@ -149,7 +149,7 @@ class Trainer:
         return list(flat.split(batch.counts))
 
     def _plan(self, samples: Sequence[TrainSample]) -> tuple[list[list[int]], int]:
-        """This rank's micro-batches (index lists) and the passes every rank runs (learner.microbatch)."""
+        """This rank's micro-batches (index lists) and the passes every rank runs (learner.train.microbatch)."""
         lengths = [len(s.prompt_ids) + len(s.output_ids) for s in samples]
         try:
             plans, passes = step_plan(lengths, self.group.world, self.config.max_tokens_per_microbatch)
@@ -218,7 +218,7 @@ class Trainer:
     def _microbatch_loss(self, samples: Sequence[TrainSample], logprobs: Sequence[torch.Tensor],
                          proximal: Sequence[Sequence[float]] | None):
         """(loss_sum, stats, replayed_stats) of a micro-batch's kept tokens, in one vectorised call of
-        learner.grpo.corrected_token_loss; ``replayed_stats`` covers the replayed samples' tokens (None if none)."""
+        learner.algo.grpo.corrected_token_loss; ``replayed_stats`` covers the replayed samples' tokens (None if none)."""
         lp = torch.cat(list(logprobs))
         as_tensor = lambda v, dtype=lp.dtype: torch.as_tensor(v).to(lp.device, dtype)  # noqa: E731
         counts = [len(s.output_ids) for s in samples]
@@ -268,7 +268,7 @@ class Trainer:
             loss_sum, stats, replayed = self._microbatch_loss(
                 chosen, self._forward(chosen),
                 None if proximal_logprobs is None else [proximal_logprobs[i] for i in idx])
-            # FSDP2 averages gradients over ranks: x world makes it the sum (learner.distributed.shard_policy)
+            # FSDP2 averages gradients over ranks: x world makes it the sum (learner.train.distributed.shard_policy)
             (loss_sum * (self.group.world / total_tokens if real else 0.0)).backward()
             if not real:
                 continue
@@ -297,7 +297,7 @@ class Trainer:
         pre-update policy's. ``behav_i`` is the sample's ``behaviour_logprobs``.
 
         Micro-batches and ranks: the samples are split over ranks by token count and each rank's share packed
-        into micro-batches under ``max_tokens_per_microbatch`` (learner.microbatch); each micro-batch's loss is
+        into micro-batches under ``max_tokens_per_microbatch`` (learner.train.microbatch); each micro-batch's loss is
         its samples' ``loss_sum`` divided by the token count of the *whole step* (all ranks), gradients are
         accumulated and summed over ranks, so the step equals the one-pass, one-rank step for any budget and
         world size (up to float rounding).
@@ -425,26 +425,26 @@ class Trainer:
         return result
 
     # ------------------------------------------------------------------ weight export and checkpoint I/O
-    # Implemented in learner.weights_export and learner.trainer_checkpoint. They stay callable as methods because
-    # each is a collective under torchrun and learner.distributed.LeadTrainer forwards a call to every rank by
+    # Implemented in learner.train.weights_export and learner.train.trainer_checkpoint. They stay callable as methods because
+    # each is a collective under torchrun and learner.train.distributed.LeadTrainer forwards a call to every rank by
     # method name (its COMMANDS); the learner holds a Trainer or a LeadTrainer and calls both the same way.
 
     def save_weights(self, out_dir: Path, *, overwrite: bool = False) -> Path:
-        """:func:`learner.weights_export.save_weights` on this trainer."""
+        """:func:`learner.train.weights_export.save_weights` on this trainer."""
         return weights_export.save_weights(self, out_dir, overwrite=overwrite)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """:func:`learner.weights_export.full_state_dict` on this trainer."""
+        """:func:`learner.train.weights_export.full_state_dict` on this trainer."""
         return weights_export.full_state_dict(self)
 
     def checkpoint_state_dict(self) -> dict[str, torch.Tensor]:
-        """:func:`learner.weights_export.checkpoint_state_dict` on this trainer."""
+        """:func:`learner.train.weights_export.checkpoint_state_dict` on this trainer."""
         return weights_export.checkpoint_state_dict(self)
 
     def save_checkpoint(self, path: Path) -> Path:
-        """:func:`learner.trainer_checkpoint.save_checkpoint` on this trainer."""
+        """:func:`learner.train.trainer_checkpoint.save_checkpoint` on this trainer."""
         return trainer_checkpoint.save_checkpoint(self, path)
 
     def load_checkpoint(self, path: Path) -> None:
-        """:func:`learner.trainer_checkpoint.load_checkpoint` on this trainer."""
+        """:func:`learner.train.trainer_checkpoint.load_checkpoint` on this trainer."""
         trainer_checkpoint.load_checkpoint(self, path)

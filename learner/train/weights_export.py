@@ -1,14 +1,14 @@
 """Weight export: the trained policy's weights in the forms inference servers load, gathered from every rank.
 
-Owns the two exports the weight publisher (learner.publisher) sends: a complete Hugging Face checkpoint folder
+Owns the two exports the weight publisher (learner.train.publisher) sends: a complete Hugging Face checkpoint folder
 (:func:`save_weights`: for ``/update_weights_from_disk`` and arpo-serve; written by :func:`write_folder`, which
 ``arpo export`` uses too) and the full tensors under checkpoint
-names (:func:`checkpoint_state_dict`: for the NCCL/gloo weight broadcast, learner.publisher.DistributedPublisher).
+names (:func:`checkpoint_state_dict`: for the NCCL/gloo weight broadcast, learner.train.publisher.DistributedPublisher).
 Reads the trainer's policy (``trainer.model``, ``trainer.module``), its rank group and its source folder; writes
 nothing to the trainer.
 
 With several ranks every function here is a collective: every rank must call it, so the learner reaches them
-through the Trainer methods of the same names, which learner.distributed.LeadTrainer forwards to every rank.
+through the Trainer methods of the same names, which learner.train.distributed.LeadTrainer forwards to every rank.
 
 Invariants: weight folders are written to a temporary sibling and renamed into place, so a reader never sees half
 a folder; tied weights (``trainer.tied``) are left out, as save_pretrained leaves them out; only rank 0 receives
@@ -26,22 +26,22 @@ from typing import Protocol
 import torch
 
 from arpo_async.model.checkpoint_names import to_checkpoint_names
-from learner.distributed import RankGroup
-from learner.trainer_errors import TrainerError
+from learner.train.distributed import RankGroup
+from learner.train.trainer_errors import TrainerError
 
 __all__ = ["ExportSource", "checkpoint_state_dict", "full_state_dict", "save_weights", "write_folder"]
 
 
 class ExportSource(Protocol):
-    """What the export reads of a trainer; learner.trainer.Trainer is one. Typed here rather than imported so that
-    the Trainer's forwarding methods (learner.trainer) can call this module without an import circle."""
+    """What the export reads of a trainer; learner.train.trainer.Trainer is one. Typed here rather than imported so that
+    the Trainer's forwarding methods (learner.train.trainer) can call this module without an import circle."""
 
     model: torch.nn.Module
     """The Hugging Face policy (``state_dict``, ``save_pretrained``)."""
     module: torch.nn.Module
-    """The root that FSDP2 shards (learner.policy_forward.CompletionLogprobs around ``model``)."""
+    """The root that FSDP2 shards (learner.train.policy_forward.CompletionLogprobs around ``model``)."""
     group: RankGroup
-    """This process's rank (learner.distributed)."""
+    """This process's rank (learner.train.distributed)."""
     tied: set[str]
     """Names of weights tied to another one, left out of every export."""
     model_dir: Path
@@ -74,7 +74,7 @@ def save_weights(trainer: ExportSource, out_dir: Path, *, overwrite: bool = Fals
     to a temporary sibling folder and renamed to ``out_dir``.
 
     Args:
-        trainer: the learner.trainer.Trainer whose policy is written (its ``model_dir`` gives the processor files).
+        trainer: the learner.train.trainer.Trainer whose policy is written (its ``model_dir`` gives the processor files).
         out_dir: the folder to create.
         overwrite: replace an existing ``out_dir`` (the old folder is moved aside, then deleted).
 

@@ -1,7 +1,7 @@
 """How one optimizer step's samples are laid out: shares per rank, then micro-batches under a token budget.
 
 Pure functions of the samples' token counts, so every rank computes the same plan from the same samples without
-talking to the others (the learner hands every rank the whole batch, see learner.distributed). A micro-batch is
+talking to the others (the learner hands every rank the whole batch, see learner.train.distributed). A micro-batch is
 forwarded as one right-padded batch, so its cost is ``len(micro_batch) * longest sequence`` tokens (the padded
 size), and that is what the budget bounds.
 
@@ -82,7 +82,7 @@ def step_plan(lengths: Sequence[int], ranks: int, budget: int) -> tuple[list[lis
     """Every rank's micro-batches for one step, and how many forward/backward passes each rank runs.
 
     Ranks run the same number of passes (FSDP's collectives pair up pass by pass); a rank with fewer
-    micro-batches repeats one with weight 0 (see learner.trainer), so the count is the largest over ranks.
+    micro-batches repeats one with weight 0 (see learner.train.trainer), so the count is the largest over ranks.
 
     Returns:
         ``(plans, passes)``: ``plans[r]`` is rank r's list of micro-batches (lists of indices), ``passes`` =

@@ -31,7 +31,7 @@ from typing import Generic, Protocol, TypeVar
 from arpo_async.config import LearnerConfig
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
 from arpo_async.tasks import Task
-from learner.task_selection import TaskSelectionError, TaskSelector, check_pool, task_id_of
+from learner.algo.task_selection import TaskSelectionError, TaskSelector, check_pool, task_id_of
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +260,7 @@ def training_pool(tasks: list[Task], lc: LearnerConfig, path: Path) -> list[Task
 
 
 class PassRunner(Protocol):
-    """What :meth:`TaskPlan.run_baseline` drives: the learner service (learner.service.LearnerService), typed here
+    """What :meth:`TaskPlan.run_baseline` drives: the learner service (learner.rollouts.service.LearnerService), typed here
     rather than imported because the service imports :class:`BaselinePass`."""
 
     async def evaluate(self, baseline: BaselinePass) -> None:

@@ -65,7 +65,7 @@ class GroupScheduler:
         seed: task-order seed.
         group_budget: new groups that may open (None = unlimited; see the module docstring).
         id_prefix: prepended to every group id (e.g. the learner id).
-        pick_task: chooses the task of each new group (e.g. learner.task_selection.TaskSelector.pick_task);
+        pick_task: chooses the task of each new group (e.g. learner.algo.task_selection.TaskSelector.pick_task);
             None = shuffled round-robin over ``tasks`` with ``seed``.
     """
 

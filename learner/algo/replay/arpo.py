@@ -4,7 +4,7 @@ Owns the stored successes (per task, oldest first), the RNG of the uniform draw 
 
 ARPO's rule (:class:`SuccessReplay`; ARPO ``verl/trainer/ray_trainer.py`` ``apply_replay``, ``replay_buffer.py``):
 
-1. A group whose evaluator scores satisfy :func:`learner.grpo.is_all_failed` (std < 0.05 and mean < 0.2) and
+1. A group whose evaluator scores satisfy :func:`learner.algo.grpo.is_all_failed` (std < 0.05 and mean < 0.2) and
    whose task has a stored success gets one stored success, drawn uniformly, in place of its FIRST rollout;
    the group size is unchanged. Other groups are untouched.
 2. Only after that is the buffer updated from the group as sampled (successes: score > 0.1, the rule that
@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
-from learner.grpo import is_all_failed
-from learner.replay.buffer import Injection, ReplayError, check_group, rng_from_state, rng_state
+from learner.algo.grpo import is_all_failed
+from learner.algo.replay.buffer import Injection, ReplayError, check_group, rng_from_state, rng_state
 
 __all__ = ["SuccessReplay"]
 

@@ -1,6 +1,6 @@
 """The trainer's part of a checkpoint: model weights, AdamW state and step count, written and read back.
 
-learner.checkpoint owns the checkpoint folder (``<run>/checkpoints/step-N``) and puts the trainer's part in it
+learner.train.checkpoint owns the checkpoint folder (``<run>/checkpoints/step-N``) and puts the trainer's part in it
 under :func:`checkpoint_name`: ``trainer.pt`` with one rank (``torch.save`` of :func:`state_dict`, loaded with
 ``weights_only=True``), or ``trainer.dcp`` with several (a torch.distributed.checkpoint folder of every rank's
 shards plus rank 0's ``trainer.json``: schema, step count, world size, config). Reads and writes the trainer's
@@ -8,12 +8,12 @@ shards plus rank 0's ``trainer.json``: schema, step count, world size, config). 
 either kind without a trainer or ranks (``arpo export``).
 
 With several ranks :func:`save_checkpoint` and :func:`load_checkpoint` are collectives: every rank must call them,
-so the learner reaches them through the Trainer methods of the same names, which learner.distributed.LeadTrainer
+so the learner reaches them through the Trainer methods of the same names, which learner.train.distributed.LeadTrainer
 forwards to every rank.
 
 Invariants: a one-rank checkpoint is written to a temporary file and renamed into place; a sharded checkpoint
 resumes on any number of ranks > 1 (DCP reshards on load), a one-rank one only on one rank, and each refuses the
-other kind with a :class:`~learner.trainer_errors.TrainerError` saying so; the optimizer's hyper-parameters come
+other kind with a :class:`~learner.train.trainer_errors.TrainerError` saying so; the optimizer's hyper-parameters come
 from the checkpoint, the loss settings from the trainer's own config.
 """
 
@@ -31,26 +31,26 @@ import torch
 import torch.distributed as dist
 
 from arpo_async.config import LearnerConfig
-from learner.distributed import RankGroup
-from learner.trainer_errors import TrainerError
+from learner.train.distributed import RankGroup
+from learner.train.trainer_errors import TrainerError
 
 __all__ = ["checkpoint_name", "load_checkpoint", "load_state_dict", "read_model_weights", "save_checkpoint",
            "state_dict"]
 
 
 class CheckpointedTrainer(Protocol):
-    """What a trainer checkpoint reads and restores of a trainer; learner.trainer.Trainer is one. Typed here rather
-    than imported so that the Trainer's forwarding methods (learner.trainer) can call this module without an import
+    """What a trainer checkpoint reads and restores of a trainer; learner.train.trainer.Trainer is one. Typed here rather
+    than imported so that the Trainer's forwarding methods (learner.train.trainer) can call this module without an import
     circle."""
 
     model: torch.nn.Module
     """The Hugging Face policy, saved and restored with ``state_dict`` on one rank."""
     module: torch.nn.Module
-    """The root that FSDP2 shards (learner.policy_forward.CompletionLogprobs around ``model``)."""
+    """The root that FSDP2 shards (learner.train.policy_forward.CompletionLogprobs around ``model``)."""
     optimizer: torch.optim.Optimizer
     """The AdamW optimizer whose state is saved."""
     group: RankGroup
-    """This process's rank (learner.distributed); sharded: a DCP folder."""
+    """This process's rank (learner.train.distributed); sharded: a DCP folder."""
     config: LearnerConfig
     """The learner section, saved with the checkpoint for reference."""
     steps: int
@@ -173,7 +173,7 @@ def _load_sharded(trainer: CheckpointedTrainer, path: Path) -> None:
 
 _SHARDED_MODEL_PREFIX = "model.policy."
 """How a sharded checkpoint names a policy weight: the ``model`` entry of :func:`_sharded_state`, then the path of
-the weight in ``trainer.module`` (learner.policy_forward.CompletionLogprobs, whose ``policy`` is the model)."""
+the weight in ``trainer.module`` (learner.train.policy_forward.CompletionLogprobs, whose ``policy`` is the model)."""
 
 
 def read_model_weights(path: Path) -> dict[str, torch.Tensor]:

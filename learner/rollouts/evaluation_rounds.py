@@ -1,7 +1,7 @@
 """Held-out evaluation during training: rounds of evaluation episodes and their results (the ``[eval]`` section).
 
 Role: owns the evaluation task set, the round in progress (its slots waiting, running and back) and the results
-not yet written to metrics.jsonl. A round is ``repeats`` episodes of every task, handed out (by learner.peers,
+not yet written to metrics.jsonl. A round is ``repeats`` episodes of every task, handed out (by learner.rollouts.peers,
 ahead of training work and outside the admission rule) at the policy version of the moment, on the run's own
 desktops, with the round's step budget and temperature (:attr:`arpo_async.messages.Assignment.evaluation`).
 
@@ -40,7 +40,7 @@ from arpo_async.config import ConfigError, EvalConfig, RunConfig
 from arpo_async.messages import Outcome, Trajectory
 from arpo_async.task_sets import builtin_split_names, load_task_set, runnable_tasks
 from arpo_async.tasks import Task, TaskFormatError
-from learner.scheduler import Rollout
+from learner.rollouts.scheduler import Rollout
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class EvaluationRounds:
         id_prefix: prepended to every group id (the learner's id, as the scheduler's), so a restarted learner never
             takes its predecessor's episodes for its own.
         rollout_timeout_s: an episode handed out and not back after this long is handed out again.
-        totals: the run's counters (learner.run_stats.RunStats.totals); this counts ``eval_rounds``,
+        totals: the run's counters (learner.rollouts.run_stats.RunStats.totals); this counts ``eval_rounds``,
             ``eval_rounds_skipped``, ``eval_rounds_abandoned`` and ``eval_trajectories`` in it.
 
     Raises:

@@ -1,5 +1,5 @@
 """Task selection: online selection with retirement and revisits (the baseline pass before training is
-learner.baseline).
+learner.algo.baseline).
 
 Owns: which task the next group of G rollouts is for during training. Pure and seeded; no I/O, no clock.
 
@@ -10,7 +10,7 @@ Owns: which task the next group of G rollouts is for during training. Pure and s
   uncertainty p(1 - p). A task whose rollouts end in TASK_ERROR ``task_error_limit`` times in a row (its setup,
   getter or metric is broken) is set aside for good: never picked again, named in ``set_aside`` and metrics.
 
-Plugs into :class:`learner.scheduler.GroupScheduler` as its task source: the scheduler calls ``pick_task()`` once
+Plugs into :class:`learner.rollouts.scheduler.GroupScheduler` as its task source: the scheduler calls ``pick_task()`` once
 per new group, and whoever receives complete groups calls ``record_group(task_id, scores)``.
 
 Invariants: a pick never returns a task outside the pool or one set aside; while any task is active, only revisits
@@ -71,7 +71,7 @@ def check_pool(tasks: Sequence[T], task_id: Callable[[T], str]) -> list[str]:
 
 
 def trainable_scores(group: Any) -> list[float]:
-    """Evaluator scores of a complete :class:`learner.scheduler.Group`'s trainable trajectories (ENV_ERROR and
+    """Evaluator scores of a complete :class:`learner.rollouts.scheduler.Group`'s trainable trajectories (ENV_ERROR and
     ABORTED left out): what :meth:`TaskSelector.record_group` and :meth:`BaselinePass.record_group` take."""
     return [float(t.score) for t in group.trajectories() if t.outcome.trainable]
 

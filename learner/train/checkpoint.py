@@ -3,7 +3,7 @@
 Owns the layout of ``<run>/checkpoints/``. One checkpoint is one folder ``step-<NNNNNN>`` (the optimizer step
 it was taken after) holding:
 
-- ``trainer.pt``: model + AdamW state + the trainer's step count (learner.trainer_checkpoint);
+- ``trainer.pt``: model + AdamW state + the trainer's step count (learner.train.trainer_checkpoint);
   with several ranks ``trainer.dcp`` instead, a torch.distributed.checkpoint folder of every rank's shards;
 - ``learner.pt``: ``torch.save`` of plain data and Outcome members (loaded with ``weights_only=True`` and only
   :class:`~arpo_async.messages.Outcome` allowed besides, never unpickled code):
@@ -12,7 +12,7 @@ it was taken after) holding:
   ``replay.frames``), the state of any extra component (e.g. task selection), and the Python, NumPy and torch RNG
   states;
 - ``replay.frames``: the replay buffer's trajectories as wire-codec frames, one write per frame
-  (learner.frames_file: torch.save of them held the GIL, and so the event loop, for seconds on a loaded machine);
+  (learner.train.frames_file: torch.save of them held the GIL, and so the event loop, for seconds on a loaded machine);
 - ``meta.json``: a human-readable summary (step, policy version, trainer steps, replay stats, wall time) and
   the metrics records of its last batch, so metrics.jsonl can be repaired after a crash (:func:`reconcile_metrics`).
 
@@ -41,17 +41,17 @@ import torch
 from arpo_async import codec
 from arpo_async.messages import Outcome, Trajectory
 from arpo_async.metrics import MetricsWriter, read_metrics
-from learner.frames_file import FramesWriter, externalize, internalize, read_frames
-from learner.service import LearnerService
-from learner.trainer import Trainer
-from learner.trainer_checkpoint import checkpoint_name
+from learner.train.frames_file import FramesWriter, externalize, internalize, read_frames
+from learner.rollouts.service import LearnerService
+from learner.train.trainer import Trainer
+from learner.train.trainer_checkpoint import checkpoint_name
 
 log = logging.getLogger(__name__)
 
 SCHEMA = 1
 PREFIX = "step-"
 FRAMES_FILE = "replay.frames"
-"""The replay buffer's trajectories as frames, written outside torch.save (learner.frames_file)."""
+"""The replay buffer's trajectories as frames, written outside torch.save (learner.train.frames_file)."""
 _MAX_TRAJECTORY_BYTES = 1 << 40  # trajectories were size-checked when they arrived; this only guards the decoder
 
 
@@ -67,7 +67,7 @@ class Stateful(Protocol):
 
 
 class Replay(Protocol):
-    """The replay buffer's checkpoint interface (learner.replay: SuccessReplay, PrioritizedReplay)."""
+    """The replay buffer's checkpoint interface (learner.algo.replay: SuccessReplay, PrioritizedReplay)."""
 
     def state_dict(self, encode: Callable[[Any], Any] | None = None) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any], decode: Callable[[Any], Any] | None = None) -> None: ...
@@ -125,7 +125,7 @@ class _Unencoded:
 def encode_snapshot(value: Any, writer: FramesWriter | None = None) -> Any:
     """``value`` (a :func:`capture` snapshot, or any part of it) with every stored trajectory as wire-codec frames
     (:func:`encode_trajectory`), or, with a ``writer``, written to its frames file and replaced by the reference
-    (learner.frames_file). Blocking (about 1 ms per 2.9 MB trajectory, bench_transport.py): :meth:`Checkpointer.save`
+    (learner.train.frames_file). Blocking (about 1 ms per 2.9 MB trajectory, bench_transport.py): :meth:`Checkpointer.save`
     calls it in its thread."""
     def leaf(item: Any) -> Any | None:
         if not isinstance(item, _Unencoded):
@@ -152,7 +152,7 @@ def restore(state: Mapping[str, Any], service: LearnerService, replay: Replay,
 
     Raises:
         CheckpointError: unknown schema, or an extra component the checkpoint lacks.
-        ValueError (learner.replay.ReplayError included): malformed component state.
+        ValueError (learner.algo.replay.ReplayError included): malformed component state.
     """
     if state.get("schema") != SCHEMA:
         raise CheckpointError(f"unsupported learner checkpoint schema {state.get('schema')!r}, expected {SCHEMA}")

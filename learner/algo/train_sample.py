@@ -1,7 +1,7 @@
 """One generated reply to train on (:class:`TrainSample`) and the check that it can be trained on.
 
-Owns the sample type the batcher builds (learner.batcher), the forward pass collates (learner.policy_forward) and
-the trainer trains on (learner.trainer, which re-exports it); no torch here, so scoring a group into samples does
+Owns the sample type the batcher builds (learner.algo.batcher), the forward pass collates (learner.train.policy_forward) and
+the trainer trains on (learner.train.trainer, which re-exports it); no torch here, so scoring a group into samples does
 not load the trainer.
 """
 
@@ -32,7 +32,7 @@ class TrainSample:
         replayed: True when the step belongs to a trajectory the replay buffer injected (its behaviour
             log-probs are those recorded when it was sampled); only used to report its correction separately.
         loss_mask: length T, True for the tokens the loss covers; False for tokens the action grammar forced
-            (`learner.forced_tokens`). None = every token. A sample with no True token adds nothing to the loss.
+            (`learner.algo.forced_tokens`). None = every token. A sample with no True token adds nothing to the loss.
     """
 
     prompt_ids: TokenArray

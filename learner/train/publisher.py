@@ -39,7 +39,7 @@ import torch
 from arpo_async.engine import InferenceEngine
 from arpo_async.inference_client import PolicyRequestError, PolicyUnavailable
 from arpo_async.weight_sync import FLATTENED_BUCKET, WeightGroup, WeightGroupError, dtype_name, flatten_bucket
-from learner.weight_check import WeightCheck, compare_checksums, served_dtype
+from learner.train.weight_check import WeightCheck, compare_checksums, served_dtype
 
 log = logging.getLogger("arpo.learner.publish")
 

@@ -2,18 +2,18 @@
 
 Both buffers store whole successful trajectories per task and inject one into a group of the same task before
 advantages are computed, so that a group the policy failed entirely still carries a learning signal. They
-share one interface (:class:`ReplayBuffer`), used by :class:`learner.batcher.Batcher` in this order per complete
+share one interface (:class:`ReplayBuffer`), used by :class:`learner.algo.batcher.Batcher` in this order per complete
 group: ``inject(...)`` then ``add_group(...)`` with the ORIGINAL (un-injected) trajectories, so an injected
 trajectory is never stored twice and a success is replayed from the next group of its task on, never into its own
 group. :func:`make_replay` builds one by mode name: "arpo", "prioritized" or "off".
 
-Modules: :mod:`learner.replay.buffer` (the common interface, :class:`Injection`, :class:`ReplayError`),
-:mod:`learner.replay.arpo` (:class:`SuccessReplay`: ARPO's rule, exact; also the "off" switch) and
-:mod:`learner.replay.prioritized` (:class:`PrioritizedReplay`). This package's own code is only
-:func:`make_replay`; it re-exports the public names, so callers import from ``learner.replay``.
+Modules: :mod:`learner.algo.replay.buffer` (the common interface, :class:`Injection`, :class:`ReplayError`),
+:mod:`learner.algo.replay.arpo` (:class:`SuccessReplay`: ARPO's rule, exact; also the "off" switch) and
+:mod:`learner.algo.replay.prioritized` (:class:`PrioritizedReplay`). This package's own code is only
+:func:`make_replay`; it re-exports the public names, so callers import from ``learner.algo.replay``.
 
 State: ``state_dict`` / ``load_state_dict`` give plain dicts, lists, strings and numbers (msgpack-friendly when
-the ``encode`` hook makes the trajectories so: learner.checkpoint encodes each stored
+the ``encode`` hook makes the trajectories so: learner.train.checkpoint encodes each stored
 :class:`arpo_async.messages.Trajectory` as wire-codec frames), including the RNG state and counters, so a resumed
 learner continues the same draws.
 """
@@ -23,9 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD
-from learner.replay.arpo import SuccessReplay
-from learner.replay.buffer import Injection, ReplayBuffer, ReplayError
-from learner.replay.prioritized import PrioritizedReplay, trajectory_length, trajectory_version
+from learner.algo.replay.arpo import SuccessReplay
+from learner.algo.replay.buffer import Injection, ReplayBuffer, ReplayError
+from learner.algo.replay.prioritized import PrioritizedReplay, trajectory_length, trajectory_version
 
 __all__ = [
     "REPLAY_MODES",

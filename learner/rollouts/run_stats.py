@@ -28,9 +28,9 @@ from arpo_async.loop_lag import LoopLag
 from arpo_async.messages import Outcome
 from arpo_async.stage_timings import StageTimings
 from arpo_async.tasks import Task
-from learner.batcher import Batcher
+from learner.algo.batcher import Batcher
 
-log = logging.getLogger("learner.service")
+log = logging.getLogger("learner.rollouts.service")
 
 
 class StalledRun(RuntimeError):
@@ -155,7 +155,7 @@ class RunStats:
         return taken
 
     async def watch_depths(self, depths: Callable[[], dict[str, int]], period_s: float = 0.05) -> None:
-        """Sample ``depths()`` (learner.service.LearnerService.queue_depths) every ``period_s`` seconds into the
+        """Sample ``depths()`` (learner.rollouts.service.LearnerService.queue_depths) every ``period_s`` seconds into the
         peaks, until cancelled: a queue that fills and drains between two metrics records still shows its peak
         (to within one period)."""
         while True:
