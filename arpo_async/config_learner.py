@@ -53,6 +53,10 @@ class LearnerConfig:
     """PPO clip-higher upper bound: ratio ceiling 1 + eps_high (ARPO: 0.3; DAPO: 0.28)."""
     dual_clip: Annotated[float, Field(gt=1)] = 3.0
     """Dual-clip constant c for negative advantages: a token with A < 0 loses at most -c x A (ARPO: 3.0)."""
+    advantage_function: str = ""
+    """Another advantage rule, as "package.module:function" (importable by the learner), called once per scored
+    group with (rewards: float64 array of shape (G,), task_id) and returning G finite floats; "" = GRPO's
+    (reward - mean) / (std + eps). Like slime's --custom-advantage-function-path (learner.algo.advantages)."""
     replay: bool = True
     """ARPO's success replay: inject a stored success into all-failed groups."""
     replay_capacity: PositiveInt = 8
@@ -122,8 +126,8 @@ class LearnerConfig:
     gradients accumulated; the step is the same for any value (0 = each rank's share in one pass). A sample longer
     than the budget stops the learner with an error naming this key."""
     logprob_chunk_tokens: PositiveInt = 1024
-    """Completion tokens the trainer projects to the vocabulary at once (learner.train.policy_forward): peak extra memory
-    chunk x vocab x 4 B of fp32 logits; the log-probs are the same for any value."""
+    """Completion tokens the trainer projects to the vocabulary at once (learner.train.policy_forward): peak extra
+    memory chunk x vocab x 4 B of fp32 logits; the log-probs are the same for any value."""
     weight_sync: Literal["disk", "distributed"] = "disk"
     """How new weights reach the inference servers: "disk" (a weights folder per version, then
     /update_weights_from_disk) or "distributed" (broadcast over a process group per server, SGLang's
@@ -183,7 +187,8 @@ class LearnerConfig:
     the policy's choice. Found from the tokens and the trajectory's grammar, alike for SGLang and arpo-serve."""
     sample_trajectories: Fraction = 0.05
     """Fraction of received trajectories kept with their screenshots in <run>/trajectories for `arpo view` (chosen by
-    a hash of the trajectory id; 0 = none). Every task's first success is kept besides (learner.rollouts.trajectory_sample)."""
+    a hash of the trajectory id; 0 = none). Every task's first success is kept besides
+    (learner.rollouts.trajectory_sample)."""
     sample_disk_mb: PositiveFloat = 200.0
     """Disk budget of <run>/trajectories in MiB: beyond it the oldest samples are deleted (first successes never)."""
 

@@ -235,8 +235,8 @@ class Assignment:
     rollout_index: int
     policy_version: int
     evaluation: bool = False
-    """True: a held-out evaluation episode (learner.rollouts.evaluation_rounds): its trajectory is acked like any other and
-    never trained on. The actor runs it the same way, with the overrides below."""
+    """True: a held-out evaluation episode (learner.rollouts.evaluation_rounds): its trajectory is acked like any other
+    and never trained on. The actor runs it the same way, with the overrides below."""
     max_steps: int = 0
     """Step budget of this episode; 0 = the actor's own (actors.max_steps)."""
     temperature: float = -1.0

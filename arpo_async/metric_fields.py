@@ -3,8 +3,8 @@
 Role: the one list of the record's keys, for people and for docs/reference/metrics.md (arpo_cli.reference_docs
 renders it). arpo_async imports nothing of learner/, so the list is written out here; the code that builds the
 record is learner.train.records.step_record (every record), learner.train.loop.TrainingLoop.train (the schedule
-counters passed to step_record, ``resumed_from``, ``checkpoint_s``) and learner.rollouts.evaluation_rounds (the ``eval_*``
-fields, EvaluationRounds.result_of). tests/unit/test_reference_docs.py checks this list against a record that
+counters passed to step_record, ``resumed_from``, ``checkpoint_s``) and learner.rollouts.evaluation_rounds (the
+``eval_*`` fields, EvaluationRounds.result_of). tests/unit/test_reference_docs.py checks this list against a record that
 step_record builds and against the keys those callers add (read from their source).
 Invariant: every key a record can carry is in :data:`METRIC_FIELDS`, and every key in it can be carried.
 """
@@ -73,7 +73,8 @@ METRIC_FIELDS: dict[str, MetricField] = {
     "staleness_max": MetricField("Largest policy lag of the batch's fresh rollouts (int, versions)."),
     "correction": MetricField("Off-policy correction statistics of the batch, those the trainer reported of "
                               "is_weight_mean, is_weight_max, is_capped_frac, behaviour_kl, replayed_tokens, "
-                              "replayed_is_weight_mean, ratio_mean, approx_kl (learner.algo.grpo.corrected_token_loss)."),
+                              "replayed_is_weight_mean, ratio_mean, approx_kl "
+                              "(learner.algo.grpo.corrected_token_loss)."),
     "replay": MetricField("Replay buffer statistics: tasks (with a stored success), stored, injections; the "
                           "prioritized buffer adds low_success_injections, evicted, age_mean (versions), "
                           "length_mean (steps)."),

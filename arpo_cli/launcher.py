@@ -41,8 +41,8 @@ import aiohttp
 import tenacity
 
 from arpo_async.config import RunConfig, dump_toml
-from arpo_cli.curve import CurveError, write_curve
 from arpo_async.metrics import read_metrics
+from arpo_cli.curve import CurveError, write_curve
 from arpo_cli.progress import ProgressDisplay, TrajectoryRate, open_display, progress_line
 
 log = logging.getLogger("arpo.run")

@@ -40,8 +40,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from arpo_cli.eval_view import is_eval_dir, load_eval_samples
 from arpo_cli.curve import CurveError, draw_reward, draw_success, load_records, series
+from arpo_cli.eval_view import is_eval_dir, load_eval_samples
 
 PAGE_FILE = "view.html"
 SAMPLES_DIR = "trajectories"

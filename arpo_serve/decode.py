@@ -8,9 +8,9 @@ arpo_serve.engine.Engine) and changes nothing in it but the sampler's generator 
 
 Log-probs (``logprob_mode="model"``, the default): the log-prob of each sampled token under the unmasked model
 distribution at temperature 1, log_softmax(logits)[token], before grammar mask, temperature, top-k/top-p. This
-is what the trainer computes (learner.train.policy_forward). SGLang instead reports log_softmax(masked logits / temperature)
-(before top-k/top-p; with SGLANG_RETURN_ORIGINAL_LOGPROB=1 before temperature but still after the grammar mask);
-``logprob_mode="sglang"`` reproduces that. Both agree at temperature 1 without a grammar.
+is what the trainer computes (learner.train.policy_forward). SGLang instead reports log_softmax(masked logits /
+temperature) (before top-k/top-p; with SGLANG_RETURN_ORIGINAL_LOGPROB=1 before temperature but still after the grammar
+mask); ``logprob_mode="sglang"`` reproduces that. Both agree at temperature 1 without a grammar.
 
 Jump-forward (``jump_forward=True``, the default): where a request's grammar forces the next text
 (`GrammarBackend.forced_prefix_ids`), the engine emits that text's canonical token ids one per decode step instead

@@ -3,7 +3,7 @@
 What runs, in one process: N real `EnvActor`s (real `EpisodeRunner`, UI-TARS prompt, `PromptEncoder`, reply
 parser, evaluator) with the real `LearnerLink` over a real DEALER socket, and the real learner: ROUTER socket,
 `LearnerService` (admission by `LockstepAdmission` or `StalenessManager`), `GroupScheduler`, `Batcher` with the
-success replay, `BatchQueue` and `TrainingLoop` (both schedules, `updates_per_batch` optimizer steps per batch).
+success replay, the groups queue and `TrainingLoop` (both schedules, `updates_per_batch` optimizer steps per batch).
 Where the GPUs and desktops would be, bench/gpu_stand_ins.py puts modelled ones, timed by bench/gpu_timing.toml
 (bench/gpu_model.py): SGLang servers on H100s (continuous batching, prefill per token, decode per iteration as a
 function of the running batch, a KV cache bound, the radix cache holding each episode's prefix), FSDP training on
@@ -79,12 +79,11 @@ import zmq
 import zmq.asyncio
 
 from arpo_async.process import run_until_signal
-
 from bench._common import desktop_png, result_line
 from bench.bench_actor_loop import TASK, _make_model, free_port
 from bench.gpu_model import DEFAULT_PATH, GpuTimingModel, load_model
-from bench.gpu_stand_ins import (REPLY, BarrierStalled, ModelledPolicy, ModelledPool, ModelledPublisher,
-                                 ModelledServer, ModelledTrainer, PaddedPool, StepBarrier)
+from bench.gpu_stand_ins import (REPLY, BarrierStalled, ModelledPolicy, ModelledPool, ModelledPublisher, ModelledServer,
+                                 ModelledTrainer, PaddedPool, StepBarrier)
 
 SCHEDULES = {"lockstep": ("lockstep", 0), "arpo": ("lockstep", 0), "eta1": ("async", 1), "eta2": ("async", 2),
              "eta4": ("async", 4)}
@@ -190,12 +189,13 @@ async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[byt
     from actors.link import LearnerLink
     from arpo_async.tasks import Task
     from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, dealer_socket, router_socket
-    from learner.algo.batcher import Batcher, BatchQueue
-    from learner.train.checkpoint import Checkpointer
+    from learner.algo.batcher import Batcher
     from learner.main import replay_buffer
     from learner.rollouts.scheduler import GroupScheduler
-    from learner.rollouts.service import LearnerService
+    from learner.rollouts.service import GroupQueue, LearnerService
     from learner.rollouts.staleness import LockstepAdmission, StalenessManager
+    from learner.state import RunState
+    from learner.train.checkpoint import Checkpointer
     from learner.train.loop import TrainingLoop
 
     schedule, eta = SCHEDULES[name]
@@ -208,11 +208,11 @@ async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[byt
                                id_prefix="bench-")
     admission = (LockstepAdmission(lc.batch_trajectories) if lockstep
                  else StalenessManager(lc.batch_trajectories, lc.max_staleness))
-    replay = replay_buffer(lc)
-    batcher = Batcher(replay, max_staleness=lc.max_staleness, groups_per_step=lc.groups_per_step,
-                      format_reward_weight=lc.format_reward_weight, stratified=lc.stratified)
-    inbox_l, outbox_l, batches = asyncio.Queue(INBOX_SIZE), Outbox(routed=True), BatchQueue(1)
-    service = LearnerService(outbox_l, scheduler, admission, batcher, batches=batches, rounds=lockstep,
+    state = RunState()
+    batcher = Batcher(replay_buffer(lc), max_staleness=lc.max_staleness, groups_per_step=lc.groups_per_step,
+                      format_reward_weight=lc.format_reward_weight, stratified=lc.stratified, drops=state.drops)
+    inbox_l, outbox_l, groups = asyncio.Queue(INBOX_SIZE), Outbox(routed=True), GroupQueue()
+    service = LearnerService(outbox_l, scheduler, admission, groups, state=state, rounds=lockstep,
                              max_slots_per_peer=config.transport.max_slots_per_peer)
     servers = [ModelledServer(model.inference, scale) for _ in range(model.inference.servers)]
     trainer = ModelledTrainer(model.training, scale, model.inference.image_tokens,
@@ -220,8 +220,8 @@ async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[byt
     publisher = ModelledPublisher(servers, model.training)
     records = Records()
     tmp = tempfile.TemporaryDirectory(prefix="bench-gpu-model-")
-    loop = TrainingLoop(service, batches, trainer, publisher, Checkpointer(Path(tmp.name) / "checkpoints", keep=1),
-                        replay, lc)
+    loop = TrainingLoop(service, groups, batcher, state, trainer, publisher,
+                        Checkpointer(Path(tmp.name) / "checkpoints", keep=1), lc, on_discard=admission.on_discard)
 
     output_ids = (encoder.tokenize(REPLY) + [0] * 40)[:40]
     barrier = StepBarrier(lc.batch_trajectories) if name == "arpo" else None

@@ -60,9 +60,9 @@ from pathlib import Path
 from arpo_async.loop_lag import bucket_quantile
 from bench._arpo_run import ROOT, ensure_model
 from bench._common import desktop_png, median, result_line
+from bench.bench_actor_loop import (HISTORY_IMAGES, OUTPUT_TOKENS, REPLY, TASK, FixedLatencyPolicy, InstantController,
+                                    InstantPool, free_port)
 from tests.netns import NamespaceUnavailable, in_namespace, private_link
-from bench.bench_actor_loop import (HISTORY_IMAGES, OUTPUT_TOKENS, REPLY, TASK, FixedLatencyPolicy,
-                                    InstantController, InstantPool, free_port)
 
 WIRE_UP = ("hello", "work_request", "trajectory")
 """Message types actor hosts send whose counts must match the learner's received counts (heartbeats are left out:
@@ -149,6 +149,8 @@ async def actor_host(args: argparse.Namespace) -> None:
     for work, finish and submit the episodes in flight, wait for every ack, stop the heartbeats (``drained``); keep
     receiving until SIGUSR2, then write the final counts (``done``) and exit. Writes its counts to ``--counts``
     (JSON) every 0.5 s. SIGTERM ends it at once."""
+    import zmq.asyncio
+
     from actors.env_actor import EnvActor
     from actors.episode import EpisodeRunner
     from actors.link import LearnerLink
@@ -156,8 +158,6 @@ async def actor_host(args: argparse.Namespace) -> None:
     from arpo_async.loop_lag import LoopLag
     from arpo_async.model.inputs import PromptEncoder
     from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, dealer_socket
-
-    import zmq.asyncio
 
     encoder = PromptEncoder(args.model)
     pngs = [desktop_png(i) for i in range(args.max_steps + 1)]
@@ -420,8 +420,8 @@ def quiet(status, metrics_path: Path, still_s: float = 5.0) -> dict | None:
 def bounds(setup: Setup) -> dict[str, int]:
     """The bound of every learner queue whose peak is checked (see the module docstring of each owner):
     the pump's inbox and outbox (arpo_async.transport), requests waiting (each host's Hello announces one slot per
-    actor: waiting + running <= slots, learner.rollouts.peers), one host's request queue, rollouts running, scored groups
-    not yet trained (AReaL's rule, accepted + running < (eta + version + 1) x B, leaves at most (eta + 1) x B
+    actor: waiting + running <= slots, learner.rollouts.peers), one host's request queue, rollouts running, scored
+    groups not yet trained (AReaL's rule, accepted + running < (eta + version + 1) x B, leaves at most (eta + 1) x B
     trainable trajectories untrained: (eta + 1) x groups_per_step groups), and the fullest host's outbox."""
     from arpo_async.transport import INBOX_SIZE, OUTBOX_SIZE
 

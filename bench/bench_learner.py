@@ -135,8 +135,8 @@ def rank_worker(model: Path, repeats: int, device: str, threads: int) -> int:
     """Under torchrun: every rank trains; rank 0 prints ``RANKS {json}`` (step times, peak memory per rank)."""
     import torch.distributed as dist
 
-    from learner.train.distributed import LeadTrainer, follow, init_ranks, leave
     from arpo_async.config import LearnerConfig
+    from learner.train.distributed import LeadTrainer, follow, init_ranks, leave
     from learner.train.trainer import Trainer, resolve_device
 
     group = init_ranks(resolve_device(device), timeout_s=300)

@@ -91,8 +91,6 @@ async def _stack_learner_async(endpoint: str, ready) -> None:
     from arpo_async.config import TransportConfig
     from arpo_async.tasks import Task
     from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, router_socket
-    from learner.algo.batcher import Batcher
-    from learner.algo.replay import SuccessReplay
     from learner.rollouts.scheduler import GroupScheduler
     from learner.rollouts.service import LearnerService
     from learner.rollouts.staleness import StalenessManager
@@ -104,8 +102,7 @@ async def _stack_learner_async(endpoint: str, ready) -> None:
     ctx = zmq.asyncio.Context()
     inbox, outbox = asyncio.Queue(INBOX_SIZE), Outbox(routed=True)
     pump = SocketPump(router_socket(ctx, config), inbox=inbox, outbox=outbox, max_bytes=config.max_message_bytes)
-    service = LearnerService(outbox, GroupScheduler([task], group_size=8), StalenessManager(8, 1),
-                             Batcher(SuccessReplay(), max_staleness=1, groups_per_step=1), vocab_size=VOCAB)
+    service = LearnerService(outbox, GroupScheduler([task], group_size=8), StalenessManager(8, 1), vocab_size=VOCAB)
     ready.set()
     try:
         async with asyncio.TaskGroup() as tg:

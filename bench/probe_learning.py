@@ -3,8 +3,8 @@
 bench_learning.py measures success against wall-clock time with the whole system (8 desktops, arpo-serve, the
 learner, all on the same 2 cores), so its figures mix two things: how fast the machine makes trajectories and
 how much the recipe learns from each. This probe isolates the second. It runs, in one process, the real
-arpo-serve `Engine` (grammar-constrained sampling with behaviour log-probs), the learner's real `Batcher`
-(replay injection, zero-variance filter, GRPO advantages) and its training step (learner.train.training_step: the
+arpo-serve `Engine` (grammar-constrained sampling with behaviour log-probs) and the training loop's own stages
+(learner.train.loop: the real `Batcher`'s score, replay injection, zero-variance filter and GRPO advantages, the
 samples, the optimizer steps per batch, the `Trainer`), for every arm of bench_learning.py
 (tests/learning_arms.py). The desktop is consulted once per task instead of once per episode: real desktops
 capture the task's click tree and each episode is played on it (tests/learning_probe.py, which the learnability

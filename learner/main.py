@@ -1,15 +1,18 @@
 """arpo-learner: the learner process. `run_learner` wires every component in one visible function.
 
+Rooms: learner.rollouts (the conversation with actors), learner.algo (the RL algorithm, no torch trainer),
+learner.train (the loop, the trainer, publication, checkpoints), learner.state (RunState, shared by argument).
 Dataflow (every queue and task is made in `run_learner`): ROUTER SocketPump -> inbox -> LearnerService.serve
-(admission, dedup, acks, replies on the outbox) -> GroupScheduler (groups) -> Batcher (replay, advantages) ->
-``batches`` -> TrainingLoop (learner.train.loop: optimizer steps in a thread -> WeightPublisher ->
-``service.on_trained(step, version)`` announces the version -> checkpoint -> metrics.jsonl via learner.train.records).
+(admission, dedup, acks, replies on the outbox) -> GroupScheduler (complete groups) -> ``groups`` ->
+TrainingLoop (learner.train.loop: score -> replay -> advantages per group (learner.algo.batcher), then per batch
+samples -> optimizer steps in a thread -> WeightPublisher -> RunState.advance -> ``service.on_trained()``
+announces the version -> checkpoint -> metrics.jsonl via learner.train.records).
 Stops after ``learner.steps`` optimizer steps in all (0 = until SIGINT/SIGTERM), then tells the actors to shut
 down. Schedules: learner.train.loop. Baseline pass (``learner.baseline_k`` > 0): learner.algo.baseline, run before
-training starts. Held-out evaluation (``[eval]``): learner.rollouts.evaluation_rounds, a round before the first step, every
-``eval.every_steps`` and on the final weights (waited for before the actors are told to stop). Observability tasks:
-the event-loop lag probe (arpo_async.loop_lag) and the queue-depth peaks (learner.rollouts.run_stats.RunStats.watch_depths),
-both in every metrics record and in status.json.
+training starts. Held-out evaluation (``[eval]``): learner.rollouts.evaluation_rounds, a round before the first step,
+every ``eval.every_steps`` and on the final weights (waited for before the actors are told to stop). Observability
+tasks: the event-loop lag probe (arpo_async.loop_lag) and the queue-depth peaks
+(learner.rollouts.run_stats.RunStats.watch_depths), both in every metrics record and in status.json.
 
 Ranks: ``torchrun --nproc-per-node N -m learner.main --config run.toml`` trains with N ranks (FSDP2); rank 0
 runs everything above and drives the other ranks' trainers (learner.train.distributed, :func:`run_ranks`).
@@ -39,21 +42,23 @@ from arpo_async.process import run_until_signal, setup_logging
 from arpo_async.sglang_engine import sglang_engines
 from arpo_async.task_sets import select_tasks
 from arpo_async.transport import INBOX_SIZE, Envelope, Outbox, SocketPump, learner_socket
+from learner.algo.advantages import load_advantage_function
 from learner.algo.baseline import plan_tasks
-from learner.algo.batcher import Batcher, BatchQueue
-from learner.train.checkpoint import Checkpointer, checkpoint_folders
-from learner.train.distributed import LeadTrainer, RankGroupError, follow, init_ranks, leave, torchrun_world
-from learner.rollouts.evaluation_rounds import EvaluationRounds, evaluation_tasks
+from learner.algo.batcher import Batcher
 from learner.algo.forced_tokens import ForcedTokens
-from learner.train.publisher import DistributedPublisher, WeightPublisher
 from learner.algo.replay import ReplayBuffer, make_replay
+from learner.rollouts.evaluation_rounds import EvaluationRounds, evaluation_tasks
 from learner.rollouts.run_stats import write_status
 from learner.rollouts.scheduler import GroupScheduler
-from learner.rollouts.service import LearnerService
+from learner.rollouts.service import GroupQueue, LearnerService
 from learner.rollouts.staleness import LockstepAdmission, StalenessManager
-from learner.train.trainer import Trainer, resolve_device
-from learner.train.loop import TrainingLoop, keep_ranks_alive
 from learner.rollouts.trajectory_sample import TrajectorySampler
+from learner.state import RunState
+from learner.train.checkpoint import Checkpointer, checkpoint_folders
+from learner.train.distributed import LeadTrainer, RankGroupError, follow, init_ranks, leave, torchrun_world
+from learner.train.loop import TrainingLoop, keep_ranks_alive
+from learner.train.publisher import DistributedPublisher, WeightPublisher
+from learner.train.trainer import Trainer, resolve_device
 
 log = logging.getLogger("arpo.learner")
 
@@ -83,16 +88,17 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
                                pick_task=plan.pick_task)
     admission = (LockstepAdmission(lc.batch_trajectories) if lockstep
                  else StalenessManager(lc.batch_trajectories, lc.max_staleness))
-    replay = replay_buffer(lc)
-    batcher = Batcher(replay, max_staleness=lc.max_staleness, groups_per_step=lc.groups_per_step,
+    state = RunState()  # step, policy version, counters: shared by the service and the training loop
+    batcher = Batcher(replay_buffer(lc), max_staleness=lc.max_staleness, groups_per_step=lc.groups_per_step,
                       format_reward_weight=lc.format_reward_weight, success_threshold=lc.success_threshold,
-                      stratified=lc.stratified)
+                      stratified=lc.stratified, advantage_function=load_advantage_function(lc.advantage_function),
+                      drops=state.drops)
     inbox: asyncio.Queue[Envelope] = asyncio.Queue(INBOX_SIZE)  # ROUTER pump -> service
     outbox = Outbox(routed=True)  # service -> ROUTER pump
-    batches = BatchQueue(1)  # service -> training loop
+    groups = GroupQueue()  # service -> training loop: complete groups
     with learner_socket(config.transport) as socket:
         pump = SocketPump(socket, inbox=inbox, outbox=outbox, max_bytes=config.transport.max_message_bytes)
-        service = LearnerService(outbox, scheduler, admission, batcher, batches=batches, rounds=lockstep,
+        service = LearnerService(outbox, scheduler, admission, groups, state=state, rounds=lockstep,
                                  learner_id=learner_id, selector=plan.selector, vocab_size=vocab_size,
                                  peer_timeout_s=config.transport.peer_timeout_s, run_id=config.resolved_run_id,
                                  max_slots_per_peer=config.transport.max_slots_per_peer,
@@ -100,17 +106,19 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
                                                            disk_mb=lc.sample_disk_mb),
                                  message_counts=pump.message_counts,
                                  evaluation=EvaluationRounds(eval_tasks, config.eval, final_step=lc.steps,
-                                                             id_prefix=f"{learner_id[:6]}-") if eval_tasks else None)
+                                                             id_prefix=f"{learner_id[:6]}-") if eval_tasks else None,
+                                 ready_groups=lambda: loop.ready_groups())
         async with PolicyClient(list(config.actors.inference_urls), api_key=config.serve.api_key) as client:
             engines = sglang_engines(client)  # the inference engine (arpo_async.engine): another is chosen here
-            loop = TrainingLoop(service, batches, trainer, weight_publisher(config, engines),
-                                Checkpointer(run / "checkpoints", keep=lc.keep_checkpoints), replay, lc,
+            loop = TrainingLoop(service, groups, batcher, state, trainer, weight_publisher(config, engines),
+                                Checkpointer(run / "checkpoints", keep=lc.keep_checkpoints), lc,
+                                on_discard=admission.on_discard,
                                 forced=ForcedTokens(config.model_path, vocab_size) if lc.mask_forced_tokens else None,
                                 final_eval_timeout_s=config.eval.final_timeout_s)
             await loop.resume(run / "metrics.jsonl")
             log.info("learner %s on %s (%s): %d tasks, G=%d, B=%d, eta=%d, from step %d / version %d%s", learner_id,
                      config.transport.endpoint, lc.schedule, len(plan.pool), lc.group_size, lc.batch_trajectories,
-                     lc.max_staleness, service.step, service.version,
+                     lc.max_staleness, state.step, state.version,
                      f"; evaluating {len(eval_tasks)} tasks x {config.eval.repeats}" if eval_tasks else "")
             wandb = (WandbSettings(lc.wandb_project, config.resolved_run_id, run, to_dict(config))
                      if lc.wandb_project else None)
@@ -210,9 +218,10 @@ def main(argv: list[str] | None = None) -> int:
         if config.learner.weight_sync == "distributed":
             sync_backend(config.learner)
         evaluation_tasks(config)
+        load_advantage_function(config.learner.advantage_function)  # a bad path stops before the model loads
         if config.learner.wandb_project:
             import_wandb(config.learner.wandb_project)  # before the model loads, not after
-    except (ConfigError, RuntimeError) as e:  # learner.train.trainer's TrainerConfigError too; wandb missing
+    except (ConfigError, RuntimeError, ValueError) as e:  # TrainerConfigError too; wandb missing; advantage_function
         log.error("%s", e)
         return 2
     if torchrun_world() > 1:

@@ -1,16 +1,16 @@
 """The learning probe: the learner's recipe trained in one process on captured click trees (sample efficiency).
 
 In one process it runs the real arpo-serve `Engine` (grammar-constrained sampling with behaviour log-probs), the
-learner's real `Batcher` (replay injection, zero-variance filter, GRPO advantages) and its training step
-(learner.train.training_step: the samples, the optimizer steps per batch, the `Trainer`). The desktop is consulted once
-per task instead of once per episode: real desktops capture the task's click tree (tests/click_tree.py: from the
-task's setup, every state ``actors.max_steps`` clicks on the app's widgets reach, each with its screenshot, the
-widget boxes the app reports in `/tmp/arpo/layout.json` and the task's evaluator score). An episode is played on
-that tree (:class:`EmulatedEpisode`): each step's prompt is built as the actors build it (earlier replies, the last
-``history_images`` screenshots), a click moves to the state of the widget it lands in (none: the state stays), and
-the episode scores what the task's evaluator said of the state it ends in. Asynchrony is emulated by sampling with
-the weights of ``lag`` optimizer steps earlier (AReaL's bounded staleness; lockstep samples with the current
-weights).
+training loop's own stages (learner.train.loop): the real `Batcher` (score, replay injection, zero-variance
+filter, GRPO advantages), the samples, the optimizer steps per batch (``optimizer_steps``), the `Trainer`. The desktop
+is consulted once per task instead of once per episode: real desktops capture the task's click tree
+(tests/click_tree.py: from the task's setup, every state ``actors.max_steps`` clicks on the app's widgets reach, each
+with its screenshot, the widget boxes the app reports in `/tmp/arpo/layout.json` and the task's evaluator score). An
+episode is played on that tree (:class:`EmulatedEpisode`): each step's prompt is built as the actors build it (earlier
+replies, the last ``history_images`` screenshots), a click moves to the state of the widget it lands in (none: the state
+stays), and the episode scores what the task's evaluator said of the state it ends in. Asynchrony is emulated by
+sampling with the weights of ``lag`` optimizer steps earlier (AReaL's bounded staleness; lockstep samples with the
+current weights).
 
 Test infrastructure, not product: the learnability tests (tests/integration/test_learnability*.py) train with it,
 and bench/probe_learning.py is its command line (batches to a target success per arm of tests/learning_arms.py).
@@ -40,12 +40,12 @@ from arpo_async.model.inputs import PromptEncoder
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
 from arpo_async.tasks import Task
 from arpo_serve.engine import Engine, SamplingParams
-from learner.algo.batcher import Batcher
+from learner.algo.batcher import Batcher, train_samples
 from learner.algo.forced_tokens import ForcedTokens
 from learner.main import replay_buffer, select_tasks
 from learner.rollouts.scheduler import Group
+from learner.train.loop import optimizer_steps
 from learner.train.trainer import Trainer, TrainerInputError
-from learner.train.training_step import train_on_batch
 from tests.click_tree import CaptureError, Node, capture_trees
 
 CAPTURE_DESKTOPS = 3
@@ -174,9 +174,10 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
 
     The recipe is the product's, from ``config``: the prompt style and history window, the action grammar
     (coordinate format, forced text emitted as canonical tokens when ``serve.jump_forward``), the step budget
-    (``actors.max_steps``), the Batcher (replay, zero-variance drop, stratified batches) and the learner's
-    training step (learner.train.training_step.train_on_batch: the forced-token loss mask, ``learner.updates_per_batch``
-    optimizer steps per batch, the Trainer). Each step samples ``groups_per_step`` groups whose tasks come in turn
+    (``actors.max_steps``), the training loop's stages (learner.train.loop): score, replay and advantages per
+    group (learner.algo.batcher.Batcher: replay, zero-variance drop, stratified batches), then samples (the
+    forced-token loss mask), ``learner.updates_per_batch`` optimizer steps per batch (``optimizer_steps``) and the
+    Trainer. Each step samples ``groups_per_step`` groups whose tasks come in turn
     from a seeded shuffled order of the scenes (the learner's round-robin task choice), so a step covers distinct
     tasks; their episodes (:class:`EmulatedEpisode`) advance together, one ``Engine.generate_batch`` per policy
     step for every episode still running.
@@ -204,7 +205,7 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
                       stratified=lc.stratified)
     weights = collections.deque([copy.deepcopy(trainer.model.state_dict())], maxlen=lag + 1)
     records, serial, order, version = [], 0, [], 0  # version: published weights, +1 per trained batch
-    optimizer_steps = 0  # in all, as the learner counts them (learner.steps)
+    steps_done = 0  # optimizer steps in all, as the learner counts them (learner.steps)
     by_id = {s.task.id: s for s in scenes}
     params = SamplingParams.from_json(dict(runner.sampling_params))
     while len(records) < steps:
@@ -229,12 +230,14 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
         dropped = sum(batcher.add_group(g, version) is None for g in groups)
         batch = batcher.take_batch() or []
         stats, updates = {}, 0
-        if batch and train:  # else every group was dropped: no step, as the learner's lockstep loop skips an empty batch
+        if batch and train:  # else every group was dropped: no step (the lockstep loop skips an empty batch)
             try:
-                stats, updates = train_on_batch(trainer, batch, lc, forced, optimizer_steps)
+                samples = train_samples(batch, forced)  # the loop's stages 4-5 (TrainingLoop.train)
+                updates = optimizer_steps(lc, len(samples), steps_done)
+                stats = trainer.train_batch(samples, minibatches=updates)
             except TrainerInputError:  # no usable sample: no step, as the learner's training loop skips it
                 pass
-        optimizer_steps += updates
+        steps_done += updates
         version += bool(updates)
         weights.append(copy.deepcopy(trainer.model.state_dict()))
         scores = [x for xs in by_task.values() for x in xs]

@@ -134,7 +134,6 @@ class Receiver:
 
     def __init__(self, model_dir: Path, out: Path, dtype: str = "auto") -> None:
         import torch
-
         from sglang.srt.configs.load_config import LoadConfig
         from sglang.srt.configs.model_config import ModelConfig
         from sglang.srt.distributed import parallel_state
@@ -245,7 +244,6 @@ async def serve(receiver: Receiver, port: int) -> None:
 
     import msgspec
     from aiohttp import web
-
     from sglang.srt.managers import io_struct as io
     from sglang.srt.utils.common import build_server_info
 
@@ -419,7 +417,6 @@ def check_generate_request(body: dict, vocab_size: int) -> list[str]:
 
     import msgspec
     import pydantic
-
     from sglang.srt.entrypoints.api_contract import generate_contract_error
     from sglang.srt.managers.io_struct import GenerateReqInput
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -478,7 +475,6 @@ def check_response(path: str, status: int, body, text: str) -> list[str]:
     import hashlib
 
     import msgspec
-
     from sglang.api.v1 import api_types
     from sglang.srt.managers.io_struct import ChecksumInfo
     from sglang.srt.utils.weight_checker import overall_checksum

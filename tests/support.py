@@ -4,8 +4,8 @@ a run left, and polling with a deadline."""
 from __future__ import annotations
 
 import asyncio
-import html.parser
 import contextlib
+import html.parser
 import json
 import os
 import selectors
@@ -19,7 +19,6 @@ from pathlib import Path
 
 import aiodocker
 import pytest
-
 
 _HANDED_OUT: set[int] = set()
 
@@ -234,3 +233,35 @@ def healthy(url: str) -> bool:
             return reply.status == 200
     except OSError:
         return False
+
+
+async def trained(service, step: int, version: int) -> None:
+    """What the training loop's last stage does after a batch (learner.train.loop.TrainingLoop.train): the run
+    state now holds ``step`` optimizer steps and policy ``version``; the service is told
+    (LearnerService.on_trained: evaluation rounds, the version announced, more work admitted)."""
+    service.state.step, service.state.version = step, version
+    await service.on_trained()
+
+
+def loop_counters(service, replay=None) -> dict:
+    """The counters the training loop hands learner.train.records.step_record: the service's, plus the replay
+    buffer's statistics (``replay``; an empty ARPO buffer's when None)."""
+    from learner.algo.replay import SuccessReplay
+
+    return {**service.counters(), "replay": (replay if replay is not None else SuccessReplay()).stats()}
+
+
+ADVANTAGE_LOG_ENV = "ARPO_TEST_ADVANTAGE_LOG"
+"""The file :func:`recording_advantages` appends its calls to (an environment variable, so a learner process that
+imports it by ``learner.advantage_function`` finds it)."""
+
+
+def recording_advantages(rewards, task_id: str):
+    """A custom advantage function (learner.advantage_function = "tests.support:recording_advantages"): Dr. GRPO's
+    mean-centred rewards, each call appended as a JSON line ``{"task_id", "rewards"}`` to the file named by
+    ``$ARPO_TEST_ADVANTAGE_LOG`` (when set)."""
+    path = os.environ.get(ADVANTAGE_LOG_ENV)
+    if path:
+        with open(path, "a") as log:
+            log.write(json.dumps({"task_id": task_id, "rewards": [float(r) for r in rewards]}) + "\n")
+    return rewards - rewards.mean()

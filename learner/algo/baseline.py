@@ -260,8 +260,8 @@ def training_pool(tasks: list[Task], lc: LearnerConfig, path: Path) -> list[Task
 
 
 class PassRunner(Protocol):
-    """What :meth:`TaskPlan.run_baseline` drives: the learner service (learner.rollouts.service.LearnerService), typed here
-    rather than imported because the service imports :class:`BaselinePass`."""
+    """What :meth:`TaskPlan.run_baseline` drives: the learner service (learner.rollouts.service.LearnerService), typed
+    here rather than imported because the service imports :class:`BaselinePass`."""
 
     async def evaluate(self, baseline: BaselinePass) -> None:
         """Hand out ``baseline``'s groups and return when every one has come back."""

@@ -1,11 +1,16 @@
-"""Batcher: completed groups in, training batches out.
+"""Batcher: completed groups in, training batches out; the algorithm's per-group stages.
 
-Owns: the per-group pipeline between the scheduler and the trainer, in ARPO's order (ARPO: End-to-End Policy
+Owns: the per-group stages between the scheduler and the trainer, each a method, run in ARPO's order by
+:meth:`Batcher.add_group`: :meth:`Batcher.score` (rewards; drops), :meth:`Batcher.replay_success` (replay),
+:meth:`Batcher.advantages` (advantages), following (ARPO: End-to-End Policy
 Optimization for GUI Agents with Experience Replay, arXiv 2505.16282, and its code github.com/dvlab-research/ARPO):
-drop what cannot be trained (ENV_ERROR / ABORTED, or staler than the bound), inject a stored success into an
-all-failed (or, with prioritized replay, low-success) group, update the replay buffer from the group as sampled,
-compute group-relative advantages, and drop zero-variance groups (they carry no gradient and cost no optimizer
-work; DAPO's dynamic sampling). Every drop is counted by reason in ``drops``.
+drop what cannot be trained (ENV_ERROR / ABORTED, or staler than the bound) and compute the rewards (a reward shaping
+changes :meth:`Batcher.score`, or learner.algo.grpo.compute_reward), inject a stored success into an all-failed
+(or, with prioritized replay, low-success) group and update the replay buffer from the group as sampled, drop
+zero-variance groups (they carry no gradient and cost no optimizer work; DAPO's dynamic sampling) and compute the
+advantages with the advantage function (GRPO's by default; learner.algo.advantages is the seam for another). Every
+drop is counted by reason in ``drops``. Then :func:`train_samples` (the "samples" stage) turns a batch into one
+TrainSample per generated step.
 
 Replayed trajectories are marked per position in ``ScoredGroup.replayed`` and on their ``TrainSample``s
 (``replayed=True``); they keep the behaviour log-probs and token versions recorded when they were sampled, so the
@@ -15,16 +20,18 @@ drop (that applies to fresh rollouts only).
 
 from __future__ import annotations
 
-import asyncio
 import collections
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import numpy as np
 
 from arpo_async.messages import Trajectory
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
+from learner.algo.advantages import AdvantageFunction, checked_advantages, grpo_advantages
 from learner.algo.forced_tokens import ForcedTokens
-from learner.algo.grpo import compute_reward, group_advantages, is_zero_variance
+from learner.algo.grpo import compute_reward, is_zero_variance
 from learner.algo.replay import ReplayBuffer
-from learner.rollouts.scheduler import Group
 from learner.algo.train_sample import TrainSample
 
 
@@ -56,8 +63,18 @@ def policy_lag(traj: Trajectory, version: int) -> int:
     return 0 if oldest is None else version - oldest
 
 
+class CompleteGroup(Protocol):
+    """A complete group as the scheduler hands it over (learner.rollouts.scheduler.Group): its task and its
+    trajectories in rollout order."""
+
+    @property
+    def task(self) -> object: ...  # has ``.id``
+
+    def trajectories(self) -> list[Trajectory]: ...
+
+
 class Batcher:
-    """Turns complete groups into ScoredGroups and hands out batches of ``groups_per_step`` of them.
+    """Runs the algorithm's per-group stages and hands out batches of ``groups_per_step`` scored groups.
 
     Args:
         replay: the success replay buffer (:class:`learner.algo.replay.SuccessReplay` -- ARPO or off -- or
@@ -67,24 +84,47 @@ class Batcher:
         format_reward_weight: ARPO's weight on the format reward.
         success_threshold: ``sampled_success`` counts scores above this (:func:`arpo_async.success.is_success`).
         stratified: batches cover distinct tasks where the ready groups allow it (see `take_batch`).
+        advantage_function: the advantages stage's rule (learner.algo.advantages; GRPO's by default).
+        drops: the counter drops are counted in (learner.state.RunState.drops; a new one when None).
     """
 
     def __init__(self, replay: ReplayBuffer, *, max_staleness: int, groups_per_step: int,
                  format_reward_weight: float = 0.5, success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
-                 stratified: bool = False) -> None:
+                 stratified: bool = False, advantage_function: AdvantageFunction = grpo_advantages,
+                 drops: collections.Counter[str] | None = None) -> None:
         self.replay = replay
         self.stratified = stratified
+        self.advantage_function = advantage_function
         self._eta = max_staleness
         self._groups_per_step = groups_per_step
         self._format_weight = format_reward_weight
         self._success_threshold = success_threshold
         self.ready: list[ScoredGroup] = []
-        self.drops: collections.Counter[str] = collections.Counter()
+        self.drops: collections.Counter[str] = drops if drops is not None else collections.Counter()
 
-    def add_group(self, group: Group, version: int) -> ScoredGroup | None:
-        """Score one complete group at policy ``version``; None when the whole group was dropped."""
+    def add_group(self, group: CompleteGroup, version: int) -> ScoredGroup | None:
+        """Run the per-group stages on one complete group at policy ``version`` -- score, replay, advantages --
+        and keep the result for a batch; None when the group was dropped (counted in ``drops``).
+
+        Raises:
+            ValueError: the advantage function returned something other than one finite float per trajectory.
+        """
+        scored = self.score(group.task.id, group.trajectories(), version)
+        if scored is not None:
+            scored = self.advantages(self.replay_success(scored, version))
+        if scored is not None:
+            self.ready.append(scored)
+        return scored
+
+    def _rewards(self, trajectories: list[Trajectory]) -> list[float]:
+        return [compute_reward(t.score, t.format_ok, format_weight=self._format_weight) for t in trajectories]
+
+    def score(self, task_id: str, trajectories: list[Trajectory], version: int) -> ScoredGroup | None:
+        """The "score" stage: drop what cannot be trained (its outcome, or policy lag above eta), then each kept
+        trajectory's reward (learner.algo.grpo.compute_reward: score plus the weighted format reward). None when
+        fewer than 2 are left (``group_too_small``). The result has no advantages yet."""
         kept: list[Trajectory] = []
-        for traj in group.trajectories():
+        for traj in trajectories:
             if not traj.outcome.trainable:
                 self.drops[traj.outcome.lower()] += 1
             elif policy_lag(traj, version) > self._eta:
@@ -94,22 +134,33 @@ class Batcher:
         if len(kept) < 2:
             self.drops["group_too_small"] += 1
             return None
-        scores = [t.score for t in kept]
-        sampled_success = sum(is_success(s, self._success_threshold) for s in scores) / len(scores)
-        sampled_rewards = [compute_reward(t.score, t.format_ok, format_weight=self._format_weight) for t in kept]
-        injection = self.replay.inject(group.task.id, kept, scores, version=version, rewards=sampled_rewards)
-        self.replay.add_group(group.task.id, kept, [t.score for t in kept], version=version)
-        trajs = injection.trajectories
-        rewards = [compute_reward(t.score, t.format_ok, format_weight=self._format_weight) for t in trajs]
-        if is_zero_variance(rewards):
+        sampled_success = sum(is_success(t.score, self._success_threshold) for t in kept) / len(kept)
+        return ScoredGroup(task_id, kept, self._rewards(kept), [], False, sampled_success,
+                           [policy_lag(t, version) for t in kept])
+
+    def replay_success(self, scored: ScoredGroup, version: int) -> ScoredGroup:
+        """The "replay" stage: inject a stored success into a group that qualifies (the replay buffer's rule),
+        then store the group's successes as sampled (before injection); rewards and lags follow the injection."""
+        kept, scores = scored.trajectories, [t.score for t in scored.trajectories]
+        injection = self.replay.inject(scored.task_id, kept, scores, version=version, rewards=scored.rewards)
+        self.replay.add_group(scored.task_id, kept, scores, version=version)
+        trajs = list(injection.trajectories)
+        return replace(scored, trajectories=trajs, rewards=self._rewards(trajs), injected=injection.injected,
+                       policy_lag=[policy_lag(t, version) for t in trajs],
+                       replayed=[i == injection.index for i in range(len(trajs))])
+
+    def advantages(self, scored: ScoredGroup) -> ScoredGroup | None:
+        """The "advantages" stage: None for a group whose rewards do not vary (``zero_variance``), else the
+        advantage function's advantages (learner.algo.advantages).
+
+        Raises:
+            ValueError: the advantage function returned something other than one finite float per trajectory.
+        """
+        if is_zero_variance(scored.rewards):
             self.drops["zero_variance"] += 1
             return None
-        advantages = group_advantages(rewards).tolist()
-        replayed = [i == injection.index for i in range(len(trajs))]
-        scored = ScoredGroup(group.task.id, list(trajs), rewards, advantages, injection.injected, sampled_success,
-                             [policy_lag(t, version) for t in trajs], replayed)
-        self.ready.append(scored)
-        return scored
+        rewards = np.asarray(scored.rewards, dtype=np.float64)
+        return replace(scored, advantages=checked_advantages(self.advantage_function, rewards, scored.task_id))
 
     @property
     def has_batch(self) -> bool:
@@ -142,15 +193,6 @@ class Batcher:
         """Every ready group, oldest first (lockstep: the whole rollout batch, however many had variance)."""
         batch, self.ready = self.ready, []
         return batch
-
-
-class BatchQueue(asyncio.Queue):
-    """The bounded queue of training batches (each a list of ScoredGroup) from the learner service to the
-    training loop; :meth:`pending` shows what waits on it (queue depths, and what a checkpoint cannot keep)."""
-
-    def pending(self) -> list[list[ScoredGroup]]:
-        """The batches waiting, oldest first (a copy)."""
-        return list(self._queue)
 
 
 def train_samples(batch: list[ScoredGroup], forced: ForcedTokens | None = None) -> list[TrainSample]:

@@ -18,8 +18,8 @@ import logging
 from pathlib import Path
 from typing import Sequence
 
-from arpo_async.model.inputs import PromptEncoder
 from arpo_async.grammar import GrammarBackend, GrammarError, GrammarSpec
+from arpo_async.model.inputs import PromptEncoder
 
 log = logging.getLogger(__name__)
 

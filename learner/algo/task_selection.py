@@ -10,8 +10,8 @@ Owns: which task the next group of G rollouts is for during training. Pure and s
   uncertainty p(1 - p). A task whose rollouts end in TASK_ERROR ``task_error_limit`` times in a row (its setup,
   getter or metric is broken) is set aside for good: never picked again, named in ``set_aside`` and metrics.
 
-Plugs into :class:`learner.rollouts.scheduler.GroupScheduler` as its task source: the scheduler calls ``pick_task()`` once
-per new group, and whoever receives complete groups calls ``record_group(task_id, scores)``.
+Plugs into :class:`learner.rollouts.scheduler.GroupScheduler` as its task source: the scheduler calls ``pick_task()``
+once per new group, and whoever receives complete groups calls ``record_group(task_id, scores)``.
 
 Invariants: a pick never returns a task outside the pool or one set aside; while any task is active, only revisits
 return a retired one; with every task retired, picks cycle through the retired ones (least recently picked first),

@@ -1,8 +1,8 @@
 """One generated reply to train on (:class:`TrainSample`) and the check that it can be trained on.
 
-Owns the sample type the batcher builds (learner.algo.batcher), the forward pass collates (learner.train.policy_forward) and
-the trainer trains on (learner.train.trainer, which re-exports it); no torch here, so scoring a group into samples does
-not load the trainer.
+Owns the sample type the batcher builds (learner.algo.batcher), the forward pass collates (learner.train.policy_forward)
+and the trainer trains on (learner.train.trainer, which re-exports it); no torch here, so scoring a group into samples
+does not load the trainer.
 """
 
 from __future__ import annotations

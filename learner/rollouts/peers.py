@@ -14,9 +14,9 @@ Bookkeeping is O(1) per request (per-peer counts, not scans).
 
 Invariants: a request waits (backpressure) rather than being refused, unless its peer is at its cap; a rollout is
 handed out only while the scheduler has a slot and the admission rule (StalenessManager or LockstepAdmission)
-admits one more; an evaluation episode (learner.rollouts.evaluation_rounds) waiting goes out first, outside the admission
-rule (it is never trained on, so it adds no policy lag to any batch); a re-sent request gets the assignment it got
-before while that rollout still runs; a peer silent for ``peer_timeout_s`` is forgotten, its waiting requests
+admits one more; an evaluation episode (learner.rollouts.evaluation_rounds) waiting goes out first, outside the
+admission rule (it is never trained on, so it adds no policy lag to any batch); a re-sent request gets the assignment it
+got before while that rollout still runs; a peer silent for ``peer_timeout_s`` is forgotten, its waiting requests
 dropped and its running rollouts handed out again at once.
 """
 

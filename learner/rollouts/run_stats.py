@@ -1,7 +1,8 @@
 """Run statistics: the window of what arrived since the last optimizer step, the run's counters, the stall check,
 and <run>/status.json.
 
-Role: the learner service's bookkeeping half; it reads the batcher's drop counts and never changes a component.
+Role: the learner service's bookkeeping half; it reads the run's drop counts (learner.state.RunState.drops) and never
+changes a component.
 Owns: :class:`WindowStats` (counts since the last optimizer step, taken by the training loop for each metrics
 record), the run's ``totals`` and ``rejections`` counters (checkpointed with the service), when the last optimizer
 step finished, and why no step happens while that lasts (``stall``); the event loop's lag probe (``lag``,
@@ -28,7 +29,7 @@ from arpo_async.loop_lag import LoopLag
 from arpo_async.messages import Outcome
 from arpo_async.stage_timings import StageTimings
 from arpo_async.tasks import Task
-from learner.algo.batcher import Batcher
+from learner.state import RunState
 
 log = logging.getLogger("learner.rollouts.service")
 
@@ -69,13 +70,13 @@ class RunStats:
     """The run's counters, the outcome window and the stall check (see the module docstring).
 
     Args:
-        batcher: read for its zero-variance drop count (the stall rule).
+        state: the run's state: ``totals`` are its counters; its zero-variance drop count feeds the stall rule.
     """
 
-    def __init__(self, batcher: Batcher) -> None:
-        self._batcher = batcher
+    def __init__(self, state: RunState) -> None:
+        self._drops = state.drops
         self.window = WindowStats()
-        self.totals: collections.Counter[str] = collections.Counter()
+        self.totals: collections.Counter[str] = state.totals
         """Run-wide counts (trajectories, outcomes, duplicates, late, bad_messages, ...), checkpointed."""
         self.rejections: collections.Counter[str] = collections.Counter()
         """Messages rejected, by reason (``wire`` for ones the codec refused, ``handler`` for internal errors,
@@ -84,7 +85,7 @@ class RunStats:
         self.last_step_at = self.started
         """When the last optimizer step finished (or training started, after a baseline pass)."""
         self.zero_variance_at_step = 0
-        """The batcher's zero-variance drop count at the last optimizer step."""
+        """The zero-variance drop count at the last optimizer step."""
         self.stall: str | None = None
         """Why no optimizer step is happening, while that lasts (shown in status.json and the progress line)."""
         self.evaluating = False
@@ -99,7 +100,7 @@ class RunStats:
     def on_step(self) -> None:
         """An optimizer step finished just now: restart the stall clock."""
         self.last_step_at, self.stall = time.monotonic(), None
-        self.zero_variance_at_step = self._batcher.drops.get("zero_variance", 0)
+        self.zero_variance_at_step = self._drops.get("zero_variance", 0)
 
     def training_starts(self) -> None:
         """Training starts now (after the baseline pass): restart the stall clock."""
@@ -110,7 +111,7 @@ class RunStats:
         groups came back, every one without a reward difference; else None (also while the baseline pass runs)."""
         now = time.monotonic() if now is None else now
         idle = now - self.last_step_at
-        flat = self._batcher.drops.get("zero_variance", 0) - self.zero_variance_at_step
+        flat = self._drops.get("zero_variance", 0) - self.zero_variance_at_step
         if after_s <= 0 or idle < after_s or self.evaluating or flat <= 0:
             return None
         trajectories = sum(self.window.outcomes.values())
@@ -155,8 +156,8 @@ class RunStats:
         return taken
 
     async def watch_depths(self, depths: Callable[[], dict[str, int]], period_s: float = 0.05) -> None:
-        """Sample ``depths()`` (learner.rollouts.service.LearnerService.queue_depths) every ``period_s`` seconds into the
-        peaks, until cancelled: a queue that fills and drains between two metrics records still shows its peak
+        """Sample ``depths()`` (learner.rollouts.service.LearnerService.queue_depths) every ``period_s`` seconds into
+        the peaks, until cancelled: a queue that fills and drains between two metrics records still shows its peak
         (to within one period)."""
         while True:
             self.note_depths(depths())

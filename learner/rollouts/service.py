@@ -2,11 +2,12 @@
 
 Role: takes each message from the ROUTER pump's inbox (:meth:`LearnerService.serve`) and routes it; owns
 trajectory de-duplication, the optimizer step count, the baseline pass while it runs, and the hand-off of training
-batches. Its two other halves: :class:`learner.rollouts.peers.Peers` (known actors, waiting requests, running rollouts,
-admission, the announced policy version) and :class:`learner.rollouts.run_stats.RunStats` (counters, the outcome window,
-the stall check). Channels (made by the wiring function, learner.main): the pump's inbox and outbox, and
-``batches``, the bounded queue the training loop awaits; the loop reports each step back through one call,
-:meth:`LearnerService.on_trained`.
+complete groups. Its two other halves: :class:`learner.rollouts.peers.Peers` (known actors, waiting requests, running
+rollouts, admission, the announced policy version) and :class:`learner.rollouts.run_stats.RunStats` (counters, the
+outcome window, the stall check). Channels (made by the wiring function, learner.main): the pump's inbox and outbox, and
+``groups``, the queue of complete training groups the training loop (learner.train.loop) takes them from; the loop
+reports each step back through one call, :meth:`LearnerService.on_trained`. Shares the run's state
+(learner.state.RunState: step, policy version, totals) with the loop; never scores a group (learner.algo does).
 
 - hello / heartbeat -> reply with LearnerStatus (learner id + version), so actors notice a restarted learner;
 - work_request -> queued; handed an Assignment as soon as the scheduler has a slot and the admission rule
@@ -16,12 +17,11 @@ the stall check). Channels (made by the wiring function, learner.main): the pump
   (:meth:`LearnerService.handle`), validated, de-duplicated by trajectory id, and
   taken for its rollout slot only from the peer the slot was handed to, with the slot's task (else a counted
   Reject: ``owner``, ``task``, ``duplicate`` for an id reused with other content; nothing it sends can erase a
-  running slot's owner); taken ones are recorded in the scheduler; complete groups go to the batcher. Async
-  schedule: a batch goes on ``batches`` as soon as the batcher has one and ``batches`` is empty (at most one batch
-  is formed ahead of the training loop); lockstep: a rollout batch opened by :meth:`LearnerService.open_round`
-  goes on ``batches`` (every scored group of it, perhaps none) once all of it has come back;
+  running slot's owner); taken ones are recorded in the scheduler; a complete group goes on ``groups`` as it
+  completes (lockstep: once all of a rollout batch opened by :meth:`LearnerService.open_round` has come back,
+  :data:`ROUND_END` follows its groups);
 - an evaluation episode's trajectory (learner.rollouts.evaluation_rounds) is acked, validated and de-duplicated the same
-  way, then goes to the evaluation rounds only: never to the scheduler, batcher, replay buffer, task selector,
+  way, then goes to the evaluation rounds only: never to the scheduler, ``groups``, the task selector,
   baseline pass, outcome window or trajectory sample; a round comes due in :meth:`LearnerService.on_trained`;
 - a message that failed to decode, or whose handling raised, is counted in ``rejections`` and answered with a
   Reject; the service goes on.
@@ -36,52 +36,37 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
 import logging
 import uuid
 from typing import Any, Callable
 
-import numpy as np
-
-from arpo_async.messages import Ack, Heartbeat, Hello, Outcome, Reject, Trajectory, WorkRequest
+from arpo_async.messages import Heartbeat, Hello, Outcome, Reject, Trajectory, WorkRequest
 from arpo_async.process import WarningBudget
 from arpo_async.transport import Envelope, Outbox, Undecodable
-from arpo_async.validation import (InvalidMessage, WireLimits, check_hello, check_trajectory,
-                                   check_work_request)
+from arpo_async.validation import InvalidMessage, WireLimits, check_hello, check_trajectory, check_work_request
 from learner.algo.baseline import BaselinePass
-from learner.algo.batcher import Batcher, BatchQueue
+from learner.algo.task_selection import NoTaskLeft, TaskSelector, trainable_scores
+from learner.rollouts.acks import ACK_DELAY_S, HeldAcks, fingerprint
 from learner.rollouts.evaluation_rounds import EvaluationRounds
 from learner.rollouts.peers import Admission, Peers, remember
 from learner.rollouts.run_stats import RunStats
-from learner.rollouts.scheduler import GroupScheduler
-from learner.algo.task_selection import NoTaskLeft, TaskSelector, trainable_scores
+from learner.rollouts.scheduler import Group, GroupScheduler
 from learner.rollouts.trajectory_sample import TrajectorySampler
+from learner.state import RunState
 
 log = logging.getLogger(__name__)
 
-ACK_BATCH = 64
-"""Most trajectory ids held back for one Ack; then the held Acks go out at once."""
-ACK_DELAY_S = 0.01
-"""How long the Acks of trajectories that arrived one at a time wait for more, so that one Ack message (and one
-wake-up of the actor's pump) covers several trajectories; an actor re-sends only after ``resend_after_s`` (30 s)."""
+ROUND_END = None
+"""Lockstep: put on ``groups`` after the last group of a rollout batch (the loop trains on what came before it)."""
 
 
-def _digest(traj: Trajectory) -> bytes:
-    """A 16-byte fingerprint of what a trajectory says: its slot, outcome, score, and each step's sampled ids,
-    versions, log-probs (their packed bytes, all steps' joined per field; the per-step lengths in the summary keep
-    the step boundaries) and prompt length, and its screenshots' lengths (tells a re-send from another trajectory
-    reusing its id; the prompt ids and screenshot bytes are left out, which keeps it ~50x cheaper than encoding)."""
-    steps = traj.steps
-    summary = (traj.actor_id, traj.task_id, traj.group_id, traj.rollout_index, str(traj.outcome), traj.score,
-               traj.format_ok, traj.assigned_version, [len(shot) for shot in traj.screenshots],
-               [(len(s.prompt_ids), s.image_indices, len(s.output_ids)) for s in steps])
-    digest = hashlib.blake2b(repr(summary).encode(), digest_size=16)
-    if steps:
-        for values in (np.concatenate([s.output_ids for s in steps]), np.concatenate([s.versions for s in steps]),
-                       np.concatenate([s.logprobs for s in steps])):
-            digest.update(values.dtype.str.encode())
-            digest.update(values)  # a fresh contiguous array
-    return digest.digest()
+class GroupQueue(asyncio.Queue):
+    """The unbounded queue of complete groups from the service to the training loop (each a
+    :class:`learner.rollouts.scheduler.Group`, or :data:`ROUND_END` in lockstep); :meth:`pending` shows what waits."""
+
+    def pending(self) -> list[Group]:
+        """The groups waiting, oldest first (a copy; :data:`ROUND_END` markers left out)."""
+        return [group for group in self._queue if group is not ROUND_END]
 
 
 def _number(value: Any) -> int | float:
@@ -98,10 +83,9 @@ class LearnerService:
         outbox: the ROUTER pump's outbox (replies, assignments, announcements).
         scheduler: hands out rollout slots and assembles groups.
         admission: the admission rule (StalenessManager or LockstepAdmission).
-        batcher: scores complete groups.
-        batches: where training batches go (a new one of capacity 1 when None).
-        rounds: lockstep: ``batches`` gets whole rollout batches (:meth:`open_round`), not the batcher's batches.
-        version: the current policy version (a resumed learner restores the checkpoint's).
+        groups: where complete training groups go (a new unbounded queue when None).
+        state: the run's state, shared with the training loop (a new one when None).
+        rounds: lockstep: :data:`ROUND_END` follows each rollout batch's groups on ``groups`` (:meth:`open_round`).
         learner_id: this learner's id, announced in LearnerStatus; a new random one when None.
         selector: the online task selector fed with every complete training group (None: none).
         vocab_size: token ids of trajectories must lie in [0, vocab_size) (None: not checked).
@@ -113,22 +97,26 @@ class LearnerService:
             reported in metrics and status.json as ``messages`` (None: left out).
         evaluation: the held-out evaluation rounds (None: the run does not evaluate); its counters go in
             ``totals``.
+        ack_delay_s: how long the Acks held at a burst's end wait for more (learner.rollouts.acks.HeldAcks).
+        ready_groups: how many complete groups wait to be trained on (queue depths ``ready_groups``; the
+            groups on ``groups`` when None).
     """
 
     def __init__(self, outbox: Outbox, scheduler: GroupScheduler, admission: Admission,
-                 batcher: Batcher, *, batches: BatchQueue | None = None, rounds: bool = False, version: int = 0,
+                 groups: GroupQueue | None = None, *, state: RunState | None = None, rounds: bool = False,
                  learner_id: str | None = None, selector: TaskSelector | None = None,
                  vocab_size: int | None = None, limits: WireLimits = WireLimits(), peer_timeout_s: float = 30.0,
                  sampler: TrajectorySampler | None = None, run_id: str = "",
                  max_slots_per_peer: int = 1024,
                  message_counts: Callable[[], dict[str, dict[str, int]]] | None = None,
-                 ack_delay_s: float = ACK_DELAY_S, evaluation: EvaluationRounds | None = None) -> None:
+                 ack_delay_s: float = ACK_DELAY_S, evaluation: EvaluationRounds | None = None,
+                 ready_groups: Callable[[], int] | None = None) -> None:
         self.outbox = outbox
         self.scheduler = scheduler
         self.admission = admission
-        self.batcher = batcher
-        self.batches = batches if batches is not None else BatchQueue(1)
-        """Training batches for the training loop (lists of ScoredGroup)."""
+        self.groups: GroupQueue = groups if groups is not None else GroupQueue()
+        """Complete training groups for the training loop (and :data:`ROUND_END` markers in lockstep)."""
+        self.state = state if state is not None else RunState()
         self.rounds = rounds
         self.selector = selector
         self.vocab_size = vocab_size
@@ -136,28 +124,22 @@ class LearnerService:
         self.sampler = sampler
         """Keeps a sample of the trajectories with their screenshots for `arpo view` (None: none kept)."""
         self.learner_id = learner_id or uuid.uuid4().hex[:12]
-        self.stats = RunStats(batcher)
+        self.stats = RunStats(self.state)
+        self._ready_groups = ready_groups or (lambda: len(self.groups.pending()))
         self.evaluation = evaluation
         if evaluation is not None:
             evaluation.totals = self.stats.totals
         self.peers = Peers(outbox, scheduler, admission, self.stats.totals, learner_id=self.learner_id,
-                           version=version, peer_timeout_s=peer_timeout_s, run_id=run_id,
+                           version=self.state.version, peer_timeout_s=peer_timeout_s, run_id=run_id,
                            max_slots_per_peer=max_slots_per_peer, evaluation=evaluation)
-        self.step = 0
-        """Optimizer steps taken in this run, across restarts (changed only by :meth:`on_trained`)."""
         self.baseline: BaselinePass | None = None
         """The baseline pass while it runs (its groups go to it, not to training)."""
         self._baseline_done = asyncio.Event()
         self._round_open = False
         self._seen: collections.OrderedDict[str, bytes] = collections.OrderedDict()
-        """Trajectory ids taken (or late), with the fingerprint of their content (:func:`_digest`)."""
-        self._acks: dict[str, list[str]] = {}
-        """Trajectory ids to acknowledge at the end of the current burst of messages, by peer (:meth:`handle`)."""
-        self._acks_held = 0
-        self.ack_delay_s = ack_delay_s
-        """Seconds the Acks held at the end of a burst wait for more trajectories (0: sent at the burst's end)."""
-        self._ack_flush: asyncio.Task | None = None
-        """The pending delayed send of the held Acks (:meth:`handle`)."""
+        """Trajectory ids taken (or late), with the fingerprint of their content (learner.rollouts.acks.fingerprint)."""
+        self.acks = HeldAcks(outbox, self.state.totals, ack_delay_s)
+        """The Acks of the current burst of messages (:meth:`handle`)."""
         self._inbox: asyncio.Queue[Envelope] | None = None
         """The inbox :meth:`serve` consumes (for its depth)."""
         self.message_counts = message_counts
@@ -168,6 +150,11 @@ class LearnerService:
     def version(self) -> int:
         """The current policy version (as announced to actors)."""
         return self.peers.version
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken in this run, across restarts (``state.step``)."""
+        return self.state.step
 
     @property
     def totals(self) -> collections.Counter[str]:
@@ -185,8 +172,7 @@ class LearnerService:
         try:
             await self._serve(inbox)
         finally:
-            if self._ack_flush is not None:
-                self._ack_flush.cancel()
+            self.acks.cancel()
 
     async def _serve(self, inbox: asyncio.Queue[Envelope]) -> None:
         while True:
@@ -213,19 +199,7 @@ class LearnerService:
         try:
             await self._dispatch(envelope)
         finally:
-            if self._acks_held >= ACK_BATCH or (not more and self.ack_delay_s <= 0):
-                await self._send_acks()
-            elif not more and self._acks_held and self._ack_flush is None:
-                self._ack_flush = asyncio.create_task(self._send_acks_later())
-
-    async def _send_acks_later(self) -> None:
-        """Send the held Acks after ``ack_delay_s`` (those sent earlier by a full batch or a Reject are gone)."""
-        try:
-            await asyncio.sleep(self.ack_delay_s)
-        finally:
-            if self._ack_flush is asyncio.current_task():  # (not a newer one, after `_send_acks` cancelled this)
-                self._ack_flush = None
-        await self._send_acks()
+            await self.acks.settle(more)
 
     async def _dispatch(self, envelope: Envelope) -> None:
         peer, message = envelope.peer, envelope.message
@@ -249,21 +223,10 @@ class LearnerService:
         except InvalidMessage as invalid:
             await self._reject(peer, invalid)
 
-    async def _send_acks(self) -> None:
-        """Send the Acks held back during a burst: one Ack per peer, its trajectory ids in arrival order (counted in
-        ``totals["acked"]``)."""
-        acks, self._acks, self._acks_held = self._acks, {}, 0
-        if self._ack_flush is not None:  # sent now: the delayed send has nothing left to do
-            self._ack_flush.cancel()
-            self._ack_flush = None
-        for peer, trajectory_ids in acks.items():
-            self.stats.totals["acked"] += len(trajectory_ids)
-            await self.outbox.send(Ack(trajectory_ids), peer)
-
     async def _reject(self, peer: str, invalid: InvalidMessage) -> None:
         """Count an invalid message by reason, log it with its peer, and tell the peer why (after the Acks held
         back, so a peer sees a trajectory's Ack before its Reject)."""
-        await self._send_acks()
+        await self.acks.send()
         self.stats.totals["bad_messages"] += 1
         self.stats.rejections[invalid.reason] += 1
         self._warn_rejected(peer, invalid)
@@ -272,7 +235,7 @@ class LearnerService:
     async def _refuse(self, peer: str | None, kind: str, reason: str) -> None:
         """A message from ``peer`` failed to decode (``kind`` "wire"), or its handler raised ("handler"): count
         it, tell the peer (waiting for room in the outbox), keep going."""
-        await self._send_acks()
+        await self.acks.send()
         self.stats.totals["bad_messages"] += 1
         self.stats.rejections[kind] += 1
         self._warn_rejected(peer, reason)
@@ -291,8 +254,7 @@ class LearnerService:
         (a re-send after a lost Ack) is counted in ``duplicates``; a trajectory for a slot not running is ``late``.
         An invalid trajectory from the slot's owner ends the slot as ABORTED, so the rollout is handed out again."""
         totals, slot = self.stats.totals, (traj.group_id, traj.rollout_index)
-        self._acks.setdefault(peer, []).append(traj.trajectory_id)  # sent at the end of the burst (`handle`)
-        self._acks_held += 1
+        self.acks.hold(peer, traj.trajectory_id)  # sent at the end of the burst (`handle`)
         running = self.peers.is_running(*slot)
         owned = running and self.peers.assigned.get(slot) == peer
         seen = self._seen.get(traj.trajectory_id, False)
@@ -306,13 +268,13 @@ class LearnerService:
             if seen is not False or not owned:
                 return
             # never trained on: its slot ends as ABORTED, so the rollout is handed out again (rollout_retries)
-            remember(self._seen, traj.trajectory_id, _digest(traj))  # a re-send of it is a duplicate
+            remember(self._seen, traj.trajectory_id, fingerprint(traj))  # a re-send of it is a duplicate
             self.peers.returned(*slot)
             traj = Trajectory(traj.trajectory_id, traj.actor_id, traj.task_id, traj.group_id, traj.rollout_index,
                               Outcome.ABORTED.value, 0.0, False, [], [], error=f"rejected: {invalid}"[:500])
             await self._take(traj)
             return
-        digest = _digest(traj)  # only for a valid trajectory: a flood of invalid ones costs no fingerprint
+        digest = fingerprint(traj)  # only for a valid trajectory: a flood of invalid ones costs no fingerprint
         if seen is not False:
             if seen != digest:
                 await self._reject(peer, InvalidMessage("duplicate", f"trajectory id {traj.trajectory_id[:80]!r} "
@@ -334,7 +296,7 @@ class LearnerService:
     async def _take(self, traj: Trajectory) -> None:
         """Record a trajectory accepted for its running slot: an evaluation episode's goes to the evaluation
         rounds only; any other's to the counters, the statistics window, the sample kept for `arpo view`, the
-        scheduler, and a complete group to the baseline pass or the batcher."""
+        scheduler, and a complete group to the baseline pass or (after the task selector) on ``groups``."""
         if self.peers.is_evaluation(traj.group_id, traj.rollout_index):
             self.evaluation.record(traj)
             await self.peers.dispatch()
@@ -355,29 +317,25 @@ class LearnerService:
         group = self.scheduler.on_trajectory(traj)
         self.admission.on_finish(accepted=Outcome(traj.outcome).trainable)
         if group is not None:
-            accepted = sum(Outcome(t.outcome).trainable for t in group.trajectories())
-            if self.baseline is not None:
-                self.baseline.record_group(group.task.id, trainable_scores(group))
-                self.admission.on_discard(accepted)  # evaluated, never trained on
-                if self.baseline.done:
-                    self._baseline_done.set()
-                await self.peers.dispatch()
-                return
-            if self.selector is not None:
-                self.selector.record_group(group.task.id, trainable_scores(group))
-            scored = self.batcher.add_group(group, self.version)
-            self.admission.on_discard(accepted - (len(scored.trajectories) if scored else 0))
-            self._offer_batch()
+            self._complete(group)
         await self.peers.dispatch()
 
-    def _offer_batch(self) -> None:
-        """Put the next training batch on ``batches`` when one is due (see the module docstring)."""
-        if self.rounds:
-            if self._round_open and self.scheduler.idle:
-                self._round_open = False
-                self.batches.put_nowait(self.batcher.take_all())
-        elif self.batches.empty() and self.batcher.has_batch:
-            self.batches.put_nowait(self.batcher.take_batch())
+    def _complete(self, group: Group) -> None:
+        """A group is complete: to the baseline pass while it runs, else to the task selector and on ``groups``
+        (lockstep: :data:`ROUND_END` after a rollout batch's last group)."""
+        if self.baseline is not None:
+            self.baseline.record_group(group.task.id, trainable_scores(group))
+            accepted = sum(Outcome(t.outcome).trainable for t in group.trajectories())
+            self.admission.on_discard(accepted)  # evaluated, never trained on
+            if self.baseline.done:
+                self._baseline_done.set()
+            return
+        if self.selector is not None:
+            self.selector.record_group(group.task.id, trainable_scores(group))
+        self.groups.put_nowait(group)
+        if self.rounds and self._round_open and self.scheduler.idle:
+            self._round_open = False
+            self.groups.put_nowait(ROUND_END)
 
     async def evaluate(self, baseline: BaselinePass) -> None:
         """ARPO's baseline pass (learner.algo.baseline): hand out ``baseline``'s groups (k rollouts of every task with
@@ -399,8 +357,8 @@ class LearnerService:
         self.stats.window.take()
 
     async def open_round(self, groups: int) -> None:
-        """Lockstep: hand out one rollout batch of ``groups`` groups; once all of it came back, its scored groups
-        (a list, perhaps empty) go on ``batches``.
+        """Lockstep: hand out one rollout batch of ``groups`` groups; once all of it came back, :data:`ROUND_END`
+        follows its complete groups on ``groups``.
 
         Raises:
             RuntimeError: the previous round has not come back yet, or the service was not built with ``rounds``.
@@ -420,16 +378,13 @@ class LearnerService:
         self.stats.training_starts()
         await self.peers.dispatch()
 
-    async def on_trained(self, step: int, version: int) -> None:
-        """The training loop took optimizer steps up to ``step`` (in all, across restarts) and published
-        ``version``: adopt it, start an evaluation round if one is due (at ``version``), announce the version to
-        every known actor, admit more work, offer the next batch."""
-        self.step = step
+    async def on_trained(self) -> None:
+        """The training loop advanced ``state`` (its step and published version): start an evaluation round if one
+        is due (at that version), announce the version to every known actor, admit more work."""
         self.stats.on_step()
         if self.evaluation is not None:
-            self.evaluation.on_step(step, version)
-        await self.peers.announce(version)
-        self._offer_batch()
+            self.evaluation.on_step(self.state.step, self.state.version)
+        await self.peers.announce(self.state.version)
 
     async def begin_evaluation(self) -> None:
         """Training starts (or resumes): a fresh run hands out its evaluation round of the initial weights now
@@ -460,7 +415,7 @@ class LearnerService:
     def queue_depths(self) -> dict[str, int]:
         """Queue depths now (metrics.jsonl ``queues``): the learner's ``inbox`` (messages received, not yet
         handled), ``waiting_requests`` (work requests not yet admitted) and ``waiting_max_peer`` (the longest
-        single peer's), ``running`` (rollouts out), ``ready_groups`` (scored groups not yet trained on),
+        single peer's), ``running`` (rollouts out), ``ready_groups`` (complete groups not yet trained on),
         ``outbox`` (messages queued for the socket) and ``outbox_full_waits`` (sends that found it full), and,
         over the actors heard from, their last Heartbeat's ``actor_running``, ``actor_waiting``, ``actor_unacked``
         (trajectories not yet acked) and ``actor_outbox`` (summed), and ``actor_outbox_max``
@@ -469,23 +424,19 @@ class LearnerService:
                 "ready_groups": self._ready_groups(), "outbox": self.outbox.qsize(),
                 "outbox_full_waits": self.outbox.full_waits}
 
-    def _ready_groups(self) -> int:
-        """Scored groups not yet taken by the training loop (in the batcher or on ``batches``)."""
-        return len(self.batcher.ready) + sum(len(batch) for batch in self.batches.pending())
-
     def counters(self) -> dict[str, Any]:
         """The counters a metrics record carries now (learner.train.records.step_record's ``counters``); takes the
         window of the loop-lag probe (``loop_lag_ms``) and of the queue peaks (``queues_max``), so each record
         covers the time since the previous one."""
-        return {"replay": self.batcher.replay.stats(),
-                "task_selection": self.selector.stats() if self.selector is not None else {},
-                "drops": dict(self.batcher.drops), "totals": dict(self.stats.totals),
+        return {"task_selection": self.selector.stats() if self.selector is not None else {},
+                "drops": dict(self.state.drops), "totals": dict(self.stats.totals),
                 "rejections": dict(self.stats.rejections), "queues": self.queue_depths(),
                 "queues_max": self.stats.take_peaks(), "loop_lag_ms": self.stats.lag.take(),
                 **({"messages": self.message_counts()} if self.message_counts is not None else {})}
 
     def status(self) -> dict:
-        """A snapshot for progress displays (written to <run>/status.json by learner.rollouts.run_stats.write_status)."""
+        """A snapshot for progress displays (written to <run>/status.json by
+        learner.rollouts.run_stats.write_status)."""
         totals = self.stats.totals
         return {"learner_id": self.learner_id, "policy_version": self.version, "stall": self.stats.stall,
                 "trajectories": totals["trajectories"],
@@ -493,7 +444,7 @@ class LearnerService:
                 "step": self.step,
                 "waiting_requests": self.peers.waiting_count, "actors": len(self.peers.actors),
                 "outcomes": {k: v for k, v in totals.items() if k.isupper()},
-                "drops": dict(self.batcher.drops), "ready_groups": self._ready_groups(),
+                "drops": dict(self.state.drops), "ready_groups": self._ready_groups(),
                 "queues": self.queue_depths(), "queues_max": dict(self.stats.run_peak_depths),
                 "loop_lag_ms": self.stats.lag.summary(), "loop_lag_buckets": self.stats.lag.buckets(),
                 **({"messages": self.message_counts()} if self.message_counts is not None else {}),
@@ -503,13 +454,14 @@ class LearnerService:
                 **({"baseline": {"groups_recorded": self.baseline.recorded_groups,
                                  "groups_planned": self.baseline.planned_groups}} if self.baseline else {})}
 
-    def state_dict(self) -> dict[str, Any]:
-        """The service's resumable state: version, step, totals, drop counters, scheduler state, and the
-        admission's accepted count less what a restart loses (groups still open or scored but not trained)."""
-        ready = [g for batch in [self.batcher.ready, *self.batches.pending()] for g in batch]
-        lost = self.scheduler.pending_trainable() + sum(len(g.trajectories) for g in ready)
+    def state_dict(self, waiting: int = 0) -> dict[str, Any]:
+        """The resumable state of the service and the run (``state``): version, step, totals, drop counters,
+        scheduler state, and the admission's accepted count less what a restart loses (groups still open, and
+        ``waiting``: trajectories of complete groups the training loop holds, scored or not, but has not trained)."""
+        queued = sum(len(g.trajectories()) for g in self.groups.pending())
+        lost = self.scheduler.pending_trainable() + queued + waiting
         return {"schema": 1, "version": self.version, "step": self.step, "totals": dict(self.stats.totals),
-                "drops": dict(self.batcher.drops), "accepted": max(0, self.admission.accepted - lost),
+                "drops": dict(self.state.drops), "accepted": max(0, self.admission.accepted - lost),
                 "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -528,14 +480,14 @@ class LearnerService:
             raise ValueError(f"malformed learner service state: {type(error).__name__}: {error}") from error
         self.scheduler.load_state_dict(state["scheduler"])
         self.peers.restore(version)
-        self.step, self.admission.accepted = step, accepted
+        self.state.step, self.state.version, self.admission.accepted = step, version, accepted
         self.stats.totals.clear()
         self.stats.totals.update(totals)
-        self.batcher.drops.clear()
-        self.batcher.drops.update(drops)
+        self.state.drops.clear()
+        self.state.drops.update(drops)
 
     async def shutdown_actors(self, reason: str) -> None:
         """Tell every known actor the run is over, after the Acks held back (:meth:`handle`): an actor learns that
         its last trajectories were taken before it stops waiting for them."""
-        await self._send_acks()
+        await self.acks.send()
         await self.peers.shutdown(reason)

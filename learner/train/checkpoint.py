@@ -41,8 +41,8 @@ import torch
 from arpo_async import codec
 from arpo_async.messages import Outcome, Trajectory
 from arpo_async.metrics import MetricsWriter, read_metrics
-from learner.train.frames_file import FramesWriter, externalize, internalize, read_frames
 from learner.rollouts.service import LearnerService
+from learner.train.frames_file import FramesWriter, externalize, internalize, read_frames
 from learner.train.trainer import Trainer
 from learner.train.trainer_checkpoint import checkpoint_name
 
@@ -125,8 +125,8 @@ class _Unencoded:
 def encode_snapshot(value: Any, writer: FramesWriter | None = None) -> Any:
     """``value`` (a :func:`capture` snapshot, or any part of it) with every stored trajectory as wire-codec frames
     (:func:`encode_trajectory`), or, with a ``writer``, written to its frames file and replaced by the reference
-    (learner.train.frames_file). Blocking (about 1 ms per 2.9 MB trajectory, bench_transport.py): :meth:`Checkpointer.save`
-    calls it in its thread."""
+    (learner.train.frames_file). Blocking (about 1 ms per 2.9 MB trajectory, bench_transport.py):
+    :meth:`Checkpointer.save` calls it in its thread."""
     def leaf(item: Any) -> Any | None:
         if not isinstance(item, _Unencoded):
             return None
@@ -135,12 +135,15 @@ def encode_snapshot(value: Any, writer: FramesWriter | None = None) -> Any:
     return externalize(value, leaf)
 
 
-def capture(service: LearnerService, replay: Replay, extra: Mapping[str, Stateful] = {}) -> dict[str, Any]:
+def capture(service: LearnerService, replay: Replay, extra: Mapping[str, Stateful] = {}, *,
+            waiting: int = 0) -> dict[str, Any]:
     """Snapshot the learner's non-model state. Call on the event loop (no await in between), so the snapshot
     is consistent; writing it (:meth:`Checkpointer.save`) can then happen in a thread. The replay buffer's
     trajectories are taken by reference and encoded when saved (:func:`encode_snapshot`): encoding a full buffer
-    (256 OSWorld-length trajectories) on the event loop would hold it for ~0.3 s at every checkpoint."""
-    return {"schema": SCHEMA, "service": service.state_dict(),
+    (256 OSWorld-length trajectories) on the event loop would hold it for ~0.3 s at every checkpoint. ``waiting``:
+    trajectories the training loop holds in scored groups not yet trained (a restart loses them; see
+    learner.rollouts.service.LearnerService.state_dict)."""
+    return {"schema": SCHEMA, "service": service.state_dict(waiting),
             "replay": replay.state_dict(encode=_Unencoded),
             "extra": {name: component.state_dict() for name, component in extra.items()},
             "rng": rng_state()}

@@ -1,15 +1,27 @@
-"""The training loop: batches in, optimizer steps, published weights, checkpoints and metrics records out.
+"""The training loop: complete groups in, optimizer steps, published weights, checkpoints and metrics records out.
 
-Role: for each batch the learner service puts on the bounded ``batches`` queue: ``updates_per_batch`` optimizer
-steps in a thread (learner.train.training_step) -> publish the weights as the next policy version (learner.train.publisher) ->
-report back with one call, :meth:`LearnerService.on_trained` (the service announces the version to the actors and
-admits more work) -> checkpoint every ``learner.checkpoint_every`` steps -> one metrics.jsonl record
-(learner.train.records). Schedules (``learner.schedule``): "async" trains on each batch as soon as the service has one,
+Role: runs the algorithm as named stages, in this order (each a call in :meth:`TrainingLoop.collect` and
+:meth:`TrainingLoop.train`):
+
+1. score: drop what cannot be trained, compute each trajectory's reward (learner.algo.batcher.Batcher.score);
+2. replay: inject a stored success into a group that qualifies, store the group's successes (``replay_success``);
+3. advantages: drop a group without reward variance, compute the advantages (``advantages``; the advantage
+   function is ``learner.advantage_function``, learner.algo.advantages);
+4. samples: one TrainSample per generated step of the batch (learner.algo.batcher.train_samples);
+5. train: ``updates_per_batch`` optimizer steps in a thread (learner.train.trainer);
+6. publish: the weights as the next policy version (learner.train.publisher);
+7. advance the state: step and version in learner.state.RunState, then one call back to the rollouts side,
+   :meth:`LearnerService.on_trained` (it announces the version to the actors and admits more work); then a
+   checkpoint every ``learner.checkpoint_every`` steps and one metrics.jsonl record (learner.train.records).
+
+Stages 1-3 run per group as each complete group arrives from the service (:meth:`TrainingLoop.collect`, at the
+policy version current then, as ARPO scores a group when it is sampled), while a batch trains; 4-7 per batch.
+Schedules (``learner.schedule``): "async" trains on ``groups_per_step`` scored groups as soon as they are ready,
 while the staleness rule keeps handing out work; "lockstep" is ARPO's synchronous loop: open a rollout batch of
 ``groups_per_step`` groups, wait for all of it, train (no step when no group had reward variance), publish,
-repeat. Both write the same records. Held-out evaluation (``[eval]``, learner.rollouts.evaluation_rounds): a record carries
-the newest evaluation round completed since the previous record (``eval_success``, ...); the last batch's record
-waits for the round on the final weights, at most ``eval.final_timeout_s``.
+repeat. Both write the same records. Held-out evaluation (``[eval]``, learner.rollouts.evaluation_rounds): a record
+carries the newest evaluation round completed since the previous record (``eval_success``, ...); the last batch's
+record waits for the round on the final weights, at most ``eval.final_timeout_s``.
 
 Owns: the loop's counters (rollout and skipped batches, wall time across restarts), resuming from the newest
 checkpoint (learner.train.checkpoint), and keeping the servers current: every ``learner.resync_interval_s`` a server
@@ -27,40 +39,54 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from arpo_async.config import LearnerConfig
+from arpo_async.messages import Outcome
 from arpo_async.metrics import MetricsWriter
-from learner.algo.batcher import BatchQueue, ScoredGroup
+from learner.algo.batcher import Batcher, ScoredGroup, train_samples
+from learner.algo.forced_tokens import ForcedTokens
+from learner.algo.replay import ReplayBuffer
+from learner.rollouts.service import ROUND_END, GroupQueue, LearnerService
+from learner.state import RunState
 from learner.train.checkpoint import Checkpointer, capture, reconcile_metrics, restore
 from learner.train.distributed import LeadTrainer
-from learner.algo.forced_tokens import ForcedTokens
 from learner.train.publisher import DistributedPublisher, WeightPublisher
 from learner.train.records import step_record
-from learner.algo.replay import ReplayBuffer
-from learner.rollouts.service import LearnerService
 from learner.train.trainer import Trainer, TrainerInputError
-from learner.train.training_step import train_on_batch
 
 log = logging.getLogger("arpo.learner")
+
+
+def optimizer_steps(lc: LearnerConfig, samples: int, steps_done: int) -> int:
+    """Optimizer steps for a batch of ``samples`` TrainSamples: ``min(learner.updates_per_batch, samples)``, at
+    least 1, and never past ``learner.steps`` in all (``steps_done`` taken so far, across restarts; it must be below
+    ``learner.steps`` when that is set)."""
+    updates = min(lc.updates_per_batch, max(1, samples))
+    return min(updates, lc.steps - steps_done) if lc.steps else updates
 
 
 @dataclass
 class TrainingLoop:
     """The learner's training loop for both schedules (see the module docstring).
 
-    Counts optimizer steps in ``service.step`` (across restarts), which only :meth:`LearnerService.on_trained`
-    changes.
+    Counts optimizer steps in ``state.step`` (across restarts), which only its last stage,
+    :meth:`learner.state.RunState.advance`, changes.
     """
 
     service: LearnerService
-    batches: BatchQueue
-    """Training batches from the service (the same queue as ``service.batches``)."""
+    """The rollouts side: opens lockstep rounds, is told of each step (``on_trained``), gives its counters."""
+    groups: GroupQueue
+    """Complete groups from the service (the same queue as ``service.groups``)."""
+    batcher: Batcher
+    """The per-group stages (score, replay, advantages) and the scored groups waiting for a batch."""
+    state: RunState
     trainer: Trainer | LeadTrainer
     publisher: WeightPublisher | DistributedPublisher
     checkpointer: Checkpointer
-    replay: ReplayBuffer
     lc: LearnerConfig
+    on_discard: Callable[[int], None] = lambda count: None
+    """Told how many accepted trajectories the per-group stages dropped (the admission rule's ``on_discard``)."""
     metrics: MetricsWriter | None = None
     rollout_batches: int = 0
     """Lockstep: rollout batches handed out and collected; async: batches trained."""
@@ -78,6 +104,15 @@ class TrainingLoop:
         self._resumed: dict[str, Any] | None = None
         self._weights = asyncio.Lock()
         """Held while the trainer's weights change or go out (a batch's training and publication, a catch-up)."""
+        self._scored = asyncio.Event()
+        """Set whenever :meth:`collect` scored a group (or, lockstep, reached the end of a rollout batch)."""
+        self._round_ends = 0
+        """Lockstep: rollout batches whose every group :meth:`collect` has scored and not yet trained."""
+
+    @property
+    def replay(self) -> ReplayBuffer:
+        """The success replay buffer (the batcher's)."""
+        return self.batcher.replay
 
     @property
     def extra_state(self) -> dict[str, Any]:
@@ -86,11 +121,15 @@ class TrainingLoop:
 
     @property
     def done(self) -> bool:
-        return self.lc.steps != 0 and self.service.step >= self.lc.steps
+        return self.lc.steps != 0 and self.state.step >= self.lc.steps
 
     @property
     def wall_s(self) -> float:
         return self.wall_offset_s + time.monotonic() - self._started
+
+    def ready_groups(self) -> int:
+        """Complete groups not yet trained on: scored and waiting for a batch, or still on ``groups``."""
+        return len(self.batcher.ready) + len(self.groups.pending())
 
     async def resume(self, metrics_path: Path) -> None:
         """Continue from the newest checkpoint, if any: restore every component, repair metrics.jsonl, and
@@ -98,38 +137,65 @@ class TrainingLoop:
         found = await asyncio.to_thread(self.checkpointer.load_latest, self.trainer)
         if found is None:
             return
-        folder, state, meta = found
-        restore(state, self.service, self.replay, self.extra_state)
+        folder, saved, meta = found
+        restore(saved, self.service, self.replay, self.extra_state)
         self.rollout_batches = int(meta.get("rollout_batches", 0))
         self.skipped_batches = int(meta.get("skipped_batches", 0))
         self.wall_offset_s = float(meta.get("wall_s", 0.0))
-        moved = reconcile_metrics(metrics_path, self.service.step, meta.get("records", []))
-        version = self.service.version
-        self._resumed = {"checkpoint": folder.name, "step": self.service.step, "policy_version": version,
+        state = self.state
+        moved = reconcile_metrics(metrics_path, state.step, meta.get("records", []))
+        self._resumed = {"checkpoint": folder.name, "step": state.step, "policy_version": state.version,
                          "trainer_steps": self.trainer.steps, "replay": self.replay.stats(),
                          "rolled_back_records": moved}
-        await self.publisher.publish_from(self.trainer, version)
+        await self.publisher.publish_from(self.trainer, state.version)
         log.warning("resumed from %s: step %d, policy version %d, %d trainer steps, replay %s%s", folder,
-                    self.service.step, version, self.trainer.steps, self.replay.stats(),
+                    state.step, state.version, self.trainer.steps, self.replay.stats(),
                     f"; {moved} metrics records after it moved to metrics.rolled_back.jsonl" if moved else "")
 
     async def run(self, metrics: MetricsWriter) -> None:
         """Train until ``learner.steps`` steps in all (0: until cancelled) on the configured schedule, writing one
-        record per batch to ``metrics``."""
+        record per batch to ``metrics``; :meth:`collect` and (with ``learner.resync_interval_s``)
+        :meth:`keep_servers_current` run beside it.
+
+        Raises:
+            ValueError: the advantage function returned something unusable (learner.algo.advantages).
+            SyncRejected, WeightsMismatch: a publication or a catch-up failed (the learner stops).
+        """
         self.metrics = metrics
         training = asyncio.ensure_future(self.run_lockstep() if self.lc.schedule == "lockstep" else self.run_async())
-        if self.lc.resync_interval_s <= 0:
-            return await training
-        keeper = asyncio.create_task(self.keep_servers_current())
+        helpers = [asyncio.create_task(self.collect())]
+        if self.lc.resync_interval_s > 0:
+            helpers.append(asyncio.create_task(self.keep_servers_current()))
         try:
-            await asyncio.wait([training, keeper], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([training, *helpers], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (training, keeper):
+            for task in (training, *helpers):
                 task.cancel()
-            await asyncio.gather(training, keeper, return_exceptions=True)
-        if keeper.done() and not keeper.cancelled() and keeper.exception() is not None:
-            raise keeper.exception()  # SyncRejected or WeightsMismatch: the learner stops, as after a publication
+            await asyncio.gather(training, *helpers, return_exceptions=True)
+        for task in helpers:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()
         return training.result()
+
+    async def collect(self) -> None:
+        """Stages 1-3 for every complete group from the service, as it arrives, at the current policy version:
+        score, replay, advantages (:meth:`Batcher.add_group`); what they drop is reported through ``on_discard``.
+        Runs until cancelled."""
+        while True:
+            group = await self.groups.get()
+            if group is ROUND_END:
+                self._round_ends += 1
+            else:
+                accepted = sum(Outcome(t.outcome).trainable for t in group.trajectories())
+                scored = self.batcher.add_group(group, self.state.version)
+                self.on_discard(accepted - (len(scored.trajectories) if scored else 0))
+            self._scored.set()
+
+    async def _ready(self, due: Callable[[], bool]) -> None:
+        """Wait until ``due()`` holds, re-checked whenever :meth:`collect` scored a group."""
+        while not due():
+            self._scored.clear()
+            await self._scored.wait()
 
     async def keep_servers_current(self) -> None:
         """Every ``learner.resync_interval_s``, send the current weights to each server behind the current policy
@@ -141,21 +207,23 @@ class TrainingLoop:
         while True:
             await asyncio.sleep(self.lc.resync_interval_s)
             async with self._weights:
-                if self.service.version > 0:
-                    await self.publisher.catch_up(self.trainer, self.service.version)
+                if self.state.version > 0:
+                    await self.publisher.catch_up(self.trainer, self.state.version)
 
     async def run_async(self) -> None:
-        """Train on each batch as soon as the service has one."""
+        """Train on ``groups_per_step`` scored groups as soon as they are ready."""
         while not self.done:
-            batch = await self.batches.get()
+            await self._ready(lambda: self.batcher.has_batch)
             self.rollout_batches += 1
-            await self.train(batch)
+            await self.train(self.batcher.take_batch())
 
     async def run_lockstep(self) -> None:
         """ARPO's loop: one rollout batch out, all of it back, train, publish; nothing handed out meanwhile."""
         while not self.done:
             await self.service.open_round(self.lc.groups_per_step)
-            batch = await self.batches.get()
+            await self._ready(lambda: self._round_ends > 0)
+            self._round_ends -= 1
+            batch = self.batcher.take_all()
             self.rollout_batches += 1
             if not batch:
                 self.skipped_batches += 1
@@ -164,24 +232,28 @@ class TrainingLoop:
             await self.train(batch)
 
     async def train(self, batch: list[ScoredGroup]) -> None:
-        """``updates_per_batch`` optimizer steps on ``batch`` (never past ``learner.steps``), then publish the
-        new weights once as the next version, announce it, checkpoint, and write the batch's metrics record
-        (its ``step`` is the optimizer step count after the batch; ``updates`` the steps it took)."""
-        service, lc = self.service, self.lc
+        """Stages 4-7 on one batch: its samples, ``updates_per_batch`` optimizer steps (never past
+        ``learner.steps``), publish the new weights once as the next version, advance the state; then checkpoint
+        and write the batch's metrics record (its ``step`` is the optimizer step count after the batch;
+        ``updates`` the steps it took)."""
+        service, state, lc = self.service, self.state, self.lc
         window = service.stats.window.take()
         async with self._weights:
+            samples = await asyncio.to_thread(train_samples, batch, self.forced)
+            updates = optimizer_steps(lc, len(samples), state.step)
             try:
-                stats, updates = await asyncio.to_thread(train_on_batch, self.trainer, batch, lc, self.forced,
-                                                         service.step)
+                stats = await asyncio.to_thread(self.trainer.train_batch, samples, minibatches=updates)
             except TrainerInputError as error:  # every sample unusable: nothing to learn from, nothing changes
                 self.skipped_batches += 1
                 service.on_unusable_batch()
                 log.error("rollout batch %d: no usable sample (%s); no optimizer step", self.rollout_batches, error)
                 return
-            version = service.version + 1
+            version = state.version + 1
             publish_s = await self.publisher.publish_from(self.trainer, version)
-            await service.on_trained(service.step + updates, version)
-        record = step_record(service.step, version, batch, stats, window, service.counters(), publish_s, self.wall_s,
+            state.advance(updates, version)
+            await service.on_trained()
+        counters = {**service.counters(), "replay": self.replay.stats()}
+        record = step_record(state.step, version, batch, stats, window, counters, publish_s, self.wall_s,
                              schedule=lc.schedule, updates=updates, optimizer_steps=self.trainer.steps,
                              rollout_batches=self.rollout_batches, skipped_batches=self.skipped_batches)
         if self._resumed is not None:  # the first record after a restart says what was resumed
@@ -191,23 +263,24 @@ class TrainingLoop:
                 await service.finish_evaluation(self.final_eval_timeout_s)
             record.update(service.evaluation.take_result())
         every = lc.checkpoint_every
-        if every and service.step // every > (service.step - updates) // every:
+        if every and state.step // every > (state.step - updates) // every:
             await self.checkpoint(record)
         if self.metrics is None:
             raise RuntimeError("TrainingLoop.metrics must be set before training")
         self.metrics.write(record)
-        log.info("step %d: version %d, success %.2f, loss %.4f, lag %.2f", service.step, version,
+        log.info("step %d: version %d, success %.2f, loss %.4f, lag %.2f", state.step, version,
                  record["success_rate"], record["loss"], record["staleness_mean"])
 
     async def checkpoint(self, record: dict[str, Any]) -> None:
         """Snapshot the learner now and write it in a thread (the service keeps serving actors meanwhile).
         ``record`` is the metrics record of the batch just trained (kept in the checkpoint's meta.json)."""
-        state = capture(self.service, self.replay, self.extra_state)
-        meta = {"policy_version": self.service.version, "wall_s": record["wall_s"],
+        waiting = sum(len(group.trajectories) for group in self.batcher.ready)
+        state = capture(self.service, self.replay, self.extra_state, waiting=waiting)
+        meta = {"policy_version": self.state.version, "wall_s": record["wall_s"],
                 "rollout_batches": self.rollout_batches, "skipped_batches": self.skipped_batches,
-                "replay": self.replay.stats(), "totals": dict(self.service.totals), "records": [record]}
+                "replay": self.replay.stats(), "totals": dict(self.state.totals), "records": [record]}
         started = time.perf_counter()
-        folder = await asyncio.to_thread(self.checkpointer.save, self.service.step, self.trainer, state, meta)
+        folder = await asyncio.to_thread(self.checkpointer.save, self.state.step, self.trainer, state, meta)
         record["checkpoint_s"] = round(time.perf_counter() - started, 3)
         log.info("checkpoint %s (%.1f s)", folder, record["checkpoint_s"])
 

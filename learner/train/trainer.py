@@ -43,12 +43,12 @@ import torch.distributed as dist
 from arpo_async.config import LearnerConfig
 from arpo_async.model.checkpoint_names import tied_names
 from arpo_async.model.inputs import load_policy
+from learner.algo.grpo import corrected_token_loss
+from learner.algo.train_sample import TrainSample, sample_problem
 from learner.train import trainer_checkpoint, weights_export
 from learner.train.distributed import RankGroup, decoder_layers, shard_policy
-from learner.algo.grpo import corrected_token_loss
 from learner.train.microbatch import MicroBatchBudgetError, step_plan
 from learner.train.policy_forward import CompletionLogprobs, PixelCache, check_pad_id, collate, image_pad_problem
-from learner.algo.train_sample import TrainSample, sample_problem
 from learner.train.trainer_errors import TrainerConfigError, TrainerError, TrainerInputError
 
 log = logging.getLogger("arpo.learner.trainer")
@@ -218,7 +218,8 @@ class Trainer:
     def _microbatch_loss(self, samples: Sequence[TrainSample], logprobs: Sequence[torch.Tensor],
                          proximal: Sequence[Sequence[float]] | None):
         """(loss_sum, stats, replayed_stats) of a micro-batch's kept tokens, in one vectorised call of
-        learner.algo.grpo.corrected_token_loss; ``replayed_stats`` covers the replayed samples' tokens (None if none)."""
+        learner.algo.grpo.corrected_token_loss; ``replayed_stats`` covers the replayed samples' tokens
+        (None if none)."""
         lp = torch.cat(list(logprobs))
         as_tensor = lambda v, dtype=lp.dtype: torch.as_tensor(v).to(lp.device, dtype)  # noqa: E731
         counts = [len(s.output_ids) for s in samples]
@@ -425,9 +426,9 @@ class Trainer:
         return result
 
     # ------------------------------------------------------------------ weight export and checkpoint I/O
-    # Implemented in learner.train.weights_export and learner.train.trainer_checkpoint. They stay callable as methods because
-    # each is a collective under torchrun and learner.train.distributed.LeadTrainer forwards a call to every rank by
-    # method name (its COMMANDS); the learner holds a Trainer or a LeadTrainer and calls both the same way.
+    # Implemented in learner.train.weights_export and learner.train.trainer_checkpoint. They stay callable as methods
+    # because each is a collective under torchrun and learner.train.distributed.LeadTrainer forwards a call to every
+    # rank by method name (its COMMANDS); the learner holds a Trainer or a LeadTrainer and calls both the same way.
 
     def save_weights(self, out_dir: Path, *, overwrite: bool = False) -> Path:
         """:func:`learner.train.weights_export.save_weights` on this trainer."""

@@ -39,9 +39,9 @@ __all__ = ["checkpoint_name", "load_checkpoint", "load_state_dict", "read_model_
 
 
 class CheckpointedTrainer(Protocol):
-    """What a trainer checkpoint reads and restores of a trainer; learner.train.trainer.Trainer is one. Typed here rather
-    than imported so that the Trainer's forwarding methods (learner.train.trainer) can call this module without an import
-    circle."""
+    """What a trainer checkpoint reads and restores of a trainer; learner.train.trainer.Trainer is one. Typed here
+    rather than imported so that the Trainer's forwarding methods (learner.train.trainer) can call this module without
+    an import circle."""
 
     model: torch.nn.Module
     """The Hugging Face policy, saved and restored with ``state_dict`` on one rank."""

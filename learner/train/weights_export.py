@@ -74,7 +74,8 @@ def save_weights(trainer: ExportSource, out_dir: Path, *, overwrite: bool = Fals
     to a temporary sibling folder and renamed to ``out_dir``.
 
     Args:
-        trainer: the learner.train.trainer.Trainer whose policy is written (its ``model_dir`` gives the processor files).
+        trainer: the learner.train.trainer.Trainer whose policy is written (its ``model_dir`` gives the processor
+            files).
         out_dir: the folder to create.
         overwrite: replace an existing ``out_dir`` (the old folder is moved aside, then deleted).
 

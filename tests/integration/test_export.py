@@ -21,7 +21,6 @@ import uuid
 from pathlib import Path
 
 import aiohttp
-import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -31,12 +30,11 @@ from arpo_async.model.inputs import PromptEncoder, load_policy
 from arpo_async.tasks import Task
 from arpo_async.transport import Outbox
 from arpo_cli.cli import main as arpo
-from learner.algo.batcher import Batcher
-from learner.train.checkpoint import Checkpointer, capture
 from learner.algo.replay import make_replay
 from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.service import LearnerService
 from learner.rollouts.staleness import StalenessManager
+from learner.train.checkpoint import Checkpointer, capture
 from learner.train.trainer import Trainer
 from tests.rank_driver import batch, screenshot
 from tests.reference_logprobs import token_logprobs
@@ -140,7 +138,7 @@ def test_a_one_rank_checkpoint_exports_and_bad_requests_are_refused(tiny_model, 
     trainer = Trainer(tiny_model, LearnerConfig(lr=1e-3, correction="decoupled", torch_threads=1))
     trainer.train_step(batch(tiny_model, 0))
     service = LearnerService(Outbox(routed=True), GroupScheduler([TASK], group_size=2, seed=5),
-                             StalenessManager(2, 1), Batcher(replay, max_staleness=1, groups_per_step=1))
+                             StalenessManager(2, 1))
     run = run_folder(tmp_path, tiny_model, 1)
     checkpointer = Checkpointer(run / "checkpoints", keep=2)
     checkpointer.save(1, trainer, capture(service, replay), {"policy_version": 1})

@@ -33,14 +33,12 @@ from actors.desktop.pool import DesktopPool
 from actors.env_actor import EnvActor
 from actors.episode import EpisodeRunner
 from actors.link import LearnerLink
-from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.config import ActorConfig, TransportConfig
+from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.messages import Outcome, Trajectory
 from arpo_async.model.inputs import PromptEncoder
 from arpo_async.tasks import Task, load_tasks
 from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, dealer_socket, router_socket
-from learner.algo.batcher import Batcher
-from learner.algo.replay import SuccessReplay
 from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.service import LearnerService
 from learner.rollouts.staleness import StalenessManager
@@ -76,8 +74,7 @@ async def learner(ctx: zmq.asyncio.Context, transport: TransportConfig, tasks: l
 
     inbox, outbox = asyncio.Queue(INBOX_SIZE), Outbox(routed=True)
     pump = SocketPump(router_socket(ctx, transport), inbox=inbox, outbox=outbox, max_bytes=transport.max_message_bytes)
-    service = LearnerService(outbox, GroupScheduler(tasks, group_size=2), StalenessManager(1000, 0),
-                             Batcher(SuccessReplay(), max_staleness=1000, groups_per_step=1))
+    service = LearnerService(outbox, GroupScheduler(tasks, group_size=2), StalenessManager(1000, 0))
     tasks = [asyncio.create_task(pump.run()), asyncio.create_task(serve(inbox))]
     try:
         yield service, received

@@ -4,10 +4,11 @@ In one process, with the learning probe (tests/learning_probe.py, also bench/pro
 capture each task's click tree (the screenshot after its setup, the app's button boxes, and the task's evaluator
 score after a click on each button); the real arpo-serve `Engine` samples with the actors' action grammar (compact
 prompt, fixed-width coordinates, forced text emitted as canonical tokens); a reply succeeds when its click lands in
-the box of the button the evaluator scores 1 (a click on no button changes nothing and scores 0); the learner's real
-`Batcher` and its training step (learner.train.training_step: the forced tokens left out of the loss,
-``updates_per_batch`` optimizer steps per batch, the `Trainer`) train on the groups. The settings are the learning
-benchmarks' arm a (tests/learning_arms.py: its task setup and the arm's overrides). The whole run is seeded.
+the box of the button the evaluator scores 1 (a click on no button changes nothing and scores 0); the training
+loop's own stages (learner.train.loop) train on the groups: score, replay and advantages (the real `Batcher`), the
+samples (the forced tokens left out of the loss), ``updates_per_batch`` optimizer steps per batch, the `Trainer`. The
+settings are the learning benchmarks' arm a (tests/learning_arms.py: its task setup and the arm's overrides). The whole
+run is seeded.
 
 A single task must rise from at most 30% to at least 70% within 40 rollout batches, for a built-in colour task
 and for a task of another family (tests/data/tasks/shapes: other labels, no colours, another window title and

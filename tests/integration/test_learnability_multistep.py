@@ -7,8 +7,9 @@ click on the Sound tab, then one on its Mute switch): every state 2 clicks on th
 screenshot, the widget boxes and the task's own evaluator score. Episodes are played on that tree with the actors'
 step loop as configs/multistep.toml sets it (2 steps; the second prompt carries both screenshots and the first
 reply), on its one task settings-sound-mute with 2 groups per rollout batch (as the figures below were measured);
-the real arpo-serve `Engine` samples every step with the actors' grammar, and the learner's Batcher and training
-step (learner.train.training_step) train on the 2-step trajectories, each step's prompt ids, screenshots, sampled ids and
+the real arpo-serve `Engine` samples every step with the actors' grammar, and the training loop's own stages
+(learner.train.loop: the Batcher's score, replay and advantages, the samples, the optimizer steps) train on the
+2-step trajectories, each step's prompt ids, screenshots, sampled ids and
 behaviour log-probs as the actors record them. Sampling lags the trained weights by one version (the async schedule
 of the config). The whole run is seeded (learner.seed=1).
 

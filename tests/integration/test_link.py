@@ -17,19 +17,17 @@ import zmq
 import zmq.asyncio
 
 from actors.link import LearnerLink
+from arpo_async import codec
 from arpo_async.config import LearnerConfig, TransportConfig
 from arpo_async.messages import Hello, Reject, Step, Trajectory, WorkRequest
-from arpo_async import codec
 from arpo_async.tasks import Task
 from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, dealer_socket, router_socket
-from learner.algo.batcher import Batcher
-from learner.algo.replay import SuccessReplay
+from learner.algo.baseline import BASELINE_FILE, plan_tasks
+from learner.algo.task_selection import TaskSelector
 from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.service import LearnerService
 from learner.rollouts.staleness import StalenessManager
-from learner.algo.baseline import BASELINE_FILE, plan_tasks
-from learner.algo.task_selection import TaskSelector
-from tests.support import free_port, until
+from tests.support import free_port, trained, until
 
 TASK = Task.from_dict({"id": "grid4-red", "instruction": "click red", "config": [],
                        "evaluator": {"func": "exact_match", "result": {"type": "vm_file", "path": "/r"},
@@ -46,8 +44,7 @@ def transport() -> TransportConfig:
 async def learner(ctx, transport, *, batch=2, eta=0, scheduler=None):
     inbox, outbox = asyncio.Queue(INBOX_SIZE), Outbox(routed=True)
     pump = SocketPump(router_socket(ctx, transport), inbox=inbox, outbox=outbox, max_bytes=transport.max_message_bytes)
-    service = LearnerService(outbox, scheduler or GroupScheduler([TASK], group_size=2), StalenessManager(batch, eta),
-                             Batcher(SuccessReplay(), max_staleness=eta, groups_per_step=1))
+    service = LearnerService(outbox, scheduler or GroupScheduler([TASK], group_size=2), StalenessManager(batch, eta))
     tasks = [asyncio.create_task(pump.run()), asyncio.create_task(service.serve(inbox))]
     try:
         yield service
@@ -93,8 +90,8 @@ async def test_work_flows_and_admission_holds_requests_back(transport):
             await link.submit(trajectory(first))
             await link.submit(trajectory(second, "FAILURE", 0.0))
             assert await link.wait_acked(5)
-            assert service.totals["trajectories"] == 2 and not service.batches.empty()
-            await service.on_trained(0, 1)
+            assert service.totals["trajectories"] == 2 and service.groups.qsize() == 1  # for the training loop
+            await trained(service, 0, 1)
             assignment = await asyncio.wait_for(third, 5)
             assert assignment.policy_version == 1 and link.policy_version == 1
     finally:
@@ -193,7 +190,7 @@ async def test_baseline_pass_keeps_valuable_tasks_and_trains_on_none_of_it(trans
             assert plan.baseline.results == {"grid4-red": [1.0, 0.0], "grid4-blue": [0.0, 0.0]}
             assert [t.id for t in plan.pool] == ["grid4-red"] and plan.selector is service.selector
             assert json.loads((tmp_path / BASELINE_FILE).read_text())["valuable"] == ["grid4-red"]
-            assert service.batcher.ready == [] and service.batches.empty()  # nothing to train on
+            assert service.groups.empty()  # nothing to train on
             assert service.admission.accepted == 0 and service.stats.window.take().outcomes == {}
             assert "baseline" not in service.status() and not service.stats.evaluating
             # training hands out only the valuable task
@@ -252,7 +249,6 @@ async def test_a_task_whose_rollouts_end_in_task_error_is_set_aside_and_named(tr
                 assert len(handed) < 20
             assert service.totals["TASK_ERROR"] == 2 and service.counters()["task_selection"]["set_aside"] == [
                 "grid4-red"]
-            assert service.batcher.drops["zero_variance"] + len(service.batcher.ready) >= 0  # nothing raised
             later = [(await asyncio.wait_for(link.request_work(), 5)).task["id"] for _ in range(2)]
             assert "grid4-red" not in later[-1:]  # after the group open when it was set aside, only grid4-blue
     finally:

@@ -27,9 +27,9 @@ from arpo_async.model.inputs import PromptEncoder, load_policy
 from arpo_async.sglang_engine import SGLangEngine
 from learner.algo.batcher import Batcher, ScoredGroup, policy_lag, train_samples
 from learner.algo.grpo import correction_weights
-from learner.train.policy_forward import CompletionLogprobs, PixelCache, check_pad_id, collate, image_pad_problem
 from learner.algo.replay import make_replay, trajectory_version
 from learner.rollouts.scheduler import Group
+from learner.train.policy_forward import CompletionLogprobs, PixelCache, check_pad_id, collate, image_pad_problem
 from tests.support import ServeProcess, free_port, until
 
 pytestmark = pytest.mark.docker

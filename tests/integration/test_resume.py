@@ -33,14 +33,14 @@ from arpo_async.metrics import REQUIRED_KEYS, MetricsWriter, read_metrics
 from arpo_async.tasks import Task
 from arpo_async.transport import Outbox
 from learner.algo.batcher import Batcher
-from learner.train.checkpoint import (CheckpointError, Checkpointer, capture, checkpoint_folders, reconcile_metrics,
-                                restore)
 from learner.algo.replay import ReplayBuffer, make_replay
 from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.service import LearnerService
 from learner.rollouts.staleness import StalenessManager
+from learner.train.checkpoint import (Checkpointer, CheckpointError, capture, checkpoint_folders, reconcile_metrics,
+                                      restore)
 from learner.train.trainer import Trainer
-from tests.support import free_port, healthy, until_sync
+from tests.support import ADVANTAGE_LOG_ENV, free_port, healthy, until_sync
 
 PY = sys.executable
 EPISODE_LINE = re.compile(r"actor \S+ (\S+)/(\S+) #(\d+): ([A-Z_]+) ")
@@ -281,11 +281,17 @@ def test_killed_learner_resumes_and_actors_reconnect(tmp_path, desktop_image, ti
 
 
 @pytest.mark.docker
-def test_lockstep_job_end_to_end(tmp_path, desktop_image, tiny_model):
+def test_lockstep_job_end_to_end(tmp_path, desktop_image, tiny_model, monkeypatch):
+    """ARPO's lockstep loop with a custom advantage function (learner.advantage_function, the seam of
+    learner.algo.advantages): the learner process imports it by name and the training loop's advantages stage
+    calls it once per group with a reward difference."""
     run_id = f"lockstep-{uuid.uuid4().hex[:8]}"
+    calls = tmp_path / "advantage_calls.jsonl"
+    monkeypatch.setenv(ADVANTAGE_LOG_ENV, str(calls))  # inherited by the learner process
     config, url = write_config(tmp_path, tiny_model, desktop_image, run_id, "actors.actors=4",
                                'learner.schedule="lockstep"', "learner.groups_per_step=2", "learner.steps=2",
-                               "learner.updates_per_batch=2")
+                               "learner.updates_per_batch=2",
+                               'learner.advantage_function="tests.support:recording_advantages"')
     run = tmp_path / "run"
     with running_job(tmp_path, config, url, tiny_model, run_id) as procs:
         learner = procs.procs["learner"]
@@ -300,6 +306,10 @@ def test_lockstep_job_end_to_end(tmp_path, desktop_image, tiny_model):
     assert [r["policy_version"] for r in records] == list(range(1, len(records) + 1))
     assert final_version == str(len(records))
     assert all(r["staleness_max"] == 0 for r in records)  # nothing was handed out while training
+    advantages = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert len(advantages) >= len(records)  # every trained batch had at least one group with a reward difference
+    assert all(c["task_id"].startswith("grid4-") and len(c["rewards"]) == 2 and len(set(c["rewards"])) == 2
+               for c in advantages)
     assert records[-1]["rollout_batches"] >= len(records)
     # each rollout batch is groups_per_step whole groups, all back before the next batch is handed out
     done = episodes(procs.log("actors"))
@@ -322,8 +332,7 @@ def make_service(replay_mode: str = "arpo") -> tuple[LearnerService, ReplayBuffe
     """A learner service with fresh components (nothing sends its outbox)."""
     replay = make_replay(replay_mode, capacity_per_task=4, seed=1)
     scheduler = GroupScheduler(TASKS, group_size=2, seed=5, id_prefix=f"{uuid.uuid4().hex[:6]}-")
-    return LearnerService(Outbox(routed=True), scheduler, StalenessManager(2, 1), Batcher(replay, max_staleness=1,
-                                                                             groups_per_step=1)), replay
+    return LearnerService(Outbox(routed=True), scheduler, StalenessManager(2, 1)), replay
 
 
 def finished(rollout, outcome: str, score: float) -> Trajectory:
@@ -343,21 +352,24 @@ def test_capture_and_restore_round_trip_through_a_checkpoint(tmp_path, tiny_mode
             admission.on_start()
             complete = scheduler.on_trajectory(finished(rollout, outcome, score))
             admission.on_finish(accepted=True)
-        assert service.batcher.add_group(complete, 0) is not None  # scored: 2 accepted, waiting to be trained
+        batcher = Batcher(replay, max_staleness=1, groups_per_step=1, drops=service.state.drops)  # the loop's
+        assert batcher.add_group(complete, 0) is not None  # scored: 2 accepted, waiting to be trained
         open_rollout = scheduler.next_rollout()
         admission.on_start()
         scheduler.on_trajectory(finished(open_rollout, "SUCCESS", 1.0))
         admission.on_finish(accepted=True)  # 1 accepted in an incomplete group
         service.peers.restore(5)
-        service.step = 7
+        service.state.step = 7
         service.totals.update({"trajectories": 3, "late": 2, "desktop_busy_s": 12.5})
-        service.batcher.drops["stale"] += 4
+        service.state.drops["stale"] += 4
         expected_order = scheduler.state_dict()["order"]
         stored = replay.stored(group[0].task.id)
         trainer = Trainer(tiny_model, LearnerConfig(lr=1e-6, torch_threads=1))
         trainer.steps = 7
         random.seed(11)
-        folder = Checkpointer(tmp_path / "ck").save(7, trainer, capture(service, replay), {"policy_version": 5})
+        waiting = sum(len(g.trajectories) for g in batcher.ready)  # as TrainingLoop.checkpoint counts them
+        folder = Checkpointer(tmp_path / "ck").save(7, trainer, capture(service, replay, waiting=waiting),
+                                                    {"policy_version": 5})
         want = [random.random() for _ in range(3)]
 
         fresh, fresh_replay = make_service(replay_mode)
@@ -366,7 +378,7 @@ def test_capture_and_restore_round_trip_through_a_checkpoint(tmp_path, tiny_mode
         restore(state, fresh, fresh_replay)
         assert loaded == folder and meta["policy_version"] == 5 and meta["trainer_steps"] == 7
         assert (fresh.version, fresh.step, fresh_trainer.steps) == (5, 7, 7)
-        assert fresh.totals == service.totals and fresh.batcher.drops == service.batcher.drops
+        assert fresh.totals == service.totals and fresh.state.drops == service.state.drops
         assert fresh.admission.accepted == 0  # 3 accepted, all lost with the learner (2 untrained + 1 open)
         assert fresh.scheduler.state_dict()["order"] == expected_order
         assert fresh.scheduler.task_stats == scheduler.task_stats

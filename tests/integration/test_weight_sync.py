@@ -19,7 +19,8 @@ from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.model.init_model import create_tiny_model
 from arpo_async.model.inputs import PromptEncoder
 from arpo_async.sglang_engine import SGLangEngine, sglang_engines
-from learner.train.publisher import DistributedPublisher, WeightPublisher, WeightsMismatch, servers_behind, verify_server
+from learner.train.publisher import (DistributedPublisher, WeightPublisher, WeightsMismatch, servers_behind,
+                                     verify_server)
 from learner.train.trainer import Trainer
 from tests.rank_driver import batch, screenshot
 from tests.support import ServeProcess, free_port, until

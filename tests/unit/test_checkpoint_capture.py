@@ -8,9 +8,9 @@ import uuid
 import pytest
 
 from arpo_async.messages import Step, Trajectory
+from learner.algo.replay import make_replay
 from learner.train.checkpoint import _Unencoded, capture, decode_trajectory, encode_snapshot, encode_trajectory
 from learner.train.frames_file import FRAMES_KEY, FramesWriter, internalize, read_frames
-from learner.algo.replay import make_replay
 from tests.unit.test_queue_depths import make_service
 
 

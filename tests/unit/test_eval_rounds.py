@@ -1,6 +1,7 @@
-"""Held-out evaluation rounds in the learner (learner.rollouts.evaluation_rounds): a real LearnerService with a real scheduler,
-admission rule, batcher, replay buffer and task selector, on ZeroMQ-free envelopes. A round of N episodes completes
-and is counted with its errors in the denominator; its trajectories are acked and reach nothing that trains."""
+"""Held-out evaluation rounds in the learner (learner.rollouts.evaluation_rounds): a real LearnerService with a real
+scheduler, admission rule, the groups queue for training and task selector, on ZeroMQ-free envelopes. A round of N
+episodes completes and is counted with its errors in the denominator; its trajectories are acked and reach nothing that
+trains."""
 
 import collections
 import json
@@ -11,13 +12,12 @@ from arpo_async.config import ConfigError, EvalConfig, load_config
 from arpo_async.messages import Ack, Assignment, Hello, Step, Trajectory, WorkRequest
 from arpo_async.tasks import Task
 from arpo_async.transport import Envelope, Outbox
-from learner.algo.batcher import Batcher
+from learner.algo.task_selection import TaskSelector
 from learner.rollouts.evaluation_rounds import RESULT_KEYS, EvaluationRounds, evaluation_tasks
-from learner.algo.replay import SuccessReplay
 from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.service import LearnerService
 from learner.rollouts.staleness import LockstepAdmission, StalenessManager
-from learner.algo.task_selection import TaskSelector
+from tests.support import trained
 
 
 def task(task_id: str) -> Task:
@@ -39,8 +39,7 @@ def make_service(every_steps: int = 0, repeats: int = 2, *, final_step: int = 0,
     evaluation = EvaluationRounds([HELD_A, HELD_B], EvalConfig(tasks="x", every_steps=every_steps, repeats=repeats,
                                                                **eval_keys),
                                   final_step=final_step, id_prefix="L-")
-    return LearnerService(Outbox(routed=True), scheduler, admission,
-                          Batcher(SuccessReplay(), max_staleness=0, groups_per_step=1), selector=selector,
+    return LearnerService(Outbox(routed=True), scheduler, admission, selector=selector,
                           rounds=lockstep, evaluation=evaluation, ack_delay_s=0.0)
 
 
@@ -92,13 +91,13 @@ async def test_a_round_completes_counting_errors_as_failures_and_trains_on_nothi
     assert result["eval_policy_version"] == 0 and result["eval_step"] == 0
     assert service.evaluation.take_result() == {}  # one record carries it
     assert service.evaluation.round is None and not service.evaluation.has_work  # no error was handed out again
-    # nothing that trains saw them: the window, the scheduler, the batcher, the replay buffer, the selector
+    # nothing that trains saw them: the window, the scheduler, the groups for training, the selector
     totals = service.totals
     assert totals["trajectories"] == 0 and totals["eval_trajectories"] == 4 and totals["duplicates"] == 1
     assert not any(totals[o] for o in ("SUCCESS", "FAILURE", "ENV_ERROR", "TASK_ERROR"))
     assert service.stats.window.take().outcomes == collections.Counter()
     assert set(service.scheduler.task_stats) == {TRAIN.id}
-    assert not service.batcher.ready and service.batcher.replay.stats()["stored"] == 0
+    assert service.groups.empty()
     assert service.selector.stats() == selector_before and service.peers.assigned.keys() == {
         (a.group_id, a.rollout_index) for a in handed[4:]}
 
@@ -107,16 +106,16 @@ async def test_rounds_come_due_at_multiples_skip_while_one_runs_and_the_final_on
     service = make_service(every_steps=4, repeats=1, final_step=12)
     evaluation = service.evaluation
     await service.handle(Envelope(Hello("a", slots=16), "a"))
-    await service.on_trained(2, 1)
+    await trained(service, 2, 1)
     assert evaluation.round is None  # 2 crosses no multiple of 4
-    await service.on_trained(5, 2)  # crosses 4
+    await trained(service, 5, 2)  # crosses 4
     first = [a for a in sent(service) if isinstance(a, Assignment)]
     assert first == [] and evaluation.round.step == 5 and evaluation.round.version == 2  # no request waits yet
     handed = await ask(service, 1)
     assert handed[0].evaluation and handed[0].policy_version == 2
-    await service.on_trained(8, 3)  # due again while the round of step 5 runs: skipped
+    await trained(service, 8, 3)  # due again while the round of step 5 runs: skipped
     assert evaluation.round.step == 5 and service.totals["eval_rounds_skipped"] == 1
-    await service.on_trained(12, 4)  # the final step: an older round gives way to the final one
+    await trained(service, 12, 4)  # the final step: an older round gives way to the final one
     assert evaluation.round.step == 12 and evaluation.round.version == 4
     assert service.totals["eval_rounds_abandoned"] == 1
     late = handed[0]

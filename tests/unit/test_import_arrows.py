@@ -195,9 +195,40 @@ def test_learner_has_no_import_circles():
     assert import_circles(module_imports(ROOT, "learner")) == []
 
 
+ROOMS = ("learner.state", "learner.algo", "learner.rollouts", "learner.train", "learner.main")
+"""learner/'s rooms from the bottom up: a module may import its own room and the rooms below it, never one above
+(the algorithm imports neither the conversation with actors nor the trainer; the run's state imports nothing)."""
+
+
+def room_of(module: str) -> int:
+    """The index in :data:`ROOMS` of the room that holds dotted ``module`` (ValueError: in none of them)."""
+    for index, room in enumerate(ROOMS):
+        if module == room or module.startswith(room + "."):
+            return index
+    raise ValueError(f"{module} is in none of learner/'s rooms {ROOMS}: add it to one")
+
+
+def upward_imports(graph: dict[str, dict[str, int]]) -> list[str]:
+    """``module:line -> imported`` for every import of a module in a higher room than the importer's."""
+    return sorted(f"{a}:{line} -> {b}" for a, targets in graph.items() if a != "learner"
+                  for b, line in targets.items() if b != "learner" and room_of(b) > room_of(a))
+
+
+def test_the_room_check_can_fail():
+    graph = {"learner.algo.batcher": {"learner.train.trainer": 12, "learner.state": 3},
+             "learner.rollouts.service": {"learner.algo.baseline": 40}, "learner.state": {}}
+    assert upward_imports(graph) == ["learner.algo.batcher:12 -> learner.train.trainer"]
+    with pytest.raises(ValueError, match="none of learner"):
+        room_of("learner.stray")
+
+
+def test_learner_rooms_import_downwards_only():
+    # state <- algo <- rollouts <- train <- main: a trajectory that leaves a room never comes back to it
+    assert upward_imports(module_imports(ROOT, "learner")) == []
+
+
 MAX_MODULE_LINES = 500
 LONG_MODULES = {
-    "learner/rollouts/service.py",  # 541 lines: the learner's re-cut into rooms (issue 36 items 1-2) takes it apart
     # not split yet: arpo_async/tasks.py (566 lines), arpo_serve/app.py (536), arpo_async/codec.py (502)
     "arpo_async/tasks.py",
     "arpo_serve/app.py",

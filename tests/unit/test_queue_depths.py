@@ -8,12 +8,12 @@ from arpo_async.messages import Assignment, Heartbeat, Hello, Step, Trajectory, 
 from arpo_async.metrics import MetricsWriter, read_metrics
 from arpo_async.tasks import Task
 from arpo_async.transport import Envelope, Outbox
-from learner.algo.batcher import Batcher, ScoredGroup
-from learner.train.records import step_record
-from learner.algo.replay import SuccessReplay
+from learner.algo.batcher import ScoredGroup
 from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.service import LearnerService
 from learner.rollouts.staleness import StalenessManager
+from learner.train.records import step_record
+from tests.support import loop_counters, trained
 from tests.unit.test_tensorboard_metrics import read_tensorboard
 
 TASK = Task.from_dict({"id": "grid4-red", "instruction": "click red", "config": [],
@@ -26,7 +26,6 @@ def make_service() -> LearnerService:
     order = itertools.cycle([TASK])
     scheduler = GroupScheduler([TASK], group_size=2, pick_task=lambda: next(order))
     return LearnerService(Outbox(routed=True), scheduler, StalenessManager(2, 0),
-                          Batcher(SuccessReplay(), max_staleness=0, groups_per_step=1),
                           message_counts=lambda: {"received": {"trajectory": 3}, "sent": {"ack": 3}})
 
 
@@ -72,10 +71,9 @@ async def test_peaks_outlive_the_queue_and_each_record_takes_its_window():
                 await service.handle(Envelope(Trajectory(f"t-{a.group_id}-{a.rollout_index}", "a", a.task["id"],
                                                          a.group_id, a.rollout_index, "FAILURE", 0.0, True, [step],
                                                          [b"png"]), "a"))
-            service.batcher.take_all()  # the training loop takes the scored groups
-            while not service.batches.empty():
-                service.batches.get_nowait()
-            await service.on_trained(service.step + 1, service.version + 1)  # a new version admits more
+            while not service.groups.empty():  # the training loop takes the complete groups
+                service.groups.get_nowait()
+            await trained(service, service.step + 1, service.version + 1)  # a new version admits more
             handed = [m for m in sent(service) if isinstance(m, Assignment)]
         await until(lambda: service.queue_depths()["waiting_requests"] == 0)
         counters = service.counters()
@@ -113,7 +111,7 @@ async def test_lag_and_peaks_are_tensorboard_scalars(tmp_path):
     service.stats.note_depths({"waiting_requests": 9, "outbox": 2})
     batch = [ScoredGroup("grid4-red", [], [1.0, 0.0], [1.0, -1.0], False, 0.5, [0, 1])]
     with MetricsWriter(tmp_path / "metrics.jsonl", tensorboard=tmp_path / "tb") as writer:
-        writer.write(step_record(1, 1, batch, {"loss": 0.1}, service.stats.window.take(), service.counters(),
+        writer.write(step_record(1, 1, batch, {"loss": 0.1}, service.stats.window.take(), loop_counters(service),
                                  0.0, 1.0))
     record = read_metrics(tmp_path / "metrics.jsonl")[0]
     assert record["loop_lag_ms"]["max"] == 70.0 and record["loop_lag_ms"]["samples"] == 2

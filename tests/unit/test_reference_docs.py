@@ -25,14 +25,14 @@ from arpo_async.tasks import Task
 from arpo_async.transport import Outbox, SocketPump
 from arpo_cli import reference_docs
 from arpo_cli.cli import build_parser
+from learner.algo.batcher import ScoredGroup
 from learner.rollouts import evaluation_rounds
-from learner.train import loop as training_loop
-from learner.algo.batcher import Batcher, ScoredGroup
-from learner.train.records import CORRECTION_STATS, step_record
-from learner.algo.replay import SuccessReplay
 from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.service import LearnerService
 from learner.rollouts.staleness import StalenessManager
+from learner.train import loop as training_loop
+from learner.train.records import CORRECTION_STATS, step_record
+from tests.support import loop_counters
 
 
 def test_pages_on_disk_are_what_the_code_generates():
@@ -130,12 +130,12 @@ async def real_record() -> dict:
         pump = SocketPump(sock, inbox=asyncio.Queue(), outbox=outbox, max_bytes=1 << 20)
         order = itertools.cycle([TASK])
         service = LearnerService(outbox, GroupScheduler([TASK], group_size=2, pick_task=lambda: next(order)),
-                                 StalenessManager(2, 0), Batcher(SuccessReplay(), max_staleness=0, groups_per_step=1),
-                                 message_counts=pump.message_counts)
+                                 StalenessManager(2, 0), message_counts=pump.message_counts)
         batch = [ScoredGroup("grid4-red", [], [1.0, 0.0], [1.0, -1.0], False, 0.5, [0, 1])]
         stats = {"loss": 0.1, "grad_norm": 1.0, "clip_frac": 0.0, "tokens": 8.0, "seconds": 0.2,
                  "dropped_samples": 0.0, **{k: 0.0 for k in CORRECTION_STATS}}
-        return step_record(1, 1, batch, stats, service.stats.window.take(), service.counters(), 0.1, 2.0)
+        counters = loop_counters(service)
+        return step_record(1, 1, batch, stats, service.stats.window.take(), counters, 0.1, 2.0)
     finally:
         sock.close(0)
         context.term()

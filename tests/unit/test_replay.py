@@ -13,7 +13,6 @@ from arpo_async.messages import Outcome, Step, Trajectory
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
 from arpo_async.tasks import Task
 from learner.algo.batcher import Batcher, train_samples
-from learner.train.checkpoint import decode_trajectory, encode_trajectory
 from learner.algo.replay import (
     Injection,
     PrioritizedReplay,
@@ -24,6 +23,7 @@ from learner.algo.replay import (
     trajectory_version,
 )
 from learner.rollouts.scheduler import Group
+from learner.train.checkpoint import decode_trajectory, encode_trajectory
 
 FAILED = [0.0] * 4
 

@@ -8,8 +8,9 @@ from arpo_async.messages import Ack, Reject, Shutdown, Step, Trajectory
 from arpo_async.transport import Envelope, Outbox
 from learner.algo.batcher import Batcher
 from learner.algo.replay import SuccessReplay
+from learner.rollouts.acks import ACK_BATCH
 from learner.rollouts.scheduler import GroupScheduler
-from learner.rollouts.service import ACK_BATCH, LearnerService
+from learner.rollouts.service import LearnerService
 from learner.rollouts.staleness import StalenessManager
 from tests.support import cancelled
 from tests.unit.test_queue_depths import TASK

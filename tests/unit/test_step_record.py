@@ -9,12 +9,12 @@ import pytest
 from arpo_async.messages import Assignment, Step, Trajectory, WorkRequest
 from arpo_async.tasks import Task
 from arpo_async.transport import Envelope, Outbox
-from learner.algo.batcher import Batcher, ScoredGroup
-from learner.train.records import step_record
-from learner.algo.replay import SuccessReplay
+from learner.algo.batcher import ScoredGroup
 from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.service import LearnerService
 from learner.rollouts.staleness import StalenessManager
+from learner.train.records import step_record
+from tests.support import loop_counters
 
 
 def task(task_id: str, **extra) -> Task:
@@ -36,8 +36,7 @@ TASKS = [task("grid4-red"), task("grid4-blue"), task("grid4-green"), task("ok-bu
 async def service():
     order = itertools.cycle(TASKS)
     scheduler = GroupScheduler(TASKS, group_size=2, pick_task=lambda: next(order))
-    yield LearnerService(Outbox(routed=True), scheduler, StalenessManager(8, 0),
-                         Batcher(SuccessReplay(), max_staleness=0, groups_per_step=1))
+    yield LearnerService(Outbox(routed=True), scheduler, StalenessManager(8, 0))
 
 
 async def assignments(service: LearnerService, count: int) -> list[Assignment]:
@@ -61,7 +60,7 @@ async def test_step_record_has_success_per_task_and_family(service):
         await service.handle(Envelope(trajectory(a, outcome), "peer"))
 
     batch = [ScoredGroup("grid4-red", [], [1.0, 0.0], [1.0, -1.0], False, 0.5, [0, 0])]
-    record = step_record(1, 1, batch, {"loss": 0.1}, service.stats.window.take(), service.counters(), 0.0, 12.0)
+    record = step_record(1, 1, batch, {"loss": 0.1}, service.stats.window.take(), loop_counters(service), 0.0, 12.0)
 
     assert record["task_success"] == {"grid4-red": 1.0, "grid4-blue": 0.0, "ok-button": 0.5}
     assert record["task_trajectories"] == {"grid4-red": 2, "grid4-blue": 1, "ok-button": 2}
@@ -71,7 +70,7 @@ async def test_step_record_has_success_per_task_and_family(service):
                                   "ABORTED": 1}
     assert record["task_errors"] == {"grid4-blue": 1}
 
-    empty = step_record(2, 2, batch, {"loss": 0.1}, service.stats.window.take(), service.counters(), 0.0, 13.0)
+    empty = step_record(2, 2, batch, {"loss": 0.1}, service.stats.window.take(), loop_counters(service), 0.0, 13.0)
     assert empty["task_success"] == empty["task_trajectories"] == empty["family_success"] == {}
     assert empty["task_errors"] == {}
     assert empty["success_rate"] == 0.0 and empty["outcomes"] == {}

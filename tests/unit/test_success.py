@@ -22,9 +22,9 @@ from arpo_async.tasks import Task
 from learner.algo.baseline import BaselinePass, save_baseline, task_selector
 from learner.algo.batcher import Batcher
 from learner.main import replay_buffer
-from learner.train.records import per_task_success
 from learner.rollouts.run_stats import WindowStats
 from learner.rollouts.scheduler import Group
+from learner.train.records import per_task_success
 
 TASK = Task.from_dict({"id": "form-name", "instruction": "Type Alice, then click Save.", "config": [],
                        "evaluator": {"func": "infeasible"}})

@@ -8,9 +8,9 @@ import msgpack
 import pytest
 
 from arpo_async.tasks import Task
-from learner.rollouts.scheduler import GroupScheduler
 from learner.algo.baseline import BaselineExhausted, BaselinePass, baseline_plan, valuable_tasks
 from learner.algo.task_selection import TaskSelectionError, TaskSelector, trainable_scores
+from learner.rollouts.scheduler import GroupScheduler
 
 
 def task(task_id: str) -> Task:

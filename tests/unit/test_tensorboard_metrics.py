@@ -16,11 +16,12 @@ from arpo_async.stage_timings import StageTimings, percentile
 from arpo_async.tasks import Task
 from arpo_async.transport import Envelope, Outbox
 from learner.algo.batcher import Batcher, ScoredGroup
-from learner.train.records import step_record
 from learner.algo.replay import SuccessReplay
 from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.service import LearnerService
 from learner.rollouts.staleness import StalenessManager
+from learner.train.records import step_record
+from tests.support import loop_counters
 
 TASK = Task.from_dict({"id": "grid4-red", "instruction": "click red", "config": [],
                        "evaluator": {"func": "exact_match", "result": {"type": "vm_file", "path": "/r"},
@@ -78,8 +79,7 @@ def test_flatten_numbers_keeps_finite_numbers_only():
 async def service():
     order = itertools.cycle([TASK])
     scheduler = GroupScheduler([TASK], group_size=2, pick_task=lambda: next(order))
-    yield LearnerService(Outbox(routed=True), scheduler, StalenessManager(8, 0),
-                         Batcher(SuccessReplay(), max_staleness=0, groups_per_step=1))
+    yield LearnerService(Outbox(routed=True), scheduler, StalenessManager(8, 0))
 
 
 async def one_window(service: LearnerService, window: int, scale: float) -> None:
@@ -103,10 +103,13 @@ async def test_tensorboard_holds_every_number_of_metrics_jsonl(service, tmp_path
     await service.handle(Envelope(Heartbeat("actor", running=3, waiting=1, unacked=2), "peer"))
     writer = MetricsWriter(tmp_path / "metrics.jsonl", tensorboard=tmp_path / "tb")
     batch = [ScoredGroup("grid4-red", [], [1.0, 0.0], [1.0, -1.0], False, 0.5, [0, 1])]
+    batcher = Batcher(SuccessReplay(), max_staleness=0, groups_per_step=1, drops=service.state.drops)
     for n, scale in ((1, 1.0), (2, 3.0)):
         await one_window(service, n, scale)
+        while not service.groups.empty():  # the training loop's per-group stages (TrainingLoop.collect)
+            batcher.add_group(service.groups.get_nowait(), service.version)
         writer.write(step_record(n, n, batch, {"loss": 0.1 * n, "grad_norm": float("nan")}, service.stats.window.take(),
-                                 service.counters(), 0.25, 10.0 * n))
+                                 loop_counters(service), 0.25, 10.0 * n))
     writer.close()
 
     records = read_metrics(tmp_path / "metrics.jsonl")

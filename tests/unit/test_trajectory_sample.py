@@ -10,7 +10,7 @@ from PIL import Image
 from arpo_async.messages import Outcome, Step, Trajectory
 from arpo_async.tasks import Task
 from learner.rollouts.trajectory_sample import (RECORD_FILE, TrajectorySampler, image_size, image_suffix,
-                                       parse_compact_actions, thought_of)
+                                                parse_compact_actions, thought_of)
 
 TASK = Task.from_dict({"id": "grid4-red", "instruction": "Click the red square.", "config": [],
                        "evaluator": {"func": "infeasible"}})

@@ -15,7 +15,8 @@ from arpo_async.messages import Outcome
 from arpo_cli.viewer import ViewerError, make_server, marks_svg, render_page, write_page
 from learner.rollouts.trajectory_sample import TrajectorySampler
 from tests.support import parse_html
-from tests.unit.test_multiturn_replay import TASK as MULTI_STEP_TASK, three_step_success
+from tests.unit.test_multiturn_replay import TASK as MULTI_STEP_TASK
+from tests.unit.test_multiturn_replay import three_step_success
 from tests.unit.test_trajectory_sample import TASK, trajectory
 
 

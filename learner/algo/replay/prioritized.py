@@ -318,8 +318,8 @@ class PrioritizedReplay(Generic[T]):
         version, length, counter, replays], ...]}}`` (insertion order).
 
         Args:
-            encode: applied to each stored trajectory (learner.train.checkpoint passes its ``encode_trajectory``); identity
-                if None.
+            encode: applied to each stored trajectory (learner.train.checkpoint passes its ``encode_trajectory``);
+                identity if None.
         """
         return {
             "schema": _PRIORITIZED_SCHEMA,

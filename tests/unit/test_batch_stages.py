@@ -1,11 +1,12 @@
-"""The learner's training step (learner.train.training_step): the samples and optimizer steps a batch gets."""
+"""The training loop's per-batch stages: the samples a batch gets (learner.algo.batcher.train_samples) and the
+optimizer steps it takes (learner.train.loop.optimizer_steps), handed to the trainer as the loop hands them."""
 
 import pytest
 
 from arpo_async.config import load_config
 from arpo_async.messages import Step, Trajectory
-from learner.algo.batcher import ScoredGroup
-from learner.train.training_step import train_on_batch
+from learner.algo.batcher import ScoredGroup, train_samples
+from learner.train.loop import optimizer_steps
 
 
 class RecordingTrainer:
@@ -41,7 +42,9 @@ def test_a_batch_takes_updates_per_batch_steps_within_the_samples_and_the_run(ov
                                                                                updates):
     trainer = RecordingTrainer()
     batch = [group("a", [1.0, -1.0]), group("b", [0.5, -0.5])][:samples // 2]  # one sample per trajectory
-    stats, taken = train_on_batch(trainer, batch, lc(*overrides), None, steps_done)
+    samples_given = train_samples(batch)
+    taken = optimizer_steps(lc(*overrides), len(samples_given), steps_done)
+    stats = trainer.train_batch(samples_given, minibatches=taken)
     assert taken == updates and stats["optimizer_steps"] == updates
     [(given, minibatches)] = trainer.calls
     assert minibatches == updates
