@@ -84,8 +84,8 @@ METRIC_FIELDS: dict[str, MetricField] = {
     "outcomes": MetricField("{outcome: trajectories received in the window} (SUCCESS, FAILURE, TRUNCATED, "
                             "ENV_ERROR, TASK_ERROR, ABORTED; absent outcomes left out)."),
     "drops": MetricField("Trajectories or groups not trained on since the run started, by reason (ints): stale, "
-                         "zero_variance, group_too_small, and the lower-cased non-trainable outcomes (env_error, "
-                         "task_error, aborted)."),
+                         "zero_variance, group_too_small, unscorable (a group whose stages raised), and the lower-cased "
+                         "non-trainable outcomes (env_error, task_error, aborted)."),
     "totals": MetricField("The run's counters (numbers): trajectories, from_desktop, acked, duplicates, late, "
                           "silent_peers, unusable_batches, eval_* counts and others, plus trajectories by outcome "
                           "(SUCCESS, FAILURE, ...)."),

@@ -45,4 +45,4 @@ for _ in $(seq 1 600); do
   sleep 0.5
 done
 curl -sf "http://127.0.0.1:$PORT/health" >/dev/null || { say "FAIL: the server did not answer /health in 300 s"; exit 1; }
-"$PY" -m arpo_cli.gpu_smoke --url "http://127.0.0.1:$PORT" --model "$MODEL" --device "$DEVICE" --steps 3
+"$PY" -m tests.gpu_smoke --url "http://127.0.0.1:$PORT" --model "$MODEL" --device "$DEVICE" --steps 3

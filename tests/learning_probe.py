@@ -40,7 +40,8 @@ from arpo_async.model.inputs import PromptEncoder
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
 from arpo_async.tasks import Task
 from arpo_serve.engine import Engine, SamplingParams
-from learner.algo.batcher import Batcher, train_samples
+from learner.algo.batcher import Batcher
+from learner.algo.samples import train_samples
 from learner.algo.forced_tokens import ForcedTokens
 from learner.main import replay_buffer, select_tasks
 from learner.rollouts.scheduler import Group

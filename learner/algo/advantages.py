@@ -8,7 +8,8 @@ names another as ``"package.module:function"``, imported when the learner starts
 A custom function has the signature of :class:`AdvantageFunction`. It is called once per scored group, after the
 replay stage (so an injected success is among the rewards) and only for a group whose rewards vary (a group with
 zero reward variance is dropped first: it carries no gradient under any group-relative rule). It must return one
-finite float per trajectory; anything else stops the learner with a ValueError naming the function and the task.
+finite float per trajectory; anything else stops the learner with an :class:`AdvantageFunctionError` naming the
+function and the task.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ from typing import Protocol
 import numpy as np
 
 from learner.algo.grpo import group_advantages
+
+
+class AdvantageFunctionError(ValueError):
+    """The advantage function returned something other than one finite float per trajectory (the learner stops:
+    every later group would fail the same way)."""
 
 
 class AdvantageFunction(Protocol):
@@ -62,14 +68,15 @@ def checked_advantages(function: AdvantageFunction, rewards: np.ndarray, task_id
     """``function(rewards, task_id)`` as a list of floats, checked.
 
     Raises:
-        ValueError: the result does not have one finite number per reward (names the function and the task).
+        AdvantageFunctionError: the result does not have one finite number per reward (names the function and the
+            task).
     """
     try:
         values = np.asarray(function(rewards, task_id), dtype=np.float64)
     except (TypeError, ValueError) as error:
-        raise ValueError(f"advantage function {getattr(function, '__name__', function)!r} returned no numbers for "
-                         f"task {task_id!r}: {error}") from error
+        raise AdvantageFunctionError(f"advantage function {getattr(function, '__name__', function)!r} returned no "
+                                     f"numbers for task {task_id!r}: {error}") from error
     if values.shape != rewards.shape or not np.isfinite(values).all():
-        raise ValueError(f"advantage function {getattr(function, '__name__', function)!r} must return "
-                         f"{rewards.shape[0]} finite floats for task {task_id!r}, got {values.tolist()!r}")
+        raise AdvantageFunctionError(f"advantage function {getattr(function, '__name__', function)!r} must return "
+                                     f"{rewards.shape[0]} finite floats for task {task_id!r}, got {values.tolist()!r}")
     return values.tolist()

@@ -5,12 +5,12 @@ Owns: the per-group stages between the scheduler and the trainer, each a method,
 :meth:`Batcher.advantages` (advantages), following (ARPO: End-to-End Policy
 Optimization for GUI Agents with Experience Replay, arXiv 2505.16282, and its code github.com/dvlab-research/ARPO):
 drop what cannot be trained (ENV_ERROR / ABORTED, or staler than the bound) and compute the rewards (a reward shaping
-changes :meth:`Batcher.score`, or learner.algo.grpo.compute_reward), inject a stored success into an all-failed
+changes learner.algo.rewards.compute_reward), inject a stored success into an all-failed
 (or, with prioritized replay, low-success) group and update the replay buffer from the group as sampled, drop
 zero-variance groups (they carry no gradient and cost no optimizer work; DAPO's dynamic sampling) and compute the
 advantages with the advantage function (GRPO's by default; learner.algo.advantages is the seam for another). Every
-drop is counted by reason in ``drops``. Then :func:`train_samples` (the "samples" stage) turns a batch into one
-TrainSample per generated step.
+drop is counted by reason in ``drops``. Then learner.algo.samples.train_samples (the "samples" stage) turns a batch
+into one TrainSample per generated step.
 
 Replayed trajectories are marked per position in ``ScoredGroup.replayed`` and on their ``TrainSample``s
 (``replayed=True``); they keep the behaviour log-probs and token versions recorded when they were sampled, so the
@@ -29,10 +29,9 @@ import numpy as np
 from arpo_async.messages import Trajectory
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
 from learner.algo.advantages import AdvantageFunction, checked_advantages, grpo_advantages
-from learner.algo.forced_tokens import ForcedTokens
-from learner.algo.grpo import compute_reward, is_zero_variance
+from learner.algo.grpo import is_zero_variance
+from learner.algo.rewards import compute_reward
 from learner.algo.replay import ReplayBuffer
-from learner.algo.train_sample import TrainSample
 
 
 @dataclass
@@ -107,11 +106,13 @@ class Batcher:
         and keep the result for a batch; None when the group was dropped (counted in ``drops``).
 
         Raises:
-            ValueError: the advantage function returned something other than one finite float per trajectory.
+            AdvantageFunctionError: the advantage function returned something other than one finite float per
+                trajectory (learner.algo.advantages).
         """
-        scored = self.score(group.task.id, group.trajectories(), version)
+        scored = self.score(group.task.id, group.trajectories(), version)  # 1. score
         if scored is not None:
-            scored = self.advantages(self.replay_success(scored, version))
+            scored = self.replay_success(scored, version)  # 2. replay
+            scored = self.advantages(scored)  # 3. advantages
         if scored is not None:
             self.ready.append(scored)
         return scored
@@ -121,7 +122,7 @@ class Batcher:
 
     def score(self, task_id: str, trajectories: list[Trajectory], version: int) -> ScoredGroup | None:
         """The "score" stage: drop what cannot be trained (its outcome, or policy lag above eta), then each kept
-        trajectory's reward (learner.algo.grpo.compute_reward: score plus the weighted format reward). None when
+        trajectory's reward (learner.algo.rewards.compute_reward: score plus the weighted format reward). None when
         fewer than 2 are left (``group_too_small``). The result has no advantages yet."""
         kept: list[Trajectory] = []
         for traj in trajectories:
@@ -154,7 +155,8 @@ class Batcher:
         advantage function's advantages (learner.algo.advantages).
 
         Raises:
-            ValueError: the advantage function returned something other than one finite float per trajectory.
+            AdvantageFunctionError: the advantage function returned something other than one finite float per
+                trajectory (learner.algo.advantages).
         """
         if is_zero_variance(scored.rewards):
             self.drops["zero_variance"] += 1
@@ -193,29 +195,3 @@ class Batcher:
         """Every ready group, oldest first (lockstep: the whole rollout batch, however many had variance)."""
         batch, self.ready = self.ready, []
         return batch
-
-
-def train_samples(batch: list[ScoredGroup], forced: ForcedTokens | None = None) -> list[TrainSample]:
-    """One TrainSample per generated step of every trajectory, carrying its trajectory's advantage.
-
-    Tokens in, tokens out: the exact prompt and output ids the sampler used, its behaviour log-probs, and the
-    screenshots the prompt referenced, in prompt order. With ``forced``, each sample's ``loss_mask`` leaves out
-    the tokens its trajectory's grammar forced (`learner.algo.forced_tokens`); without it every token counts.
-    """
-    samples: list[TrainSample] = []
-    for group in batch:
-        flags = group.replayed or [False] * len(group.trajectories)
-        for traj, advantage, replayed in zip(group.trajectories, group.advantages, flags):
-            for step in traj.steps:
-                if not len(step.output_ids):
-                    continue
-                samples.append(TrainSample(
-                    prompt_ids=step.prompt_ids,
-                    images=[traj.screenshots[i] for i in step.image_indices],
-                    output_ids=step.output_ids,
-                    behaviour_logprobs=step.logprobs,
-                    advantage=advantage,
-                    replayed=replayed,
-                    loss_mask=forced.loss_mask(traj.grammar, step.output_ids) if forced is not None else None,
-                ))
-    return samples

@@ -1,4 +1,5 @@
-"""GRPO math for the learner: rewards, group-relative advantages, the all-failed rule, the clipped token loss.
+"""GRPO math for the learner: group-relative advantages, the all-failed rule, the clipped token loss (the reward
+is learner.algo.rewards').
 
 Pure functions with no state and no I/O. Reward and group statistics use numpy; the loss uses torch so it can
 be back-propagated. Every formula names the public code it was checked against:
@@ -27,7 +28,6 @@ __all__ = [
     "CORRECTION_MODES",
     "GrpoInputError",
     "clipped_token_loss",
-    "compute_reward",
     "corrected_token_loss",
     "correction_weights",
     "group_advantages",
@@ -56,34 +56,6 @@ def _as_finite_1d(values: Sequence[float], what: str) -> np.ndarray:
     if not np.all(np.isfinite(array)):
         raise GrpoInputError(f"{what} contains nan or inf: {array.tolist()}")
     return array
-
-
-def compute_reward(score: float, format_ok: bool, *, format_weight: float = 0.5) -> float:
-    """Reward of one trajectory: evaluator score plus a weighted format reward.
-
-    ``reward = score + format_weight * format_reward`` with ``format_reward = 0.0`` when every reply of the
-    episode parsed and ``-1.0`` when one did not (the unparseable reply also ends the episode).
-
-    Source: ARPO ``ray_trainer.py`` (``rewards = eval_results + 0.5 * format_rewards``) and ``gui_agent.py``
-    (``EnvWorker.step`` sets ``format_reward = 0.0`` after a successful parse, ``-1.0`` in the except branch).
-
-    Args:
-        score: the evaluator's score, a float (OSWorld scores lie in [0, 1]).
-        format_ok: whether all replies of the episode parsed into actions.
-        format_weight: weight of the format reward (ARPO: 0.5).
-
-    Returns:
-        The scalar reward, unitless; in [-0.5, 1] for ARPO's defaults and a score in [0, 1].
-
-    Raises:
-        GrpoInputError: ``score`` or ``format_weight`` is not a finite number.
-    """
-    if not math.isfinite(score):
-        raise GrpoInputError(f"score must be finite, got {score!r}")
-    if not math.isfinite(format_weight):
-        raise GrpoInputError(f"format_weight must be finite, got {format_weight!r}")
-    format_reward = 0.0 if format_ok else -1.0
-    return float(score) + format_weight * format_reward
 
 
 def group_advantages(

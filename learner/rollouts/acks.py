@@ -65,10 +65,13 @@ class HeldAcks:
         self._flush: asyncio.Task | None = None
         """The pending delayed send (:meth:`settle`)."""
 
-    def hold(self, peer: str, trajectory_id: str) -> None:
-        """Acknowledge ``trajectory_id`` to ``peer`` with the others of this burst."""
-        self._by_peer.setdefault(peer, []).append(trajectory_id)
+    def receive(self, peer: str, traj: Trajectory, *, valid: bool) -> bytes | None:
+        """Acknowledge ``traj`` to ``peer`` with the others of this burst (the learner holds it now, whatever
+        becomes of it); returns its :func:`fingerprint` when it is ``valid``, else None (a flood of invalid
+        trajectories costs no fingerprint)."""
+        self._by_peer.setdefault(peer, []).append(traj.trajectory_id)
         self.held += 1
+        return fingerprint(traj) if valid else None
 
     async def settle(self, more: bool) -> None:
         """After one message: with `ACK_BATCH` ids held, or at the end of a burst (``more`` False) with

@@ -233,6 +233,11 @@ class EvaluationRounds:
             raise KeyError(f"no running evaluation episode {(group_id, rollout_index)}")
         return self.round.slots[(group_id, rollout_index)]
 
+    def on_trajectory(self, traj: Trajectory) -> None:
+        """A running episode's trajectory came back (the slot-owner interface learner.rollouts.peers uses, as
+        GroupScheduler.on_trajectory): :meth:`record` it. No group ever completes (None)."""
+        self.record(traj)
+
     def record(self, traj: Trajectory) -> dict[str, Any] | None:
         """Count the trajectory of a running evaluation episode; returns the round's result (:meth:`result_of`)
         when it completes the round (the result is also kept for :meth:`take_result`).

@@ -2,8 +2,10 @@
 
 Role: the learner service's half that hands out work. Owns the known peers (when each was last heard, the slots
 its Hello announced, its last Heartbeat's queue depths), the queue of waiting work requests, the running rollouts
-and the peer each was handed to, the request ids seen (with the assignment each got), and the policy version as
-announced to actors. Sends through the ROUTER pump's outbox.
+and the peer each was handed to, the request ids seen (with the assignment each got), the trajectory ids received
+(with their fingerprints, for de-duplication), and the policy version as announced to actors. Sends through the
+ROUTER pump's outbox. :meth:`Peers.receive` decides what becomes of a trajectory that came back and, when it is
+taken, hands it to its slot's owner (the scheduler, or the evaluation rounds).
 
 Fairness: waiting requests are queued per peer and rollouts are handed out round-robin over the peers that wait,
 so a peer with thousands of requests waiting delays another peer's by at most one rollout each. A peer may have at
@@ -26,14 +28,16 @@ import asyncio
 import collections
 import logging
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
-from arpo_async.messages import Assignment, Heartbeat, Hello, LearnerStatus, Shutdown, WorkRequest
+from arpo_async.messages import (Assignment, Heartbeat, Hello, LearnerStatus, Outcome, Shutdown, Trajectory,
+                                 WorkRequest)
 from arpo_async.tasks import Task
 from arpo_async.transport import Outbox
 from arpo_async.validation import InvalidMessage
 from learner.rollouts.evaluation_rounds import EvaluationRounds
-from learner.rollouts.scheduler import GroupScheduler
+from learner.rollouts.scheduler import Group, GroupScheduler
 
 log = logging.getLogger("learner.rollouts.service")
 
@@ -46,6 +50,38 @@ UNANNOUNCED_PEERS = 16
 
 SEEN_IDS = 200_000
 """Ids remembered for de-duplication (oldest forgotten first)."""
+
+INVALID = b"invalid"
+"""The fingerprint remembered for an invalid trajectory taken as ABORTED: any later trajectory with its id is refused
+as a ``duplicate`` (a real fingerprint is 16 bytes, never this)."""
+
+
+class SlotOwner(Protocol):
+    """Who runs a rollout slot: the scheduler (training rollouts) or the evaluation rounds (episodes)."""
+
+    def is_running(self, group_id: str, rollout_index: int) -> bool: ...
+    def running_task(self, group_id: str, rollout_index: int) -> Task: ...
+    def on_trajectory(self, traj: Trajectory) -> Group | None: ...
+
+
+@dataclass
+class Receipt:
+    """What :meth:`Peers.receive` made of one trajectory.
+
+    Attributes:
+        taken: what went into its slot: the trajectory, or an ABORTED one in place of an invalid one from the
+            slot's peer (so the rollout is handed out again); None when nothing was taken.
+        task: the slot's task (when taken).
+        group: the group it completed (a training rollout's last), else None.
+        evaluation: the slot was an evaluation episode's (learner.rollouts.evaluation_rounds).
+        problem: why the peer gets a Reject (None: no Reject).
+    """
+
+    taken: Trajectory | None = None
+    task: Task | None = None
+    group: Group | None = None
+    evaluation: bool = False
+    problem: InvalidMessage | None = None
 
 
 class Admission(Protocol):
@@ -121,6 +157,8 @@ class Peers:
         self._requests_seen: collections.OrderedDict[str, Assignment | None] = collections.OrderedDict()
         """Request ids seen (None while waiting), with the assignment each got, so a re-sent request whose answer
         was lost (a full ROUTER queue drops silently) gets the same assignment again."""
+        self._received: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        """Trajectory ids taken (or late), with the fingerprint of their content (learner.rollouts.acks)."""
 
     def is_running(self, group_id: str, rollout_index: int) -> bool:
         """Whether this slot is handed out and not back: a training rollout or an evaluation episode."""
@@ -136,6 +174,63 @@ class Peers:
         if self.is_evaluation(group_id, rollout_index):
             return self.evaluation.running_task(group_id, rollout_index)
         return self.scheduler.running_task(group_id, rollout_index)
+
+    def _slot_owner(self, group_id: str, rollout_index: int) -> SlotOwner | None:
+        """Who runs this slot now: the scheduler, the evaluation rounds, or nobody (None: not running)."""
+        if self.scheduler.is_running(group_id, rollout_index):
+            return self.scheduler
+        if self.evaluation is not None and self.evaluation.is_running(group_id, rollout_index):
+            return self.evaluation
+        return None
+
+    def receive(self, peer: str, traj: Trajectory, digest: bytes | None, problem: InvalidMessage | None) -> Receipt:
+        """Decide what becomes of a trajectory ``peer`` sent: take it for its rollout slot only when it is valid,
+        new, and comes from the peer the slot was handed to with the slot's task; a taken one leaves its slot
+        (the peer's count drops) and goes to the slot's owner (:meth:`GroupScheduler.on_trajectory`, or the
+        evaluation rounds'). Otherwise nothing of the slot changes, and the receipt says why: a Reject (reasons
+        ``owner``, ``task``, ``duplicate`` for an id reused with other content, or the validation's), or a count
+        (``duplicates`` for a re-send after a lost Ack, ``late`` for a slot not running). An invalid trajectory
+        from the slot's peer ends the slot as ABORTED, so the rollout is handed out again; its id is remembered.
+
+        Args:
+            digest: the trajectory's fingerprint (learner.rollouts.acks.fingerprint); None when it is invalid.
+            problem: why it is invalid (arpo_async.validation.check_trajectory), or None.
+        """
+        slot = (traj.group_id, traj.rollout_index)
+        owner = self._slot_owner(*slot)
+        owned = owner is not None and self.assigned.get(slot) == peer
+        seen = self._received.get(traj.trajectory_id, False)
+        if problem is None and seen is False and owned and traj.task_id != (task := owner.running_task(*slot)).id:
+            problem = InvalidMessage("task", f"rollout {slot} is of task {task.id!r}, not {traj.task_id[:80]!r}")
+        if problem is not None:
+            if seen is not False or not owned:
+                return Receipt(problem=problem)
+            remember(self._received, traj.trajectory_id, INVALID)  # never trained on; a re-send is a duplicate
+            aborted = Trajectory(traj.trajectory_id, traj.actor_id, traj.task_id, traj.group_id, traj.rollout_index,
+                                 Outcome.ABORTED.value, 0.0, False, [], [], error=f"rejected: {problem}"[:500])
+            return self._take(slot, owner, aborted, problem)
+        if seen is not False:
+            if seen != digest:
+                return Receipt(problem=InvalidMessage("duplicate", f"trajectory id {traj.trajectory_id[:80]!r} was "
+                                                                   "already received with other content"))
+            self.totals["duplicates"] += 1
+            return Receipt()
+        if owner is None:
+            remember(self._received, traj.trajectory_id, digest)
+            self.totals["late"] += 1  # its slot was re-issued after a timeout, or the learner restarted
+            return Receipt()
+        if not owned:
+            return Receipt(problem=InvalidMessage("owner", f"rollout {slot} was handed to another peer"))
+        remember(self._received, traj.trajectory_id, digest)
+        return self._take(slot, owner, traj, None)
+
+    def _take(self, slot: tuple[str, int], owner: SlotOwner, traj: Trajectory,
+              problem: InvalidMessage | None) -> Receipt:
+        """``traj`` leaves its running ``slot`` for ``owner``."""
+        task = owner.running_task(*slot)
+        self.returned(*slot)
+        group = owner.on_trajectory(traj)
+        return Receipt(traj, task, group, owner is self.evaluation, problem)
 
     def heard(self, peer: str) -> None:
         """``peer`` sent something just now."""

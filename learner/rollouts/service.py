@@ -1,19 +1,19 @@
 """Learner service: the learner's side of the conversation with actors, and the message dispatch.
 
-Role: takes each message from the ROUTER pump's inbox (:meth:`LearnerService.serve`) and routes it; owns
-trajectory de-duplication, the optimizer step count, the baseline pass while it runs, and the hand-off of training
-complete groups. Its two other halves: :class:`learner.rollouts.peers.Peers` (known actors, waiting requests, running
-rollouts, admission, the announced policy version) and :class:`learner.rollouts.run_stats.RunStats` (counters, the
-outcome window, the stall check). Channels (made by the wiring function, learner.main): the pump's inbox and outbox, and
-``groups``, the queue of complete training groups the training loop (learner.train.loop) takes them from; the loop
-reports each step back through one call, :meth:`LearnerService.on_trained`. Shares the run's state
+Role: takes each message from the ROUTER pump's inbox (:meth:`LearnerService.serve`) and routes it; owns the
+baseline pass while it runs and the hand-off of complete groups. Its halves: :class:`learner.rollouts.peers.Peers`
+(known actors, waiting requests, running rollouts, de-duplication, the announced policy version),
+:class:`learner.rollouts.acks.HeldAcks` (Acks held for a burst) and :class:`learner.rollouts.run_stats.RunStats`
+(counters, the outcome window, the stall check). Channels (made by the wiring function, learner.main): the pump's
+inbox and outbox, and ``groups``, the queue of complete groups the training loop (learner.train.loop) takes; the
+loop reports each step back through one call, :meth:`LearnerService.on_trained`. Shares the run's state
 (learner.state.RunState: step, policy version, totals) with the loop; never scores a group (learner.algo does).
 
 - hello / heartbeat -> reply with LearnerStatus (learner id + version), so actors notice a restarted learner;
 - work_request -> queued; handed an Assignment as soon as the scheduler has a slot and the admission rule
   (StalenessManager for the async schedule, LockstepAdmission for lockstep) admits one more rollout;
 - trajectory -> acknowledged (the learner now holds it) at the end of the burst of messages it arrived in, plus
-  `ACK_DELAY_S` for trajectories arriving one at a time, one Ack per peer for all of them
+  learner.rollouts.acks.ACK_DELAY_S for trajectories arriving one at a time, one Ack per peer for all of them
   (:meth:`LearnerService.handle`), validated, de-duplicated by trajectory id, and
   taken for its rollout slot only from the peer the slot was handed to, with the slot's task (else a counted
   Reject: ``owner``, ``task``, ``duplicate`` for an id reused with other content; nothing it sends can erase a
@@ -46,9 +46,9 @@ from arpo_async.transport import Envelope, Outbox, Undecodable
 from arpo_async.validation import InvalidMessage, WireLimits, check_hello, check_trajectory, check_work_request
 from learner.algo.baseline import BaselinePass
 from learner.algo.task_selection import NoTaskLeft, TaskSelector, trainable_scores
-from learner.rollouts.acks import ACK_DELAY_S, HeldAcks, fingerprint
+from learner.rollouts.acks import ACK_DELAY_S, HeldAcks
 from learner.rollouts.evaluation_rounds import EvaluationRounds
-from learner.rollouts.peers import Admission, Peers, remember
+from learner.rollouts.peers import Admission, Peers
 from learner.rollouts.run_stats import RunStats
 from learner.rollouts.scheduler import Group, GroupScheduler
 from learner.rollouts.trajectory_sample import TrajectorySampler
@@ -136,8 +136,6 @@ class LearnerService:
         """The baseline pass while it runs (its groups go to it, not to training)."""
         self._baseline_done = asyncio.Event()
         self._round_open = False
-        self._seen: collections.OrderedDict[str, bytes] = collections.OrderedDict()
-        """Trajectory ids taken (or late), with the fingerprint of their content (learner.rollouts.acks.fingerprint)."""
         self.acks = HeldAcks(outbox, self.state.totals, ack_delay_s)
         """The Acks of the current burst of messages (:meth:`handle`)."""
         self._inbox: asyncio.Queue[Envelope] | None = None
@@ -248,94 +246,53 @@ class LearnerService:
             self.stats.totals["warnings_suppressed"] += 1
 
     async def _on_trajectory(self, peer: str, traj: Trajectory) -> None:
-        """Ack ``traj`` at once, then take it for its rollout slot only when it is valid, new, and comes from the
-        peer the slot was handed to with the slot's task; otherwise count and Reject it (reasons ``owner``,
-        ``task``, ``duplicate``, or the validation's) without touching the slot's owner record. A valid duplicate
-        (a re-send after a lost Ack) is counted in ``duplicates``; a trajectory for a slot not running is ``late``.
-        An invalid trajectory from the slot's owner ends the slot as ABORTED, so the rollout is handed out again."""
-        totals, slot = self.stats.totals, (traj.group_id, traj.rollout_index)
-        self.acks.hold(peer, traj.trajectory_id)  # sent at the end of the burst (`handle`)
-        running = self.peers.is_running(*slot)
-        owned = running and self.peers.assigned.get(slot) == peer
-        seen = self._seen.get(traj.trajectory_id, False)
+        """One trajectory, through the rollouts room in one pass (each module once): validated
+        (arpo_async.validation), acked with its burst and fingerprinted (learner.rollouts.acks), taken for its
+        slot or not (:meth:`learner.rollouts.peers.Peers.receive`, which hands a taken one to the scheduler or the
+        evaluation rounds); a Reject when it says so. A training rollout taken is then counted (the statistics
+        window, learner.rollouts.run_stats), offered to the sample kept for `arpo view`, reported to the admission
+        rule and the task selector; the group it completes goes to the baseline pass while that runs, else on
+        ``groups`` (lockstep: :data:`ROUND_END` after a rollout batch's last group)."""
         try:
             check_trajectory(traj, vocab_size=self.vocab_size, version=self.version, limits=self.limits)
-            if seen is False and owned and traj.task_id != self.peers.running_task(*slot).id:
-                raise InvalidMessage("task", f"rollout {slot} is of task {self.peers.running_task(*slot).id!r}, "
-                                             f"not {traj.task_id[:80]!r}")
+            problem = None
         except InvalidMessage as invalid:
-            await self._reject(peer, invalid)
-            if seen is not False or not owned:
-                return
-            # never trained on: its slot ends as ABORTED, so the rollout is handed out again (rollout_retries)
-            remember(self._seen, traj.trajectory_id, fingerprint(traj))  # a re-send of it is a duplicate
-            self.peers.returned(*slot)
-            traj = Trajectory(traj.trajectory_id, traj.actor_id, traj.task_id, traj.group_id, traj.rollout_index,
-                              Outcome.ABORTED.value, 0.0, False, [], [], error=f"rejected: {invalid}"[:500])
-            await self._take(traj)
-            return
-        digest = fingerprint(traj)  # only for a valid trajectory: a flood of invalid ones costs no fingerprint
-        if seen is not False:
-            if seen != digest:
-                await self._reject(peer, InvalidMessage("duplicate", f"trajectory id {traj.trajectory_id[:80]!r} "
-                                                        "was already received with other content"))
-            else:
-                totals["duplicates"] += 1
-            return
-        if not running:
-            remember(self._seen, traj.trajectory_id, digest)
-            totals["late"] += 1  # its slot was re-issued after a timeout, or the learner restarted
-            return
-        if not owned:
-            await self._reject(peer, InvalidMessage("owner", f"rollout {slot} was handed to another peer"))
-            return
-        remember(self._seen, traj.trajectory_id, digest)
-        self.peers.returned(*slot)
-        await self._take(traj)
-
-    async def _take(self, traj: Trajectory) -> None:
-        """Record a trajectory accepted for its running slot: an evaluation episode's goes to the evaluation
-        rounds only; any other's to the counters, the statistics window, the sample kept for `arpo view`, the
-        scheduler, and a complete group to the baseline pass or (after the task selector) on ``groups``."""
-        if self.peers.is_evaluation(traj.group_id, traj.rollout_index):
-            self.evaluation.record(traj)
-            await self.peers.dispatch()
+            problem = invalid
+        digest = self.acks.receive(peer, traj, valid=problem is None)  # sent at the end of the burst (`handle`)
+        receipt = self.peers.receive(peer, traj, digest, problem)
+        if receipt.problem is not None:
+            await self._reject(peer, receipt.problem)
+        taken, task, group = receipt.taken, receipt.task, receipt.group
+        if taken is None or receipt.evaluation:  # an evaluation episode's goes to its round only
+            if taken is not None:
+                await self.peers.dispatch()
             return
         totals = self.stats.totals
-        totals["from_desktop"] += bool(traj.desktop)
-        totals["desktop_busy_s"] += traj.timings.get("episode_s", 0.0)  # for desktop utilisation
-        task = self.scheduler.running_task(traj.group_id, traj.rollout_index)
-        if self.selector is not None and self.selector.record_rollout(task.id, traj.outcome == Outcome.TASK_ERROR):
-            log.error("task %s set aside: its last %d rollouts ended in TASK_ERROR (the last: %s); it is not handed "
-                      "out again in this run", task.id, self.selector.task_error_limit, traj.error[:300])
-        self.stats.window.record(task, traj.outcome)
-        self.stats.window.stages.add(traj)
-        if self.sampler is not None:
-            await self.sampler.offer(traj, task, step=self.step, version=self.version)
-        totals[traj.outcome] += 1
+        totals["from_desktop"] += bool(taken.desktop)
+        totals["desktop_busy_s"] += taken.timings.get("episode_s", 0.0)  # for desktop utilisation
+        totals[taken.outcome] += 1
         totals["trajectories"] += 1
-        group = self.scheduler.on_trajectory(traj)
-        self.admission.on_finish(accepted=Outcome(traj.outcome).trainable)
-        if group is not None:
-            self._complete(group)
-        await self.peers.dispatch()
-
-    def _complete(self, group: Group) -> None:
-        """A group is complete: to the baseline pass while it runs, else to the task selector and on ``groups``
-        (lockstep: :data:`ROUND_END` after a rollout batch's last group)."""
-        if self.baseline is not None:
+        self.stats.window.record(task, taken.outcome)
+        self.stats.window.stages.add(taken)
+        if self.sampler is not None:
+            await self.sampler.offer(taken, task, step=self.step, version=self.version)
+        self.admission.on_finish(accepted=Outcome(taken.outcome).trainable)
+        if self.selector is not None and self.selector.record_rollout(task.id, taken.outcome == Outcome.TASK_ERROR):
+            log.error("task %s set aside: its last %d rollouts ended in TASK_ERROR (the last: %s); it is not handed "
+                      "out again in this run", task.id, self.selector.task_error_limit, taken.error[:300])
+        if group is not None and self.baseline is not None:
             self.baseline.record_group(group.task.id, trainable_scores(group))
-            accepted = sum(Outcome(t.outcome).trainable for t in group.trajectories())
-            self.admission.on_discard(accepted)  # evaluated, never trained on
+            self.admission.on_discard(sum(Outcome(t.outcome).trainable for t in group.trajectories()))  # never trained
             if self.baseline.done:
                 self._baseline_done.set()
-            return
-        if self.selector is not None:
-            self.selector.record_group(group.task.id, trainable_scores(group))
-        self.groups.put_nowait(group)
-        if self.rounds and self._round_open and self.scheduler.idle:
-            self._round_open = False
-            self.groups.put_nowait(ROUND_END)
+        elif group is not None:
+            if self.selector is not None:
+                self.selector.record_group(group.task.id, trainable_scores(group))
+            self.groups.put_nowait(group)
+            if self.rounds and self._round_open and self.scheduler.idle:
+                self._round_open = False
+                self.groups.put_nowait(ROUND_END)
+        await self.peers.dispatch()
 
     async def evaluate(self, baseline: BaselinePass) -> None:
         """ARPO's baseline pass (learner.algo.baseline): hand out ``baseline``'s groups (k rollouts of every task with

@@ -7,7 +7,7 @@ Role: runs the algorithm as named stages, in this order (each a call in :meth:`T
 2. replay: inject a stored success into a group that qualifies, store the group's successes (``replay_success``);
 3. advantages: drop a group without reward variance, compute the advantages (``advantages``; the advantage
    function is ``learner.advantage_function``, learner.algo.advantages);
-4. samples: one TrainSample per generated step of the batch (learner.algo.batcher.train_samples);
+4. samples: one TrainSample per generated step of the batch (learner.algo.samples.train_samples);
 5. train: ``updates_per_batch`` optimizer steps in a thread (learner.train.trainer);
 6. publish: the weights as the next policy version (learner.train.publisher);
 7. advance the state: step and version in learner.state.RunState, then one call back to the rollouts side,
@@ -44,7 +44,9 @@ from typing import Any, Callable
 from arpo_async.config import LearnerConfig
 from arpo_async.messages import Outcome
 from arpo_async.metrics import MetricsWriter
-from learner.algo.batcher import Batcher, ScoredGroup, train_samples
+from learner.algo.advantages import AdvantageFunctionError
+from learner.algo.batcher import Batcher, ScoredGroup
+from learner.algo.samples import train_samples
 from learner.algo.forced_tokens import ForcedTokens
 from learner.algo.replay import ReplayBuffer
 from learner.rollouts.service import ROUND_END, GroupQueue, LearnerService
@@ -158,7 +160,7 @@ class TrainingLoop:
         :meth:`keep_servers_current` run beside it.
 
         Raises:
-            ValueError: the advantage function returned something unusable (learner.algo.advantages).
+            AdvantageFunctionError: the advantage function returned something unusable (learner.algo.advantages).
             SyncRejected, WeightsMismatch: a publication or a catch-up failed (the learner stops).
         """
         self.metrics = metrics
@@ -180,14 +182,26 @@ class TrainingLoop:
     async def collect(self) -> None:
         """Stages 1-3 for every complete group from the service, as it arrives, at the current policy version:
         score, replay, advantages (:meth:`Batcher.add_group`); what they drop is reported through ``on_discard``.
-        Runs until cancelled."""
+        A group whose stages raise is logged, counted in ``drops["unscorable"]`` and dropped. Runs until cancelled.
+
+        Raises:
+            AdvantageFunctionError: the advantage function returned something unusable (the learner stops).
+        """
         while True:
             group = await self.groups.get()
             if group is ROUND_END:
                 self._round_ends += 1
             else:
                 accepted = sum(Outcome(t.outcome).trainable for t in group.trajectories())
-                scored = self.batcher.add_group(group, self.state.version)
+                try:
+                    scored = self.batcher.add_group(group, self.state.version)  # 1-3. score, replay, advantages
+                except AdvantageFunctionError:
+                    raise  # every later group would fail alike: the learner stops
+                except Exception as error:  # noqa: BLE001 - one group that cannot be scored never stops training
+                    log.error("group %s of task %s cannot be scored, dropped: %s: %s", group.group_id, group.task.id,
+                              type(error).__name__, error)
+                    self.state.drops["unscorable"] += 1
+                    scored = None
                 self.on_discard(accepted - (len(scored.trajectories) if scored else 0))
             self._scored.set()
 
@@ -239,18 +253,18 @@ class TrainingLoop:
         service, state, lc = self.service, self.state, self.lc
         window = service.stats.window.take()
         async with self._weights:
-            samples = await asyncio.to_thread(train_samples, batch, self.forced)
+            samples = await asyncio.to_thread(train_samples, batch, self.forced)  # 4. samples
             updates = optimizer_steps(lc, len(samples), state.step)
             try:
-                stats = await asyncio.to_thread(self.trainer.train_batch, samples, minibatches=updates)
+                stats = await asyncio.to_thread(self.trainer.train_batch, samples, minibatches=updates)  # 5. train
             except TrainerInputError as error:  # every sample unusable: nothing to learn from, nothing changes
                 self.skipped_batches += 1
                 service.on_unusable_batch()
                 log.error("rollout batch %d: no usable sample (%s); no optimizer step", self.rollout_batches, error)
                 return
             version = state.version + 1
-            publish_s = await self.publisher.publish_from(self.trainer, version)
-            state.advance(updates, version)
+            publish_s = await self.publisher.publish_from(self.trainer, version)  # 6. publish
+            state.advance(updates, version)  # 7. advance the state
             await service.on_trained()
         counters = {**service.counters(), "replay": self.replay.stats()}
         record = step_record(state.step, version, batch, stats, window, counters, publish_s, self.wall_s,

@@ -25,7 +25,8 @@ from arpo_async.engine import EngineReply
 from arpo_async.inference_client import Generation, PolicyClient
 from arpo_async.model.inputs import PromptEncoder, load_policy
 from arpo_async.sglang_engine import SGLangEngine
-from learner.algo.batcher import Batcher, ScoredGroup, policy_lag, train_samples
+from learner.algo.batcher import Batcher, ScoredGroup, policy_lag
+from learner.algo.samples import train_samples
 from learner.algo.grpo import correction_weights
 from learner.algo.replay import make_replay, trajectory_version
 from learner.rollouts.scheduler import Group

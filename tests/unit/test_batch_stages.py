@@ -1,11 +1,12 @@
-"""The training loop's per-batch stages: the samples a batch gets (learner.algo.batcher.train_samples) and the
+"""The training loop's per-batch stages: the samples a batch gets (learner.algo.samples.train_samples) and the
 optimizer steps it takes (learner.train.loop.optimizer_steps), handed to the trainer as the loop hands them."""
 
 import pytest
 
 from arpo_async.config import load_config
 from arpo_async.messages import Step, Trajectory
-from learner.algo.batcher import ScoredGroup, train_samples
+from learner.algo.batcher import ScoredGroup
+from learner.algo.samples import train_samples
 from learner.train.loop import optimizer_steps
 
 

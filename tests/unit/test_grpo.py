@@ -12,13 +12,13 @@ from learner.algo.grpo import (
     CORRECTION_MODES,
     GrpoInputError,
     clipped_token_loss,
-    compute_reward,
     corrected_token_loss,
     correction_weights,
     group_advantages,
     is_all_failed,
     is_zero_variance,
 )
+from learner.algo.rewards import compute_reward
 
 # ---------------------------------------------------------------- rewards
 

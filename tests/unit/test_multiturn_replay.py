@@ -12,7 +12,8 @@ from PIL import Image
 
 from arpo_async.messages import Outcome, Step, Trajectory
 from arpo_async.tasks import Task
-from learner.algo.batcher import Batcher, train_samples
+from learner.algo.batcher import Batcher
+from learner.algo.samples import train_samples
 from learner.algo.replay import REPLAY_MODES, make_replay
 from learner.rollouts.scheduler import Group
 from learner.train.checkpoint import decode_trajectory, encode_trajectory

@@ -12,7 +12,8 @@ import pytest
 from arpo_async.messages import Outcome, Step, Trajectory
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
 from arpo_async.tasks import Task
-from learner.algo.batcher import Batcher, train_samples
+from learner.algo.batcher import Batcher
+from learner.algo.samples import train_samples
 from learner.algo.replay import (
     Injection,
     PrioritizedReplay,

@@ -4,7 +4,8 @@ import pytest
 
 from arpo_async.messages import Step, Trajectory
 from arpo_async.tasks import Task
-from learner.algo.batcher import Batcher, policy_lag, train_samples
+from learner.algo.batcher import Batcher, policy_lag
+from learner.algo.samples import train_samples
 from learner.algo.replay import SuccessReplay
 from learner.rollouts.scheduler import GroupScheduler
 

@@ -1,4 +1,5 @@
-"""The GPU smoke test's driver (scripts/gpu_smoke.sh): our learner against a running SGLang server, 3 steps.
+"""The GPU smoke test's driver (scripts/gpu_smoke.sh; a test driver, so it lives in tests/): our learner against a
+running SGLang server, 3 steps.
 
 Each step samples a group of replies to one fixed screenshot prompt from the server (``/generate`` with
 ``input_ids`` holding one image pad per image, ``image_data`` and ``return_logprob``, as the actors send it; the
@@ -9,7 +10,7 @@ log-probs of the same tokens, trains one optimizer step on the group, publishes 
 that the server reports the new weight version. It prints one line per step and a last line ``PASS`` or
 ``FAIL: <why>``, with the sampler/trainer log-prob agreement (mean and max absolute difference per token, nats).
 
-    python -m arpo_cli.gpu_smoke --url http://127.0.0.1:30000 --model MODEL_DIR [--device cuda] [--steps 3]
+    python -m tests.gpu_smoke --url http://127.0.0.1:30000 --model MODEL_DIR [--device cuda] [--steps 3]
 
 Exit status: 0 on PASS, 1 on FAIL.
 """
@@ -86,7 +87,7 @@ async def smoke(url: str, model: Path, *, device: str, backend: str, steps: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m arpo_cli.gpu_smoke", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.gpu_smoke", description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", required=True, help="the inference server (SGLang, or arpo-serve for a dry run)")
     parser.add_argument("--model", type=Path, required=True, help="the checkpoint the server serves")
     parser.add_argument("--device", default="cuda", help="the learner's device (cuda, or cpu for a dry run)")
