@@ -53,6 +53,10 @@ class LearnerConfig:
     """PPO clip-higher upper bound: ratio ceiling 1 + eps_high (ARPO: 0.3; DAPO: 0.28)."""
     dual_clip: Annotated[float, Field(gt=1)] = 3.0
     """Dual-clip constant c for negative advantages: a token with A < 0 loses at most -c x A (ARPO: 3.0)."""
+    publish_dtype: Literal["served", "float32"] = "served"
+    """The dtype of the weights the learner publishes: "served" casts them to the dtype each inference server holds
+    its weights in (GET /get_server_info "dtype"; "auto" resolved as SGLang does), so a bf16 server gets half the
+    bytes of float32; "float32" sends the learner's float32 master weights (the server casts them on load)."""
     advantage_function: str = ""
     """Another advantage rule, as "package.module:function" (importable by the learner), called once per scored
     group with (rewards: float64 array of shape (G,), task_id) and returning G finite floats; "" = GRPO's

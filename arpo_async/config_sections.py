@@ -189,6 +189,9 @@ class ServeConfig:
     """The weight version arpo-serve reports until the first update (meta_info.weight_version)."""
     seed: int = 0
     """Seed of arpo-serve's server-level sampler (a request may bring its own sampling_seed)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """The dtype arpo-serve holds the weights in (SGLang's --dtype). The learner publishes weights in the dtype each
+    server reports (learner.publish_dtype)."""
     logprob_mode: Literal["model", "sglang"] = "model"
     """"model": unmasked temperature-1 log-probs, the trainer's quantity; "sglang": masked and tempered, SGLang's."""
     weights_root: str = ""

@@ -119,6 +119,12 @@ class InferenceEngine(Protocol):
         """Close the session (not ok when none is open). SGLang: POST /end_weight_update."""
         ...
 
+    async def served_dtype(self) -> str:
+        """The dtype the server holds its weights in, as it names it ("bfloat16", "float32", or "auto": the
+        checkpoint's, resolved by learner.train.weight_check.served_dtype). SGLang: GET /get_server_info ``dtype``
+        (its --dtype)."""
+        ...
+
     async def weights_checksums(self) -> ServedChecksums:
         """Checksums of every weight the server serves, its dtype and how it hashes. Raises ValueError when the
         server refuses or answers without checksums, RuntimeError when this machine cannot hash as it does.

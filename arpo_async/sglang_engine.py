@@ -165,6 +165,10 @@ class SGLangEngine:
         """POST /end_weight_update {} once."""
         return _reply(await self.client.post_once(self._at("end_weight_update"), {}))
 
+    async def served_dtype(self) -> str:
+        """GET /get_server_info ``dtype`` (SGLang's --dtype; "auto" when it names none)."""
+        return str((await self.server_info()).get("dtype") or "auto")
+
     async def weights_checksums(self) -> ServedChecksums:
         """POST /weights_checker {"action": "checksum"} and GET /get_server_info (``dtype``: SGLang's --dtype,
         "auto" by default; ``device``: how it hashes). Raises ValueError (refused, no checksums), RuntimeError

@@ -52,6 +52,14 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).split(".")[-1]
 
 
+def cast_floating(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """``tensors`` with every floating-point tensor cast to ``dtype`` (integer and bool tensors as they are); the
+    same dict when ``dtype`` is None or nothing needs a cast."""
+    if dtype is None or all(not t.is_floating_point() or t.dtype == dtype for t in tensors.values()):
+        return tensors
+    return {name: t.to(dtype) if t.is_floating_point() else t for name, t in tensors.items()}
+
+
 def dtype_from_name(name: str) -> torch.dtype:
     """``"bfloat16"`` or ``"torch.bfloat16"`` -> torch.bfloat16. Raises ValueError for another name."""
     key = name.split(".")[-1]

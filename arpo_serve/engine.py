@@ -28,7 +28,7 @@ import torch
 from arpo_async.model.checkpoint_names import checkpoint_name_map
 from arpo_async.model.inputs import ModelInputError, PromptEncoder, image_size, load_policy, pixel_inputs
 from arpo_async.grammar import GrammarBackend
-from arpo_async.weight_sync import tensor_checksum
+from arpo_async.weight_sync import dtype_from_name, tensor_checksum
 from arpo_serve.decode import BatchRun, GenerationResult, PreparedRequest
 from arpo_serve.sampling import RequestError, SamplingParams
 
@@ -59,18 +59,20 @@ class Engine:
         weight_version: initial weight version string.
         logprob_mode: "model" (unmasked, temperature 1; default) or "sglang" (masked, tempered).
         jump_forward: emit grammar-forced text as its canonical tokens instead of sampling it (module docstring).
+        dtype: the dtype the weights are held in ("float32" or "bfloat16", as SGLang's --dtype); logits are
+            computed in float32 either way. Weights received later are cast to it.
     Raises:
         ModelInputError: the checkpoint cannot be loaded.
     """
 
     def __init__(self, model_dir: str | Path, *, seed: int = 0, weight_version: str = "0",
-                 logprob_mode: str = "model", jump_forward: bool = True):
+                 logprob_mode: str = "model", jump_forward: bool = True, dtype: str = "float32"):
         from transformers import AutoTokenizer
 
         if logprob_mode not in LOGPROB_MODES:
             raise ValueError(f"logprob_mode must be one of {LOGPROB_MODES}")
         self.model_dir = Path(model_dir)
-        self.model, self.image_processor = load_policy(self.model_dir)
+        self.model, self.image_processor = load_policy(self.model_dir, dtype=dtype_from_name(dtype))
         self.encoder = PromptEncoder(self.model_dir)
         self.weight_version = str(weight_version)
         self.logprob_mode = logprob_mode

@@ -79,7 +79,7 @@ async def _drain(scheduler: Scheduler) -> None:
 FLAG_KEYS = {"model": "model", "host": "serve.host", "port": "serve.port", "max_batch": "serve.max_batch",
              "weight_version": "serve.weight_version", "seed": "serve.seed", "logprob_mode": "serve.logprob_mode",
              "jump_forward": "serve.jump_forward", "api_key": "serve.api_key", "weights_root": "serve.weights_root",
-             "image_root": "serve.image_root"}
+             "image_root": "serve.image_root", "dtype": "serve.dtype"}
 """arpo-serve's flags and the run-file key each one sets."""
 
 
@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, help="most requests decoded together (default: serve.max_batch)")
     p.add_argument("--weight-version", help="initial weight version (default: serve.weight_version, 0)")
     p.add_argument("--seed", type=int, help="seed of the server-level sampler (default: serve.seed, 0)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"),
+                   help="the dtype the weights are held in, as SGLang's --dtype (default: serve.dtype, float32)")
     p.add_argument("--logprob-mode", choices=LOGPROB_MODES,
                    help="model: the trainer's unmasked temperature-1 log-probs; sglang: SGLang's "
                         "(default: serve.logprob_mode, model)")
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         engine = Engine(run.model_path, seed=config.seed, weight_version=config.weight_version,
-                        logprob_mode=config.logprob_mode, jump_forward=config.jump_forward)
+                        logprob_mode=config.logprob_mode, jump_forward=config.jump_forward, dtype=config.dtype)
         asyncio.run(serve(config, engine))
     except Exception as exc:  # noqa: BLE001 - the process boundary: traceback at ERROR, exit 1 (as run_until_signal)
         logging.getLogger("arpo-serve").exception("arpo-serve failed: %s: %s", type(exc).__name__, exc)

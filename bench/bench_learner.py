@@ -12,8 +12,12 @@ start from the same desktop):
   the model work is timed; ``ratio`` = ours / plain (target >= 0.9);
 - ``ranks2_tok_s``: ``train_step`` under torchrun with 2 ranks (gloo, FSDP2; on CPU the ranks share the cores);
 - ``rss_mb_1``/``rss_mb_2``: peak resident memory per rank on CPU (``torch.cuda.max_memory_allocated`` on CUDA);
-- ``publish_disk_s``/``publish_dist_s``: one weight publication to a real arpo-serve, disk (save the folder,
-  ``/update_weights_from_disk``) vs distributed (gather, broadcast over a gloo weight group); target <= 0.5 s.
+- ``publish_disk_s``/``publish_dist_s``: one weight publication to a real arpo-serve holding bf16 weights, disk
+  (save the folder, ``/update_weights_from_disk``) vs distributed (gather, broadcast over a gloo weight group), in
+  the served dtype (``learner.publish_dtype = "served"``); target <= 0.5 s. ``publish_disk_f32_s`` /
+  ``publish_dist_f32_s``: the same with the float32 master weights (the baseline); ``publish_mb`` /
+  ``publish_f32_mb`` (distributed) and ``publish_disk_mb`` / ``publish_disk_f32_mb``: what each sends or writes;
+  ``publish_bytes_ratio`` = served / float32 (0.5 for bf16).
 
 Medians over ``--repeats`` steps after one warm-up step. ``--quick`` is the smoke mode CI runs (2 repeats).
 
@@ -173,12 +177,15 @@ def time_ranks(model: Path, ranks: int, repeats: int, device: str, threads: int)
     return json.loads(found[-1][len("RANKS "):])
 
 
-async def time_publish(model: Path, repeats: int, work: Path) -> tuple[list[float], list[float]]:
-    """Seconds of one publication to a real arpo-serve: disk (save + load) and distributed (gather + broadcast)."""
+async def time_publish(model: Path, repeats: int, work: Path) -> dict[str, list[float]]:
+    """Seconds and bytes of one publication to a real arpo-serve holding bf16 weights (``--dtype bfloat16``, as
+    SGLang serves a model): disk (save + load) and distributed (gather + broadcast), each with
+    ``learner.publish_dtype = "served"`` (bf16 goes out) and "float32" (the master weights: the baseline)."""
     from arpo_async.config import LearnerConfig
     from arpo_async.inference_client import PolicyClient
     from arpo_async.sglang_engine import sglang_engines
     from arpo_cli.launcher import spawn, stop, wait_healthy
+    from learner.train.publish_dtype import PublishDtypes
     from learner.train.publisher import DistributedPublisher, WeightPublisher
     from learner.train.trainer import Trainer
 
@@ -186,26 +193,32 @@ async def time_publish(model: Path, repeats: int, work: Path) -> tuple[list[floa
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    serve = await spawn([sys.executable, "-m", "arpo_serve.main", "--model", str(model), "--port", str(port)],
-                        work / "serve.log")
+    serve = await spawn([sys.executable, "-m", "arpo_serve.main", "--model", str(model), "--port", str(port),
+                         "--dtype", "bfloat16"], work / "serve.log")
     try:
         await wait_healthy(url, serve, work / "serve.log")
         trainer = Trainer(model, LearnerConfig(lr=1e-5))
-        disk_times, dist_times = [], []
+        out: dict[str, list[float]] = {}
+        version = 0
         async with PolicyClient([url]) as client:
-            disk = WeightPublisher(sglang_engines(client), work / "weights")
-            net = DistributedPublisher(sglang_engines(client))
-            await net.publish_from(trainer, 0)  # makes the group (once per run), not timed
-            for version in range(1, repeats + 1):
-                started = time.perf_counter()
-                await disk.publish_from(trainer, version)
-                disk_times.append(time.perf_counter() - started)
-                started = time.perf_counter()
-                await net.publish_from(trainer, version)
-                dist_times.append(time.perf_counter() - started)
-            if net.failures:
-                raise RuntimeError(f"{net.failures} distributed syncs failed; see {work / 'serve.log'}")
-        return disk_times, dist_times
+            for mode in ("float32", "served"):
+                dtypes = PublishDtypes(served=mode == "served")
+                disk = WeightPublisher(sglang_engines(client), work / f"weights-{mode}", dtypes=dtypes)
+                net = DistributedPublisher(sglang_engines(client), dtypes=dtypes)
+                version += 1
+                await net.publish_from(trainer, version)  # makes the group (once per publisher), not timed
+                for _ in range(repeats):
+                    version += 1
+                    started = time.perf_counter()
+                    await disk.publish_from(trainer, version)
+                    out.setdefault(f"disk_{mode}_s", []).append(time.perf_counter() - started)
+                    started = time.perf_counter()
+                    await net.publish_from(trainer, version)
+                    out.setdefault(f"dist_{mode}_s", []).append(time.perf_counter() - started)
+                out[f"disk_{mode}_bytes"], out[f"dist_{mode}_bytes"] = [disk.bytes_published], [net.bytes_published]
+                if net.failures:
+                    raise RuntimeError(f"{net.failures} distributed syncs failed; see {work / 'serve.log'}")
+        return out
     finally:
         await stop(serve, grace_s=30)
 
@@ -231,17 +244,24 @@ def main() -> int:
     plain = time_plain(model, samples, repeats, args.device, args.threads)
     ranks = time_ranks(model, 2, repeats, args.device, args.threads)
     with tempfile.TemporaryDirectory(prefix="bench-learner-") as work:
-        disk, net = asyncio.run(time_publish(model, repeats, Path(work)))
+        pub = asyncio.run(time_publish(model, repeats, Path(work)))
 
     figures = {
         "ours_tok_s": n_tokens / median(ours), "plain_tok_s": n_tokens / median(plain),
         "ratio": median(plain) / median(ours), "ranks2_tok_s": n_tokens / median(ranks["times"]),
         "rss_mb_1": rss_1, "rss_mb_2": max(ranks["memory_mb"]),
-        "publish_disk_s": median(disk), "publish_dist_s": median(net),
+        "publish_disk_s": median(pub["disk_served_s"]), "publish_dist_s": median(pub["dist_served_s"]),
+        "publish_disk_f32_s": median(pub["disk_float32_s"]), "publish_dist_f32_s": median(pub["dist_float32_s"]),
+        "publish_mb": pub["dist_served_bytes"][0] / 2**20, "publish_f32_mb": pub["dist_float32_bytes"][0] / 2**20,
+        "publish_disk_mb": pub["disk_served_bytes"][0] / 2**20,
+        "publish_disk_f32_mb": pub["disk_float32_bytes"][0] / 2**20,
+        "publish_bytes_ratio": pub["dist_served_bytes"][0] / pub["dist_float32_bytes"][0],
     }
     print(f"one rank: {median(ours) * 1e3:.0f} ms/step; plain transformers: {median(plain) * 1e3:.0f} ms/step; "
-          f"2 ranks: {median(ranks['times']) * 1e3:.0f} ms/step; publish disk {median(disk) * 1e3:.0f} ms, "
-          f"distributed {median(net) * 1e3:.0f} ms", flush=True)
+          f"2 ranks: {median(ranks['times']) * 1e3:.0f} ms/step; publish to a bf16 server: disk "
+          f"{figures['publish_disk_s'] * 1e3:.0f} ms (float32: {figures['publish_disk_f32_s'] * 1e3:.0f} ms), "
+          f"distributed {figures['publish_dist_s'] * 1e3:.0f} ms (float32: {figures['publish_dist_f32_s'] * 1e3:.0f} "
+          f"ms), {figures['publish_mb']:.1f} MB (float32: {figures['publish_f32_mb']:.1f} MB)", flush=True)
     print(result_line(figures))
     return 0
 

@@ -57,6 +57,7 @@ from learner.state import RunState
 from learner.train.checkpoint import Checkpointer, checkpoint_folders
 from learner.train.distributed import LeadTrainer, RankGroupError, follow, init_ranks, leave, torchrun_world
 from learner.train.loop import TrainingLoop, keep_ranks_alive
+from learner.train.publish_dtype import PublishDtypes
 from learner.train.publisher import DistributedPublisher, WeightPublisher
 from learner.train.trainer import Trainer, resolve_device
 
@@ -187,12 +188,14 @@ def sync_backend(lc: LearnerConfig) -> str:
 def weight_publisher(config: RunConfig, engines: list[InferenceEngine]) -> WeightPublisher | DistributedPublisher:
     """The publisher ``learner.weight_sync`` names (learner.train.publisher), over ``engines`` (one per server)."""
     lc = config.learner
+    dtypes = PublishDtypes(served=lc.publish_dtype == "served")
     if lc.weight_sync == "disk":
         return WeightPublisher(engines, config.run_path / "weights", keep=lc.keep_weights,
-                               verify_every=lc.verify_weights_every)
+                               verify_every=lc.verify_weights_every, dtypes=dtypes)
     return DistributedPublisher(engines, bucket_mb=lc.sync_bucket_mb, host=lc.sync_host, backend=sync_backend(lc),
                                 timeout_s=lc.sync_timeout_s, verify_every=lc.verify_weights_every,
-                                load_format=None if lc.sync_load_format == "tensors" else lc.sync_load_format)
+                                load_format=None if lc.sync_load_format == "tensors" else lc.sync_load_format,
+                                dtypes=dtypes)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,6 +13,9 @@ server; SGLang's routes live in arpo_async.sglang_engine). Two ways (``learner.w
   join_weight_group, begin_weight_update, receive_weights, end_weight_update), in buckets of ``bucket_mb``,
   between pause and resume. Nothing touches the disk.
 
+Both publish in the dtype the servers serve (``learner.publish_dtype``, learner.train.publish_dtype): a bf16
+server gets bf16 tensors (or a bf16 folder), half the bytes of the learner's float32 master weights.
+
 Both can check what a server serves afterwards (``verify_every``; the engine's ``weights_checksums``).
 
 Both catch up a server that is behind (``catch_up(trainer, version)``, :func:`servers_behind`): a server restarted
@@ -38,7 +41,9 @@ import torch
 
 from arpo_async.engine import InferenceEngine
 from arpo_async.inference_client import PolicyRequestError, PolicyUnavailable
-from arpo_async.weight_sync import FLATTENED_BUCKET, WeightGroup, WeightGroupError, dtype_name, flatten_bucket
+from arpo_async.weight_sync import (FLATTENED_BUCKET, WeightGroup, WeightGroupError, cast_floating, dtype_name,
+                                    flatten_bucket)
+from learner.train.publish_dtype import PublishDtypes, tensor_bytes
 from learner.train.weight_check import WeightCheck, compare_checksums, served_dtype
 
 log = logging.getLogger("arpo.learner.publish")
@@ -78,11 +83,15 @@ class WeightPublisher:
         weights_root: where versioned weight folders live (a path every server can read).
         keep: how many published folders to keep (the server may still read the newest).
         verify_every: compare checksums after every this many publications (0 = never).
+        dtypes: the dtype of the folder: the servers' when they agree (a new PublishDtypes when None).
     """
 
     def __init__(self, engines: Sequence[InferenceEngine], weights_root: Path, keep: int = 2,
-                 verify_every: int = 0) -> None:
+                 verify_every: int = 0, dtypes: PublishDtypes | None = None) -> None:
         self._engines = list(engines)
+        self.dtypes = dtypes if dtypes is not None else PublishDtypes()
+        self.bytes_published = 0
+        """Bytes of weights (safetensors files) the last publication wrote."""
         self.weights_root = weights_root
         self._keep = keep
         self.verify_every = verify_every
@@ -93,11 +102,15 @@ class WeightPublisher:
         """Server checksum comparisons that agreed."""
 
     async def publish_from(self, trainer: Any, version: int) -> float:
-        """Write the trainer's weights to ``folder(version)`` (every rank takes part in gathering them), then
-        :meth:`publish` them; returns the seconds :meth:`publish` took. Every ``verify_every``-th publication,
-        compares each server's checksums with the trainer's weights (:func:`verify_server`; raises
-        :class:`WeightsMismatch`)."""
-        await asyncio.to_thread(trainer.save_weights, self.folder(version), overwrite=True)
+        """Write the trainer's weights to ``folder(version)`` in the servers' dtype (every rank takes part in
+        gathering them), then :meth:`publish` them; returns the seconds :meth:`publish` took. Every
+        ``verify_every``-th publication, compares each server's checksums with the trainer's weights
+        (:func:`verify_server`; raises :class:`WeightsMismatch`)."""
+        dtype = await self.dtypes.common(self._engines, Path(trainer.model_dir))
+        folder = self.folder(version)
+        await asyncio.to_thread(trainer.save_weights, folder, overwrite=True,  # float32: the master weights as they are
+                                dtype=dtype_name(dtype) if dtype not in (None, torch.float32) else None)
+        self.bytes_published = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
         seconds = await self.publish(version)
         self.publications += 1
         if self.verify_every > 0 and self.publications % self.verify_every == 0:
@@ -268,6 +281,7 @@ class DistributedPublisher:
         timeout_s: rendezvous and broadcast timeout per server.
         load_format: None (one broadcast per tensor) or "flattened_bucket" (one flat uint8 tensor per bucket).
         verify_every: compare checksums after every this many publications (0 = never).
+        dtypes: the dtype each server gets its tensors in (a new PublishDtypes when None: each server's own).
 
     Failure (one log line naming the server and the call):
     - a server that answers the join request with success = false raises :class:`SyncRejected` (the learner stops:
@@ -284,10 +298,13 @@ class DistributedPublisher:
 
     def __init__(self, engines: Sequence[InferenceEngine], *, bucket_mb: float = 512.0,
                  host: str = "127.0.0.1", backend: str = "gloo", timeout_s: float = 120.0,
-                 load_format: str | None = None, verify_every: int = 0) -> None:
+                 load_format: str | None = None, verify_every: int = 0, dtypes: PublishDtypes | None = None) -> None:
         if load_format not in (None, FLATTENED_BUCKET):
             raise ValueError(f"load_format must be None or {FLATTENED_BUCKET!r}, got {load_format!r}")
         self._engines = list(engines)
+        self.dtypes = dtypes if dtypes is not None else PublishDtypes()
+        self.bytes_published = 0
+        """Bytes of tensors the last server synced got."""
         self.bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
         self.host = host
         self.backend = backend
@@ -311,11 +328,21 @@ class DistributedPublisher:
         started = time.perf_counter()
         self.publications += 1
         verify = self.verify_every > 0 and self.publications % self.verify_every == 0
+        casts: dict[torch.dtype | None, dict[str, torch.Tensor]] = {}
         for index, engine in enumerate(self._engines):
-            if await self._sync_or_skip(index, engine, tensors, version) and verify:
-                await verify_server(engine, tensors, trainer)
+            sent = await self._in_served_dtype(engine, tensors, trainer, casts)
+            if await self._sync_or_skip(index, engine, sent, version) and verify:
+                await verify_server(engine, sent, trainer)
                 self.verified += 1
         return time.perf_counter() - started
+
+    async def _in_served_dtype(self, engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: Any,
+                               casts: dict[torch.dtype | None, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """``tensors`` in the dtype ``engine`` serves (cast once per dtype and publication, in a thread)."""
+        dtype = await self.dtypes.of(engine, Path(trainer.model_dir))
+        if dtype not in casts:
+            casts[dtype] = await asyncio.to_thread(cast_floating, tensors, dtype)
+        return casts[dtype]
 
     async def catch_up(self, trainer: Any, version: int) -> list[str]:
         """Send the trainer's current weights, as ``version``, to every server behind it (:func:`servers_behind`)
@@ -327,9 +354,10 @@ class DistributedPublisher:
         for engine in behind:  # a restarted server left its old group: it joins a new one
             self._drop(engine.url)
         tensors = await asyncio.to_thread(trainer.checkpoint_state_dict)
-        synced = []
+        synced, casts = [], {}
         for engine in behind:
-            if await self._sync_or_skip(self._engines.index(engine), engine, tensors, version):
+            sent = await self._in_served_dtype(engine, tensors, trainer, casts)
+            if await self._sync_or_skip(self._engines.index(engine), engine, sent, version):
                 log.warning("%s served an older version than %d (restarted?): sent it the current weights",
                             engine.url, version)
                 synced.append(engine.url)
@@ -352,6 +380,7 @@ class DistributedPublisher:
         return True
 
     def _drop(self, url: str) -> None:
+        self.dtypes.forget(url)  # a restarted server may serve another dtype
         group = self._groups.pop(url, None)
         if group is not None:
             group.destroy()
@@ -421,6 +450,7 @@ class DistributedPublisher:
     async def _send(self, engine: InferenceEngine, group: WeightGroup, tensors: dict[str, torch.Tensor],
                     version: int) -> None:
         parts = buckets(tensors, self.bucket_bytes, aligned=self.load_format == FLATTENED_BUCKET)
+        self.bytes_published = tensor_bytes(tensors)
         for k, names in enumerate(parts):
             batch = [tensors[n].contiguous() for n in names]
             request = asyncio.create_task(engine.receive_weights(

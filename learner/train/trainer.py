@@ -430,9 +430,9 @@ class Trainer:
     # because each is a collective under torchrun and learner.train.distributed.LeadTrainer forwards a call to every
     # rank by method name (its COMMANDS); the learner holds a Trainer or a LeadTrainer and calls both the same way.
 
-    def save_weights(self, out_dir: Path, *, overwrite: bool = False) -> Path:
+    def save_weights(self, out_dir: Path, *, overwrite: bool = False, dtype: str | None = None) -> Path:
         """:func:`learner.train.weights_export.save_weights` on this trainer."""
-        return weights_export.save_weights(self, out_dir, overwrite=overwrite)
+        return weights_export.save_weights(self, out_dir, overwrite=overwrite, dtype=dtype)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """:func:`learner.train.weights_export.full_state_dict` on this trainer."""

@@ -26,6 +26,7 @@ from typing import Protocol
 import torch
 
 from arpo_async.model.checkpoint_names import to_checkpoint_names
+from arpo_async.weight_sync import cast_floating, dtype_from_name
 from learner.train.distributed import RankGroup
 from learner.train.trainer_errors import TrainerError
 
@@ -65,7 +66,7 @@ _PROCESSOR_FILES: tuple[str, ...] = (
 )
 
 
-def save_weights(trainer: ExportSource, out_dir: Path, *, overwrite: bool = False) -> Path:
+def save_weights(trainer: ExportSource, out_dir: Path, *, overwrite: bool = False, dtype: str | None = None) -> Path:
     """Write the current weights as a complete Hugging Face checkpoint folder, atomically.
 
     The folder holds ``config.json``, ``generation_config.json``, ``model.safetensors`` (``save_pretrained``,
@@ -78,6 +79,8 @@ def save_weights(trainer: ExportSource, out_dir: Path, *, overwrite: bool = Fals
             files).
         out_dir: the folder to create.
         overwrite: replace an existing ``out_dir`` (the old folder is moved aside, then deleted).
+        dtype: write the floating-point weights in this dtype ("bfloat16", ...; arpo_async.weight_sync.DTYPE_NAMES),
+            e.g. the one the inference servers serve (learner.train.publish_dtype); None: as trained (float32).
 
     Returns:
         ``out_dir`` as a Path.
@@ -89,11 +92,13 @@ def save_weights(trainer: ExportSource, out_dir: Path, *, overwrite: bool = Fals
         TrainerError: ``out_dir`` exists and ``overwrite`` is False.
     """
     out_dir = Path(out_dir)
-    full = full_state_dict(trainer) if trainer.group.sharded else None
+    full = full_state_dict(trainer) if trainer.group.sharded or dtype is not None else None
     if not trainer.group.lead:
         return out_dir
     if out_dir.exists() and not overwrite:
         raise TrainerError(f"weights folder {out_dir} already exists (pass overwrite=True to replace it)")
+    if dtype is not None:
+        full = cast_floating(full, dtype_from_name(dtype))
     return write_folder(trainer.model, out_dir, trainer.model_dir, state_dict=full)
 
 

@@ -120,7 +120,9 @@ def test_bench_e2e_one_short_arm(desktop_image, tmp_path):
 def test_bench_learner_quick():
     figures = run_bench("bench_learner", "--quick", timeout=600)
     assert {"ours_tok_s", "plain_tok_s", "ratio", "ranks2_tok_s", "rss_mb_1", "rss_mb_2", "publish_disk_s",
-            "publish_dist_s"} == set(figures)
+            "publish_dist_s", "publish_disk_f32_s", "publish_dist_f32_s", "publish_mb", "publish_f32_mb",
+            "publish_disk_mb", "publish_disk_f32_mb", "publish_bytes_ratio"} == set(figures)
+    assert float(figures["publish_bytes_ratio"]) == 0.5  # the bf16 server got bf16: half the float32 bytes
 
 
 def test_bench_learning_one_short_arm(desktop_image, tmp_path):

@@ -146,7 +146,10 @@ async def test_sglang_receives_and_loads_the_published_weights(receiver, model_d
     assert set(received) == saved_names == set(sent)
     assert all(n.startswith(("model.layers.", "model.embed_tokens.", "model.norm.", "visual.", "lm_head."))
                for n in received)
-    different = [n for n in sent if not bits_equal(received[n], sent[n])]
+    # learner.publish_dtype = "served": SGLang's --dtype auto serves this float32 checkpoint in float16, so float16
+    # tensors were sent (half the bytes), bit-identical to the learner's weights cast as SGLang casts them on load
+    assert {t.dtype for t in received.values()} == {torch.float16}
+    different = [n for n in sent if not bits_equal(received[n], sent[n].to(torch.float16))]
     assert different == []
     assert any(not torch.equal(sent[n], initial[n]) for n in sent)  # the trained weights, not the initial ones
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from pathlib import Path
 
 import aiohttp
@@ -198,7 +199,7 @@ class ModuleNamed:
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
-        self.model = trainer.model
+        self.model, self.model_dir = trainer.model, trainer.model_dir
 
     def checkpoint_state_dict(self) -> dict:
         return self.trainer.full_state_dict()
@@ -257,3 +258,50 @@ def test_weight_group_names_are_single_use_as_in_torch():
         WeightGroup.join("127.0.0.1", free_port(), 0, 1, "single-use", 5.0)
     group.destroy()
     WeightGroup.join("127.0.0.1", free_port(), 0, 1, "single-use", 5.0).destroy()
+
+
+async def test_a_bf16_server_gets_bf16_weights_both_ways_half_the_bytes(model_dir, tmp_path):
+    """learner.publish_dtype = "served": arpo-serve holding bf16 weights (--dtype bfloat16, as SGLang's --dtype)
+    gets a bf16 folder from disk and bf16 tensors over the weight group: half the bytes of the float32 master
+    weights, the checksums still agree (verify_every=1), and both servers then score alike. "float32" sends the
+    master weights; the server casts them and serves the very same weights."""
+    from learner.train.publish_dtype import PublishDtypes, tensor_bytes
+
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-2))
+    trainer.train_step(batch(model_dir, 0))
+    master = tensor_bytes(trainer.checkpoint_state_dict())
+    floats = sum(t.numel() for t in trainer.checkpoint_state_dict().values() if t.is_floating_point())
+    disk_server = ServeProcess(model_dir, free_port(), tmp_path, args=("--dtype", "bfloat16"))
+    net_server = ServeProcess(model_dir, free_port(), tmp_path, args=("--dtype", "bfloat16"))
+    try:
+        disk_server.start()
+        net_server.start()
+        async with PolicyClient([disk_server.url, net_server.url]) as client:
+            disk_engine, net_engine = SGLangEngine(client, disk_server.url), SGLangEngine(client, net_server.url)
+            assert await disk_engine.served_dtype() == "bfloat16"
+            disk = WeightPublisher([disk_engine], tmp_path / "weights", verify_every=1)
+            net = DistributedPublisher([net_engine], bucket_mb=0.05, timeout_s=20.0, verify_every=1)
+            await disk.publish_from(trainer, 1)  # verify_every=1: WeightsMismatch unless the server holds them
+            await net.publish_from(trainer, 1)
+            assert (disk.verified, net.verified, net.failures) == (1, 1, 0)
+            assert net.bytes_published == master - 2 * floats  # every float tensor in 2 bytes instead of 4
+            assert disk.bytes_published < master * 0.55
+            raw = (disk.folder(1) / "model.safetensors").read_bytes()  # 8-byte header length, then the JSON header
+            header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+            assert {entry["dtype"] for name, entry in header.items() if name != "__metadata__"} == {"BF16"}
+            via_disk, _ = await scored(disk_server.url, model_dir)
+            via_group, _ = await scored(net_server.url, model_dir)
+            assert via_disk == via_group
+
+            # "float32": the master weights go out as they are; the bf16 server casts them to the same weights
+            trainer.train_step(batch(model_dir, 1))
+            as_trained = DistributedPublisher([net_engine], bucket_mb=0.05, timeout_s=20.0, verify_every=1,
+                                              dtypes=PublishDtypes(served=False))
+            as_trained._groups = net._groups  # the same learner: its group to this server exists already
+            await as_trained.publish_from(trainer, 2)
+            await disk.publish_from(trainer, 2)
+            assert as_trained.bytes_published == master and as_trained.verified == 1
+            assert (await scored(net_server.url, model_dir))[0] == (await scored(disk_server.url, model_dir))[0]
+    finally:
+        disk_server.stop()
+        net_server.stop()

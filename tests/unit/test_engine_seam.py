@@ -89,15 +89,18 @@ class InProcessEngine:
     async def end_weight_update(self) -> EngineReply:
         return EngineReply(False, "this engine takes weights from disk only")
 
+    async def served_dtype(self) -> str:
+        return dtype_name(next(self.engine.model.parameters()).dtype)
+
     async def weights_checksums(self) -> ServedChecksums:
         checksums = await asyncio.to_thread(self.engine.checksums)
-        return ServedChecksums(checksums, dtype_name(next(self.engine.model.parameters()).dtype), tensor_checksum)
+        return ServedChecksums(checksums, await self.served_dtype(), tensor_checksum)
 
 
 def test_sglang_engine_has_the_protocols_calls_with_its_parameters():
     engine = SGLangEngine(PolicyClient(["http://127.0.0.1:9/"]), "http://127.0.0.1:9/")
     assert isinstance(engine, InferenceEngine) and engine.url == "http://127.0.0.1:9"
-    assert len(PROTOCOL_CALLS) == 12, PROTOCOL_CALLS
+    assert len(PROTOCOL_CALLS) == 13, PROTOCOL_CALLS
     for name in PROTOCOL_CALLS:
         ours, theirs = inspect.signature(getattr(InferenceEngine, name)), inspect.signature(getattr(engine, name))
         assert list(ours.parameters)[1:] == list(theirs.parameters), name  # the same keywords, self aside
