@@ -8,8 +8,8 @@ names another as ``"package.module:function"``, imported when the learner starts
 A custom function has the signature of :class:`AdvantageFunction`. It is called once per scored group, after the
 replay stage (so an injected success is among the rewards) and only for a group whose rewards vary (a group with
 zero reward variance is dropped first: it carries no gradient under any group-relative rule). It must return one
-finite float per trajectory; anything else stops the learner with an :class:`AdvantageFunctionError` naming the
-function and the task.
+finite float per trajectory; anything else, or an exception it raises, stops the learner with an
+:class:`AdvantageFunctionError` naming the function and the task (a rule that fails once fails for every group).
 """
 
 from __future__ import annotations
@@ -68,14 +68,15 @@ def checked_advantages(function: AdvantageFunction, rewards: np.ndarray, task_id
     """``function(rewards, task_id)`` as a list of floats, checked.
 
     Raises:
-        AdvantageFunctionError: the result does not have one finite number per reward (names the function and the
-            task).
+        AdvantageFunctionError: the function raised, or its result is not one finite number per reward (names the
+            function and the task; the function's own error is chained).
     """
     try:
         values = np.asarray(function(rewards, task_id), dtype=np.float64)
-    except (TypeError, ValueError) as error:
-        raise AdvantageFunctionError(f"advantage function {getattr(function, '__name__', function)!r} returned no "
-                                     f"numbers for task {task_id!r}: {error}") from error
+    except Exception as error:  # noqa: BLE001 - whatever a user's function raises stops the learner, named
+        raise AdvantageFunctionError(f"advantage function {getattr(function, '__name__', function)!r} failed or "
+                                     f"returned no numbers for task {task_id!r}: {type(error).__name__}: "
+                                     f"{error}") from error
     if values.shape != rewards.shape or not np.isfinite(values).all():
         raise AdvantageFunctionError(f"advantage function {getattr(function, '__name__', function)!r} must return "
                                      f"{rewards.shape[0]} finite floats for task {task_id!r}, got {values.tolist()!r}")

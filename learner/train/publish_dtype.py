@@ -63,8 +63,8 @@ class PublishDtypes:
         dtypes = {await self.of(engine, model_dir) for engine in engines}
         if len(dtypes) == 1:
             return dtypes.pop()
-        log.warning("the servers serve different dtypes (%s): the weights folder is written in float32",
-                    sorted(str(d) for d in dtypes))
+        log.warning("the servers do not all say they serve one dtype (%s; None: no answer or casting off): the "
+                    "weights folder is written in float32", sorted(str(d) for d in dtypes))
         return None
 
     def forget(self, url: str) -> None:

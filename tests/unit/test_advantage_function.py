@@ -11,7 +11,7 @@ import pytest
 
 from arpo_async.messages import Step, Trajectory
 from arpo_async.tasks import Task
-from learner.algo.advantages import grpo_advantages, load_advantage_function
+from learner.algo.advantages import AdvantageFunctionError, grpo_advantages, load_advantage_function
 from learner.algo.batcher import Batcher
 from learner.algo.grpo import group_advantages
 from learner.algo.replay import make_replay
@@ -74,9 +74,10 @@ def test_a_bad_name_is_refused_with_what_is_wrong(path, message):
     lambda rewards, task_id: rewards[:-1],  # one short
     lambda rewards, task_id: rewards * np.nan,  # not finite
     lambda rewards, task_id: "high",  # no numbers
+    lambda rewards, task_id: 1 // 0,  # raises ZeroDivisionError: stops too, never drops the group quietly
 ])
 def test_a_bad_result_stops_the_stage_naming_the_function_and_the_task(result):
-    with pytest.raises(ValueError, match=f"advantage function .*task {TASK.id!r}"):
+    with pytest.raises(AdvantageFunctionError, match=f"advantage function .*task {TASK.id!r}"):
         batcher(result).add_group(group([1.0, 0.0, 0.0]), 0)
 
 
