@@ -141,7 +141,8 @@ class LearnerConfig:
     sync_host: str = "127.0.0.1"
     """"distributed": the address the inference servers reach the learner's rank 0 at (master_address)."""
     sync_backend: Literal["auto", "gloo", "nccl"] = "auto"
-    """"distributed": "gloo", "nccl" or "auto" (nccl when learner.device is cuda, else gloo; arpo-serve takes gloo)."""
+    """"distributed": "gloo", "nccl" or "auto" (nccl when learner.device is cuda, else gloo; arpo-serve takes gloo on
+    the CPU, either on CUDA)."""
     sync_timeout_s: PositiveFloat = 120.0
     """"distributed": seconds a server may take to join or to receive the weights before it is skipped."""
     sync_load_format: Literal["tensors", "flattened_bucket"] = "tensors"

@@ -192,6 +192,9 @@ class ServeConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     """The dtype arpo-serve holds the weights in (SGLang's --dtype). The learner publishes weights in the dtype each
     server reports (learner.publish_dtype)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where arpo-serve runs the policy: "cpu", or "cuda" (the current CUDA device; then it also joins weight groups
+    with backend "nccl"). Sampling, grammar masks and log-probs are computed on the CPU either way."""
     logprob_mode: Literal["model", "sglang"] = "model"
     """"model": unmasked temperature-1 log-probs, the trainer's quantity; "sglang": masked and tempered, SGLang's."""
     weights_root: str = ""

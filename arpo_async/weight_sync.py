@@ -106,6 +106,26 @@ def init_custom_process_group(*, backend: str, init_method: str, world_size: int
     return group
 
 
+MULTI_RANK_NCCL = (2, 30, 0)
+"""The first NCCL that lets two ranks of one communicator share a GPU, with ``NCCL_MULTI_RANK_GPU_ENABLE=1``
+(NCCL 2.30 release notes, experimental); NCCL 2.5 to 2.29 refuse them ("Duplicate GPU detected")."""
+
+
+def weight_group_plan() -> tuple[str, int]:
+    """How a weight group between a learner on GPU 0 and one inference server on this machine can run:
+    ``(backend, the server's GPU)``.
+
+    ("nccl", 1) when there are two GPUs or more; ("nccl", 0) when there is one and NCCL is `MULTI_RANK_NCCL` or
+    newer (both processes then need ``NCCL_MULTI_RANK_GPU_ENABLE=1``); else ("gloo", 0): the same broadcasts
+    through host memory. Without CUDA: ("gloo", 0).
+    """
+    if not torch.cuda.is_available():
+        return "gloo", 0
+    if torch.cuda.device_count() >= 2:
+        return "nccl", 1
+    return ("nccl" if tuple(torch.cuda.nccl.version()[:3]) >= MULTI_RANK_NCCL else "gloo"), 0
+
+
 @dataclass
 class WeightGroup:
     """One member's handle on a weight-update group (blocking calls: run them in a thread).

@@ -42,7 +42,6 @@ import tenacity
 
 from arpo_async.config import RunConfig, dump_toml
 from arpo_async.metrics import read_metrics
-from arpo_cli.curve import CurveError, write_curve
 from arpo_cli.progress import ProgressDisplay, TrajectoryRate, open_display, progress_line
 
 log = logging.getLogger("arpo.run")
@@ -257,7 +256,10 @@ async def supervise(learner: Process, actors: Process, serve: Process, logs: Pat
 def draw_curve(run: Path, *, quiet_if_empty: bool = False) -> Path | None:
     """Write ``<run>/curve.png`` (arpo_cli.curve.write_curve); returns its path, or None when it could not be
     drawn. Never raises: a failure is logged as a warning (``quiet_if_empty``: not when no step is recorded yet,
-    the normal state early in a run)."""
+    the normal state early in a run). matplotlib is imported here, not with the module: the process helpers above
+    serve scripts that draw nothing (bench/, the GPU check, whose machine may lack matplotlib)."""
+    from arpo_cli.curve import CurveError, write_curve
+
     try:
         return write_curve(run)
     except CurveError as e:

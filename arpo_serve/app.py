@@ -213,9 +213,10 @@ def _selector(body: dict) -> str:
 async def init_weights_update_group(request: web.Request) -> web.Response:
     """POST /init_weights_update_group {master_address, master_port, rank_offset, world_size, group_name,
     backend} -> {success, message}; joins the learner's weight group as rank ``rank_offset``, built as SGLang
-    builds it (arpo_async.weight_sync.init_custom_process_group; gloo: this server runs on CPU, backend "nccl"
-    is refused with a message). A name already in use here is refused, as torch refuses it in SGLang: the
-    learner destroys the old group or picks a new name. 400 when the rendezvous fails."""
+    builds it (arpo_async.weight_sync.init_custom_process_group; gloo, or nccl when this server runs on CUDA
+    (``serve.device``); nccl on a CPU server is refused with a message). A name already in use here is refused, as
+    torch refuses it in SGLang: the learner destroys the old group or picks a new name. 400 when the rendezvous
+    fails."""
     body = await _json_body(request)
     try:
         address, port = str(body["master_address"]), int(body["master_port"])
@@ -225,16 +226,19 @@ async def init_weights_update_group(request: web.Request) -> web.Response:
         raise RequestError(f"init_weights_update_group needs master_address, master_port, rank_offset, "
                            f"world_size, group_name: {e}") from e
     backend = body.get("backend", "nccl")
-    if backend != "gloo":
-        return _answer(False, f"arpo-serve runs on CPU and joins weight groups with gloo; backend {backend!r} is "
-                       "not available here (send backend='gloo')")
+    engine = request.app[ENGINE_KEY]
+    usable = ("gloo", "nccl") if engine.device.type == "cuda" else ("gloo",)
+    if backend not in usable:
+        return _answer(False, f"arpo-serve runs on {engine.device.type} and joins weight groups with "
+                       f"{' or '.join(usable)}; backend {backend!r} is not available here")
     if not 0 < rank < world:
         raise RequestError(f"rank_offset {rank} must be in [1, world_size={world})")
     if name in _groups(request):
         return _answer(False, f"Failed to initialize custom process group: the group name {name!r} has already "
                        "been created, please use a different group name.")
     try:
-        group = await asyncio.to_thread(WeightGroup.join, address, port, rank, world, name, WEIGHT_GROUP_TIMEOUT_S)
+        group = await asyncio.to_thread(WeightGroup.join, address, port, rank, world, name, WEIGHT_GROUP_TIMEOUT_S,
+                                        backend)
     except WeightGroupError as e:
         return _answer(False, f"Failed to initialize custom process group: {e}.")
     _groups(request)[name] = group
@@ -420,7 +424,7 @@ async def get_server_info(request: web.Request) -> web.Response:
         "disaggregation_mode": "null", "max_total_num_tokens": scheduler.max_batch * engine.max_context_tokens,
         "max_running_requests": scheduler.max_batch,
         "logprob_mode": engine.logprob_mode, "weight_version": engine.weight_version,
-        "dtype": str(next(engine.model.parameters()).dtype).split(".")[-1], "device": "cpu", "tp_size": 1,
+        "dtype": str(next(engine.model.parameters()).dtype).split(".")[-1], "device": engine.device.type, "tp_size": 1,
         "internal_states": [scheduler.internal_state()], "version": f"arpo-serve {arpo_async.__version__}",
     })
 

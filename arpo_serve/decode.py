@@ -2,8 +2,9 @@
 
 Role: :class:`BatchRun` takes the :class:`PreparedRequest` s of one batch through a left-padded prefill with
 explicit M-RoPE positions (`arpo_async.model.inputs.forward_kwargs`), then one token per row and step with a KV
-cache: grammar mask, jump-forward or :func:`arpo_serve.sampling.sample_token`, stop strings and tokens, aborts;
-it returns one :class:`GenerationResult` per request. It reads the engine it runs on (:class:`BatchEngine`:
+cache, both on the engine's device; each step's last-position logits come back to the CPU for the grammar mask,
+jump-forward or :func:`arpo_serve.sampling.sample_token`, stop strings and tokens, aborts; it returns one
+:class:`GenerationResult` per request. It reads the engine it runs on (:class:`BatchEngine`:
 arpo_serve.engine.Engine) and changes nothing in it but the sampler's generator state.
 
 Log-probs (``logprob_mode="model"``, the default): the log-prob of each sampled token under the unmasked model
@@ -86,6 +87,8 @@ class BatchEngine(Protocol):
     """"model" or "sglang" (module docstring)."""
     weight_version: str
     """Stamped on every result of the batch."""
+    device: torch.device
+    """Where the model's forward passes run; the last position's logits come back to the CPU each step."""
 
 
 class BatchRun:
@@ -132,10 +135,10 @@ class BatchRun:
                 break
             attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
             positions = next_pos.view(1, -1, 1).expand(3, -1, 1)
-            out = self.e.model(input_ids=step_ids.view(-1, 1), attention_mask=attention_mask,
+            out = self.e.model(input_ids=step_ids.view(-1, 1).to(self.e.device), attention_mask=attention_mask,
                                position_ids=positions, past_key_values=cache, use_cache=True)
             cache = out.past_key_values
-            logits = out.logits[:, -1].float()
+            logits = out.logits[:, -1].float().cpu()
             next_pos = next_pos + 1
         return [self._result(i, version) for i in range(len(self.reqs))]
 
@@ -154,19 +157,20 @@ class BatchRun:
                 "pixel_values": torch.cat([p["pixel_values"] for p in with_images]),
                 "image_grid_thw": torch.cat([p["image_grid_thw"] for p in with_images]),
             }
-        kw = forward_kwargs(self.e.model, ids, mask, pixels)
+        device = self.e.device
+        pixels = {k: v.to(device) for k, v in pixels.items()}
+        kw = forward_kwargs(self.e.model, ids.to(device), mask.to(device), pixels)
         next_pos = kw.pop("_next_position")
         out = self.e.model(**kw, use_cache=True)
-        all_logits = out.logits.float()
         for i, r in enumerate(self.reqs):
             if r.return_logprob and r.logprob_start_len >= 0:
-                self.in_lp[i] = self._input_logprobs(all_logits[i, width - lengths[i]:], r)
-        return all_logits[:, -1], mask, next_pos, out.past_key_values
+                self.in_lp[i] = self._input_logprobs(out.logits[i, width - lengths[i]:].float(), r)
+        return out.logits[:, -1].float().cpu(), kw["attention_mask"], next_pos, out.past_key_values
 
     @staticmethod
     def _input_logprobs(logits: torch.Tensor, r: PreparedRequest) -> list[float | None]:
         logp = torch.log_softmax(logits[:-1], dim=-1)
-        ids = torch.tensor(r.input_ids[1:]).unsqueeze(-1)
+        ids = torch.tensor(r.input_ids[1:], device=logits.device).unsqueeze(-1)
         values = [None] + logp.gather(-1, ids).squeeze(-1).tolist()
         return values[r.logprob_start_len:]
 

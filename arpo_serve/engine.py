@@ -1,4 +1,4 @@
-"""The inference engine behind `arpo-serve`: the policy on the CPU, one batch at a time.
+"""The inference engine behind `arpo-serve`: the policy on the CPU (or one CUDA device), one batch at a time.
 
 Role: owns the model, its image processor, the grammar backend and the weight version. ``generate_batch`` runs a
 whole batch of prepared requests to completion with its own decode loop (left-padded prefill with explicit
@@ -51,7 +51,7 @@ MAX_IMAGES_PER_REQUEST = 64
 
 
 class Engine:
-    """The policy plus everything needed to run batches of requests on the CPU.
+    """The policy plus everything needed to run batches of requests on the CPU or one CUDA device.
 
     Args:
         model_dir: Hugging Face checkpoint folder.
@@ -61,18 +61,27 @@ class Engine:
         jump_forward: emit grammar-forced text as its canonical tokens instead of sampling it (module docstring).
         dtype: the dtype the weights are held in ("float32" or "bfloat16", as SGLang's --dtype); logits are
             computed in float32 either way. Weights received later are cast to it.
+        device: "cpu" or "cuda" (the current CUDA device): where the model's forward passes run. Sampling, grammar
+            masks and log-probs stay on the CPU: the last position's logits are copied back each decode step.
     Raises:
         ModelInputError: the checkpoint cannot be loaded.
+        ValueError: an unknown log-prob mode, or "cuda" where torch sees no CUDA device.
     """
 
     def __init__(self, model_dir: str | Path, *, seed: int = 0, weight_version: str = "0",
-                 logprob_mode: str = "model", jump_forward: bool = True, dtype: str = "float32"):
+                 logprob_mode: str = "model", jump_forward: bool = True, dtype: str = "float32",
+                 device: str = "cpu"):
         from transformers import AutoTokenizer
 
         if logprob_mode not in LOGPROB_MODES:
             raise ValueError(f"logprob_mode must be one of {LOGPROB_MODES}")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device \"cuda\" but torch sees no CUDA device (torch {torch.__version__})")
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+        """Where the forward passes run (the weight group's tensors go through it with nccl)."""
         self.model_dir = Path(model_dir)
         self.model, self.image_processor = load_policy(self.model_dir, dtype=dtype_from_name(dtype))
+        self.model.to(self.device)
         self.encoder = PromptEncoder(self.model_dir)
         self.weight_version = str(weight_version)
         self.logprob_mode = logprob_mode

@@ -1,9 +1,9 @@
-"""`arpo-serve`: the embedded CPU inference server speaking SGLang's HTTP API.
+"""`arpo-serve`: the embedded inference server speaking SGLang's HTTP API (on the CPU, or on one CUDA device).
 
-Wires the engine (model on the CPU), the batching scheduler and the aiohttp routes in one function (`serve`),
-runs until SIGINT/SIGTERM. Prints one line ``arpo-serve ready on http://HOST:PORT`` once it accepts requests. On a
-signal it aborts every queued and running request (their clients get finish_reason abort), waits at most
-`STOP_GRACE_S` for the running batch to stop at its next decode step, closes the server and logs ``stopped by
+Wires the engine (the model on ``serve.device``), the batching scheduler and the aiohttp routes in one function
+(`serve`), runs until SIGINT/SIGTERM. Prints one line ``arpo-serve ready on http://HOST:PORT`` once it accepts
+requests. On a signal it aborts every queued and running request (their clients get finish_reason abort), waits at
+most `STOP_GRACE_S` for the running batch to stop at its next decode step, closes the server and logs ``stopped by
 signal; cleaned up``.
 """
 
@@ -79,7 +79,8 @@ async def _drain(scheduler: Scheduler) -> None:
 FLAG_KEYS = {"model": "model", "host": "serve.host", "port": "serve.port", "max_batch": "serve.max_batch",
              "weight_version": "serve.weight_version", "seed": "serve.seed", "logprob_mode": "serve.logprob_mode",
              "jump_forward": "serve.jump_forward", "api_key": "serve.api_key", "weights_root": "serve.weights_root",
-             "image_root": "serve.image_root", "dtype": "serve.dtype"}
+             "image_root": "serve.image_root", "dtype": "serve.dtype",
+             "device": "serve.device"}
 """arpo-serve's flags and the run-file key each one sets."""
 
 
@@ -87,8 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     """arpo-serve's command line: ``--config``/``--set`` over the ``serve`` section, and one flag per key of
     :data:`FLAG_KEYS` (``--api-key`` defaults to $ARPO_API_KEY)."""
     p = argparse.ArgumentParser(
-        prog="arpo-serve", description="CPU inference server speaking SGLang's HTTP API (/generate, "
-        "/update_weights_from_disk, ...): the embedded policy server `arpo run` starts. Flags win over the run file.")
+        prog="arpo-serve", description="Inference server (CPU, or one CUDA device) speaking SGLang's HTTP API "
+        "(/generate, /update_weights_from_disk, ...): the embedded policy server `arpo run` starts. Flags win over "
+        "the run file.")
     add_config_arguments(p, ("", "serve"))
     p.add_argument("--model", "--model-path", dest="model", type=Path,
                    help="Hugging Face checkpoint folder (default: the run file's model)")
@@ -99,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed of the server-level sampler (default: serve.seed, 0)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"),
                    help="the dtype the weights are held in, as SGLang's --dtype (default: serve.dtype, float32)")
+    p.add_argument("--device", choices=("cpu", "cuda"),
+                   help="where the policy runs (default: serve.device, cpu); cuda also takes nccl weight groups")
     p.add_argument("--logprob-mode", choices=LOGPROB_MODES,
                    help="model: the trainer's unmasked temperature-1 log-probs; sglang: SGLang's "
                         "(default: serve.logprob_mode, model)")
@@ -150,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         engine = Engine(run.model_path, seed=config.seed, weight_version=config.weight_version,
-                        logprob_mode=config.logprob_mode, jump_forward=config.jump_forward, dtype=config.dtype)
+                        logprob_mode=config.logprob_mode, jump_forward=config.jump_forward, dtype=config.dtype,
+                        device=config.device)
         asyncio.run(serve(config, engine))
     except Exception as exc:  # noqa: BLE001 - the process boundary: traceback at ERROR, exit 1 (as run_until_signal)
         logging.getLogger("arpo-serve").exception("arpo-serve failed: %s: %s", type(exc).__name__, exc)

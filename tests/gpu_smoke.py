@@ -10,7 +10,13 @@ log-probs of the same tokens, trains one optimizer step on the group, publishes 
 that the server reports the new weight version. It prints one line per step and a last line ``PASS`` or
 ``FAIL: <why>``, with the sampler/trainer log-prob agreement (mean and max absolute difference per token, nats).
 
-    python -m tests.gpu_smoke --url http://127.0.0.1:30000 --model MODEL_DIR [--device cuda] [--steps 3]
+    python -m tests.gpu_smoke --url http://127.0.0.1:30000 --model MODEL_DIR [--device cuda] [--steps 3] [--fsdp]
+    python -m tests.gpu_smoke --plan     # prints "BACKEND SERVER_GPU": how the weight group can run here
+
+``--fsdp`` shards the trainer with FSDP2 on one rank (learner.train.distributed.init_one_rank_fsdp). ``--plan``
+prints arpo_async.weight_sync.weight_group_plan: nccl with the server on a second GPU when there is one; nccl on
+the same GPU when NCCL is 2.30 or newer (with NCCL_MULTI_RANK_GPU_ENABLE=1: older NCCL refuses two ranks on one
+GPU, "Duplicate GPU detected"); else gloo, which moves the same bytes through host memory.
 
 Exit status: 0 on PASS, 1 on FAIL.
 """
@@ -29,8 +35,10 @@ from arpo_async.config import LearnerConfig
 from arpo_async.inference_client import PolicyClient, PolicyRequestError, PolicyUnavailable, RetryPolicy
 from arpo_async.model.inputs import PromptEncoder
 from arpo_async.sglang_engine import SGLangEngine
+from arpo_async.weight_sync import weight_group_plan
+from learner.train.distributed import RankGroupError, init_one_rank_fsdp
 from learner.train.publisher import DistributedPublisher, PublishError
-from learner.train.trainer import Trainer, TrainSample
+from learner.train.trainer import Trainer, TrainSample, resolve_device
 
 LOGPROB_TOLERANCE = 0.5
 """Most mean absolute difference (nats per token) between the sampler's and the trainer's log-probs that passes;
@@ -45,13 +53,17 @@ def screenshot() -> bytes:
     return out.getvalue()
 
 
-async def smoke(url: str, model: Path, *, device: str, backend: str, steps: int, group: int) -> str | None:
-    """Run the smoke test; returns None on success, else why it failed."""
+async def smoke(url: str, model: Path, *, device: str, backend: str, steps: int, group: int,
+                fsdp: bool = False) -> str | None:
+    """Run the smoke test; returns None on success, else why it failed. ``fsdp``: shard the trainer with FSDP2
+    on one rank."""
     encoder = PromptEncoder(model)
     image = screenshot()
     content = [{"type": "image"}, {"type": "text", "text": "Click the green button."}]
     prompt = encoder.encode([{"role": "user", "content": content}], [(1280, 720)])
-    trainer = Trainer(model, LearnerConfig(lr=1e-3, device=device, dtype="bfloat16" if device == "cuda" else "float32"))
+    config = LearnerConfig(lr=1e-3, device=device, dtype="bfloat16" if device == "cuda" else "float32")
+    ranks = init_one_rank_fsdp(resolve_device(device)) if fsdp else None
+    trainer = Trainer(model, config, ranks)
     retry = RetryPolicy(attempts=3, request_timeout_s=120.0, admin_timeout_s=300.0)
     async with PolicyClient([url], retry=retry) as client:
         engine = SGLangEngine(client, url)
@@ -88,18 +100,27 @@ async def smoke(url: str, model: Path, *, device: str, backend: str, steps: int,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.gpu_smoke", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", required=True, help="the inference server (SGLang, or arpo-serve for a dry run)")
-    parser.add_argument("--model", type=Path, required=True, help="the checkpoint the server serves")
+    parser.add_argument("--url", help="the inference server (SGLang, or arpo-serve)")
+    parser.add_argument("--model", type=Path, help="the checkpoint the server serves")
     parser.add_argument("--device", default="cuda", help="the learner's device (cuda, or cpu for a dry run)")
     parser.add_argument("--backend", default=None, help="weight group backend (default: nccl on cuda, else gloo)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--group", type=int, default=4, help="replies sampled per step")
+    parser.add_argument("--fsdp", action="store_true", help="shard the trainer with FSDP2 on one rank")
+    parser.add_argument("--plan", action="store_true", help="print the weight group's backend and the server's GPU")
     args = parser.parse_args(argv)
+    if args.plan:
+        print(*weight_group_plan())
+        return 0
+    if args.url is None or args.model is None:
+        parser.error("--url and --model are required")
     backend = args.backend or ("nccl" if args.device.startswith("cuda") else "gloo")
+    print(f"trainer on {args.device}{' (FSDP2, one rank)' if args.fsdp else ''}; weight group over {backend}",
+          flush=True)
     try:
         why = asyncio.run(smoke(args.url, args.model, device=args.device, backend=backend, steps=args.steps,
-                                group=args.group))
-    except (PublishError, PolicyUnavailable, PolicyRequestError) as error:
+                                group=args.group, fsdp=args.fsdp))
+    except (PublishError, PolicyUnavailable, PolicyRequestError, RankGroupError) as error:
         why = f"{type(error).__name__}: {error}"
     print("PASS" if why is None else f"FAIL: {why}", flush=True)
     return 0 if why is None else 1

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 log = logging.getLogger("arpo.learner.dist")
 
-__all__ = ["LeadTrainer", "RankGroup", "follow", "init_ranks", "leave", "shard_policy"]
+__all__ = ["LeadTrainer", "RankGroup", "follow", "init_one_rank_fsdp", "init_ranks", "leave", "shard_policy"]
 
 
 class RankGroupError(RuntimeError):
@@ -53,15 +53,19 @@ class RankGroup:
         rank: 0..world-1; rank 0 leads.
         world: number of ranks (1 = no process group, no FSDP).
         device: where this rank trains (``cuda:<local rank>`` under torchrun on GPUs).
+        fsdp: shard with FSDP2 even with one rank (the default process group must exist): runs FSDP2's code path
+            on one device, as the GPU check does (scripts/gpu_check.sh); several ranks always shard.
     """
 
     rank: int = 0
     world: int = 1
     device: torch.device = torch.device("cpu")
+    fsdp: bool = False
 
     @property
     def sharded(self) -> bool:
-        return self.world > 1
+        """Whether the policy is sharded with FSDP2 (and the trainer's calls are collectives)."""
+        return self.world > 1 or self.fsdp
 
     @property
     def lead(self) -> bool:
@@ -98,6 +102,33 @@ def init_ranks(device: torch.device, timeout_s: float) -> RankGroup:
     except (RuntimeError, ValueError) as error:
         raise RankGroupError(f"cannot join torchrun's process group ({backend}): {error}") from error
     return RankGroup(rank=dist.get_rank(), world=dist.get_world_size(), device=device)
+
+
+def init_one_rank_fsdp(device: torch.device, timeout_s: float = 300.0) -> RankGroup:
+    """A one-rank default process group (nccl on CUDA, gloo on CPU, rendezvous on a free loopback port) and a
+    :class:`RankGroup` that shards with FSDP2 on it: FSDP2's code path (mixed precision, gathered weights for
+    publication) on one device, without torchrun.
+
+    Raises:
+        RankGroupError: a default process group exists already, or the group cannot be made.
+    """
+    import socket
+
+    if dist.is_initialized():
+        raise RankGroupError("a default process group exists already in this process")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+        torch.cuda.set_device(device)
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    except (RuntimeError, ValueError) as error:
+        raise RankGroupError(f"cannot make a one-rank {backend} process group: {error}") from error
+    return RankGroup(device=device, fsdp=True)
 
 
 def shard_policy(root: torch.nn.Module, policy, *, bf16: bool) -> None:

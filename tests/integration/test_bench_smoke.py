@@ -125,6 +125,14 @@ def test_bench_learner_quick():
     assert float(figures["publish_bytes_ratio"]) == 0.5  # the bf16 server got bf16: half the float32 bytes
 
 
+def test_bench_real_size_quick():
+    figures = run_bench("bench_real_size", "--quick", "--fsdp", timeout=600)
+    assert {"params_b", "tokens", "step_s", "step_tok_s", "peak_gb", "dist_s", "dist_gb", "dist_gb_s", "disk_s",
+            "disk_gb", "disk_gb_s", "ratio"} == set(figures)
+    # bf16 went out (the server holds bf16): about 2 bytes a weight, where the float32 masters would be 4
+    assert float(figures["dist_gb"]) < 2.05 * float(figures["params_b"])
+
+
 def test_bench_learning_one_short_arm(desktop_image, tmp_path):
     figures = run_bench("bench_learning", "--arms", "a", "--seeds", "1", "--minutes", "0.5", "--out",
                         str(tmp_path), timeout=600)

@@ -59,3 +59,28 @@ async def test_a_flag_wins_over_the_run_file(run_file, tmp_path, monkeypatch):
         assert get(f"http://127.0.0.1:{port}/get_model_info", "flag-key")[0] == 200
     finally:
         await stop(proc, grace_s=10)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+async def test_device_cuda_without_cuda_fails_at_start_with_a_reason(tiny_model, tmp_path):
+    log = tmp_path / "serve.log"
+    proc = await spawn([sys.executable, "-m", "arpo_serve.main", "--model", str(tiny_model), "--port",
+                        str(free_port()), "--device", "cuda"], log)
+    try:
+        assert await proc.wait() == 1
+        assert 'device "cuda" but torch sees no CUDA device' in log.read_text()
+    finally:
+        await stop(proc, grace_s=10)
+
+
+async def test_server_info_reports_the_device(tiny_model, tmp_path):
+    port = free_port()
+    log = tmp_path / "serve.log"
+    proc = await spawn([sys.executable, "-m", "arpo_serve.main", "--model", str(tiny_model), "--port", str(port),
+                        "--device", "cpu", "--dtype", "bfloat16"], log)
+    try:
+        await wait_healthy(f"http://127.0.0.1:{port}", proc, log, timeout_s=120)
+        status, info = get(f"http://127.0.0.1:{port}/get_server_info")
+        assert status == 200 and (info["device"], info["dtype"]) == ("cpu", "bfloat16")
+    finally:
+        await stop(proc, grace_s=10)
