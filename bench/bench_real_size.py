@@ -7,7 +7,8 @@
   the tiny model's tokenizer, the image processor at Qwen2.5-VL's own pixel bounds, random bf16 weights (3.75 B
   parameters); written once under ``--work`` and reused;
 - sample: UI-TARS length: an instruction, ``--turns`` earlier replies (thought + action each) and ``--images``
-  1280x720 screenshots, the last of them the current one (UI-TARS keeps the last 5), then a ~40-token reply;
+  1280x720 screenshots, the last of them the current one (UI-TARS keeps the last 5), then a one-line thought and
+  action (7,208 + 64 tokens by default); fewer screenshots when the GPU's memory runs out (`step_figures`);
 - ``step_tok_s``: prompt + reply tokens / the median seconds of ``Trainer.train_step`` (forward, backward, AdamW)
   in bf16 (FSDP2 on one rank with ``--fsdp``; gradient checkpointing on); ``peak_gb``: peak GPU memory of the
   step (``torch.cuda.max_memory_allocated``; the process's peak resident memory on the CPU);
@@ -37,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -134,6 +136,22 @@ def time_steps(trainer, sample, repeats: int) -> list[float]:
     return times
 
 
+def step_figures(trainer, model: Path, turns: int, images: int, repeats: int) -> tuple[Any, list[float]]:
+    """The sample and its step seconds (`time_steps`) with as many of ``images`` screenshots as the device's memory
+    allows: on running out of GPU memory the screenshots are halved and the step tried again (said on stdout)."""
+    while True:
+        sample = ui_tars_sample(model, turns, images)
+        try:
+            return sample, time_steps(trainer, sample, repeats)
+        except torch.cuda.OutOfMemoryError:
+            if images <= 1:
+                raise
+            trainer.optimizer.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            print(f"out of GPU memory with {images} screenshots; trying {images // 2}", flush=True)
+            images //= 2
+
+
 async def time_publications(trainer, model: Path, work: Path, *, device: str, backend: str, server_gpu: int,
                             repeats: int) -> dict[str, list[float]]:
     """Seconds and bytes of distributed and disk publications to a real arpo-serve holding ``model`` in bf16."""
@@ -202,26 +220,26 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         tiny = ensure_model(ROOT / "runs" / "tiny-model")
         model = tiny if args.quick else write_3b_model(work / "qwen2.5-vl-3b-random", tiny, device)
-        sample = ui_tars_sample(model, args.turns, args.images)
-        n_tokens = len(sample.prompt_ids) + len(sample.output_ids)
-        print(f"model {model.name}; sample {len(sample.prompt_ids)} prompt + {len(sample.output_ids)} reply tokens, "
-              f"{args.images} screenshots; weight group over {backend}", flush=True)
+        print(f"model {model.name}; weight group over {backend}", flush=True)
         group = init_one_rank_fsdp(device) if args.fsdp else None
         config = LearnerConfig(lr=1e-6, device=args.device, dtype="bfloat16" if device.type == "cuda" else "float32",
-                               gradient_checkpointing=True, max_tokens_per_microbatch=max(32768, n_tokens))
+                               gradient_checkpointing=True, max_tokens_per_microbatch=65536)
         trainer = Trainer(model, config, group)
         params = sum(p.numel() for p in trainer.model.parameters())
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        steps = time_steps(trainer, sample, args.repeats)
+        sample, steps = step_figures(trainer, model, args.turns, args.images, args.repeats)
+        n_tokens = len(sample.prompt_ids) + len(sample.output_ids)
         peak_gb = peak_memory_mb(device) / 1024
-        print(f"train step: {median(steps):.2f} s, {n_tokens / median(steps):.0f} tokens/s, peak {peak_gb:.1f} GB "
-              f"({params / 1e9:.2f} B parameters)", flush=True)
+        print(f"train step on {len(sample.prompt_ids)} prompt + {len(sample.output_ids)} reply tokens "
+              f"({len(sample.images)} screenshots): {median(steps):.2f} s, {n_tokens / median(steps):.0f} tokens/s, "
+              f"peak {peak_gb:.1f} GB ({params / 1e9:.2f} B parameters)", flush=True)
         pub = asyncio.run(time_publications(trainer, model, work, device=args.device, backend=backend,
                                             server_gpu=server_gpu, repeats=args.repeats))
     dist_s, disk_s = median(pub["dist_s"]), median(pub["disk_s"])
     figures = {
-        "params_b": params / 1e9, "tokens": n_tokens, "step_s": median(steps), "step_tok_s": n_tokens / median(steps),
+        "params_b": params / 1e9, "tokens": n_tokens, "images": len(sample.images), "step_s": median(steps),
+        "step_tok_s": n_tokens / median(steps),
         "peak_gb": peak_gb, "dist_s": dist_s, "dist_gb": pub["dist_bytes"][0] / 1e9,
         "dist_gb_s": pub["dist_bytes"][0] / 1e9 / dist_s, "disk_s": disk_s, "disk_gb": pub["disk_bytes"][0] / 1e9,
         "disk_gb_s": pub["disk_bytes"][0] / 1e9 / disk_s, "ratio": disk_s / dist_s,

@@ -157,6 +157,14 @@ def decoder_layers(policy) -> list[torch.nn.Module]:
     return list(language.layers)
 
 
+def vision_blocks(policy) -> list[torch.nn.Module]:
+    """The vision tower's blocks (Qwen2.5-VL: ``policy.model.visual.blocks``; ``policy.visual`` in transformers
+    4.x); empty for a model without one."""
+    visual = getattr(policy.model, "visual", None)
+    visual = getattr(policy, "visual", None) if visual is None else visual
+    return list(getattr(visual, "blocks", []))
+
+
 class LeadTrainer:
     """Rank 0's handle on the trainer: each call is sent to every rank, then run here.
 

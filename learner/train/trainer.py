@@ -46,7 +46,7 @@ from arpo_async.model.inputs import load_policy
 from learner.algo.grpo import corrected_token_loss
 from learner.algo.train_sample import TrainSample, sample_problem
 from learner.train import trainer_checkpoint, weights_export
-from learner.train.distributed import RankGroup, decoder_layers, shard_policy
+from learner.train.distributed import RankGroup, decoder_layers, shard_policy, vision_blocks
 from learner.train.microbatch import MicroBatchBudgetError, step_plan
 from learner.train.policy_forward import CompletionLogprobs, PixelCache, check_pad_id, collate, image_pad_problem
 from learner.train.trainer_errors import TrainerConfigError, TrainerError, TrainerInputError
@@ -118,8 +118,11 @@ class Trainer:
                 self.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            for layer in decoder_layers(self.model):  # transformers checkpoints only modules in train mode
-                layer.train()  # Qwen2.5-VL decoder layers have no dropout (attention_dropout 0), so this is exact
+            # transformers checkpoints only modules in train mode: the decoder layers and the vision blocks (five
+            # 1280x720 screenshots keep ~1 GB of activations per vision block of the 3B model otherwise). Neither
+            # has dropout (Qwen2.5-VL's attention_dropout is 0, its vision attention has none), so this is exact.
+            for layer in [*decoder_layers(self.model), *vision_blocks(self.model)]:
+                layer.train()
         self.tied = tied_names(self.model)
         """Names of weights tied to another one (left out of exported weights, as save_pretrained does)."""
         self.module = CompletionLogprobs(self.model, config.logprob_chunk_tokens)

@@ -127,8 +127,8 @@ def test_bench_learner_quick():
 
 def test_bench_real_size_quick():
     figures = run_bench("bench_real_size", "--quick", "--fsdp", timeout=600)
-    assert {"params_b", "tokens", "step_s", "step_tok_s", "peak_gb", "dist_s", "dist_gb", "dist_gb_s", "disk_s",
-            "disk_gb", "disk_gb_s", "ratio"} == set(figures)
+    assert {"params_b", "tokens", "images", "step_s", "step_tok_s", "peak_gb", "dist_s", "dist_gb", "dist_gb_s",
+            "disk_s", "disk_gb", "disk_gb_s", "ratio"} == set(figures)
     # bf16 went out (the server holds bf16): about 2 bytes a weight, where the float32 masters would be 4
     assert float(figures["dist_gb"]) < 2.05 * float(figures["params_b"])
 
