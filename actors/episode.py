@@ -41,7 +41,7 @@ from actors.policy import GenerateFn, Policy, as_policy
 from actors.sinks import TrajectorySink
 from actors.uitars.actions import Action, ActionParseError, parse_reply
 from actors.uitars.grammar import action_regex
-from actors.uitars.prompt import build_messages
+from arpo_async.prompt import build_messages
 from actors.uitars import pyautogui, xdotool
 from arpo_async.config import ActorConfig
 from arpo_async.inference_client import GenerationAborted, PolicyRequestError, PolicyUnavailable

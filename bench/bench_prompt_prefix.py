@@ -2,7 +2,7 @@
 
 Consecutive prompts of one episode repeat most of their ids (system turn, task, earlier replies and, with ARPO's
 layout, every earlier screenshot). What runs: the prompts of one 15-step episode, built by the real UI-TARS
-prompt (``actors.uitars.prompt.build_messages``) and the real ``PromptEncoder`` (chat template + tokenizer of the
+prompt (``arpo_async.prompt.build_messages``) and the real ``PromptEncoder`` (chat template + tokenizer of the
 tiny model, with Qwen2.5-VL's image size rule at ``max_pixels`` 2,116,800: 1,196 image tokens per 1280x720
 screenshot, as a 7B UI-TARS sees it), for two layouts: the last 2 screenshots (bench_actor_loop's and
 bench_transport's) and all of them (ARPO's 15). Two encodings of the 15 prompts:
@@ -45,7 +45,7 @@ REPLY = ("Thought: The Save button is at the bottom right of the dialog; click i
 
 def episode_prompts(model_dir: Path, history_images: int) -> list[np.ndarray]:
     """The 15 prompts (int32 arrays, image pads expanded) of one episode with ``history_images`` screenshots shown."""
-    from actors.uitars.prompt import build_messages
+    from arpo_async.prompt import build_messages
     from arpo_async.model.inputs import PromptEncoder
 
     encoder = PromptEncoder(model_dir)

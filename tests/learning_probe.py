@@ -33,7 +33,7 @@ from actors.desktop.build import build_image
 from actors.desktop.fleet import DesktopFleet
 from actors.episode import EpisodeRunner, add_screenshot, describe, episode_outcome
 from actors.uitars.actions import ActionParseError, parse_reply
-from actors.uitars.prompt import build_messages
+from arpo_async.prompt import build_messages
 from arpo_async.config import ActorConfig, RunConfig
 from arpo_async.messages import Outcome, Step, Trajectory, float_array, int_array
 from arpo_async.model.inputs import PromptEncoder
@@ -106,7 +106,7 @@ async def capture_scenes(config: RunConfig, desktops: int = CAPTURE_DESKTOPS) ->
 class EmulatedEpisode:
     """One rollout played on a scene's click tree, recorded as EpisodeRunner records a real episode.
 
-    Each policy step builds the prompt as the actors do (actors.uitars.prompt.build_messages with the earlier
+    Each policy step builds the prompt as the actors do (arpo_async.prompt.build_messages with the earlier
     replies and the last ``history_images`` screenshots, PromptEncoder.encode with one screen-sized image per
     screenshot shown) and appends one Step (prompt ids, image indices into the trajectory's screenshots, sampled
     ids, behaviour log-probs, the sampling version). A click moves to the state :meth:`Node.after_click` gives;

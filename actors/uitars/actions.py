@@ -362,15 +362,3 @@ def parse_reply(text: str, *, resized_size: tuple[int, int], screen_size: tuple[
             return Parsed(thought, (a,))
     return Parsed(thought, actions)
 
-
-_BOXED = re.compile(r"(start_box|end_box)='\((\d+),\s*(\d+)\)'")
-
-
-def add_box_tokens(reply: str) -> str:
-    """Wrap bare ``start_box='(x,y)'`` / ``end_box='(x,y)'`` points in ``<|box_start|>``/``<|box_end|>``.
-
-    UI-TARS and ARPO do this to each past reply before putting it back in the prompt, because the box tokens
-    are special tokens that decoding usually drops (source: UI-TARS ``action_parser.add_box_token``).
-    Replies that already carry box tokens are unchanged.
-    """
-    return _BOXED.sub(lambda m: f"{m.group(1)}='<|box_start|>({m.group(2)},{m.group(3)})<|box_end|>'", reply)

@@ -7,7 +7,7 @@ Reference layout: OSWorld's UI-TARS-1.5 agent (``mm_agents/uitars15_v1.py``, ``p
 reply as an assistant turn (box tokens re-added) and shows the screenshot of reply i only while
 ``i + history_n > len(replies)``, then the current screenshot: with a window of 2 screenshots, step 2 shows
 reply 0 without its screenshot, then screenshot 1, reply 1, screenshot 2. The expected prompts below are written
-out in the tiny model's Qwen2-VL chat format by hand, not built with actors.uitars.prompt.
+out in the tiny model's Qwen2-VL chat format by hand, not built with arpo_async.prompt.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from actors import ActorConfig, DesktopEnv, EpisodeRunner, Outcome, load_task
-from actors.uitars.prompt import action_space_prompt
+from arpo_async.prompt import action_space_prompt
 from arpo_async.engine import EngineReply
 from arpo_async.inference_client import Generation, PolicyClient
 from arpo_async.model.inputs import PromptEncoder, load_policy

@@ -19,7 +19,7 @@ from PIL import Image
 from actors.openai_policy import OpenAIChatPolicy, chat_completions_url, chat_messages_from_ids
 from actors.policy import Policy, as_policy
 from actors.uitars import action_regex, build_messages
-from actors.uitars.actions import add_box_tokens
+from arpo_async.prompt import add_box_tokens
 from arpo_async.inference_client import PolicyRequestError, PolicyUnavailable, RetryPolicy
 from arpo_async.model.inputs import PromptEncoder
 from tests.support import catch_all_http_server, free_port

@@ -52,7 +52,7 @@ from PIL import Image
 
 from actors.desktop_env import DesktopEnv
 from actors.episode import EpisodeRunner, load_task
-from actors.uitars.prompt import build_messages
+from arpo_async.prompt import build_messages
 from arpo_async.config import ActorConfig, load_config
 from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.messages import Outcome

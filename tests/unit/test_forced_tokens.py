@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from actors.uitars.grammar import action_regex
-from actors.uitars.prompt import build_messages
+from arpo_async.prompt import build_messages
 from arpo_async.model.inputs import PromptEncoder
 from arpo_serve.engine import Engine, SamplingParams
 from learner.algo.forced_tokens import ForcedTokens

@@ -7,7 +7,7 @@ import random
 import pytest
 from tokenizers import Tokenizer
 
-from actors.uitars.prompt import build_messages
+from arpo_async.prompt import build_messages
 from arpo_async.model import inputs
 from arpo_async.model.inputs import PromptEncoder
 

@@ -20,7 +20,7 @@ from actors.uitars import (
     to_pyautogui,
 )
 from actors.uitars.grammar import DEFAULT_ACTIONS, int_range_regex
-from actors.uitars.prompt import ARPO_SYSTEM, COMPACT_SYSTEM, action_space_prompt
+from arpo_async.prompt import ARPO_SYSTEM, COMPACT_SYSTEM, action_space_prompt
 from actors.uitars.xdotool import UnsupportedActionError
 
 # ARPO's setting: a 1920x1080 screen, smart-resized to 1932x1092 (arXiv 2505.16282; max_pixels 2,116,800).

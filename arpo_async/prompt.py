@@ -1,7 +1,9 @@
 """The UI-TARS-1.5 computer-use prompt, laid out as ARPO and UI-TARS do, as Hugging Face chat messages.
 
 Role: turn (instruction, past replies) into the chat the policy sees; the caller renders it with the tokenizer's
-chat template and sends the screenshots this module names, in order, as ``image_data``.
+chat template and sends the screenshots this module names, in order, as ``image_data``. The actors build every
+step's prompt with it (actors.episode); the learner rebuilds the prompts of demonstrations with it
+(arpo_async.demos), so both sides see one layout.
 
 Layout (dvlab-research/ARPO ``verl/trainer/gui_agent.py``, ``EnvWorker.reset``/``step``)::
 
@@ -33,9 +35,8 @@ directly. ``build_messages`` does the same with ``history_images=k``; ``k >= ste
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple, Sequence
-
-from actors.uitars.actions import add_box_tokens
 
 ARPO_SYSTEM = "Your are a helpful assistant."
 """ARPO's system turn, verbatim (the typo is ARPO's; changing it shifts the prompt away from training)."""
@@ -154,3 +155,16 @@ def build_messages(instruction: str, replies: Sequence[str], *, history_images: 
     if style == "compact":  # the instruction right before the reply, after the current screenshot
         messages[-1]["content"].append({"type": "text", "text": task_text})
     return Prompt(messages, shown)
+
+
+_BOXED = re.compile(r"(start_box|end_box)='\((\d+),\s*(\d+)\)'")
+
+
+def add_box_tokens(reply: str) -> str:
+    """Wrap bare ``start_box='(x,y)'`` / ``end_box='(x,y)'`` points in ``<|box_start|>``/``<|box_end|>``.
+
+    UI-TARS and ARPO do this to each past reply before putting it back in the prompt, because the box tokens
+    are special tokens that decoding usually drops (source: UI-TARS ``action_parser.add_box_token``).
+    Replies that already carry box tokens are unchanged.
+    """
+    return _BOXED.sub(lambda m: f"{m.group(1)}='<|box_start|>({m.group(2)},{m.group(3)})<|box_end|>'", reply)
