@@ -68,6 +68,10 @@ class LearnerConfig:
     replay_mode: Literal["arpo", "prioritized", "off"] = "prioritized"
     """"arpo" (ARPO-exact: FIFO per task, uniform draw, all-failed groups only), "prioritized" or "off";
     replay = false forces "off"."""
+    replay_demos: str = ""
+    """Demonstrations: an `arpo eval --out` folder whose successful episodes are put in the success replay at the
+    start (not on resume: the checkpoint holds them), re-tokenized with this run's prompt (arpo_async.demos); they
+    are injected into all-failed groups like the policy's own successes. "" = none. Needs the replay on."""
     replay_max_total: PositiveInt = 256
     """Prioritized replay: most successes kept over all tasks (lowest priority evicted first); bounds memory."""
     replay_inject_below: Fraction = 0.0

@@ -35,9 +35,11 @@ import torch.distributed as dist
 
 from arpo_async.config import ConfigError, LearnerConfig, RunConfig, load_config, to_dict
 from arpo_async.config_doc import add_config_arguments
+from arpo_async.demos import DemonstrationError, load_demonstrations
 from arpo_async.engine import InferenceEngine
 from arpo_async.inference_client import PolicyClient
 from arpo_async.metrics import MetricsWriter, WandbSettings, import_wandb
+from arpo_async.model.inputs import PromptEncoder
 from arpo_async.process import run_until_signal, setup_logging
 from arpo_async.sglang_engine import sglang_engines
 from arpo_async.task_sets import select_tasks
@@ -72,6 +74,34 @@ def replay_buffer(config: LearnerConfig) -> ReplayBuffer:
                        success_threshold=config.success_threshold)
 
 
+def seed_demonstrations(config: RunConfig, replay: ReplayBuffer, task_ids: list[str]) -> int:
+    """Put the demonstrations of ``learner.replay_demos`` (arpo_async.demos) in ``replay`` as stored successes of
+    their tasks; returns how many (0 when the key is empty). A resumed run's checkpoint then replaces the replay's
+    contents, demonstrations still held included.
+
+    Raises:
+        ConfigError: the replay is off, or the folder holds no usable demonstration of the run's tasks (the message
+            names the episode and why, e.g. another screen size).
+    """
+    lc, ac = config.learner, config.actors
+    if not lc.replay_demos:
+        return 0
+    if replay.mode == "off":
+        raise ConfigError("learner.replay_demos needs the success replay (learner.replay = true and replay_mode "
+                          "\"arpo\" or \"prioritized\"): demonstrations reach training only through it")
+    try:
+        demos = load_demonstrations(lc.replay_demos, PromptEncoder(config.model_path), screen_size=ac.screen_size,
+                                    history_images=ac.history_images, prompt_style=ac.prompt_style,
+                                    task_ids=task_ids)
+    except DemonstrationError as error:
+        raise ConfigError(str(error)) from error
+    for task_id, trajectories in demos.items():
+        replay.add_group(task_id, trajectories, [t.score for t in trajectories])
+    count = sum(map(len, demos.values()))
+    log.info("%d demonstrations of %d tasks in the success replay (from %s)", count, len(demos), lc.replay_demos)
+    return count
+
+
 async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None = None) -> None:
     """Build and connect the learner's components, resume from a checkpoint if there is one, run the baseline
     pass if one is due, train until ``learner.steps`` steps in all, then stop the actors.
@@ -80,6 +110,8 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
     lc, run, learner_id = config.learner, config.run_path, uuid.uuid4().hex[:12]
     lockstep, tasks = lc.schedule == "lockstep", select_tasks(lc)  # a bad task filter stops before the model loads
     eval_tasks = evaluation_tasks(config)  # so does a bad [eval] task set (ConfigError)
+    replay = replay_buffer(lc)
+    seed_demonstrations(config, replay, [task.id for task in tasks])  # and unusable demonstrations
     if trainer is None:
         trainer = await asyncio.to_thread(Trainer, config.model_path, lc)
     vocab_size = trainer.model.config.text_config.vocab_size
@@ -90,7 +122,7 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
     admission = (LockstepAdmission(lc.batch_trajectories) if lockstep
                  else StalenessManager(lc.batch_trajectories, lc.max_staleness))
     state = RunState()  # step, policy version, counters: shared by the service and the training loop
-    batcher = Batcher(replay_buffer(lc), max_staleness=lc.max_staleness, groups_per_step=lc.groups_per_step,
+    batcher = Batcher(replay, max_staleness=lc.max_staleness, groups_per_step=lc.groups_per_step,
                       format_reward_weight=lc.format_reward_weight, success_threshold=lc.success_threshold,
                       stratified=lc.stratified, advantage_function=load_advantage_function(lc.advantage_function),
                       drops=state.drops)

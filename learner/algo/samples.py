@@ -8,6 +8,7 @@ Role: turns the scored groups of one batch (learner.algo.batcher.ScoredGroup) in
 
 from __future__ import annotations
 
+from arpo_async.demos import is_demonstration
 from learner.algo.batcher import ScoredGroup
 from learner.algo.forced_tokens import ForcedTokens
 from learner.algo.train_sample import TrainSample
@@ -17,7 +18,8 @@ def train_samples(batch: list[ScoredGroup], forced: ForcedTokens | None = None) 
     """One TrainSample per generated step of every trajectory, carrying its trajectory's advantage.
 
     Tokens in, tokens out: the exact prompt and output ids the sampler used, its behaviour log-probs, and the
-    screenshots the prompt referenced, in prompt order. With ``forced``, each sample's ``loss_mask`` leaves out
+    screenshots the prompt referenced, in prompt order; a demonstration's steps are marked ``demonstration`` (their
+    log-probs are not ours: the trainer replaces them). With ``forced``, each sample's ``loss_mask`` leaves out
     the tokens its trajectory's grammar forced (`learner.algo.forced_tokens`); without it every token counts.
     """
     samples: list[TrainSample] = []
@@ -34,6 +36,7 @@ def train_samples(batch: list[ScoredGroup], forced: ForcedTokens | None = None) 
                     behaviour_logprobs=step.logprobs,
                     advantage=advantage,
                     replayed=replayed,
+                    demonstration=is_demonstration(traj),
                     loss_mask=forced.loss_mask(traj.grammar, step.output_ids) if forced is not None else None,
                 ))
     return samples

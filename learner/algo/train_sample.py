@@ -33,6 +33,8 @@ class TrainSample:
             log-probs are those recorded when it was sampled); only used to report its correction separately.
         loss_mask: length T, True for the tokens the loss covers; False for tokens the action grammar forced
             (`learner.algo.forced_tokens`). None = every token. A sample with no True token adds nothing to the loss.
+        demonstration: True for a step of a demonstration (arpo_async.demos: another policy's success): it has no
+            behaviour log-probs of ours, so the trainer takes the pre-update policy's as its behaviour log-probs.
     """
 
     prompt_ids: TokenArray
@@ -42,6 +44,7 @@ class TrainSample:
     advantage: float
     replayed: bool = False
     loss_mask: list[bool] | None = None
+    demonstration: bool = False
 
     def __post_init__(self) -> None:  # the step's arrays as they are; lists (tests, tools) become arrays
         self.prompt_ids = int_array(self.prompt_ids)

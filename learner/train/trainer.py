@@ -17,6 +17,15 @@ the weights have not changed yet, so these are exactly the pre-update log-probs 
 ``train_batch`` splits a batch into several optimizer steps with pi_prox computed once, before the first
 (ARPO: 2 optimizer steps per rollout batch), which is where the clip against pi_prox acts.
 
+Demonstrations (arpo_async.demos: a success another policy produced, injected by the success replay) have no
+pi_behav of ours. Their tokens take pi_behav = pi_prox, the policy's own log-probs before the update: the
+correction weight is then exactly 1 in every mode (never the huge weight pi_prox / pi_behav of a zero log-prob),
+and the ratio pi_theta / pi_prox is clipped like any other token's: a demonstration token stops pushing once its
+probability has risen by the clip range within a batch's optimizer steps, however unlikely it was. LUFFY mixes
+off-policy traces into GRPO groups the same way (Yan et al., "Learning to Reason under Off-Policy Guidance", arXiv
+2504.14945: the behaviour probability of an off-policy token, unknown, is set to 1), with a policy-shaping function
+and no clip where we keep the clip; ARPO's own replay keeps the log-probs recorded when the success was sampled.
+
 Invariants: the loss is computed only on tokens the policy generated (``output_ids``), on exactly the ids the
 sampler produced; the policy runs without dropout (eval mode) so its log-probs are comparable to the sampler's.
 
@@ -230,6 +239,9 @@ class Trainer:
         prox = lp.detach() if proximal is None else as_tensor(np.concatenate([np.asarray(p, np.float64)
                                                                               for p in proximal]))
         behaviour = as_tensor(np.concatenate([s.behaviour_logprobs for s in samples]))
+        demo = as_tensor(per_token([s.demonstration for s in samples]), torch.bool)
+        if bool(demo.any()):  # no behaviour log-probs of ours: the pre-update policy's (weight 1, module docstring)
+            behaviour = torch.where(demo, prox, behaviour)
         advantages = as_tensor(per_token([float(s.advantage) for s in samples]))
         keep = as_tensor(np.concatenate([np.ones(n, bool) if s.loss_mask is None else np.asarray(s.loss_mask, bool)
                                          for s, n in zip(samples, counts)]), torch.bool)
