@@ -7,12 +7,14 @@ The policy is one of:
   folder's, or the one above ``weights/``) is the base config, so the episodes use the run's screen, prompt,
   grammar and step budget unless flags say otherwise;
 - ``--url URL``: an SGLang or arpo-serve server already running (its ``/generate``);
-- ``--openai-url URL --openai-model NAME``: any OpenAI-compatible chat-completions server (actors.openai_policy).
+- ``--openai-url URL --openai-model NAME``: any OpenAI-compatible chat-completions server (actors.openai_policy);
+- ``--oracle``: the scripted oracle (actors.oracle), which solves the built-in tasks from the app's layout: its
+  successful episodes are demonstrations for ``learner.replay_demos``.
 
-With ``--url`` and ``--openai-url`` the prompt is built with the tokenizer of ``--tokenizer DIR`` (default: the
-tiny policy's, created if missing). Exit status: 0 when the evaluation ran (whatever the score), 1 when it could
-not (no model, the server did not start, Docker failed), 2 for a bad flag, config, task folder or split, 130 after
-Ctrl-C (the report of what finished is written; ``--resume`` finishes it).
+With ``--url``, ``--openai-url`` and ``--oracle`` the prompt is built with the tokenizer of ``--tokenizer DIR``
+(default: the tiny policy's, created if missing). Exit status: 0 when the evaluation ran (whatever the score), 1
+when it could not (no model, the server did not start, Docker failed), 2 for a bad flag, config, task folder or
+split, 130 after Ctrl-C (the report of what finished is written; ``--resume`` finishes it).
 """
 from __future__ import annotations
 
@@ -43,12 +45,15 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
                     "episode as OSWorld's runner does (OUT/<domain>/<task id>/<repeat>/result.txt, traj.jsonl, "
                     "screenshots) and report.json / report.md: success with a 95% interval, pass@k and mean "
                     "steps, overall, per domain and per task. Errored episodes count as failures and are listed.")
-    policy = p.add_argument_group("policy (one of --model, --url, --openai-url)")
+    policy = p.add_argument_group("policy (one of --model, --url, --openai-url, --oracle)")
     policy.add_argument("--model", type=Path, help="a Hugging Face folder, a run's weights/vN, or a run folder "
                                                    "(its newest weights); arpo-serve is started for it")
     policy.add_argument("--url", help="a running SGLang or arpo-serve server, e.g. http://127.0.0.1:30000")
     policy.add_argument("--openai-url", help="an OpenAI-compatible server's base URL, e.g. http://127.0.0.1:8000/v1")
     policy.add_argument("--openai-model", help="the model name to ask the OpenAI-compatible server for")
+    policy.add_argument("--oracle", action="store_true",
+                        help="the scripted oracle, which solves the built-in tasks from the app's layout: its "
+                             "successes are demonstrations for learner.replay_demos")
     policy.add_argument("--openai-regex", action="store_true",
                         help="also send the action grammar as SGLang's `regex` field (SGLang's /v1 and arpo-serve "
                              "take it; most other servers refuse unknown fields)")
@@ -119,12 +124,13 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
         folder = f"{args.model}" if weights == args.model else f"{args.model}-v{version}"
     else:
         tokenizer = args.tokenizer
-        name = folder = args.openai_model if args.openai_url else args.url
+        name = folder = args.openai_model if args.openai_url else ("oracle" if args.oracle else args.url)
     # builds the desktop image and the tiny policy (the default tokenizer) when missing
     config = prepare(eval_config(args, run_config, tokenizer), say)
     out = args.out or Path("evals") / (re.sub(r"[^A-Za-z0-9_.-]+", "-", str(folder)).strip("-.") or "policy")
     encoder = PromptEncoder(config.model_path)
-    meta = {"policy": {"kind": "model" if args.model else ("openai" if args.openai_url else "url"),
+    kind = "model" if args.model else ("openai" if args.openai_url else ("oracle" if args.oracle else "url"))
+    meta = {"policy": {"kind": kind,
                        "name": str(name), "weight_version": version},
             "command": "arpo " + shlex.join(args.argv)}
     progress = ProgressPrinter()
@@ -137,7 +143,15 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
                                           "--weight-version", str(version), "--seed", str(args.seed)], log)
             await wait_healthy(url, serve, log)
             say(f"arpo-serve ready at {url} with {weights} (weight version {version}); log {log}")
-        if args.openai_url:
+        if args.oracle:
+            from actors.oracle import OraclePolicy
+            from arpo_async.task_sets import load_task_set
+
+            ac = config.actors
+            policy = OraclePolicy([e.task for e in load_task_set(args.tasks, args.split) if e.task is not None],
+                                  encoder, ac.screen_size, coordinate_mode=ac.coordinate_mode,
+                                  resized=encoder.resized_size(*ac.screen_size))
+        elif args.openai_url:
             from actors.openai_policy import OpenAIChatPolicy
             policy = OpenAIChatPolicy(args.openai_url, args.openai_model, encoder, api_key=args.api_key or "",
                                       send_regex=args.openai_regex, extra_body={"seed": args.seed},
@@ -176,9 +190,10 @@ class ProgressPrinter:
 
 def check_policy_args(args: argparse.Namespace) -> str | None:
     """Why the policy flags are unusable, or None."""
-    given = [f for f in ("model", "url", "openai_url") if getattr(args, f) is not None]
+    given = [f for f in ("model", "url", "openai_url") if getattr(args, f) is not None] + (["oracle"] if args.oracle
+                                                                                         else [])
     if len(given) != 1:
-        return "give exactly one of --model, --url, --openai-url"
+        return "give exactly one of --model, --url, --openai-url, --oracle"
     if args.openai_url and not args.openai_model:
         return "--openai-url needs --openai-model NAME"
     if args.desktops < 1 or args.repeats < 1 or (args.max_steps is not None and args.max_steps < 1):

@@ -18,18 +18,23 @@ import pytest
 
 from actors.eval import evaluate
 from actors.eval.results import read_records
-from arpo_async.config import load_config
+from actors.oracle import OraclePolicy
+from arpo_async.config import ConfigError, load_config
 from arpo_async.model.inputs import PromptEncoder
 from arpo_async.task_sets import load_task_set, runnable_tasks
 from arpo_async.tasks import BUILTIN_DIR
 from arpo_cli.cli import main as arpo_main
-from tests.oracle_policy import OraclePolicy, finished_only
 from tests.support import until_sync
 
 pytestmark = pytest.mark.docker
 
 MAX_STEPS = 8
 """Enough for the longest oracle plan (form-contact: 5 actions, then finished)."""
+
+
+async def finished_only(**_kw):
+    """A policy that gives up at once: ``finished`` on the first step of every episode."""
+    return "Thought: done\nAction: finished(content='done')"
 
 
 @pytest.fixture(scope="module")
@@ -214,3 +219,29 @@ def test_command_scores_a_running_server_by_url(tiny_serve, tiny_model, desktop_
     assert report["overall"]["policy_versions"] == [0]
     assert set(report["overall"]["pass_at_k"]) == {"1", "2"}
     assert tiny_serve.proc.poll() is None  # not ours to stop
+
+
+def test_oracle_records_demonstrations_the_learner_takes(tiny_model, desktop_image, tmp_path):
+    from arpo_async.demos import load_demonstrations
+    from learner.algo.replay import make_replay
+    from learner.main import seed_demonstrations
+
+    out = tmp_path / "demos"
+    argv = ["eval", "--oracle", "--tokenizer", str(tiny_model), "--tasks", "settings-sound-mute", "--repeats", "2",
+            "--desktops", "2", "--out", str(out), "--set", f"actors.image={desktop_image!r}"]
+    assert arpo_main(argv) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["policy"]["kind"] == "oracle" and report["overall"]["success_rate"] == 1.0
+    config = load_config(None, [f"model={str(tiny_model)!r}", f"learner.replay_demos={str(out)!r}"])
+    ac = config.actors
+    demos = load_demonstrations(out, PromptEncoder(tiny_model), screen_size=ac.screen_size,
+                                history_images=ac.history_images, prompt_style=ac.prompt_style)
+    assert [len(d.steps) for d in demos["settings-sound-mute"]] == [3, 3]  # Sound, Mute, finished
+    assert "click(start_box=" in demos["settings-sound-mute"][0].steps[0].text
+    replay = make_replay("arpo")
+    assert seed_demonstrations(config, replay, ["settings-sound-mute"]) == 2
+    assert replay.stats()["stored"] == 2
+    off = load_config(None, [f"model={str(tiny_model)!r}", f"learner.replay_demos={str(out)!r}",
+                             "learner.replay=false"])
+    with pytest.raises(ConfigError, match="needs the success replay"):
+        seed_demonstrations(off, make_replay("off"), ["settings-sound-mute"])

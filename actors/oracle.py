@@ -1,11 +1,13 @@
-"""Scripted policies for evaluation tests: an oracle that reads the app's layout and solves every built-in task,
-and one that only answers ``finished``.
+"""The scripted oracle: a policy that solves the built-in tasks by reading the app's layout, for recording
+demonstrations (``arpo eval --oracle``, then ``learner.replay_demos``) and for the tests.
 
 The oracle is a real :class:`actors.policy.Policy`: it gets the prompt the episode loop built, finds the task by
 its instruction in the decoded prompt, reads the desktop of its episode (``actors.episode.CURRENT_CONTROLLER``:
 the app's layout file, ``/tmp/arpo/layout.json``, widget -> screen box) and answers one UI-TARS action per step in
-``relative1000`` coordinates, as the episode loop parses them. Its plan comes from the task file itself (which app
-the task launches, what its evaluator expects), so new tasks of the same apps need no new code here.
+the run's coordinate mode (``actors.coordinate_mode``), as the episode loop parses them. Its plan comes from the
+task file itself (which app the task launches, what its evaluator expects), so new tasks of the same apps need no
+new code here; a task of another app (an OSWorld task) raises LookupError, which the episode records as a policy
+error. Steps beyond the plan answer ``finished``.
 """
 from __future__ import annotations
 
@@ -91,12 +93,22 @@ class OraclePolicy:
         tasks: the tasks it may be asked about (found by their instruction in the prompt).
         encoder: the prompt encoder of the episode loop (to decode the prompt).
         screen: the desktop's (width, height) in pixels.
+        coordinate_mode: "relative1000" (0..999 of each side) or "absolute" (pixels of the image the policy sees,
+            ``resized``), as ``actors.coordinate_mode`` tells the episode loop to read them.
+        resized: the (width, height) the policy's image processor resizes a screenshot to ("absolute" only).
     """
 
-    def __init__(self, tasks: list[Task], encoder: PromptEncoder, screen: tuple[int, int] = (1280, 720)) -> None:
+    def __init__(self, tasks: list[Task], encoder: PromptEncoder, screen: tuple[int, int] = (1280, 720), *,
+                 coordinate_mode: str = "relative1000", resized: tuple[int, int] | None = None) -> None:
+        if coordinate_mode not in ("relative1000", "absolute"):
+            raise ValueError(f"coordinate_mode must be 'relative1000' or 'absolute', got {coordinate_mode!r}")
         self.tasks = sorted(tasks, key=lambda t: -len(t.instruction))  # the longest match first
         self.encoder, self.screen = encoder, screen
+        self.scale = (1000, 1000) if coordinate_mode == "relative1000" else (resized or screen)
         self.steps: dict[str, int] = defaultdict(int)
+
+    async def aclose(self) -> None:
+        """Nothing to close (the interface `arpo eval` closes every policy through)."""
 
     def _task(self, input_ids: list[int]) -> Task:
         text = self.encoder.decode(input_ids, skip_special_tokens=False)
@@ -106,7 +118,9 @@ class OraclePolicy:
         raise LookupError("no known instruction in the prompt")
 
     def _point(self, x: float, y: float) -> str:
-        return f"({min(999, round(x / self.screen[0] * 1000))},{min(999, round(y / self.screen[1] * 1000))})"
+        """Screen pixels -> the reply's coordinates (the inverse of actors.uitars.actions' mapping)."""
+        (sw, sh), (w, h) = self.screen, self.scale
+        return f"({min(w - 1, round(x / sw * w))},{min(h - 1, round(y / sh * h))})"
 
     async def generate(self, *, input_ids, images, sampling_params, rid, episode_id):
         from actors.policy import text_generation
@@ -127,8 +141,3 @@ class OraclePolicy:
             box = await _widget(arg)
             point = self._point(box["cx"], box["cy"])
         return text_generation(f"Thought: click\nAction: click(start_box='{point}')")
-
-
-async def finished_only(**_kw):
-    """A policy that gives up at once: ``finished`` on the first step of every episode."""
-    return "Thought: done\nAction: finished(content='done')"
