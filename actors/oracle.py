@@ -18,6 +18,7 @@ import shlex
 from collections import defaultdict
 
 from actors.episode import CURRENT_CONTROLLER
+from arpo_async.config import ActorConfig
 from arpo_async.model.inputs import PromptEncoder
 from arpo_async.tasks import Task
 
@@ -89,22 +90,26 @@ async def _widget(key: str, timeout_s: float = 10.0) -> dict:
 class OraclePolicy:
     """Solves the tasks it is given (see module docstring); steps beyond the plan answer ``finished``.
 
+    Its replies are written as the run's action grammar writes them (``actors``: ``coordinate_mode``, zero-padded
+    coordinates with ``fixed_width_coordinates``, a thought of at most ``max_thought_chars`` letters), so as
+    demonstrations they are replies the policy itself could sample; a task whose plan is done answers ``finished``
+    (set ``--max-steps`` to the plan's length where the grammar has no ``finished``).
+
     Args:
         tasks: the tasks it may be asked about (found by their instruction in the prompt).
-        encoder: the prompt encoder of the episode loop (to decode the prompt).
-        screen: the desktop's (width, height) in pixels.
-        coordinate_mode: "relative1000" (0..999 of each side) or "absolute" (pixels of the image the policy sees,
-            ``resized``), as ``actors.coordinate_mode`` tells the episode loop to read them.
-        resized: the (width, height) the policy's image processor resizes a screenshot to ("absolute" only).
+        encoder: the prompt encoder of the episode loop (to decode the prompt; its processor gives the image size
+            the policy sees, for ``coordinate_mode = "absolute"``).
+        actors: the run's actors section (screen size and the grammar's settings above); default: the defaults.
     """
 
-    def __init__(self, tasks: list[Task], encoder: PromptEncoder, screen: tuple[int, int] = (1280, 720), *,
-                 coordinate_mode: str = "relative1000", resized: tuple[int, int] | None = None) -> None:
-        if coordinate_mode not in ("relative1000", "absolute"):
-            raise ValueError(f"coordinate_mode must be 'relative1000' or 'absolute', got {coordinate_mode!r}")
+    def __init__(self, tasks: list[Task], encoder: PromptEncoder, actors: ActorConfig | None = None) -> None:
+        ac = actors if actors is not None else ActorConfig()
         self.tasks = sorted(tasks, key=lambda t: -len(t.instruction))  # the longest match first
-        self.encoder, self.screen = encoder, screen
-        self.scale = (1000, 1000) if coordinate_mode == "relative1000" else (resized or screen)
+        self.encoder, self.screen = encoder, ac.screen_size
+        self.scale = (1000, 1000) if ac.coordinate_mode == "relative1000" else encoder.resized_size(*ac.screen_size)
+        self.digits = (len(str(self.scale[0] - 1)), len(str(self.scale[1] - 1))) if ac.fixed_width_coordinates \
+            else (0, 0)
+        self.thought_chars = max(1, ac.max_thought_chars)
         self.steps: dict[str, int] = defaultdict(int)
 
     async def aclose(self) -> None:
@@ -119,8 +124,11 @@ class OraclePolicy:
 
     def _point(self, x: float, y: float) -> str:
         """Screen pixels -> the reply's coordinates (the inverse of actors.uitars.actions' mapping)."""
-        (sw, sh), (w, h) = self.screen, self.scale
-        return f"({min(w - 1, round(x / sw * w))},{min(h - 1, round(y / sh * h))})"
+        (sw, sh), (w, h), (dx, dy) = self.screen, self.scale, self.digits
+        return f"({min(w - 1, round(x / sw * w)):0{dx}d},{min(h - 1, round(y / sh * h)):0{dy}d})"
+
+    def _reply(self, thought: str, action: str) -> str:
+        return f"Thought: {thought[:self.thought_chars]}\nAction: {action}"
 
     async def generate(self, *, input_ids, images, sampling_params, rid, episode_id):
         from actors.policy import text_generation
@@ -130,14 +138,14 @@ class OraclePolicy:
         self.steps[episode_id] += 1
         steps = plan(task)
         if index >= len(steps):
-            return text_generation("Thought: done\nAction: finished(content='done')")
+            return text_generation(self._reply("done", "finished(content='done')"))
         kind, arg = steps[index]
         if kind == "type":
             escaped = arg.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n")
-            return text_generation(f"Thought: type\nAction: type(content='{escaped}')")
+            return text_generation(self._reply("type", f"type(content='{escaped}')"))
         if kind == "click_centre":
             point = self._point(self.screen[0] / 2, self.screen[1] / 2)
         else:
             box = await _widget(arg)
             point = self._point(box["cx"], box["cy"])
-        return text_generation(f"Thought: click\nAction: click(start_box='{point}')")
+        return text_generation(self._reply("click", f"click(start_box='{point}')"))

@@ -147,10 +147,8 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
             from actors.oracle import OraclePolicy
             from arpo_async.task_sets import load_task_set
 
-            ac = config.actors
             policy = OraclePolicy([e.task for e in load_task_set(args.tasks, args.split) if e.task is not None],
-                                  encoder, ac.screen_size, coordinate_mode=ac.coordinate_mode,
-                                  resized=encoder.resized_size(*ac.screen_size))
+                                  encoder, config.actors)
         elif args.openai_url:
             from actors.openai_policy import OpenAIChatPolicy
             policy = OpenAIChatPolicy(args.openai_url, args.openai_model, encoder, api_key=args.api_key or "",

@@ -43,7 +43,7 @@ from arpo_serve.engine import Engine, SamplingParams
 from learner.algo.batcher import Batcher
 from learner.algo.samples import train_samples
 from learner.algo.forced_tokens import ForcedTokens
-from learner.main import replay_buffer, select_tasks
+from learner.main import replay_buffer, seed_demonstrations, select_tasks
 from learner.rollouts.scheduler import Group
 from learner.train.loop import optimizer_steps
 from learner.train.trainer import Trainer, TrainerInputError
@@ -173,7 +173,8 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
             inverted_reward: bool = False, train: bool = True, log: Callable[[str], None] = print) -> list[dict]:
     """Train a fresh copy of ``model`` for ``steps`` rollout batches under ``arm``'s settings; one record per batch.
 
-    The recipe is the product's, from ``config``: the prompt style and history window, the action grammar
+    The recipe is the product's, from ``config``: the demonstrations put in the replay (``learner.replay_demos``),
+    the prompt style and history window, the action grammar
     (coordinate format, forced text emitted as canonical tokens when ``serve.jump_forward``), the step budget
     (``actors.max_steps``), the training loop's stages (learner.train.loop): score, replay and advantages per
     group (learner.algo.batcher.Batcher: replay, zero-variance drop, stratified batches), then samples (the
@@ -201,7 +202,9 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
     engine = Engine(model, seed=lc.seed, jump_forward=config.serve.jump_forward)
     trainer = Trainer(model, lc)
     forced = ForcedTokens(model, engine.vocab_size) if lc.mask_forced_tokens else None
-    batcher = Batcher(replay_buffer(lc), max_staleness=max(lag, lc.max_staleness),
+    replay = replay_buffer(lc)
+    seed_demonstrations(config, replay, [s.task.id for s in scenes])  # learner.replay_demos, as the learner does
+    batcher = Batcher(replay, max_staleness=max(lag, lc.max_staleness),
                       groups_per_step=lc.groups_per_step, format_reward_weight=lc.format_reward_weight,
                       stratified=lc.stratified)
     weights = collections.deque([copy.deepcopy(trainer.model.state_dict())], maxlen=lag + 1)
