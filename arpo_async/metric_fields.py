@@ -67,6 +67,8 @@ METRIC_FIELDS: dict[str, MetricField] = {
     "dropped_samples": MetricField("Samples of the batch the trainer could not use and dropped (number; 0 when "
                                    "none)."),
     "replay_injections": MetricField("Groups of the batch that got a replayed success injected (int)."),
+    "demo_injections": MetricField("Of those, the groups whose injected success was a demonstration "
+                                   "(learner.replay_demos; int)."),
     "staleness_mean": MetricField("Mean policy lag of the batch's fresh rollouts: the version at scoring minus "
                                   "the oldest token's version (float, versions; replayed successes left out)."),
     "staleness_min": MetricField("Smallest policy lag of the batch's fresh rollouts (int, versions)."),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 from typing import Any, Mapping
 
+from arpo_async.demos import is_demonstration
 from arpo_async.messages import Outcome
 from learner.algo.batcher import ScoredGroup
 from learner.rollouts.run_stats import WindowStats
@@ -84,6 +85,8 @@ def step_record(step: int, version: int, batch: list[ScoredGroup], stats: Mappin
         "tokens": stats.get("tokens"), "train_s": stats.get("seconds"), "publish_s": publish_s,
         "dropped_samples": stats.get("dropped_samples", 0.0),
         "replay_injections": sum(g.injected for g in batch),
+        "demo_injections": sum(flag and is_demonstration(t) for g in batch
+                               for t, flag in zip(g.trajectories, g.replayed)),
         "staleness_mean": sum(lags) / len(lags), "staleness_max": max(lags), "staleness_min": min(lags),
         "correction": {k: stats[k] for k in CORRECTION_STATS if k in stats},
         "replay": counters["replay"], "task_selection": counters["task_selection"],

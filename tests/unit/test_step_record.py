@@ -74,3 +74,17 @@ async def test_step_record_has_success_per_task_and_family(service):
     assert empty["task_success"] == empty["task_trajectories"] == empty["family_success"] == {}
     assert empty["task_errors"] == {}
     assert empty["success_rate"] == 0.0 and empty["outcomes"] == {}
+
+
+async def test_step_record_counts_injected_demonstrations(service):
+    from arpo_async.demos import DEMONSTRATION_ACTOR
+
+    step = Step([1, 2], [0], [5], [0.0], [0], "t", "")
+    demo = Trajectory("demo:x", DEMONSTRATION_ACTOR, "grid4-red", "demo:x", 0, "SUCCESS", 1.0, True, [step], [b"png"])
+    own = Trajectory("t-own", "actor", "grid4-red", "g", 0, "SUCCESS", 1.0, True, [step], [b"png"])
+    failed = Trajectory("t-f", "actor", "grid4-red", "g", 1, "FAILURE", 0.0, True, [step], [b"png"])
+    batch = [ScoredGroup("grid4-red", [demo, failed], [1.0, 0.0], [1.0, -1.0], True, 0.0, [0, 0], [True, False]),
+             ScoredGroup("grid4-red", [own, failed], [1.0, 0.0], [1.0, -1.0], True, 0.0, [0, 0], [True, False]),
+             ScoredGroup("grid4-red", [demo, failed], [1.0, 0.0], [1.0, -1.0], False, 0.5, [0, 0], [])]
+    record = step_record(1, 1, batch, {"loss": 0.1}, service.stats.window.take(), loop_counters(service), 0.0, 1.0)
+    assert (record["replay_injections"], record["demo_injections"]) == (2, 1)
