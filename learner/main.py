@@ -110,12 +110,13 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
     lc, run, learner_id = config.learner, config.run_path, uuid.uuid4().hex[:12]
     lockstep, tasks = lc.schedule == "lockstep", select_tasks(lc)  # a bad task filter stops before the model loads
     eval_tasks = evaluation_tasks(config)  # so does a bad [eval] task set (ConfigError)
-    replay = replay_buffer(lc)
-    seed_demonstrations(config, replay, [task.id for task in tasks])  # and unusable demonstrations
+    replay, resuming = replay_buffer(lc), bool(checkpoint_folders(run / "checkpoints"))
+    if not resuming:  # a checkpoint holds the replay, demonstrations included
+        seed_demonstrations(config, replay, [task.id for task in tasks])  # unusable demonstrations stop here too
     if trainer is None:
         trainer = await asyncio.to_thread(Trainer, config.model_path, lc)
     vocab_size = trainer.model.config.text_config.vocab_size
-    plan = plan_tasks(tasks, lc, run, resuming=bool(checkpoint_folders(run / "checkpoints")))
+    plan = plan_tasks(tasks, lc, run, resuming=resuming)
     scheduler = GroupScheduler(plan.pool, lc.group_size, max_retries=lc.rollout_retries, seed=lc.seed,
                                group_budget=0 if plan.baseline or lockstep else None, id_prefix=f"{learner_id[:6]}-",
                                pick_task=plan.pick_task)

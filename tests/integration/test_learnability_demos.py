@@ -2,13 +2,16 @@
 (learner.replay_demos) the tiny policy learns menu-copy, and without them it does not move.
 
 menu-copy ("Use the Edit menu to choose Copy.": open the Edit menu, then click its small Copy item) is the
-near-zero-chance case: the untrained tiny policy solved none of 1,700 episodes of the menu family, so GRPO never
+near-zero-chance case: the untrained tiny policy solved none of 4,756 episodes of the menu family, so GRPO never
 sees a reward difference and the replay never stores a success. Here, in one process with the learning probe
 (tests/learning_probe.py: real desktops capture the task's click tree; the real arpo-serve Engine samples under the
 actors' grammar; the training loop's own stages train), the demonstrations come through the product's path: `arpo
 eval`'s evaluator with the scripted oracle (actors.oracle) records two episodes on real desktops in the run's action
 format, and the learner's own `seed_demonstrations` loads them (arpo_async.demos) into the replay, which injects one
 into each all-failed group. The recipe is configs/multistep.toml's (2 clicks per episode), on the one task.
+
+Measured on the CI machine (2 cores): with the demonstrations 0.00 (first 3 batches) -> 0.82 (last 5 of 40);
+without, no success and no optimizer step in 40 batches (640 episodes); 54 s in pytest, the click tree 7 s of it.
 """
 
 from __future__ import annotations
