@@ -255,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
             sync_backend(config.learner)
         evaluation_tasks(config)
         load_advantage_function(config.learner.advantage_function)  # a bad path stops before the model loads
+        if config.learner.replay_demos and not checkpoint_folders(config.run_path / "checkpoints"):
+            seed_demonstrations(config, replay_buffer(config.learner),  # so do unusable demonstrations
+                                [task.id for task in select_tasks(config.learner)])
         if config.learner.wandb_project:
             import_wandb(config.learner.wandb_project)  # before the model loads, not after
     except (ConfigError, RuntimeError, ValueError) as e:  # TrainerConfigError too; wandb missing; advantage_function

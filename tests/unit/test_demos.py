@@ -116,3 +116,14 @@ def test_a_demonstration_trains_with_importance_weight_one(tiny_model, encoder, 
     if correction in ("decoupled", "tis"):  # the same numbers as a rollout's would be weighted far from 1
         stats = trainer.train_step([sample(0.0, False)])
         assert abs(stats["is_weight_mean"] - 1.0) > 0.5 or stats["is_capped_frac"] > 0.5
+
+
+def test_the_learner_stops_at_start_on_unusable_demonstrations(tiny_model, tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "learner.main", "--set", f"model={str(tiny_model)!r}", "--set",
+                           f"learner.replay_demos={str(tmp_path / 'none')!r}", "--set",
+                           f"run_dir={str(tmp_path / 'run')!r}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "learner.replay_demos" in done.stderr and "is not a folder" in done.stderr
