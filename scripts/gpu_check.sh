@@ -38,10 +38,11 @@ fail() { echo "FAIL: $*"; exit 1; }
 # 1. packages -------------------------------------------------------------------------------------------------------
 if [[ -d $WHEELS ]]; then
   say "installing $(ls "$WHEELS"/*.whl | wc -l) wheels from $WHEELS into $WORK/deps (those missing here)"
-  PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install --quiet --disable-pip-version-check --no-index \
-    --find-links "$WHEELS" --prefix "$WORK/deps" -r scripts/gpu_requirements.txt \
+  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install --quiet --disable-pip-version-check \
+    --no-index --find-links "$WHEELS" --prefix "$WORK/deps" -r scripts/gpu_requirements.txt \
     || fail "pip could not install scripts/gpu_requirements.txt from $WHEELS (run scripts/gpu_wheels.sh again)"
-  for site in $(find "$WORK/deps" -type d -name site-packages 2>/dev/null); do
+  # site-packages; dist-packages where a Debian or Ubuntu system Python lays --prefix out its own way
+  for site in $(find "$WORK/deps" -type d \( -name site-packages -o -name dist-packages \) 2>/dev/null); do
     PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
   done
 fi
