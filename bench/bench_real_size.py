@@ -33,7 +33,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import sys
 import tempfile
 import time
@@ -157,12 +156,11 @@ async def time_publications(trainer, model: Path, work: Path, *, device: str, ba
     """Seconds and bytes of distributed and disk publications to a real arpo-serve holding ``model`` in bf16."""
     from arpo_async.inference_client import PolicyClient, RetryPolicy
     from arpo_async.sglang_engine import sglang_engines
+    from arpo_cli.cluster_process import free_port
     from arpo_cli.launcher import spawn, stop, wait_healthy
     from learner.train.publisher import DistributedPublisher, WeightPublisher
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {"CUDA_VISIBLE_DEVICES": str(server_gpu)} if device == "cuda" else None
     serve = await spawn([sys.executable, "-m", "arpo_serve.main", "--model", str(model), "--port", str(port),
