@@ -64,7 +64,8 @@ else
   "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
     || fail "no CUDA device (use --dry-run on a machine without a GPU)"
   DEVICE=cuda QUICK=
-  read -r BACKEND SERVE_GPU < <("$PY" -m tests.gpu_smoke --plan)
+  read -r BACKEND SERVE_GPU < <("$PY" -m tests.gpu_smoke --plan) || true
+  [[ -n ${BACKEND:-} ]] || fail "could not plan the weight group (python -m tests.gpu_smoke --plan failed)"
   if [[ $BACKEND == nccl && $SERVE_GPU == 0 ]]; then export NCCL_MULTI_RANK_GPU_ENABLE=1; fi
 fi
 "$PY" - <<'PYEOF'
