@@ -61,6 +61,10 @@ METRIC_FIELDS: dict[str, MetricField] = {
                              "not finite)."),
     "clip_frac": MetricField("Fraction of tokens where PPO's clipped term was taken (float in [0, 1]; null when "
                              "not reported)."),
+    "entropy": MetricField("Mean entropy (nats) of the policy's next-token distribution over the batch's trained "
+                           "tokens, before the update and before any grammar mask (float; null when not reported; "
+                           "learner.train.policy_forward.CompletionLogprobs). A fall toward 0 is a policy "
+                           "collapsing onto one reply; a rise, one spreading out."),
     "tokens": MetricField("Output tokens trained on in the batch (number; null when not reported)."),
     "train_s": MetricField("Seconds the optimizer step(s) on the batch took (float; null when not reported)."),
     "publish_s": MetricField("Seconds publishing the new weights to the inference servers took (float)."),

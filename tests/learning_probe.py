@@ -253,7 +253,9 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
         recent = [r["success"] for r in records[-5:]]
         log(f"[{arm}] step {len(records) - 1:4d} success {success:.2f} trailing5 {sum(recent) / len(recent):.2f} "
             f"groups dropped {dropped}/{len(groups)} injected {records[-1]['injected']} "
-            f"loss {stats.get('loss', float('nan')):.3f} tokens {stats.get('tokens', 0):.0f} | "
+            f"loss {stats.get('loss', float('nan')):.3f} tokens {stats.get('tokens', 0):.0f} "
+            f"grad_norm {stats.get('grad_norm', float('nan')):.2f} entropy {stats.get('entropy', float('nan')):.3f} "
+            f"clip {stats.get('clip_frac', float('nan')):.3f} | "
             + " ".join(f"{t}={v:.2f}" for t, v in sorted(records[-1]["task_success"].items())))
     return records
 

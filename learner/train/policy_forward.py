@@ -144,6 +144,11 @@ def _long(values: np.ndarray) -> torch.Tensor:
 class CompletionLogprobs(torch.nn.Module):
     """``forward(batch) -> [N] float32``: log pi(token | everything before it) for every completion token.
 
+    ``forward(batch, with_entropy=True)`` returns ``(logprobs, entropy)``, ``entropy`` [N] float32 detached: the
+    entropy in nats of the policy's whole next-token distribution at each completion position,
+    ``H = logsumexp(z) - sum softmax(z) * z`` over the vocabulary (before any grammar mask; the "actor/entropy"
+    that verl logs). It costs no extra projection: it comes from the same chunk of logits.
+
     Args:
         policy: a Qwen2.5-VL / Qwen2-VL ``ForConditionalGeneration`` (``arpo_async.model.inputs.load_policy``).
         chunk_tokens: completion rows projected to the vocabulary at once (fp32 logits of ``chunk_tokens x V``).
@@ -159,25 +164,32 @@ class CompletionLogprobs(torch.nn.Module):
         self.policy = policy
         self.chunk_tokens = chunk_tokens
 
-    def forward(self, batch: MicroBatch) -> torch.Tensor:
+    def forward(self, batch: MicroBatch,
+                with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         kwargs = {"input_ids": batch.input_ids, "position_ids": batch.position_ids, "use_cache": False}
         if batch.pixel_values is not None:
             kwargs.update(pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw)
         hidden = self.policy.model(**kwargs).last_hidden_state  # [B, L, H], after the final norm
         scored = hidden[batch.rows, batch.cols]  # [N, H]
-        parts = []
+        parts, entropies = [], []
         for start in range(0, scored.shape[0], self.chunk_tokens):
             h = scored[start: start + self.chunk_tokens]
             t = batch.targets[start: start + self.chunk_tokens]
             if torch.is_grad_enabled():
-                parts.append(checkpoint(self._chunk_logprobs, h, t, use_reentrant=False))
+                logprobs, entropy = checkpoint(self._chunk_logprobs, h, t, use_reentrant=False)
             else:
-                parts.append(self._chunk_logprobs(h, t))
-        return torch.cat(parts)
+                logprobs, entropy = self._chunk_logprobs(h, t)
+            parts.append(logprobs)
+            entropies.append(entropy)
+        return (torch.cat(parts), torch.cat(entropies)) if with_entropy else torch.cat(parts)
 
-    def _chunk_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def _chunk_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs of ``targets``, detached entropies), both [n] fp32, from one chunk's logits."""
         logits = self.policy.lm_head(hidden).float()  # [n, V] fp32, this chunk only
-        return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        norm = torch.logsumexp(logits, dim=-1)
+        with torch.no_grad():
+            entropy = norm - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+        return logits.gather(-1, targets[:, None]).squeeze(-1) - norm, entropy
 
 
 def image_pad_problem(policy, sample: TrainSample, pixels: PixelCache) -> str | None:

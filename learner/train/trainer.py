@@ -87,7 +87,7 @@ def _check_samples(samples: Sequence[TrainSample], proximal: Sequence[Sequence[f
 
 
 _SUMMED_STATS = ("clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl", "is_weight_mean", "is_capped_frac",
-                 "behaviour_kl")
+                 "behaviour_kl", "entropy")
 
 
 class Trainer:
@@ -153,12 +153,13 @@ class Trainer:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _forward(self, samples: Sequence[TrainSample]) -> list[torch.Tensor]:
-        """fp32 log-probs of each sample's output tokens under the current weights, one [T_i] tensor each."""
+    def _forward(self, samples: Sequence[TrainSample]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """fp32 log-probs of each sample's output tokens under the current weights and the policy's (detached)
+        entropy at each of them (learner.train.policy_forward.CompletionLogprobs), one [T_i] tensor each."""
         batch = collate(self.model, samples, self.pixels, self.pad_id).to(self.device)
         with self._autocast():
-            flat = self.module(batch)
-        return list(flat.split(batch.counts))
+            flat, entropy = self.module(batch, with_entropy=True)
+        return list(flat.split(batch.counts)), list(entropy.split(batch.counts))
 
     def _plan(self, samples: Sequence[TrainSample]) -> tuple[list[list[int]], int]:
         """This rank's micro-batches (index lists) and the passes every rank runs (learner.train.microbatch)."""
@@ -215,7 +216,7 @@ class Trainer:
         found: dict[int, list[float]] = {}
         for k in range(passes):
             idx, real = self._pass(mine, k)
-            values = self._forward([samples[i] for i in idx])
+            values, _ = self._forward([samples[i] for i in idx])
             if real:
                 found.update((i, v.tolist()) for i, v in zip(idx, values))
         if self.group.sharded:
@@ -228,10 +229,10 @@ class Trainer:
     # ------------------------------------------------------------------ training
 
     def _microbatch_loss(self, samples: Sequence[TrainSample], logprobs: Sequence[torch.Tensor],
-                         proximal: Sequence[Sequence[float]] | None):
+                         entropy: Sequence[torch.Tensor], proximal: Sequence[Sequence[float]] | None):
         """(loss_sum, stats, replayed_stats) of a micro-batch's kept tokens, in one vectorised call of
-        learner.algo.grpo.corrected_token_loss; ``replayed_stats`` covers the replayed samples' tokens
-        (None if none)."""
+        learner.algo.grpo.corrected_token_loss, ``stats`` with the kept tokens' mean ``entropy`` added;
+        ``replayed_stats`` covers the replayed samples' tokens (None if none)."""
         lp = torch.cat(list(logprobs))
         as_tensor = lambda v, dtype=lp.dtype: torch.as_tensor(v).to(lp.device, dtype)  # noqa: E731
         counts = [len(s.output_ids) for s in samples]
@@ -249,6 +250,8 @@ class Trainer:
         kwargs = dict(mode=self.config.correction, eps_low=self.config.eps_low, eps_high=self.config.eps_high,
                       dual_clip=self.config.dual_clip, cap=self.config.correction_cap)
         loss_sum, stats = corrected_token_loss(lp[keep], prox[keep], behaviour[keep], advantages[keep], **kwargs)
+        kept_entropy = torch.cat(list(entropy))[keep]
+        stats["entropy"] = float(kept_entropy.mean()) if kept_entropy.numel() else 0.0
         replayed_stats = None
         if bool(replayed.any()):
             _, replayed_stats = corrected_token_loss(lp.detach()[replayed], prox[replayed], behaviour[replayed],
@@ -282,7 +285,7 @@ class Trainer:
                 self.module.set_requires_gradient_sync(k == passes - 1)
             chosen = [samples[i] for i in idx]
             loss_sum, stats, replayed = self._microbatch_loss(
-                chosen, self._forward(chosen),
+                chosen, *self._forward(chosen),
                 None if proximal_logprobs is None else [proximal_logprobs[i] for i in idx])
             # FSDP2 averages gradients over ranks: x world makes it the sum (learner.train.distributed.shard_policy)
             (loss_sum * (self.group.world / total_tokens if real else 0.0)).backward()
@@ -324,7 +327,8 @@ class Trainer:
 
         Returns:
             ``{"loss", "grad_norm" (before clipping), "clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl",
-            "is_weight_mean", "is_capped_frac", "behaviour_kl" (token-weighted over the batch), "is_weight_max",
+            "is_weight_mean", "is_capped_frac", "behaviour_kl", "entropy" (nats per token, at the weights the step
+            starts from; token-weighted over the batch), "is_weight_max",
             "replayed_tokens", "replayed_is_weight_mean" (token-weighted over replayed samples; 0 when none),
             "tokens", "samples", "microbatches" (forward/backward passes per rank), "seconds", "skipped" (1.0
             when the gradient was not finite and no step was taken, else 0.0)}``.

@@ -21,7 +21,7 @@ from learner.train.trainer import (
     TrainerInputError,
     TrainSample,
 )
-from tests.reference_logprobs import token_logprobs
+from tests.reference_logprobs import completion_logits, token_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +155,23 @@ def test_batched_log_probs_equal_the_unpadded_forward(model_dir, samples):
         with torch.no_grad():
             alone = token_logprobs(model, image_processor, sample.prompt_ids, sample.images, sample.output_ids)
         torch.testing.assert_close(torch.tensor(values), alone, rtol=1e-5, atol=1e-5)
+
+
+def test_reported_entropy_is_the_full_distributions_on_the_trained_tokens(model_dir, samples):
+    """``entropy``: token-weighted over the step's tokens and micro-batches, of the whole vocabulary's
+    distribution before the update, as one plain forward computes it."""
+    model, image_processor = load_policy(model_dir)
+    per_token = []
+    with torch.no_grad():
+        for sample in samples:
+            logits = completion_logits(model, image_processor, sample.prompt_ids, sample.images,
+                                       sample.output_ids).float()
+            per_token.append(torch.distributions.Categorical(logits=logits).entropy())
+    expected = float(torch.cat(per_token).mean())
+    budget = max(len(s.prompt_ids) + len(s.output_ids) for s in samples)  # one sample per micro-batch
+    stats = Trainer(model_dir, LearnerConfig(lr=1e-3, max_tokens_per_microbatch=budget)).train_step(samples)
+    assert 0.0 < expected <= math.log(per_token[0].new_tensor(logits.shape[-1]))
+    assert stats["entropy"] == pytest.approx(expected, rel=1e-4)
 
 
 def test_a_sample_longer_than_the_budget_is_a_clear_error(model_dir, samples):
