@@ -27,6 +27,7 @@ from actors.desktop.controller_client import ControllerClient, DesktopError
 from actors.desktop.fleet import DEFAULT_SOCKET_ROOT, Desktop, DesktopFleet
 from actors.episode import load_task, perform
 from actors.evaluation import FAIL_ACTION, SetupContext, evaluate, run_setup
+from actors.settle import settled_screenshot
 from actors.osworld.downloads import DownloadCache
 from actors.uitars.actions import Action, parse_reply, smart_resize
 from arpo_async.config import ActorConfig
@@ -185,7 +186,7 @@ class DesktopEnv:
         return await self._observe()
 
     async def step(self, action: str | Action) -> Observation:
-        """Perform one action and return the screen after it.
+        """Perform one action and return the screen after it, once it has settled (actors.settle).
 
         Args:
             action: a UI-TARS action string (``"click(start_box='(10,20)')"``, ``"type(content='hi')"``,
@@ -220,7 +221,7 @@ class DesktopEnv:
             await perform(self.controller, actions, backend=self.config.action_backend,
                           timeout_s=self.config.step_timeout_s)
         self._steps += 1
-        return await self._observe()
+        return await self._observe(settle=self._last_action is None)  # an action was performed: let it draw
 
     async def evaluate(self) -> float:
         """Score the episode from the desktop's real state with the task's evaluator (OSWorld's semantics,
@@ -244,8 +245,14 @@ class DesktopEnv:
             return tuple(smart_resize(width=width, height=height))
         return width, height
 
-    async def _observe(self) -> Observation:
-        async with asyncio.timeout(self.config.step_timeout_s):
-            shot = await self.controller.screenshot(self.config.screenshot_format, self.config.screenshot_quality)
+    async def _observe(self, settle: bool = False) -> Observation:
+        """The observation now; ``settle``: after an action, once the screen has settled (actors.settle)."""
+        cfg = self.config
+        async with asyncio.timeout(cfg.step_timeout_s):
+            if settle:
+                shot = await settled_screenshot(self.controller, cfg.screenshot_format, cfg.screenshot_quality,
+                                                interval_s=cfg.settle_interval_s, timeout_s=cfg.settle_timeout_s)
+            else:
+                shot = await self.controller.screenshot(cfg.screenshot_format, cfg.screenshot_quality)
         return Observation(screenshot=shot, screen_size=self.config.screen_size, instruction=self.task.instruction,
                            step=self._steps, done=self._last_action is not None)

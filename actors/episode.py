@@ -38,6 +38,7 @@ from actors.desktop.controller_client import ControllerClient, DesktopError
 from actors.evaluation import EvaluationError, SetupContext, TaskSetupError, evaluate, run_setup
 from actors.osworld.downloads import DownloadCache
 from actors.policy import GenerateFn, Policy, as_policy
+from actors.settle import settled_screenshot
 from actors.sinks import TrajectorySink
 from actors.uitars.actions import Action, ActionParseError, parse_reply
 from actors.uitars.grammar import action_regex
@@ -190,16 +191,19 @@ class EpisodeRunner:
 
     async def _loop(self, controller: ControllerClient, task: Task, traj: Trajectory, *,
                     max_steps: int | None = None, sampling_params: dict | None = None) -> str | None:
-        """The step loop; returns the terminal action ("DONE" or "FAIL"), or None if the budget ran out.
+        """The step loop; returns the terminal action ("DONE" or "FAIL"), or None if the budget ran out. Every
+        screenshot after an action, and the screen after the last one, waits for the screen to settle
+        (actors.settle), so the policy sees what its action did and the evaluator reads the app after it.
         ``max_steps`` and ``sampling_params`` override actors.max_steps and :attr:`sampling_params` (an
         Assignment's own step budget and temperature, e.g. an evaluation episode's)."""
         cfg = self.config
         replies: list[str] = []
         shot_of_step: list[int] = []  # observation i -> its index in traj.screenshots (duplicates stored once)
-        for _ in range(max_steps or cfg.max_steps):
+        for k in range(max_steps or cfg.max_steps):
             t0 = time.perf_counter()
             async with asyncio.timeout(cfg.step_timeout_s):
-                shot = await controller.screenshot(cfg.screenshot_format, cfg.screenshot_quality)
+                shot = await (self._settled(controller) if k else
+                              controller.screenshot(cfg.screenshot_format, cfg.screenshot_quality))
             shot_of_step.append(add_screenshot(traj.screenshots, shot))
             observe_s = time.perf_counter() - t0
             prompt = build_messages(task.instruction, replies, history_images=cfg.history_images,
@@ -242,7 +246,15 @@ class EpisodeRunner:
                 return "FAIL"
             step.act_s = await perform(controller, parsed.actions, backend=cfg.action_backend,
                                        timeout_s=cfg.step_timeout_s)
+        async with asyncio.timeout(cfg.step_timeout_s):  # the last action drawn before the evaluator reads
+            await self._settled(controller)
         return None
+
+    async def _settled(self, controller: ControllerClient) -> bytes:
+        """The screen once it has settled after an action (actors.settle, ``actors.settle_*``)."""
+        cfg = self.config
+        return await settled_screenshot(controller, cfg.screenshot_format, cfg.screenshot_quality,
+                                        interval_s=cfg.settle_interval_s, timeout_s=cfg.settle_timeout_s)
 
 
 def episode_outcome(score: float, format_ok: bool, last_action: str | None,

@@ -141,6 +141,13 @@ class ActorConfig:
     """Episodes one desktop container serves, reset in place between them (POST /reset: apps killed, /root and
     /tmp put back, ~0.13 s) instead of booting a new container per episode; 1 = a fresh container every episode
     (nothing outside /root and /tmp can leak, at a container boot per trajectory). See DesktopPool."""
+    settle_interval_s: Annotated[float, Field(ge=0, le=10)] = 0.1
+    """After an action, the next screenshot is the first of two taken this many seconds apart that are identical:
+    the app has drawn what the action did (actors.settle). 0 = one screenshot right after the action (on a busy
+    machine it can show the screen before the action)."""
+    settle_timeout_s: Annotated[float, Field(ge=0, le=120)] = 2.0
+    """Longest wait for the screen to settle after an action (seconds); past it the latest screenshot is used.
+    The episode's last action is settled too, before the evaluator reads the desktop."""
     screenshot_format: Literal["png", "jpeg"] = "png"
     """Screenshot encoding from the desktop: "png" (lossless, OSWorld's) or "jpeg" (smaller, faster at 1080p)."""
     screenshot_quality: Annotated[int, Field(ge=1, le=100)] = 85
