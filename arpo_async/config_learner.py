@@ -43,6 +43,11 @@ class LearnerConfig:
     Larger = more throughput, more policy lag; 0 = synchronous."""
     lr: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 5e-4
     """AdamW learning rate (ARPO uses 1e-6 for a 7B model; the tiny embedded model needs a larger one)."""
+    target_kl: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    """Adaptive learning rate: after each rollout batch the policy's KL per token between before and after the
+    batch's optimizer steps is measured (one extra forward pass over the batch, two with updates_per_batch = 1),
+    and the learning rate is divided by 1.5 when it was above 2 x target_kl and multiplied by 1.5 when below half,
+    within [lr / 100, lr] (learner.algo.kl_schedule; rsl_rl's "adaptive" schedule). 0 = the rate stays lr."""
     weight_decay: NonNegativeFloat = 0.01
     """AdamW weight decay (ARPO: 0.01)."""
     grad_clip: NonNegativeFloat = 1.0

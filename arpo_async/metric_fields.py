@@ -65,6 +65,10 @@ METRIC_FIELDS: dict[str, MetricField] = {
                            "tokens, before the update and before any grammar mask (float; null when not reported; "
                            "learner.train.policy_forward.CompletionLogprobs). A fall toward 0 is a policy "
                            "collapsing onto one reply; a rise, one spreading out."),
+    "lr": MetricField("The learning rate of the batch's optimizer steps (float; learner.lr, or where "
+                      "learner.target_kl has moved it; null when not reported)."),
+    "policy_kl": MetricField("KL per trained token between the policy before and after the batch's optimizer "
+                             "steps (float, nats; null unless learner.target_kl > 0; learner.algo.kl_schedule)."),
     "tokens": MetricField("Output tokens trained on in the batch (number; null when not reported)."),
     "train_s": MetricField("Seconds the optimizer step(s) on the batch took (float; null when not reported)."),
     "publish_s": MetricField("Seconds publishing the new weights to the inference servers took (float)."),

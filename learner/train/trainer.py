@@ -53,6 +53,7 @@ from arpo_async.config import LearnerConfig
 from arpo_async.model.checkpoint_names import tied_names
 from arpo_async.model.inputs import load_policy
 from learner.algo.grpo import corrected_token_loss
+from learner.algo.kl_schedule import adapt_lr, batch_kl
 from learner.algo.train_sample import TrainSample, sample_problem
 from learner.train import trainer_checkpoint, weights_export
 from learner.train.distributed import RankGroup, decoder_layers, shard_policy, vision_blocks
@@ -402,18 +403,25 @@ class Trainer:
         chunks, chunk j holding samples ``[j*n//m, (j+1)*n//m)``, one optimizer step each (ARPO: 2 optimizer steps
         per rollout batch, old log-probs recomputed once before them).
 
+        With ``learner.target_kl > 0`` the pre-update log-probs are computed this way for one step too, and after
+        the last step the batch is scored again (one more forward pass): the KL between the two sets the
+        learning rate of the next batch (learner.algo.kl_schedule).
+
         Returns:
             The stats of :meth:`train_step`, token-weighted over the steps for means and fractions; ``loss`` the
             token-weighted mean loss; ``grad_norm`` and ``is_weight_max`` the largest; ``tokens``, ``samples``,
-            ``seconds``, ``replayed_tokens``, ``skipped`` summed; plus ``optimizer_steps``.
+            ``seconds``, ``replayed_tokens``, ``skipped`` summed; plus ``optimizer_steps``, ``lr`` (the learning
+            rate of these steps) and, with ``target_kl``, ``policy_kl`` (nats per trained token,
+            :func:`learner.algo.kl_schedule.batch_kl`).
 
         Raises:
             TrainerInputError: as :meth:`train_step`, or ``minibatches`` < 1 or more than the samples.
         """
         if minibatches < 1 or minibatches > max(1, len(samples)):
             raise TrainerInputError(f"minibatches must be in [1, {len(samples)}], got {minibatches}")
-        if minibatches == 1:
-            return dict(self.train_step(samples), optimizer_steps=1.0)
+        lr, adaptive = self.lr, self.config.target_kl > 0
+        if minibatches == 1 and not adaptive:
+            return dict(self.train_step(samples), optimizer_steps=1.0, lr=lr)
         _check_samples(samples, None)
         samples, _, dropped = self.usable(samples)
         if len(samples) < minibatches:
@@ -441,8 +449,24 @@ class Trainer:
             seconds=time.perf_counter() - start,
             skipped=sum(p["skipped"] for p in parts),
             optimizer_steps=float(minibatches),
+            lr=lr,
         )
+        if adaptive:  # learner.algo.kl_schedule: size the next batch's steps by the KL these ones caused
+            kl = batch_kl(proximal, self.compute_logprobs(samples), [s.loss_mask for s in samples])
+            self.lr = adapt_lr(lr, kl, self.config.target_kl, self.config.lr)
+            result["policy_kl"] = kl
         return result
+
+    @property
+    def lr(self) -> float:
+        """The optimizer's learning rate now (``learner.lr``, or where ``learner.target_kl`` has moved it; saved
+        and restored with the optimizer's state in the trainer's checkpoint)."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = value
 
     # ------------------------------------------------------------------ weight export and checkpoint I/O
     # Implemented in learner.train.weights_export and learner.train.trainer_checkpoint. They stay callable as methods

@@ -14,6 +14,7 @@ from arpo_async.config import LearnerConfig
 from arpo_async.model.init_model import create_tiny_model
 from arpo_async.model.inputs import PromptEncoder, load_policy
 from learner.train import trainer_checkpoint
+from learner.algo.kl_schedule import batch_kl
 from learner.train.trainer import (
     Trainer,
     TrainerConfigError,
@@ -440,3 +441,27 @@ def test_unusable_samples_are_dropped_and_the_rest_trained(model_dir, samples):
     assert stats["loss"] == pytest.approx(reference["loss"], rel=1e-5)
     with pytest.raises(TrainerInputError, match="no usable sample"):
         Trainer(model_dir, LearnerConfig(lr=1e-3)).train_step([nan, garbage])
+
+
+def test_target_kl_measures_the_batch_update_and_moves_the_learning_rate(model_dir, samples, tmp_path):
+    """learner.target_kl: after the batch the KL between the policy before and after its steps is reported (the
+    k3 mean over the trained tokens, as a separate scoring computes it) and sets the next batch's learning rate:
+    down by 1.5 when the update overshot the target, up to at most learner.lr when it fell short; the rate is
+    saved and restored with the optimizer in the trainer's checkpoint."""
+    for updates in (1, 2):
+        trainer = Trainer(model_dir, LearnerConfig(lr=2e-3, target_kl=1e-6))
+        before = trainer.compute_logprobs(samples)
+        stats = trainer.train_batch(samples, minibatches=updates)
+        assert stats["lr"] == 2e-3 and stats["optimizer_steps"] == updates
+        assert stats["policy_kl"] == pytest.approx(batch_kl(before, trainer.compute_logprobs(samples)), rel=1e-6)
+        assert stats["policy_kl"] > 2e-6
+        assert trainer.lr == pytest.approx(2e-3 / 1.5)
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    restored = Trainer(model_dir, LearnerConfig(lr=2e-3, target_kl=1e-6))
+    restored.load_checkpoint(tmp_path / "ckpt")
+    assert restored.lr == pytest.approx(2e-3 / 1.5)
+    patient = Trainer(model_dir, LearnerConfig(lr=2e-3, target_kl=1e3))
+    patient.lr = 1e-3
+    assert patient.train_batch(samples, minibatches=2)["lr"] == 1e-3
+    assert patient.lr == pytest.approx(1.5e-3)  # the update fell short of the target: up, but not past lr
+    assert "policy_kl" not in Trainer(model_dir, LearnerConfig(lr=2e-3)).train_batch(samples)
