@@ -48,6 +48,11 @@ class LearnerConfig:
     batch's optimizer steps is measured (one extra forward pass over the batch, two with updates_per_batch = 1),
     and the learning rate is divided by 1.5 when it was above 2 x target_kl and multiplied by 1.5 when below half,
     within [lr / 100, lr] (learner.algo.kl_schedule; rsl_rl's "adaptive" schedule). 0 = the rate stays lr."""
+    max_kl: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    """Trust region per rollout batch: an update that moved the policy by more than this KL per trained token
+    (measured as for target_kl) is halved until it does not, at most 6 times (TRPO's backtracking line search;
+    learner.train.trainer.Trainer.train_batch). Keeps a copy of the parameters (one more model's worth of float32
+    memory per rank) and costs one forward pass over the batch per halving. 0 = off."""
     weight_decay: NonNegativeFloat = 0.01
     """AdamW weight decay (ARPO: 0.01)."""
     grad_clip: NonNegativeFloat = 1.0

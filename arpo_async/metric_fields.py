@@ -69,6 +69,8 @@ METRIC_FIELDS: dict[str, MetricField] = {
                       "learner.target_kl has moved it; null when not reported)."),
     "policy_kl": MetricField("KL per trained token between the policy before and after the batch's optimizer "
                              "steps (float, nats; null unless learner.target_kl > 0; learner.algo.kl_schedule)."),
+    "step_scale": MetricField("The share of the batch's optimizer update kept by learner.max_kl's line search "
+                              "(float: 1, 0.5, 0.25, ...; null unless learner.target_kl or max_kl > 0)."),
     "tokens": MetricField("Output tokens trained on in the batch (number; null when not reported)."),
     "train_s": MetricField("Seconds the optimizer step(s) on the batch took (float; null when not reported)."),
     "publish_s": MetricField("Seconds publishing the new weights to the inference servers took (float)."),

@@ -257,7 +257,8 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
             f"grad_norm {stats.get('grad_norm', float('nan')):.2f} entropy {stats.get('entropy', float('nan')):.3f} "
             f"clip {stats.get('clip_frac', float('nan')):.3f} kl {stats.get('approx_kl', float('nan')):.3f} "
             f"behaviour_kl {stats.get('behaviour_kl', float('nan')):.3f} "
-            f"policy_kl {stats.get('policy_kl', float('nan')):.4f} lr {stats.get('lr', float('nan')):.2e} | "
+            f"policy_kl {stats.get('policy_kl', float('nan')):.4f} lr {stats.get('lr', float('nan')):.2e} "
+            f"scale {stats.get('step_scale', float('nan')):.3f} | "
             + " ".join(f"{t}={v:.2f}" for t, v in sorted(records[-1]["task_success"].items())))
     return records
 

@@ -83,6 +83,7 @@ def step_record(step: int, version: int, batch: list[ScoredGroup], stats: Mappin
         "reward_mean": sum(rewards) / len(rewards),
         "loss": stats["loss"], "grad_norm": stats.get("grad_norm"), "clip_frac": stats.get("clip_frac"),
         "entropy": stats.get("entropy"), "lr": stats.get("lr"), "policy_kl": stats.get("policy_kl"),
+        "step_scale": stats.get("step_scale"),
         "tokens": stats.get("tokens"), "train_s": stats.get("seconds"), "publish_s": publish_s,
         "dropped_samples": stats.get("dropped_samples", 0.0),
         "replay_injections": sum(g.injected for g in batch),

@@ -87,6 +87,9 @@ def _check_samples(samples: Sequence[TrainSample], proximal: Sequence[Sequence[f
         raise TrainerInputError(f"{len(proximal)} proximal log-prob lists for {len(samples)} samples")
 
 
+MAX_HALVINGS = 6
+"""learner.max_kl: at most this many halvings of a batch's update (down to 1/64 of it) before it is kept as is."""
+
 _SUMMED_STATS = ("clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl", "is_weight_mean", "is_capped_frac",
                  "behaviour_kl", "entropy")
 
@@ -405,21 +408,26 @@ class Trainer:
 
         With ``learner.target_kl > 0`` the pre-update log-probs are computed this way for one step too, and after
         the last step the batch is scored again (one more forward pass): the KL between the two sets the
-        learning rate of the next batch (learner.algo.kl_schedule).
+        learning rate of the next batch (learner.algo.kl_schedule). With ``learner.max_kl > 0`` (a copy of the
+        parameters is kept for it) an update whose KL is above ``max_kl`` is halved, and the batch scored again,
+        until it is not (at most :data:`MAX_HALVINGS` times): TRPO's backtracking line search on the KL
+        constraint (Schulman et al., "Trust Region Policy Optimization", arXiv 1502.05477, section 6 and
+        appendix C), applied to the step the optimizer took.
 
         Returns:
             The stats of :meth:`train_step`, token-weighted over the steps for means and fractions; ``loss`` the
             token-weighted mean loss; ``grad_norm`` and ``is_weight_max`` the largest; ``tokens``, ``samples``,
             ``seconds``, ``replayed_tokens``, ``skipped`` summed; plus ``optimizer_steps``, ``lr`` (the learning
-            rate of these steps) and, with ``target_kl``, ``policy_kl`` (nats per trained token,
-            :func:`learner.algo.kl_schedule.batch_kl`).
+            rate of these steps) and, with ``target_kl`` or ``max_kl``, ``policy_kl`` (nats per trained token,
+            :func:`learner.algo.kl_schedule.batch_kl`, of the update kept) and ``step_scale`` (the share of the
+            optimizer's update kept: 1, 1/2, 1/4, ...).
 
         Raises:
             TrainerInputError: as :meth:`train_step`, or ``minibatches`` < 1 or more than the samples.
         """
         if minibatches < 1 or minibatches > max(1, len(samples)):
             raise TrainerInputError(f"minibatches must be in [1, {len(samples)}], got {minibatches}")
-        lr, adaptive = self.lr, self.config.target_kl > 0
+        lr, adaptive = self.lr, self.config.target_kl > 0 or self.config.max_kl > 0
         if minibatches == 1 and not adaptive:
             return dict(self.train_step(samples), optimizer_steps=1.0, lr=lr)
         _check_samples(samples, None)
@@ -429,6 +437,8 @@ class Trainer:
                                     + "; ".join(dropped[:5]))
         start = time.perf_counter()
         proximal = self.compute_logprobs(samples)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        kept = [p.detach().clone() for p in params] if self.config.max_kl > 0 else None  # for the line search
         bounds = [k * len(samples) // minibatches for k in range(minibatches + 1)]
         parts = [self.train_step(samples[a:b], proximal_logprobs=proximal[a:b])
                  for a, b in itertools.pairwise(bounds)]
@@ -452,10 +462,25 @@ class Trainer:
             lr=lr,
         )
         if adaptive:  # learner.algo.kl_schedule: size the next batch's steps by the KL these ones caused
-            kl = batch_kl(proximal, self.compute_logprobs(samples), [s.loss_mask for s in samples])
+            masks = [s.loss_mask for s in samples]
+            kl = batch_kl(proximal, self.compute_logprobs(samples), masks)
             self.lr = adapt_lr(lr, kl, self.config.target_kl, self.config.lr)
+            result["step_scale"] = 1.0
+            for _ in range(MAX_HALVINGS if kept is not None else 0):
+                if kl <= self.config.max_kl:
+                    break
+                self._shrink_update(params, kept)  # TRPO's backtracking line search on the batch's KL
+                result["step_scale"] /= 2
+                kl = batch_kl(proximal, self.compute_logprobs(samples), masks)
             result["policy_kl"] = kl
         return result
+
+    @torch.no_grad()
+    def _shrink_update(self, params: list[torch.Tensor], kept: list[torch.Tensor]) -> None:
+        """Halve the batch's update: every parameter to the midpoint of where the batch started and where it is
+        (the optimizer's moments keep the batch's gradients)."""
+        for param, start in zip(params, kept):
+            param.add_(start).mul_(0.5)
 
     @property
     def lr(self) -> float:

@@ -465,3 +465,23 @@ def test_target_kl_measures_the_batch_update_and_moves_the_learning_rate(model_d
     assert patient.train_batch(samples, minibatches=2)["lr"] == 1e-3
     assert patient.lr == pytest.approx(1.5e-3)  # the update fell short of the target: up, but not past lr
     assert "policy_kl" not in Trainer(model_dir, LearnerConfig(lr=2e-3)).train_batch(samples)
+
+
+def test_max_kl_halves_an_update_that_moved_the_policy_too_far(model_dir, samples):
+    """learner.max_kl: the batch's update is halved (parameters to the midpoint) until its KL is at most max_kl,
+    so the policy kept is between the batch's start and the optimizer's step, and the KL reported is its own."""
+    free = Trainer(model_dir, LearnerConfig(lr=2e-3, target_kl=1e3))
+    start = _params(free)
+    unbounded = free.train_batch(samples, minibatches=2)
+    stepped = _params(free)
+    bound = unbounded["policy_kl"] / 10
+    trainer = Trainer(model_dir, LearnerConfig(lr=2e-3, target_kl=1e3, max_kl=bound))
+    before = trainer.compute_logprobs(samples)
+    stats = trainer.train_batch(samples, minibatches=2)
+    assert unbounded["step_scale"] == 1.0 and stats["step_scale"] in {0.5 ** k for k in range(1, 7)}
+    assert stats["policy_kl"] <= bound < unbounded["policy_kl"]
+    assert stats["policy_kl"] == pytest.approx(batch_kl(before, trainer.compute_logprobs(samples)), rel=1e-6)
+    scale = stats["step_scale"]
+    for name, value in _params(trainer).items():
+        torch.testing.assert_close(value, start[name] + scale * (stepped[name] - start[name]), rtol=1e-4,
+                                   atol=1e-6, msg=name)
