@@ -10,7 +10,7 @@ included. Seeded (learner.seed=0).
 The family's success, as a trailing mean of 10 rollout batches, must reach 0.6 within 150 batches and, once past
 0.5, never fall below 0.4. Measured here (probe, seed 0): past 0.6 after 71 batches, at least 0.52 after passing
 0.5, 0.91 over the last 10; with the learning rate fixed (learner.target_kl = 0) the same seed passed 0.6 after 87
-batches, peaked at 0.88 and ended at 0.54 (docs/benchmarks.md has the 3 seeds).
+batches, peaked at 0.84 and ended at 0.54 (docs/benchmarks.md has the 3 seeds).
 """
 
 from __future__ import annotations
