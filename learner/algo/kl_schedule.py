@@ -10,7 +10,7 @@ is the PPO practice of sizing the step by the KL it causes: after each batch the
 the "adaptive" schedule of rsl_rl's and rl_games' PPO, whose factor 1.5 and thresholds 2x and 0.5x this
 keeps; the configured ``learner.lr`` is the ceiling here, not a starting point).
 
-Role: pure functions; the trainer measures and applies (learner.train.trainer.Trainer.train_batch).
+Role: pure functions; learner.train.update_control measures the KL and applies the rate.
 """
 
 from __future__ import annotations

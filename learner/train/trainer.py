@@ -53,13 +53,13 @@ from arpo_async.config import LearnerConfig
 from arpo_async.model.checkpoint_names import tied_names
 from arpo_async.model.inputs import load_policy
 from learner.algo.grpo import corrected_token_loss
-from learner.algo.kl_schedule import adapt_lr, batch_kl
 from learner.algo.train_sample import TrainSample, sample_problem
 from learner.train import trainer_checkpoint, weights_export
 from learner.train.distributed import RankGroup, decoder_layers, shard_policy, vision_blocks
 from learner.train.microbatch import MicroBatchBudgetError, step_plan
 from learner.train.policy_forward import CompletionLogprobs, PixelCache, check_pad_id, collate, image_pad_problem
 from learner.train.trainer_errors import TrainerConfigError, TrainerError, TrainerInputError
+from learner.train.update_control import UpdateControl
 
 log = logging.getLogger("arpo.learner.trainer")
 
@@ -86,9 +86,6 @@ def _check_samples(samples: Sequence[TrainSample], proximal: Sequence[Sequence[f
     if proximal is not None and len(proximal) != len(samples):
         raise TrainerInputError(f"{len(proximal)} proximal log-prob lists for {len(samples)} samples")
 
-
-MAX_HALVINGS = 6
-"""learner.max_kl: at most this many halvings of a batch's update (down to 1/64 of it) before it is kept as is."""
 
 _SUMMED_STATS = ("clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl", "is_weight_mean", "is_capped_frac",
                  "behaviour_kl", "entropy")
@@ -410,9 +407,7 @@ class Trainer:
         the last step the batch is scored again (one more forward pass): the KL between the two sets the
         learning rate of the next batch (learner.algo.kl_schedule). With ``learner.max_kl > 0`` (a copy of the
         parameters is kept for it) an update whose KL is above ``max_kl`` is halved, and the batch scored again,
-        until it is not (at most :data:`MAX_HALVINGS` times): TRPO's backtracking line search on the KL
-        constraint (Schulman et al., "Trust Region Policy Optimization", arXiv 1502.05477, section 6 and
-        appendix C), applied to the step the optimizer took.
+        until it is not (TRPO's backtracking line search: learner.train.update_control).
 
         Returns:
             The stats of :meth:`train_step`, token-weighted over the steps for means and fractions; ``loss`` the
@@ -437,8 +432,8 @@ class Trainer:
                                     + "; ".join(dropped[:5]))
         start = time.perf_counter()
         proximal = self.compute_logprobs(samples)
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        kept = [p.detach().clone() for p in params] if self.config.max_kl > 0 else None  # for the line search
+        control = UpdateControl(self.config, [p for p in self.module.parameters() if p.requires_grad],
+                                lambda: self.compute_logprobs(samples)) if adaptive else None
         bounds = [k * len(samples) // minibatches for k in range(minibatches + 1)]
         parts = [self.train_step(samples[a:b], proximal_logprobs=proximal[a:b])
                  for a, b in itertools.pairwise(bounds)]
@@ -461,26 +456,10 @@ class Trainer:
             optimizer_steps=float(minibatches),
             lr=lr,
         )
-        if adaptive:  # learner.algo.kl_schedule: size the next batch's steps by the KL these ones caused
-            masks = [s.loss_mask for s in samples]
-            kl = batch_kl(proximal, self.compute_logprobs(samples), masks)
-            self.lr = adapt_lr(lr, kl, self.config.target_kl, self.config.lr)
-            result["step_scale"] = 1.0
-            for _ in range(MAX_HALVINGS if kept is not None else 0):
-                if kl <= self.config.max_kl:
-                    break
-                self._shrink_update(params, kept)  # TRPO's backtracking line search on the batch's KL
-                result["step_scale"] /= 2
-                kl = batch_kl(proximal, self.compute_logprobs(samples), masks)
-            result["policy_kl"] = kl
+        if control is not None:  # learner.train.update_control: the next rate, and the update kept
+            self.lr, kept = control.after(proximal, [s.loss_mask for s in samples], lr)
+            result.update(kept)
         return result
-
-    @torch.no_grad()
-    def _shrink_update(self, params: list[torch.Tensor], kept: list[torch.Tensor]) -> None:
-        """Halve the batch's update: every parameter to the midpoint of where the batch started and where it is
-        (the optimizer's moments keep the batch's gradients)."""
-        for param, start in zip(params, kept):
-            param.add_(start).mul_(0.5)
 
     @property
     def lr(self) -> float:
