@@ -143,8 +143,9 @@ class ActorConfig:
     (nothing outside /root and /tmp can leak, at a container boot per trajectory). See DesktopPool."""
     settle_interval_s: Annotated[float, Field(ge=0, le=10)] = 0.1
     """After an action, the next screenshot is the first of two taken this many seconds apart that are identical:
-    the app has drawn what the action did (actors.settle). 0 = one screenshot right after the action (on a busy
-    machine it can show the screen before the action)."""
+    the app has drawn what the action did (actors.settle). Costs one more screenshot and at least this long per
+    action (3-step episodes on the 2-core machine: about a quarter fewer a minute). 0 = one screenshot right after
+    the action (on a busy machine it can show the screen before the action)."""
     settle_timeout_s: Annotated[float, Field(ge=0, le=120)] = 2.0
     """Longest wait for the screen to settle after an action (seconds); past it the latest screenshot is used.
     The episode's last action is settled too, before the evaluator reads the desktop."""
