@@ -6,13 +6,13 @@ the machine is.
 """
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
 
 from actors.desktop.controller_client import ControllerClient
 from actors.settle import settled_screenshot
+from tests.support import until
 
 pytestmark = pytest.mark.docker
 
@@ -30,9 +30,8 @@ async def test_a_screen_in_motion_is_returned_once_it_stops(fleet):
     await _move_cursor_in_steps(c, steps=10, pause_s=0.03)
     moving = await c.screenshot()
     settled = await settled_screenshot(c, interval_s=0.3, timeout_s=20)
-    await asyncio.sleep(0.5)
+    await until(c.cursor_position, 20, "the cursor at the end of its path", ok=lambda p: p == (250, 100))
     still = await c.screenshot()
-    assert await c.cursor_position() == (250, 100)
     assert moving != still  # the first screenshot caught the screen in motion...
     assert settled == still  # ...the settled one shows where it stopped
 
