@@ -234,13 +234,16 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
         dropped = sum(batcher.add_group(g, version) is None for g in groups)
         batch = batcher.take_batch() or []
         stats, updates = {}, 0
-        if batch and train:  # else every group was dropped: no step (the lockstep loop skips an empty batch)
+        spent = bool(lc.steps) and steps_done >= lc.steps  # learner.steps reached: sampled, not trained
+        if spent and records and not records[-1].get("spent"):
+            log(f"[{arm}] learner.steps ({lc.steps}) reached: later batches are sampled without an optimizer step")
+        if batch and train and not spent:  # else every group was dropped: no step (the lockstep loop skips it)
             try:
                 samples = train_samples(batch, forced)  # the loop's stages 4-5 (TrainingLoop.train)
                 updates = optimizer_steps(lc, len(samples), steps_done)
                 stats = trainer.train_batch(samples, minibatches=updates)
-            except TrainerInputError:  # no usable sample: no step, as the learner's training loop skips it
-                pass
+            except TrainerInputError as error:  # no usable sample: no step, as the learner's training loop skips it
+                log(f"[{arm}] step {len(records)}: no optimizer step: {error}")
         steps_done += updates
         version += bool(updates)
         weights.append(copy.deepcopy(trainer.model.state_dict()))
@@ -249,7 +252,7 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
         records.append({"step": len(records), "success": success, "dropped_groups": dropped, "groups": len(groups),
                         "task_success": {t: sum(xs) / len(xs) for t, xs in by_task.items()},
                         "injected": sum(g.injected for g in batch), "trained": bool(updates),
-                        "optimizer_steps": updates})
+                        "optimizer_steps": updates, "spent": spent})
         recent = [r["success"] for r in records[-5:]]
         log(f"[{arm}] step {len(records) - 1:4d} success {success:.2f} trailing5 {sum(recent) / len(recent):.2f} "
             f"groups dropped {dropped}/{len(groups)} injected {records[-1]['injected']} "
