@@ -5,12 +5,14 @@ desktops capture the click trees of the settings-apply family ("Open the Sound s
 Apply." and Display / Large text: 3 clicks in order, nothing shorter scores); episodes of 3 steps are played on
 them with the actors' step loop; the real arpo-serve ``Engine`` samples one version behind the trained weights;
 the training loop's own stages train, with the config's recipe, its adaptive learning rate (learner.target_kl)
-included. Seeded (learner.seed=0).
+and its bound on each batch's update (learner.max_kl) included. Seeded (learner.seed=0).
 
 The family's success, as a trailing mean of 10 rollout batches, must reach 0.6 within 150 batches and, once past
-0.5, never fall below 0.4. Measured here (probe, seed 0): past 0.6 after 71 batches, at least 0.52 after passing
-0.5, 0.91 over the last 10; with the learning rate fixed (learner.target_kl = 0) the same seed passed 0.6 after 87
-batches, peaked at 0.84 and ended at 0.54 (docs/benchmarks.md has the 3 seeds).
+0.5, never fall below 0.4. Measured here (probe, seed 0, the config's recipe): past 0.6 after 99 batches, 0.82
+over the last 10, 4 min 52 s on a quiet 2-core machine (the line search scores some batches more than once, so
+the test has a budget of 20 minutes of its own: the suite's 10 would not hold beside other work); with target_kl
+alone 0.6 after 71 batches and 0.91 at the end; with the learning rate fixed (learner.target_kl = 0) the same seed
+passed 0.6 after 87 batches, peaked at 0.84 and ended at 0.54 (docs/benchmarks.md has the 3 seeds).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def trailing(values: list[float], window: int = 10) -> list[float]:
     return [sum(values[i - window + 1: i + 1]) / window for i in range(window - 1, len(values))]
 
 
+@pytest.mark.timeout(1200)
 def test_the_three_step_family_reaches_0_6_and_holds_above_0_4(desktop_image, tmp_path):
     config = load_config(CONFIG, ["learner.seed=0"])
     assert config.actors.max_steps == 3 and config.learner.target_kl > 0
