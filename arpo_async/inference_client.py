@@ -33,6 +33,7 @@ import aiohttp
 import tenacity
 
 from arpo_async.config import ActorConfig
+from arpo_async.text import loads_json
 
 _ACTOR_DEFAULTS = ActorConfig()
 """The run config's defaults (actors.policy_attempts, actors.policy_max_wait_s): the library uses the same."""
@@ -237,7 +238,7 @@ def _parse_generation(body: Any, *, latency_s: float, attempts: int, url: str) -
 def error_message(text: str) -> str:
     """The human part of an error body (SGLang: {"error": {"message"}} or {"message"} or {"detail"})."""
     try:
-        body = json.loads(text)
+        body = loads_json(text)
     except ValueError:
         return text.strip()[:500]
     if isinstance(body, dict):
@@ -334,7 +335,7 @@ class PolicyClient(HttpClient):
         if status >= 500:
             raise RetryableError(f"HTTP {status}: {error_message(text)}")
         try:
-            parsed: Any = json.loads(text) if text else None
+            parsed: Any = loads_json(text) if text else None
         except ValueError:
             parsed = text
         if status >= 400:

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from actors import ActorConfig, EpisodeRunner, load_task
 from actors.desktop.controller_client import ControllerClient
+from arpo_async import codec
 from arpo_async.messages import Assignment, Outcome
 from arpo_async.model.inputs import PromptEncoder
 
@@ -139,7 +140,9 @@ async def test_named_task_faults_end_as_task_error_and_the_fuzz_has_no_escape(fl
 HOSTILE_ANSWERS = [
     {"status": "error", "message": 5}, {"status": "error"}, {"output": 5, "returncode": "a"}, [], "x", 5, None,
     {"output": None, "error": None, "returncode": None}, {"width": "a", "height": None}, {"status": 5},
+    {"status": "error", "message": "\ud800"}, {"output": "\udfff", "returncode": 0}, {"\ud800": "\ud800"},
 ]
+"""The last three spell lone surrogates in JSON (issue 39 item 1): the trajectory must still encode."""
 
 
 async def test_a_controller_answering_hostile_json_never_kills_the_episode(tmp_path, tiny_model):
@@ -171,6 +174,25 @@ async def test_a_controller_answering_hostile_json_never_kills_the_episode(tmp_p
             except Exception as escaped:  # noqa: BLE001
                 pytest.fail(f"answer {body!r}: {type(escaped).__name__}: {escaped} escaped the episode")
             assert not traj.outcome.trainable and traj.error, (body, traj.outcome, traj.error)
+            codec.encode(traj)  # every text it carries can travel (a WireError here fails the test)
     finally:
         await controller.close()
         await web_runner.cleanup()
+
+
+@pytest.mark.docker
+async def test_a_reply_with_lone_surrogates_still_makes_a_trajectory_that_encodes(fleet, tiny_model):
+    """Issue 39 item 1: an inference server's reply text with lone surrogates (as a /generate body may spell
+    them) is kept in the step, escaped, and the trajectory encodes; the episode ends as the reply says."""
+    async def odd(**_kw) -> str:
+        return "Thought: \ud800\udfff\nAction: finished(content='\ud800')"
+
+    desktop = await fleet.start()
+    try:
+        run = EpisodeRunner(PromptEncoder(tiny_model), odd, ActorConfig(max_steps=1, setup_timeout_s=5.0))
+        traj = await run.run(desktop.controller, Assignment("r", load_task("grid4-green").to_dict(), "g", 0, 0), "x")
+        assert traj.outcome == Outcome.FAILURE, (traj.outcome, traj.error)
+        assert "\\ud800" in traj.steps[0].text
+        codec.decode(codec.encode(traj), max_bytes=1 << 26)
+    finally:
+        await fleet.remove(desktop)
