@@ -20,8 +20,8 @@ import pydantic.dataclasses
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
-__all__ = ["MAX_SECONDS", "ConfigError", "Fraction", "Strings", "config_section", "dotted_keys", "section_types", "suggest_keys",
-           "unknown_key"]
+__all__ = ["MAX_SECONDS", "ConfigError", "Fraction", "Strings", "config_section", "dotted_keys", "section_types",
+           "suggest_keys", "unknown_key"]
 
 
 class ConfigError(ValueError):
