@@ -100,12 +100,15 @@ class WeightPublisher:
         """Server loads skipped because the server did not answer (it is caught up once it does)."""
         self.verified = 0
         """Server checksum comparisons that agreed."""
+        self.loaded: list[InferenceEngine] = []
+        """The servers that loaded the last publication."""
 
     async def publish_from(self, trainer: Any, version: int) -> float:
         """Write the trainer's weights to ``folder(version)`` in the servers' dtype (every rank takes part in
         gathering them), then :meth:`publish` them; returns the seconds :meth:`publish` took. Every
-        ``verify_every``-th publication, compares each server's checksums with the trainer's weights
-        (:func:`verify_server`; raises :class:`WeightsMismatch`)."""
+        ``verify_every``-th publication, compares the checksums of each server that loaded them with the trainer's
+        weights (:func:`verify_server`; raises :class:`WeightsMismatch`); a server that was down, or goes down before
+        it answers, is skipped as :meth:`publish` skips it."""
         dtype = await self.dtypes.common(self._engines, Path(trainer.model_dir))
         folder = self.folder(version)
         await asyncio.to_thread(trainer.save_weights, folder, overwrite=True,  # float32: the master weights as they are
@@ -113,11 +116,10 @@ class WeightPublisher:
         self.bytes_published = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
         seconds = await self.publish(version)
         self.publications += 1
-        if self.verify_every > 0 and self.publications % self.verify_every == 0:
+        if self.verify_every > 0 and self.publications % self.verify_every == 0 and self.loaded:
             tensors = await asyncio.to_thread(trainer.checkpoint_state_dict)
-            for engine in self._engines:
-                await verify_server(engine, tensors, trainer)
-                self.verified += 1
+            for engine in self.loaded:
+                self.verified += await verify_unless_down(engine, tensors, trainer, version)
         return seconds
 
     def folder(self, version: int) -> Path:
@@ -134,9 +136,11 @@ class WeightPublisher:
             PublishError: a server answered success=false; the message names it.
         """
         started = time.perf_counter()
+        self.loaded = []
         for engine in self._engines:
             try:
                 await self._load(engine, version)
+                self.loaded.append(engine)
             except PolicyUnavailable as error:
                 self.failures += 1
                 log.warning("loading version %d on %s failed: %s; it gets the current weights once it answers "
@@ -263,6 +267,21 @@ async def verify_server(engine: InferenceEngine, tensors: dict[str, torch.Tensor
     return check
 
 
+async def verify_unless_down(engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: Any,
+                             version: int) -> bool:
+    """:func:`verify_server`, except that a server that does not answer (PolicyUnavailable: it died or restarts
+    after it took the weights) is skipped with a warning, as a publication skips it: True when the checksums were
+    compared and agree, False when it was skipped (a restarted server is caught up, then checked at a later
+    publication). Raises as :func:`verify_server` otherwise (WeightsMismatch, PublishError, PolicyRequestError)."""
+    try:
+        await verify_server(engine, tensors, trainer)
+    except PolicyUnavailable as error:
+        log.warning("checking the weights of version %d on %s skipped: it does not answer (%s); it is caught up "
+                    "once it does", version, engine.url, error)
+        return False
+    return True
+
+
 class DistributedPublisher:
     """Pushes the trainer's weights to each server over a weight group of its own (learner.weight_sync =
     "distributed"), as SGLang 0.5.23 takes them (arpo_async.weight_sync).
@@ -332,8 +351,7 @@ class DistributedPublisher:
         for index, engine in enumerate(self._engines):
             sent = await self._in_served_dtype(engine, tensors, trainer, casts)
             if await self._sync_or_skip(index, engine, sent, version) and verify:
-                await verify_server(engine, sent, trainer)
-                self.verified += 1
+                self.verified += await verify_unless_down(engine, sent, trainer, version)
         return time.perf_counter() - started
 
     async def _in_served_dtype(self, engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: Any,

@@ -102,7 +102,8 @@ async def test_a_restarted_server_is_caught_up_to_the_current_version(model_dir,
     """A server restarted after a publication serves the base weights as version 0; catch_up sends it the current
     weights (disk: the current folder; distributed: over a new group), skips a server that is down without raising,
     a publication skips it too, and a current server is left alone (learner.resync_interval_s; issue 27: a run with one server would otherwise
-    never train again, its rollouts too stale)."""
+    never train again, its rollouts too stale). With checksums verified after every publication (verify_every=1),
+    a server down through a publication is skipped by the check as well (issue 39 item 4: it stopped the learner)."""
     trainer = Trainer(model_dir, LearnerConfig(lr=1e-2))
     trainer.train_step(batch(model_dir, 0))
     disk_server = ServeProcess(model_dir, free_port(), tmp_path)
@@ -113,10 +114,12 @@ async def test_a_restarted_server_is_caught_up_to_the_current_version(model_dir,
         disk_server.start()
         net_server.start()
         async with PolicyClient(urls, retry=retry) as client:
-            disk = WeightPublisher([SGLangEngine(client, disk_server.url)], tmp_path / "weights")
-            net = DistributedPublisher([SGLangEngine(client, net_server.url)], bucket_mb=0.05, timeout_s=20.0)
+            disk = WeightPublisher([SGLangEngine(client, disk_server.url)], tmp_path / "weights", verify_every=1)
+            net = DistributedPublisher([SGLangEngine(client, net_server.url)], bucket_mb=0.05, timeout_s=20.0,
+                                       verify_every=1)
             await disk.publish_from(trainer, 1)
             await net.publish_from(trainer, 1)
+            assert disk.verified == 1 and net.verified == 1
             trained, version = await scored(disk_server.url, model_dir)
             assert version == "1"
             assert await servers_behind(sglang_engines(client), 1) == []
@@ -129,6 +132,7 @@ async def test_a_restarted_server_is_caught_up_to_the_current_version(model_dir,
             await disk.publish_from(trainer, 2)  # a server down through a publication is skipped, not fatal
             await net.publish_from(trainer, 2)
             assert disk.failures == 1 and net.failures == 1
+            assert disk.verified == 1 and net.verified == 1  # nothing to check on a server that is down
             for server in (disk_server, net_server):
                 server.start()  # back with the base weights
             assert [v for _, v in [await scored(u, model_dir) for u in urls]] == ["0", "0"]
