@@ -158,21 +158,28 @@ def image_data_uri(data: bytes) -> str:
     return f"data:image/{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
+MAX_VERSION = 2**31
+"""Policy versions are below this (they travel as int32 token versions)."""
+
+
 def parse_version(raw: Any) -> int:
     """A server's ``weight_version`` -> integer policy version (``"default"`` -> 0).
 
     Raises:
-        PolicyRequestError: anything but a non-negative integer string / int or SGLang's ``"default"``.
+        PolicyRequestError: anything but a non-negative integer string / int below 2**31 (a policy version travels
+            as int32) or SGLang's ``"default"``: a fraction, ``Infinity``, ``1e400``, a bool, a string of 10^30.
     """
     if raw == SGLANG_INITIAL_VERSION:
         return 0
     try:
+        if isinstance(raw, float) and not raw.is_integer():
+            raise ValueError(raw)
         v = int(raw)
-    except (TypeError, ValueError):
-        raise PolicyRequestError(f"server weight_version {raw!r} is not an integer policy version "
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(float("inf"))
+        raise PolicyRequestError(f"server weight_version {str(raw)[:40]!r} is not an integer policy version "
                                  f"(publish weights with an integer weight_version)") from None
-    if v < 0 or isinstance(raw, bool):
-        raise PolicyRequestError(f"server weight_version {raw!r} is not a non-negative integer")
+    if not 0 <= v < MAX_VERSION or isinstance(raw, bool):
+        raise PolicyRequestError(f"server weight_version {str(raw)[:40]!r} is not an integer in [0, 2**31)")
     return v
 
 
@@ -327,7 +334,7 @@ class PolicyClient(HttpClient):
                 headers={**self._auth, **({"Content-Type": "application/json"} if body is not None else {})},
                 timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.retry.connect_timeout_s),
             ) as resp:
-                text = await resp.text()
+                text = (await resp.read()).decode("utf-8", "replace")  # a body that is not UTF-8 stays readable
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise RetryableError(f"{type(exc).__name__}: {exc}") from exc

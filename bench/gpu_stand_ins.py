@@ -378,6 +378,7 @@ class ModelledPublisher:
 
     def __init__(self, servers: list[ModelledServer], model: TrainingModel) -> None:
         self.servers, self.model = servers, model
+        self.engines: list = []  # what the resync checks: the modelled servers never restart, so none is behind
         self.busy_s = 0.0
         self.log: list[tuple[float, float]] = []
 
@@ -389,7 +390,7 @@ class ModelledPublisher:
         self.log.append((time.monotonic(), seconds))
         return seconds
 
-    async def catch_up(self, trainer, version: int) -> list[str]:
+    async def catch_up(self, trainer, version: int, behind=None) -> list[str]:
         """learner.train.publisher's ``catch_up``: the modelled servers never restart, so none is ever behind."""
         return []
 

@@ -57,29 +57,40 @@ class SyncRejected(PublishError):
     """A server refused to join the weight group (a configuration error: it stops the learner)."""
 
 
-async def servers_behind(engines: Sequence[InferenceEngine], version: int) -> list[InferenceEngine]:
+CHECK_TIMEOUT_S = 10.0
+"""The most seconds :func:`servers_behind` waits for one server's /health and /get_model_info together."""
+
+
+async def servers_behind(engines: Sequence[InferenceEngine], version: int,
+                         timeout_s: float = CHECK_TIMEOUT_S) -> list[InferenceEngine]:
     """The engines that answer now and serve a ``weight_version()`` below ``version`` (a restarted server serves
-    the base weights as 0). One that does not answer, or reports no version this learner can read, is left out
-    (logged at DEBUG): the next check asks again."""
-    behind = []
-    for engine in engines:
+    the base weights as 0), asked together, each for at most ``timeout_s`` seconds. A server that does not answer
+    is left out (logged at DEBUG); one that answers too slowly or with something this learner cannot read (a
+    version of ``Infinity``, ``1e400``, a fraction; a body that is not JSON) is left out with one WARNING line
+    naming it. Either way the next check asks again; nothing here raises for a server's answer."""
+    async def check(engine: InferenceEngine) -> bool:
         try:
-            if not await engine.healthy():
-                continue
-            served = await engine.weight_version()
-        except (PolicyUnavailable, PolicyRequestError) as error:
+            async with asyncio.timeout(timeout_s):
+                return await engine.healthy() and await engine.weight_version() < version
+        except PolicyUnavailable as error:
             log.debug("weight version check of %s: %s", engine.url, error)
-            continue
-        if served < version:
-            behind.append(engine)
-    return behind
+        except TimeoutError:
+            log.warning("weight version check of %s skipped this round: no answer within %.0f s", engine.url,
+                        timeout_s)
+        except (PolicyRequestError, ValueError, TypeError, OverflowError) as error:
+            log.warning("weight version check of %s skipped this round: %s", engine.url, str(error)[:300])
+        return False
+
+    flags = await asyncio.gather(*(check(engine) for engine in engines))
+    return [engine for engine, behind in zip(engines, flags) if behind]
 
 
 class WeightPublisher:
     """Pushes saved checkpoints to inference servers and keeps the last ``keep`` folders on disk.
 
     Args:
-        engines: every inference server (each gets the update directly, never through a router).
+        engines: every inference server (each gets the update directly, never through a router); kept as
+            ``engines``.
         weights_root: where versioned weight folders live (a path every server can read).
         keep: how many published folders to keep (the server may still read the newest).
         verify_every: compare checksums after every this many publications (0 = never).
@@ -88,7 +99,7 @@ class WeightPublisher:
 
     def __init__(self, engines: Sequence[InferenceEngine], weights_root: Path, keep: int = 2,
                  verify_every: int = 0, dtypes: PublishDtypes | None = None) -> None:
-        self._engines = list(engines)
+        self.engines = list(engines)
         self.dtypes = dtypes if dtypes is not None else PublishDtypes()
         self.bytes_published = 0
         """Bytes of weights (safetensors files) the last publication wrote."""
@@ -109,7 +120,7 @@ class WeightPublisher:
         ``verify_every``-th publication, compares the checksums of each server that loaded them with the trainer's
         weights (:func:`verify_server`; raises :class:`WeightsMismatch`); a server that was down, or goes down before
         it answers, is skipped as :meth:`publish` skips it."""
-        dtype = await self.dtypes.common(self._engines, Path(trainer.model_dir))
+        dtype = await self.dtypes.common(self.engines, Path(trainer.model_dir))
         folder = self.folder(version)
         await asyncio.to_thread(trainer.save_weights, folder, overwrite=True,  # float32: the master weights as they are
                                 dtype=dtype_name(dtype) if dtype not in (None, torch.float32) else None)
@@ -137,7 +148,7 @@ class WeightPublisher:
         """
         started = time.perf_counter()
         self.loaded = []
-        for engine in self._engines:
+        for engine in self.engines:
             try:
                 await self._load(engine, version)
                 self.loaded.append(engine)
@@ -148,12 +159,13 @@ class WeightPublisher:
         self._prune(version)
         return time.perf_counter() - started
 
-    async def catch_up(self, trainer: Any, version: int) -> list[str]:
+    async def catch_up(self, trainer: Any, version: int,
+                       behind: Sequence[InferenceEngine] | None = None) -> list[str]:
         """Load ``folder(version)`` (the current weights, already on disk) on every server behind ``version``
-        (:func:`servers_behind`); returns their URLs. ``trainer`` is unused (the interface is the publishers').
-        A server that fails on the way is logged and left for the next check."""
+        (``behind``, or :func:`servers_behind` when None); returns their URLs. ``trainer`` is unused (the interface
+        is the publishers'). A server that fails on the way is logged and left for the next check."""
         synced = []
-        for engine in await servers_behind(self._engines, version):
+        for engine in await servers_behind(self.engines, version) if behind is None else behind:
             try:
                 await self._load(engine, version)
             except (PublishError, PolicyUnavailable, PolicyRequestError) as error:
@@ -293,7 +305,7 @@ class DistributedPublisher:
     (:func:`verify_server`).
 
     Args:
-        engines: every inference server.
+        engines: every inference server; kept as ``engines``.
         bucket_mb: most megabytes of tensors per bucket (one ``receive_weights`` request).
         host: the address the servers reach this learner at (``master_address``; learner.sync_host).
         backend: "gloo" (arpo-serve, CPU) or "nccl" (SGLang on GPUs).
@@ -320,7 +332,7 @@ class DistributedPublisher:
                  load_format: str | None = None, verify_every: int = 0, dtypes: PublishDtypes | None = None) -> None:
         if load_format not in (None, FLATTENED_BUCKET):
             raise ValueError(f"load_format must be None or {FLATTENED_BUCKET!r}, got {load_format!r}")
-        self._engines = list(engines)
+        self.engines = list(engines)
         self.dtypes = dtypes if dtypes is not None else PublishDtypes()
         self.bytes_published = 0
         """Bytes of tensors the last server synced got."""
@@ -348,7 +360,7 @@ class DistributedPublisher:
         self.publications += 1
         verify = self.verify_every > 0 and self.publications % self.verify_every == 0
         casts: dict[torch.dtype | None, dict[str, torch.Tensor]] = {}
-        for index, engine in enumerate(self._engines):
+        for index, engine in enumerate(self.engines):
             sent = await self._in_served_dtype(engine, tensors, trainer, casts)
             if await self._sync_or_skip(index, engine, sent, version) and verify:
                 self.verified += await verify_unless_down(engine, sent, trainer, version)
@@ -362,11 +374,14 @@ class DistributedPublisher:
             casts[dtype] = await asyncio.to_thread(cast_floating, tensors, dtype)
         return casts[dtype]
 
-    async def catch_up(self, trainer: Any, version: int) -> list[str]:
-        """Send the trainer's current weights, as ``version``, to every server behind it (:func:`servers_behind`)
-        over a new group; returns the URLs that got them. Gathers the weights only when a server is behind (every
-        rank takes part). Failures are handled as in :meth:`publish_from` (the server waits for the next check)."""
-        behind = await servers_behind(self._engines, version)
+    async def catch_up(self, trainer: Any, version: int,
+                       behind: Sequence[InferenceEngine] | None = None) -> list[str]:
+        """Send the trainer's current weights, as ``version``, to every server behind it (``behind``, or
+        :func:`servers_behind` when None) over a new group; returns the URLs that got them. Gathers the weights only
+        when a server is behind (every rank takes part). Failures are handled as in :meth:`publish_from` (the
+        server waits for the next check)."""
+        if behind is None:
+            behind = await servers_behind(self.engines, version)
         if not behind:
             return []
         for engine in behind:  # a restarted server left its old group: it joins a new one
@@ -375,7 +390,7 @@ class DistributedPublisher:
         synced, casts = [], {}
         for engine in behind:
             sent = await self._in_served_dtype(engine, tensors, trainer, casts)
-            if await self._sync_or_skip(self._engines.index(engine), engine, sent, version):
+            if await self._sync_or_skip(self.engines.index(engine), engine, sent, version):
                 log.warning("%s served an older version than %d (restarted?): sent it the current weights",
                             engine.url, version)
                 synced.append(engine.url)

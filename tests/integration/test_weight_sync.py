@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import aiohttp
+from aiohttp import web
 import pytest
 
 from arpo_async.config import LearnerConfig
@@ -310,3 +311,57 @@ async def test_a_bf16_server_gets_bf16_weights_both_ways_half_the_bytes(model_di
     finally:
         disk_server.stop()
         net_server.stop()
+
+
+async def test_a_server_with_bad_or_slow_answers_is_skipped_by_the_resync_and_the_others_are_caught_up(
+        model_dir, tmp_path, caplog):
+    """Issue 39 item 3: servers answering /get_model_info with a weight_version of Infinity or 1e400, a /health or
+    /get_model_info body that is not UTF-8, or an answer that takes minutes, are each skipped for the round with
+    one warning, within the check's bound, while a real arpo-serve that is behind is found and caught up."""
+    hostile = {
+        "infinity": (b'{"weight_version": Infinity}', 0),
+        "huge": (b'{"weight_version": 1e400}', 0),
+        "string-huge": (b'{"weight_version": "' + b"9" * 31 + b'"}', 0),
+        "not-utf8-info": (b'{"weight_version": "\xff\xfe"}', 0),
+        "not-utf8-health": (b"\xff\xfe\xfd", 0),
+        "slow": (b'{"weight_version": "0"}', 120),
+    }
+
+    async def answer(request: web.Request) -> web.Response:
+        body, delay = hostile[request.match_info["kind"]]
+        if delay:
+            await asyncio.sleep(delay)
+        if request.match_info["route"] == "health" and request.match_info["kind"] != "not-utf8-health":
+            return web.Response(body=b"")
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/{kind}/{route}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    server = ServeProcess(model_dir, free_port(), tmp_path)
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-2))
+    trainer.train_step(batch(model_dir, 0))
+    try:
+        server.start()
+        bad_urls = [f"http://127.0.0.1:{port}/{kind}" for kind in hostile]
+        retry = RetryPolicy(attempts=6, request_timeout_s=600.0, admin_timeout_s=600.0)
+        async with PolicyClient([server.url, *bad_urls], retry=retry) as client:
+            engines = sglang_engines(client)
+            publisher = WeightPublisher(engines[:1], tmp_path / "weights")
+            await publisher.publish_from(trainer, 1)
+            server.stop()
+            server.start()  # back with the base weights: behind
+            started = asyncio.get_running_loop().time()
+            behind = await servers_behind(engines, 1, timeout_s=5.0)
+            assert asyncio.get_running_loop().time() - started < 30  # the slow one was not waited for
+            assert [e.url for e in behind] == [server.url]
+            assert await publisher.catch_up(trainer, 1, behind) == [server.url]
+            assert await servers_behind(engines[:1], 1) == []
+        skipped = [r.getMessage() for r in caplog.records if "skipped this round" in r.getMessage()]
+        assert sorted(m.split()[4] for m in skipped) == sorted(bad_urls), skipped
+    finally:
+        server.stop()
+        await runner.cleanup()
