@@ -53,7 +53,7 @@ from learner.rollouts.service import ROUND_END, GroupQueue, LearnerService
 from learner.state import RunState
 from learner.train.checkpoint import Checkpointer, capture, reconcile_metrics, restore
 from learner.train.distributed import LeadTrainer
-from learner.train.publisher import DistributedPublisher, WeightPublisher, servers_behind
+from learner.train.publisher import DistributedPublisher, WeightPublisher
 from learner.train.records import step_record
 from learner.train.trainer import Trainer, TrainerInputError
 
@@ -215,9 +215,10 @@ class TrainingLoop:
         """Every ``learner.resync_interval_s``, send the current weights to each server behind the current policy
         version (``publisher.catch_up``). Runs until cancelled; a check that fails is logged and tried again.
 
-        The check (:func:`learner.train.publisher.servers_behind`: every server at once, each for at most
-        ``CHECK_TIMEOUT_S``, a bad or slow answer skipping that server for the round) runs outside the training
-        loop's weights lock, so training never waits on it; the lock is taken only to send weights to the servers
+        The check (``publisher.behind``, learner.train.server_book: every server at once, each for at most
+        ``CHECK_TIMEOUT_S``, a bad or slow answer skipping that server for the round; and the servers a publication
+        left with part of a version) runs outside the training loop's weights lock, so training never waits on it;
+        the lock is taken only to resume the servers a publication left paused and to send weights to the servers
         found behind, unless a publication came in between (the next round checks again).
 
         Raises:
@@ -226,8 +227,8 @@ class TrainingLoop:
         while True:
             await asyncio.sleep(self.lc.resync_interval_s)
             version = self.state.version
-            behind = await servers_behind(self.publisher.engines, version) if version > 0 else []
-            if not behind:
+            behind = await self.publisher.behind(version) if version > 0 else []
+            if not behind and not self.publisher.paused:
                 continue
             async with self._weights:
                 if self.state.version == version:

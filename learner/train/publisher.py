@@ -18,8 +18,10 @@ server gets bf16 tensors (or a bf16 folder), half the bytes of the learner's flo
 
 Both can check what a server serves afterwards (``verify_every``; the engine's ``weights_checksums``).
 
-Both catch up a server that is behind (``catch_up(trainer, version)``, :func:`servers_behind`): a server restarted
-after a publication serves the run's base weights under version 0 until it gets the current ones.
+Both catch up a server that is behind (``catch_up(trainer, version)``, learner.train.server_book): a server
+restarted after a publication serves the run's base weights under version 0 until it gets the current ones, and a
+server whose update failed half-way gets the whole weights again. Both resume every server they paused, whatever
+failed; a resume that does not go through is tried again at the next catch-up.
 
 Updating one server at a time keeps the others generating.
 """
@@ -44,9 +46,13 @@ from arpo_async.inference_client import PolicyRequestError, PolicyUnavailable
 from arpo_async.weight_sync import (FLATTENED_BUCKET, WeightGroup, WeightGroupError, cast_floating, dtype_name,
                                     flatten_bucket)
 from learner.train.publish_dtype import PublishDtypes, tensor_bytes
+from learner.train.server_book import CHECK_TIMEOUT_S, ServerBook, servers_behind
 from learner.train.weight_check import WeightCheck, compare_checksums, served_dtype
 
 log = logging.getLogger("arpo.learner.publish")
+
+__all__ = ["CHECK_TIMEOUT_S", "DistributedPublisher", "PublishError", "SyncRejected", "WeightPublisher",
+           "WeightsMismatch", "servers_behind", "verify_server", "verify_unless_down"]
 
 
 class PublishError(RuntimeError):
@@ -57,35 +63,7 @@ class SyncRejected(PublishError):
     """A server refused to join the weight group (a configuration error: it stops the learner)."""
 
 
-CHECK_TIMEOUT_S = 10.0
-"""The most seconds :func:`servers_behind` waits for one server's /health and /get_model_info together."""
-
-
-async def servers_behind(engines: Sequence[InferenceEngine], version: int,
-                         timeout_s: float = CHECK_TIMEOUT_S) -> list[InferenceEngine]:
-    """The engines that answer now and serve a ``weight_version()`` below ``version`` (a restarted server serves
-    the base weights as 0), asked together, each for at most ``timeout_s`` seconds. A server that does not answer
-    is left out (logged at DEBUG); one that answers too slowly or with something this learner cannot read (a
-    version of ``Infinity``, ``1e400``, a fraction; a body that is not JSON) is left out with one WARNING line
-    naming it. Either way the next check asks again; nothing here raises for a server's answer."""
-    async def check(engine: InferenceEngine) -> bool:
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await engine.healthy() and await engine.weight_version() < version
-        except PolicyUnavailable as error:
-            log.debug("weight version check of %s: %s", engine.url, error)
-        except TimeoutError:
-            log.warning("weight version check of %s skipped this round: no answer within %.0f s", engine.url,
-                        timeout_s)
-        except (PolicyRequestError, ValueError, TypeError, OverflowError) as error:
-            log.warning("weight version check of %s skipped this round: %s", engine.url, str(error)[:300])
-        return False
-
-    flags = await asyncio.gather(*(check(engine) for engine in engines))
-    return [engine for engine, behind in zip(engines, flags) if behind]
-
-
-class WeightPublisher:
+class WeightPublisher(ServerBook):
     """Pushes saved checkpoints to inference servers and keeps the last ``keep`` folders on disk.
 
     Args:
@@ -99,7 +77,7 @@ class WeightPublisher:
 
     def __init__(self, engines: Sequence[InferenceEngine], weights_root: Path, keep: int = 2,
                  verify_every: int = 0, dtypes: PublishDtypes | None = None) -> None:
-        self.engines = list(engines)
+        super().__init__(engines)
         self.dtypes = dtypes if dtypes is not None else PublishDtypes()
         self.bytes_published = 0
         """Bytes of weights (safetensors files) the last publication wrote."""
@@ -161,11 +139,13 @@ class WeightPublisher:
 
     async def catch_up(self, trainer: Any, version: int,
                        behind: Sequence[InferenceEngine] | None = None) -> list[str]:
-        """Load ``folder(version)`` (the current weights, already on disk) on every server behind ``version``
-        (``behind``, or :func:`servers_behind` when None); returns their URLs. ``trainer`` is unused (the interface
-        is the publishers'). A server that fails on the way is logged and left for the next check."""
+        """Resume the servers a publication left paused, then load ``folder(version)`` (the current weights, already
+        on disk) on every server behind ``version`` (``behind``, or :meth:`behind` when None); returns the URLs
+        loaded. ``trainer`` is unused (the interface is the publishers'). A server that fails on the way is logged
+        and left for the next check."""
+        await self.lift_pauses()
         synced = []
-        for engine in await servers_behind(self.engines, version) if behind is None else behind:
+        for engine in await self.behind(version) if behind is None else behind:
             try:
                 await self._load(engine, version)
             except (PublishError, PolicyUnavailable, PolicyRequestError) as error:
@@ -179,11 +159,11 @@ class WeightPublisher:
 
     async def _load(self, engine: InferenceEngine, version: int) -> None:
         path = str(self.folder(version).resolve())
-        await engine.pause()
+        await self.pause(engine)
         try:
             reply = await engine.load_weights_from_disk(path, version)
         finally:
-            await engine.resume()
+            await self.resume(engine)
         if not reply.ok:
             raise PublishError(f"{engine.url} did not load {path}: {reply.message}")
 
@@ -294,7 +274,7 @@ async def verify_unless_down(engine: InferenceEngine, tensors: dict[str, torch.T
     return True
 
 
-class DistributedPublisher:
+class DistributedPublisher(ServerBook):
     """Pushes the trainer's weights to each server over a weight group of its own (learner.weight_sync =
     "distributed"), as SGLang 0.5.23 takes them (arpo_async.weight_sync).
 
@@ -321,9 +301,10 @@ class DistributedPublisher:
     - a server that cannot be reached, dies, times out mid-broadcast, or answers begin, an update or end with
       success = false is skipped for this version (counted in ``failures``) and its group destroyed; at the next
       publication, once it answers /health again, a new group (a new name: torch refuses a name twice in one
-      process) gets the whole current weights. A server that failed after its session began may hold part of the
-      new weights (SGLang loads bucket by bucket), so it is left paused until a whole publication succeeds on it;
-      a begin refused because a session is still open (a publication cut short) is answered with one
+      process) gets the whole current weights. Every server paused is resumed, whatever failed (a resume that does
+      not go through is tried again at the next resync). A server that failed after its session began may hold
+      part of the new weights (SGLang loads bucket by bucket), whatever version it reports (the last bucket sets
+      it), so the next resync sends it the whole current weights (learner.train.server_book); a begin refused because a session is still open (a publication cut short) is answered with one
       end_weight_update and one more begin.
     """
 
@@ -332,7 +313,7 @@ class DistributedPublisher:
                  load_format: str | None = None, verify_every: int = 0, dtypes: PublishDtypes | None = None) -> None:
         if load_format not in (None, FLATTENED_BUCKET):
             raise ValueError(f"load_format must be None or {FLATTENED_BUCKET!r}, got {load_format!r}")
-        self.engines = list(engines)
+        super().__init__(engines)
         self.dtypes = dtypes if dtypes is not None else PublishDtypes()
         self.bytes_published = 0
         """Bytes of tensors the last server synced got."""
@@ -376,12 +357,13 @@ class DistributedPublisher:
 
     async def catch_up(self, trainer: Any, version: int,
                        behind: Sequence[InferenceEngine] | None = None) -> list[str]:
-        """Send the trainer's current weights, as ``version``, to every server behind it (``behind``, or
-        :func:`servers_behind` when None) over a new group; returns the URLs that got them. Gathers the weights only
-        when a server is behind (every rank takes part). Failures are handled as in :meth:`publish_from` (the
-        server waits for the next check)."""
+        """Resume the servers a publication left paused, then send the trainer's current weights, as ``version``, to
+        every server behind it (``behind``, or :meth:`behind` when None) over a new group; returns the URLs that got
+        them. Gathers the weights only when a server is behind (every rank takes part). Failures are handled as in
+        :meth:`publish_from` (the server waits for the next check)."""
+        await self.lift_pauses()
         if behind is None:
-            behind = await servers_behind(self.engines, version)
+            behind = await self.behind(version)
         if not behind:
             return []
         for engine in behind:  # a restarted server left its old group: it joins a new one
@@ -463,22 +445,22 @@ class DistributedPublisher:
             if not await engine.healthy():
                 raise PolicyUnavailable(f"{engine.url} does not answer /health")
             group = await self._join(index, engine)
-        await engine.pause()
+        await self.pause(engine)
         try:
-            await self._begin(engine)
-        except PublishError:  # nothing was loaded: the server goes on with its old weights
-            await engine.resume()
-            raise
-        try:
-            await self._send(engine, group, tensors, version)
-        except BaseException:
-            log.error("%s may hold part of version %d: left paused until a whole publication succeeds on it",
-                      engine.url, version)
-            raise
-        reply = await engine.end_weight_update()
-        if not reply.ok:
-            raise PublishError(f"{engine.url} end_weight_update answered success=false: {reply.message}")
-        await engine.resume()
+            await self._begin(engine)  # a begin that fails loaded nothing: the server goes on with its old weights
+            self.partial[engine.url] = engine
+            try:
+                await self._send(engine, group, tensors, version)
+                reply = await engine.end_weight_update()
+                if not reply.ok:
+                    raise PublishError(f"{engine.url} end_weight_update answered success=false: {reply.message}")
+            except BaseException:
+                log.error("%s may hold part of version %d: it gets the whole weights at the next resync",
+                          engine.url, version)
+                raise
+            self.partial.pop(engine.url, None)
+        finally:
+            await self.resume(engine)  # whatever failed: a server left paused would never generate again
 
     async def _send(self, engine: InferenceEngine, group: WeightGroup, tensors: dict[str, torch.Tensor],
                     version: int) -> None:

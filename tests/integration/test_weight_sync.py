@@ -231,15 +231,16 @@ async def test_flattened_buckets_checksums_and_refused_names(model_dir, tmp_path
             assert published != initial
             assert (await scored(server.url, model_dir))[1] == "1"
 
-            # module names are refused and nothing of them is loaded; the server stays paused until a whole
-            # publication (which first closes the session left open) succeeds
+            # module names are refused and nothing of them is loaded; the server is resumed (issue 39 item 5) and
+            # marked for the whole weights, which the next publication (first closing the session left open) sends
             trainer.train_step(batch(model_dir, 1))
             refused = DistributedPublisher([SGLangEngine(client, server.url)], bucket_mb=0.05, timeout_s=20.0)
             await refused.publish_from(ModuleNamed(trainer), 2)
             assert refused.failures == 1
             assert (await engine.weights_checksums()).checksums == published
             info = await engine.server_info()
-            assert info["internal_states"][0]["paused"] is True and info["weight_version"] == "1"
+            assert info["internal_states"][0]["paused"] is False and info["weight_version"] == "1"
+            assert list(refused.partial) == [server.url] and not refused.paused
             await flat.publish_from(trainer, 2)
             assert (flat.failures, flat.verified) == (0, 2)
             assert (await scored(server.url, model_dir))[1] == "2"
@@ -362,6 +363,61 @@ async def test_a_server_with_bad_or_slow_answers_is_skipped_by_the_resync_and_th
             assert await servers_behind(engines[:1], 1) == []
         skipped = [r.getMessage() for r in caplog.records if "skipped this round" in r.getMessage()]
         assert sorted(m.split()[4] for m in skipped) == sorted(bad_urls), skipped
+    finally:
+        server.stop()
+        await runner.cleanup()
+
+
+async def test_a_failed_end_or_resume_never_leaves_a_server_paused_or_half_updated(model_dir, tmp_path):
+    """Issue 39 item 5: a real arpo-serve behind a proxy that refuses /end_weight_update (after the last bucket set
+    the new version) is resumed anyway and marked as holding part of a version; the next catch-up sends it the
+    whole weights although it reports the current version. A /continue_generation that fails is tried again by the
+    next catch-up, and the server generates again."""
+    server = ServeProcess(model_dir, free_port(), tmp_path)
+    refuse: set[str] = set()
+
+    async def forward(request: web.Request) -> web.Response:
+        route = request.match_info["route"]
+        if route in refuse:
+            if route == "end_weight_update":
+                return web.json_response({"success": False, "message": "refused by the test's proxy"}, status=400)
+            return web.Response(status=503, text="the test's proxy")
+        async with aiohttp.ClientSession() as session, session.request(
+                request.method, f"{server.url}/{route}", data=await request.read(),
+                headers={"Content-Type": request.content_type}) as resp:
+            return web.Response(status=resp.status, body=await resp.read(), content_type=resp.content_type)
+
+    app = web.Application()
+    app.router.add_route("*", "/{route:.*}", forward)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    proxy = f"http://127.0.0.1:{port}"
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-2))
+    trainer.train_step(batch(model_dir, 0))
+    try:
+        server.start()
+        retry = RetryPolicy(attempts=2, max_delay_s=0.1, request_timeout_s=30.0, admin_timeout_s=30.0)
+        async with PolicyClient([proxy], retry=retry) as client:
+            [engine] = sglang_engines(client)
+            net = DistributedPublisher([engine], bucket_mb=0.05, timeout_s=20.0)
+            refuse.add("end_weight_update")
+            await net.publish_from(trainer, 1)
+            assert net.failures == 1 and list(net.partial) == [proxy] and not net.paused
+            assert (await asyncio.wait_for(scored(proxy, model_dir), 30))[1] == "1"  # resumed; the version was set
+            assert await servers_behind([engine], 1) == [] and await net.behind(1) == [engine]
+            refuse.clear()
+            assert await net.catch_up(trainer, 1) == [proxy] and not net.partial
+            refuse.add("continue_generation")
+            trainer.train_step(batch(model_dir, 1))
+            await net.publish_from(trainer, 2)
+            assert list(net.paused) == [proxy] and net.failures == 1  # the weights went in; the resume did not
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(scored(server.url, model_dir), 5)  # paused: nothing is generated
+            refuse.clear()
+            assert await net.catch_up(trainer, 2) == [] and not net.paused
+            assert (await asyncio.wait_for(scored(server.url, model_dir), 30))[1] == "2"
     finally:
         server.stop()
         await runner.cleanup()
