@@ -304,8 +304,9 @@ class DistributedPublisher(ServerBook):
       process) gets the whole current weights. Every server paused is resumed, whatever failed (a resume that does
       not go through is tried again at the next resync). A server that failed after its session began may hold
       part of the new weights (SGLang loads bucket by bucket), whatever version it reports (the last bucket sets
-      it), so the next resync sends it the whole current weights (learner.train.server_book); a begin refused because a session is still open (a publication cut short) is answered with one
-      end_weight_update and one more begin.
+      it), so the next resync sends it the whole current weights (learner.train.server_book); a begin refused
+      because a session is still open (a publication cut short) is answered with one end_weight_update and one
+      more begin.
     """
 
     def __init__(self, engines: Sequence[InferenceEngine], *, bucket_mb: float = 512.0,
