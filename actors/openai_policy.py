@@ -277,7 +277,7 @@ class OpenAIChatPolicy(HttpClient):
                                      url=self.url, body=_json_or_text(text))
         try:
             return loads_json(text), elapsed
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
             raise PolicyRequestError(f"{self.url} answered HTTP {status} with a body that is not JSON: "
                                      f"{text.strip()[:200]!r}", url=self.url, body=text) from None
 
@@ -297,5 +297,5 @@ class OpenAIChatPolicy(HttpClient):
 def _json_or_text(text: str) -> Any:
     try:
         return loads_json(text) if text else None
-    except ValueError:
+    except (ValueError, RecursionError):
         return text
