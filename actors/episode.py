@@ -49,6 +49,7 @@ from arpo_async.inference_client import GenerationAborted, PolicyRequestError, P
 from arpo_async.messages import Assignment, Outcome, Step, Trajectory
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
 from arpo_async.model.inputs import PromptEncoder
+from arpo_async.text import encodable
 from arpo_async.tasks import BUILTIN_DIR, Task, TaskFormatError, load_task_file, load_tasks
 
 log = logging.getLogger(__name__)
@@ -157,6 +158,7 @@ class EpisodeRunner:
                         exc_info=log.isEnabledFor(logging.DEBUG))
         finally:
             CURRENT_CONTROLLER.reset(token)
+        traj.error = encodable(traj.error)  # an exception's text may quote what a desktop or a task file said
         traj.timings["episode_s"] = time.perf_counter() - started
         return traj
 

@@ -12,6 +12,10 @@ Invariants:
 - a work request is re-sent after a learner restart (the new learner never saw it) and when unanswered for
   ``resend_after_s`` (a full ROUTER queue drops replies silently); the learner answers a repeat with the same
   assignment, or keeps it waiting;
+- a trajectory the codec cannot encode (a value msgpack cannot pack) is replaced, under its id, by an ENV_ERROR
+  record of it with no steps or screenshots and the codec's reason as its error, which the learner counts and
+  never trains on, so its group is not left waiting; if even that record cannot be encoded the trajectory is
+  dropped with an error in the log. The actor process and every other trajectory go on;
 - nothing here blocks an EnvActor except the bounded outbox (backpressure) and waiting for work.
 
 A LearnerLink is the run's ``actors.env_actor.WorkSource`` and an ``actors.sinks.TrajectorySink``
@@ -24,15 +28,18 @@ import asyncio
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from arpo_async.config import TransportConfig
-from arpo_async.messages import (Ack, Assignment, Heartbeat, Hello, LearnerStatus, Reject, Shutdown, Trajectory,
-                                 WorkRequest)
+from arpo_async.messages import (Ack, Assignment, Heartbeat, Hello, LearnerStatus, Outcome, Reject, Shutdown,
+                                 Trajectory, WorkRequest)
 from arpo_async.transport import Envelope, Outbox, Undecodable
 from arpo_async.validation import InvalidMessage, check_assignment
 
 log = logging.getLogger(__name__)
+
+UNENCODABLE = "the trajectory could not be encoded for the wire"
+"""The start of the error of the ENV_ERROR record that replaces a trajectory the codec refused."""
 
 
 @dataclass
@@ -78,6 +85,9 @@ class LearnerLink:
         self._all_acked.set()
         self.running = 0
         self.rejects = 0
+        self.unencodable = 0
+        """Trajectories the codec could not encode (each replaced by an ENV_ERROR record, or dropped)."""
+        outbox.on_unencodable = self._unencodable
 
     @property
     def unacked(self) -> int:
@@ -106,6 +116,25 @@ class LearnerLink:
         self._held[trajectory.trajectory_id] = _Held(trajectory, time.monotonic())
         self._all_acked.clear()
         await self.outbox.send(trajectory)
+
+    def _unencodable(self, message: object, peer: str | None, reason: str) -> None:
+        """The outbox's hook for a message the codec refused (see the module docstring)."""
+        if not isinstance(message, Trajectory) or message.trajectory_id not in self._held:
+            return  # a heartbeat or a request goes again by itself
+        if message.error.startswith(UNENCODABLE):  # the stripped record failed too: nothing left to send
+            log.error("trajectory %s dropped: even its error record cannot be encoded", message.trajectory_id)
+            self._held.pop(message.trajectory_id)
+            if not self._held:
+                self._all_acked.set()
+            return
+        self.unencodable += 1
+        record = replace(message, outcome=Outcome.ENV_ERROR, score=0.0, format_ok=True, steps=[], screenshots=[],
+                         error=f"{UNENCODABLE}: {reason}"[:2000], timings={}, desktop="", grammar="")
+        self._held[message.trajectory_id] = _Held(record, time.monotonic())
+        try:
+            self.outbox.put_nowait((peer, record))
+        except asyncio.QueueFull:  # the keepalive re-sends it after resend_after_s
+            pass
 
     async def wait_acked(self, timeout_s: float) -> bool:
         """Wait until every held trajectory is acknowledged; False if ``timeout_s`` passed first."""

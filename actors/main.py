@@ -97,6 +97,11 @@ async def run_actors(config: RunConfig, actor_id: str) -> None:
         finally:
             removed = await fleet.remove_all()
         log.info("removed %d leftover desktops; desktop pool: %s", removed, dict(pool.stats))
+        if policy.server_faults:
+            log.warning("unusable /generate answers by inference server (those episodes ended ABORTED): %s",
+                        dict(policy.server_faults))
+        if link.unencodable:
+            log.warning("%d trajectories could not be encoded (sent as ENV_ERROR records)", link.unencodable)
         await fleet.close()
         await policy.aclose()
         ctx.destroy(linger=0)

@@ -46,6 +46,7 @@ from arpo_async.inference_client import (
     image_data_uri,
 )
 from arpo_async.model.inputs import IMAGE_PAD, VISION_END, VISION_START, PromptEncoder
+from arpo_async.text import loads_json
 from actors.policy import text_generation
 
 IM_START = "<|im_start|>"
@@ -275,8 +276,8 @@ class OpenAIChatPolicy(HttpClient):
             raise PolicyRequestError(f"{self.url} answered HTTP {status}: {error_message(text)}", status=status,
                                      url=self.url, body=_json_or_text(text))
         try:
-            return json.loads(text), elapsed
-        except ValueError:
+            return loads_json(text), elapsed
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
             raise PolicyRequestError(f"{self.url} answered HTTP {status} with a body that is not JSON: "
                                      f"{text.strip()[:200]!r}", url=self.url, body=text) from None
 
@@ -295,6 +296,6 @@ class OpenAIChatPolicy(HttpClient):
 
 def _json_or_text(text: str) -> Any:
     try:
-        return json.loads(text) if text else None
-    except ValueError:
+        return loads_json(text) if text else None
+    except (ValueError, RecursionError):
         return text

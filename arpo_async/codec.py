@@ -33,6 +33,7 @@ import msgpack
 import numpy as np
 
 from arpo_async.messages import FLOAT64, INT32, MESSAGE_TYPES, SCHEMA_VERSION, float_array, int_array
+from arpo_async.text import encodable
 
 BLOB_MIN_BYTES = 4096
 """bytes fields at least this long travel in their own frame (zero-copy on the receiving side)."""
@@ -104,14 +105,20 @@ def encode(message: Any) -> list[bytes]:
     """Encode a message dataclass into multipart frames (header first, then blobs).
 
     Raises:
-        WireError: the object is not a registered message type, or a field does not fit its type.
+        WireError: the object is not a registered message type, a field does not fit its type, or msgpack cannot
+            pack a value (a string UTF-8 cannot encode, an integer beyond 64 bits); never another exception.
     """
     msg_type = getattr(message, "TYPE", None)
     if msg_type not in MESSAGE_TYPES or not isinstance(message, MESSAGE_TYPES[msg_type]):
         raise WireError(f"not a wire message: {type(message).__name__}")
     blobs: list[bytes] = []
-    body = _to_wire(message, blobs)
-    header = msgpack.packb({"type": msg_type, "schema": SCHEMA_VERSION, "body": body}, use_bin_type=True)
+    try:
+        body = _to_wire(message, blobs)
+        header = msgpack.packb({"type": msg_type, "schema": SCHEMA_VERSION, "body": body}, use_bin_type=True)
+    except WireError:
+        raise
+    except (ValueError, TypeError, OverflowError) as e:  # UnicodeEncodeError is a ValueError
+        raise WireError(f"{msg_type} cannot be encoded: {type(e).__name__}: {encodable(str(e))[:300]}") from e
     return [header, *blobs]
 
 

@@ -61,8 +61,13 @@ def load_config(path: str | Path | None = None, overrides: typing.Iterable[str] 
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            data = tomllib.loads(Path(path).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as e:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"cannot read config {path}: not UTF-8 text (a binary file?): {e.reason} at byte "
+                              f"{e.start}") from None
+        except RecursionError:
+            raise ConfigError(f"cannot read config {path}: nested too deeply") from None
+        except (OSError, ValueError) as e:  # tomllib.TOMLDecodeError is a ValueError
             raise ConfigError(f"cannot read config {path}: {e}") from e
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -89,7 +94,7 @@ def _parse_scalar(raw: str) -> Any:
     """Parse an override value as TOML (numbers, booleans, lists, quoted strings), else keep the raw string."""
     try:
         return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (ValueError, RecursionError):  # not TOML (TOMLDecodeError), or nested too deeply
         return raw
 
 

@@ -20,8 +20,8 @@ import pydantic.dataclasses
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
-__all__ = ["ConfigError", "Fraction", "Strings", "config_section", "dotted_keys", "section_types", "suggest_keys",
-           "unknown_key"]
+__all__ = ["MAX_SECONDS", "ConfigError", "Fraction", "Strings", "config_section", "dotted_keys", "section_types",
+           "suggest_keys", "unknown_key"]
 
 
 class ConfigError(ValueError):
@@ -38,6 +38,10 @@ Strings = Annotated[tuple[str, ...], BeforeValidator(_as_tuple)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 """A probability or fraction, in [0, 1]."""
 
+MAX_SECONDS = 30 * 24 * 3600.0
+"""The bound of every duration key (a name ending in ``_s``): at least 0 and at most 30 days. An infinite or
+NaN number is refused for every float key."""
+
 DECLARED: dict[str, type] = {}
 """Every class made by :func:`config_section`, by section name ("" = RunConfig, the root)."""
 
@@ -52,8 +56,10 @@ def config_section(section: str) -> typing.Callable[[type], type]:
     one :class:`ConfigError` naming each key as ``section.key`` (``section`` "" for RunConfig's top-level keys).
     It stays a dataclass: `dataclasses.fields`, `replace` (which validates again) and `asdict` work on it."""
     def make(cls: type) -> type:
-        cls = pydantic.dataclasses.dataclass(cls, frozen=True, config=ConfigDict(extra="forbid", strict=True))
+        cls = pydantic.dataclasses.dataclass(cls, frozen=True,
+                                             config=ConfigDict(extra="forbid", strict=True, allow_inf_nan=False))
         validate = cls.__init__
+        durations = [f.name for f in dataclasses.fields(cls) if f.name.endswith("_s")]
 
         @functools.wraps(validate)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -61,6 +67,11 @@ def config_section(section: str) -> typing.Callable[[type], type]:
                 validate(self, *args, **kwargs)
             except ValidationError as error:
                 raise _config_error(error, section, cls) from error
+            prefix = f"{section}." if section else ""
+            problems = [f"{prefix}{name}: must be in [0, {MAX_SECONDS:,.0f}] seconds (30 days), got {value!r}"
+                        for name in durations if not 0 <= (value := getattr(self, name)) <= MAX_SECONDS]
+            if problems:
+                raise ConfigError("; ".join(problems))
 
         cls.__init__ = __init__
         DECLARED[section] = cls

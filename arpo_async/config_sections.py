@@ -184,8 +184,8 @@ class ServeConfig:
 
     host: str = "127.0.0.1"
     """Listen address."""
-    port: int = 30000
-    """Listen port."""
+    port: Annotated[int, Field(ge=1, le=65535)] = 30000
+    """Listen port (1-65535)."""
     max_batch: PositiveInt = 16
     """Largest batch of concurrent /generate requests decoded together."""
     jump_forward: bool = True

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import json
+import logging
+import math
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -33,6 +36,9 @@ import aiohttp
 import tenacity
 
 from arpo_async.config import ActorConfig
+from arpo_async.text import loads_json
+
+log = logging.getLogger(__name__)
 
 _ACTOR_DEFAULTS = ActorConfig()
 """The run config's defaults (actors.policy_attempts, actors.policy_max_wait_s): the library uses the same."""
@@ -157,21 +163,28 @@ def image_data_uri(data: bytes) -> str:
     return f"data:image/{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
+MAX_VERSION = 2**31
+"""Policy versions are below this (they travel as int32 token versions)."""
+
+
 def parse_version(raw: Any) -> int:
     """A server's ``weight_version`` -> integer policy version (``"default"`` -> 0).
 
     Raises:
-        PolicyRequestError: anything but a non-negative integer string / int or SGLang's ``"default"``.
+        PolicyRequestError: anything but a non-negative integer string / int below 2**31 (a policy version travels
+            as int32) or SGLang's ``"default"``: a fraction, ``Infinity``, ``1e400``, a bool, a string of 10^30.
     """
     if raw == SGLANG_INITIAL_VERSION:
         return 0
     try:
+        if isinstance(raw, float) and not raw.is_integer():
+            raise ValueError(raw)
         v = int(raw)
-    except (TypeError, ValueError):
-        raise PolicyRequestError(f"server weight_version {raw!r} is not an integer policy version "
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(float("inf"))
+        raise PolicyRequestError(f"server weight_version {str(raw)[:40]!r} is not an integer policy version "
                                  f"(publish weights with an integer weight_version)") from None
-    if v < 0 or isinstance(raw, bool):
-        raise PolicyRequestError(f"server weight_version {raw!r} is not a non-negative integer")
+    if not 0 <= v < MAX_VERSION or isinstance(raw, bool):
+        raise PolicyRequestError(f"server weight_version {str(raw)[:40]!r} is not an integer in [0, 2**31)")
     return v
 
 
@@ -211,8 +224,12 @@ def _parse_generation(body: Any, *, latency_s: float, attempts: int, url: str) -
     try:
         logprobs = [float(e[0]) for e in lps]
         ids_from_lps = [int(e[1]) for e in lps]
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):  # OverflowError: int(1e400)
         raise bad("output_token_logprobs entries must be [logprob, token_id, text|null]") from None
+    if not all(math.isfinite(lp) and lp <= 0 for lp in logprobs):
+        raise bad("a log-prob is not a finite number <= 0")
+    if not all(0 <= i < MAX_VERSION for i in ids_from_lps):
+        raise bad("a token id is not an integer in [0, 2**31)")
     output_ids = body.get("output_ids", ids_from_lps)
     if not isinstance(output_ids, list) or output_ids != ids_from_lps:
         raise bad(f"output_ids ({len(output_ids) if isinstance(output_ids, list) else output_ids!r}) disagree "
@@ -237,7 +254,7 @@ def _parse_generation(body: Any, *, latency_s: float, attempts: int, url: str) -
 def error_message(text: str) -> str:
     """The human part of an error body (SGLang: {"error": {"message"}} or {"message"} or {"detail"})."""
     try:
-        body = json.loads(text)
+        body = loads_json(text)
     except ValueError:
         return text.strip()[:500]
     if isinstance(body, dict):
@@ -307,6 +324,8 @@ class PolicyClient(HttpClient):
         self.retry = retry
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self.server_faults: collections.Counter[str] = collections.Counter()
+        """/generate answers that could not be used (malformed, non-finite, nested too deeply), by server URL."""
 
     def server_for(self, episode_id: str) -> str:
         """The server that serves every request of ``episode_id``: ``urls[crc32(episode_id) % len(urls)]``.
@@ -326,7 +345,7 @@ class PolicyClient(HttpClient):
                 headers={**self._auth, **({"Content-Type": "application/json"} if body is not None else {})},
                 timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.retry.connect_timeout_s),
             ) as resp:
-                text = await resp.text()
+                text = (await resp.read()).decode("utf-8", "replace")  # a body that is not UTF-8 stays readable
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise RetryableError(f"{type(exc).__name__}: {exc}") from exc
@@ -334,8 +353,8 @@ class PolicyClient(HttpClient):
         if status >= 500:
             raise RetryableError(f"HTTP {status}: {error_message(text)}")
         try:
-            parsed: Any = json.loads(text) if text else None
-        except ValueError:
+            parsed: Any = loads_json(text) if text else None
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
             parsed = text
         if status >= 400:
             raise PolicyRequestError(f"{url} answered HTTP {status}: {error_message(text)}",
@@ -418,7 +437,18 @@ class PolicyClient(HttpClient):
         body = await asyncio.to_thread(encode)
         answer, elapsed, attempts = await self._call("POST", f"{url}/generate", body=body,
                                                      timeout_s=self.retry.request_timeout_s)
-        return _parse_generation(answer, latency_s=elapsed, attempts=attempts, url=url)
+        try:
+            return _parse_generation(answer, latency_s=elapsed, attempts=attempts, url=url)
+        except Exception as error:  # noqa: BLE001 - whatever the answer holds, it is the server's fault
+            self.server_faults[url] += 1
+            faults = self.server_faults[url]
+            if faults <= 5 or faults % 100 == 0:
+                log.warning("%s answered /generate with something unusable (%d such answers so far): %s", url,
+                            faults, str(error)[:300])
+            if isinstance(error, PolicyRequestError) and url in str(error):
+                raise
+            what = str(error) if isinstance(error, PolicyRequestError) else f"{type(error).__name__}: {error}"
+            raise PolicyRequestError(f"malformed /generate response from {url}: {what[:300]}", url=url) from error
 
     # ------------------------------------------------------------------------------------------ admin
 

@@ -17,6 +17,8 @@ from typing import Annotated, Any, ClassVar
 
 import numpy as np
 
+from arpo_async.text import encodable
+
 SCHEMA_VERSION = 2
 """2: a list of dataclasses (a trajectory's steps) travels as a table of columns (arpo_async.codec)."""
 
@@ -124,6 +126,7 @@ class Step:
         self.output_ids = int_array(self.output_ids)
         self.logprobs = float_array(self.logprobs)
         self.versions = int_array(self.versions)
+        self.text, self.action = encodable(self.text), encodable(self.action)
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not Step:
@@ -173,6 +176,7 @@ class Trajectory:
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.outcome)  # ValueError for a string that names no Outcome
+        self.error, self.desktop, self.grammar = encodable(self.error), encodable(self.desktop), encodable(self.grammar)
 
     def oldest_version(self) -> int | None:
         """The oldest policy version among the generated tokens of all steps (min of every ``step.versions``),

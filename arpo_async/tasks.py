@@ -224,8 +224,10 @@ class Task:
             _check_len(app, MAX_ID_CHARS, f"related_apps[{i}]", fail)
         if check_names:
             _check_names(config, ev, fail)
-        if folder is not None:
+        if folder is not None:  # on a copy: upload sources become absolute paths, the caller's dict stays
+            config = copy.deepcopy(config)
             _check_upload_sources(config, folder, fail)
+            d = {**d, "config": config}
         raw = copy.deepcopy(d)
         return cls(id=d["id"], instruction=d["instruction"], config=tuple(copy.deepcopy(config)),
                    evaluator=copy.deepcopy(ev), raw=raw, family=family, related_apps=tuple(apps), source=source)
@@ -385,7 +387,9 @@ def _short(value: Any) -> str:
 
 def _check_upload_sources(steps: list, folder: Path, fail) -> None:
     """Every ``upload_file`` step's ``local_path`` is a string naming a file inside ``folder`` (relative paths are
-    taken from it; symlinks are followed before the check)."""
+    taken from it; symlinks are followed before the check), and is rewritten in ``steps`` to that file's resolved
+    absolute path: the actor reads exactly the file checked here, whatever its working directory (and refuses it if
+    a symlink is put on the way later: actors.osworld.setup)."""
     root = os.path.realpath(folder)
     for i, step in enumerate(steps):
         if step["type"] != "upload_file":
@@ -400,6 +404,7 @@ def _check_upload_sources(steps: list, folder: Path, fail) -> None:
             if os.path.commonpath([root, resolved]) != root:
                 raise fail(where, f"{local[:200]!r} lies outside the task's folder {root}; upload_file sends only "
                                   "files next to the task file (use a download step for others)")
+            entry["local_path"] = resolved
 
 
 def _check_getter(g: Any, where: str, fail, *, allow_none: bool) -> None:

@@ -11,8 +11,10 @@ only makes that consumer wait while the pump keeps sending.
 
 Invariants: the pump never blocks on a full inbox (it stops receiving, which leaves messages to ZeroMQ's
 high-water mark, and keeps sending); a message that fails to decode is counted by reason in ``rejected`` and goes
-to the inbox as an `Undecodable`, never stopping the pump; a full outbox makes its sender wait (backpressure) and
-is counted in ``Outbox.full_waits``, never dropped. Sockets are made with explicit high-water marks and linger 0.
+to the inbox as an `Undecodable`, never stopping the pump; a queued message that fails to encode is counted by type
+in ``unencodable``, logged, handed to the outbox's ``on_unencodable`` (the actors' LearnerLink replaces a
+trajectory by an error record of it) and not sent, never stopping the pump either; a full outbox makes its sender
+wait (backpressure) and is counted in ``Outbox.full_waits``, never dropped. Sockets are made with explicit high-water marks and linger 0.
 
 Addressing: actors set their ZeroMQ routing id to their actor id, so the learner addresses an actor by id
 and a reconnecting actor keeps its address (ROUTER_HANDOVER).
@@ -211,6 +213,9 @@ class Outbox(asyncio.Queue):
         """Sends that found the outbox full and had to wait (metrics ``queues.outbox_full_waits``)."""
         self.listener: Callable[[], None] | None = None
         """Called after each message is queued (the running `SocketPump` sets it to wake itself)."""
+        self.on_unencodable: Callable[[Any, str | None, str], None] | None = None
+        """Called by the pump with ``(message, peer, reason)`` for a queued message the codec could not encode
+        (it is not sent); the sender may queue a replacement. An exception it raises is logged."""
 
     def put_nowait(self, item: Any) -> None:
         """Queue ``item`` (``put`` comes here too) and tell the listener. Raises asyncio.QueueFull when full."""
@@ -268,6 +273,8 @@ class SocketPump:
         """Messages handed to ZeroMQ, by message type."""
         self.rejected: collections.Counter[str] = collections.Counter()
         """Messages that failed to decode, by the codec's reason."""
+        self.unencodable: collections.Counter[str] = collections.Counter()
+        """Queued messages that failed to encode (not sent), by message type."""
         self._blocked: asyncio.Future | None = None  # the pending inbox.put() while the inbox is full
         self._wakeup: asyncio.Future | None = None  # what `run` waits on (see `_wait`)
 
@@ -365,8 +372,21 @@ class SocketPump:
             peer, message = outbox.get_nowait()
             try:
                 await self._send_now(peer, message)
+            except codec.WireError as e:  # this message only: the pump and every other message go on
+                self._unencodable(peer, message, str(e))
             finally:
                 outbox.task_done()
+
+    def _unencodable(self, peer: str | None, message: Any, reason: str) -> None:
+        kind = getattr(message, "TYPE", type(message).__name__)
+        self.unencodable[kind] += 1
+        log.error("a %s message for %s could not be encoded and was not sent: %s", kind, peer or "the learner",
+                  reason)
+        if self.outbox.on_unencodable is not None:
+            try:
+                self.outbox.on_unencodable(message, peer, reason)
+            except Exception:  # noqa: BLE001 - the sender's hook must not stop the pump
+                log.exception("the outbox's on_unencodable hook failed")
 
     async def _send_now(self, peer: str | None, message: Any) -> None:
         frames = codec.encode(message)

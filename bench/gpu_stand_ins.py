@@ -378,6 +378,7 @@ class ModelledPublisher:
 
     def __init__(self, servers: list[ModelledServer], model: TrainingModel) -> None:
         self.servers, self.model = servers, model
+        self.paused: dict = {}  # the resync's view (learner.train.server_book): modelled servers never pause or lag
         self.busy_s = 0.0
         self.log: list[tuple[float, float]] = []
 
@@ -389,7 +390,11 @@ class ModelledPublisher:
         self.log.append((time.monotonic(), seconds))
         return seconds
 
-    async def catch_up(self, trainer, version: int) -> list[str]:
+    async def behind(self, version: int) -> list:
+        """learner.train.server_book's ``behind``: no modelled server is ever behind."""
+        return []
+
+    async def catch_up(self, trainer, version: int, behind=None) -> list[str]:
         """learner.train.publisher's ``catch_up``: the modelled servers never restart, so none is ever behind."""
         return []
 

@@ -11,10 +11,11 @@ endpoint and the cause, so a killed container surfaces quickly instead of hangin
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import aiohttp
+
+from arpo_async.text import loads_json
 
 DEFAULT_TIMEOUT_S = 30.0
 EXECUTE_GRACE_S = 10.0  # extra client-side time beyond an execute's own timeout
@@ -109,7 +110,7 @@ class ControllerClient:
     @staticmethod
     def _json(endpoint: str, body: bytes) -> Any:
         try:
-            return json.loads(body)
+            return loads_json(body)
         except ValueError as exc:
             raise DesktopError(f"{endpoint}: controller sent invalid JSON: {body[:200]!r}") from exc
 

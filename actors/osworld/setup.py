@@ -241,12 +241,24 @@ bounds what the actor holds in memory per upload."""
 
 def _read_upload_source(path: str, cap: int) -> bytes:
     """The bytes of the regular file ``path`` on the actor host: TaskSetupError when it is anything else (a
-    folder, a device such as /dev/zero, a FIFO: opened without blocking) or holds more than ``cap`` bytes."""
+    folder, a device such as /dev/zero, a FIFO: opened without blocking) or holds more than ``cap`` bytes.
+
+    ``path`` must be absolute and free of symlinks (a task file's loader resolves its sources so: arpo_async.tasks):
+    it is opened without following a link in its last component, and the file opened must be the one ``path``
+    names (``/proc/self/fd``), so a symlink put anywhere on the way after the task loaded is refused, not
+    followed. A relative path is refused: it would be read from the actor's working directory."""
+    if not os.path.isabs(path):
+        raise TaskSetupError(f"upload_file: {path!r} is a relative path; a task file's loader makes it absolute "
+                             "(inside the task's folder), a task given as a dict must name an absolute path")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as exc:
         raise TaskSetupError(f"upload_file: cannot read {path}: {exc}") from exc
     try:
+        opened = os.readlink(f"/proc/self/fd/{fd}")
+        if opened != os.path.normpath(path):
+            raise TaskSetupError(f"upload_file: {path} leads through a symlink to {opened}; refused (sources are "
+                                 "resolved when the task loads)")
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise TaskSetupError(f"upload_file: {path} is not a regular file")
@@ -304,7 +316,7 @@ async def _step_download(c: ControllerClient, p: dict, ctx: SetupContext) -> Non
                                  else "setup_failed") from exc
         except ValueError as exc:
             raise TaskSetupError(f"download: {exc}") from exc
-        await _step_upload_file(c, {"files": [{"local_path": str(local), "path": f["path"]}]}, ctx)
+        await _step_upload_file(c, {"files": [{"local_path": os.path.realpath(local), "path": f["path"]}]}, ctx)
 
 
 async def _tabs_step(c: ControllerClient, p: dict, op: str) -> None:

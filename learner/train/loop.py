@@ -215,14 +215,24 @@ class TrainingLoop:
         """Every ``learner.resync_interval_s``, send the current weights to each server behind the current policy
         version (``publisher.catch_up``). Runs until cancelled; a check that fails is logged and tried again.
 
+        The check (``publisher.behind``, learner.train.server_book: every server at once, each for at most
+        ``CHECK_TIMEOUT_S``, a bad or slow answer skipping that server for the round; and the servers a publication
+        left with part of a version) runs outside the training loop's weights lock, so training never waits on it;
+        the lock is taken only to resume the servers a publication left paused and to send weights to the servers
+        found behind, unless a publication came in between (the next round checks again).
+
         Raises:
             SyncRejected, WeightsMismatch: as from a publication (the learner stops).
         """
         while True:
             await asyncio.sleep(self.lc.resync_interval_s)
+            version = self.state.version
+            behind = await self.publisher.behind(version) if version > 0 else []
+            if not behind and not self.publisher.paused:
+                continue
             async with self._weights:
-                if self.state.version > 0:
-                    await self.publisher.catch_up(self.trainer, self.state.version)
+                if self.state.version == version:
+                    await self.publisher.catch_up(self.trainer, version, behind)
 
     async def run_async(self) -> None:
         """Train on ``groups_per_step`` scored groups as soon as they are ready."""

@@ -18,8 +18,10 @@ server gets bf16 tensors (or a bf16 folder), half the bytes of the learner's flo
 
 Both can check what a server serves afterwards (``verify_every``; the engine's ``weights_checksums``).
 
-Both catch up a server that is behind (``catch_up(trainer, version)``, :func:`servers_behind`): a server restarted
-after a publication serves the run's base weights under version 0 until it gets the current ones.
+Both catch up a server that is behind (``catch_up(trainer, version)``, learner.train.server_book): a server
+restarted after a publication serves the run's base weights under version 0 until it gets the current ones, and a
+server whose update failed half-way gets the whole weights again. Both resume every server they paused, whatever
+failed; a resume that does not go through is tried again at the next catch-up.
 
 Updating one server at a time keeps the others generating.
 """
@@ -44,9 +46,13 @@ from arpo_async.inference_client import PolicyRequestError, PolicyUnavailable
 from arpo_async.weight_sync import (FLATTENED_BUCKET, WeightGroup, WeightGroupError, cast_floating, dtype_name,
                                     flatten_bucket)
 from learner.train.publish_dtype import PublishDtypes, tensor_bytes
+from learner.train.server_book import CHECK_TIMEOUT_S, ServerBook, servers_behind
 from learner.train.weight_check import WeightCheck, compare_checksums, served_dtype
 
 log = logging.getLogger("arpo.learner.publish")
+
+__all__ = ["CHECK_TIMEOUT_S", "DistributedPublisher", "PublishError", "SyncRejected", "WeightPublisher",
+           "WeightsMismatch", "servers_behind", "verify_server", "verify_unless_down"]
 
 
 class PublishError(RuntimeError):
@@ -57,29 +63,12 @@ class SyncRejected(PublishError):
     """A server refused to join the weight group (a configuration error: it stops the learner)."""
 
 
-async def servers_behind(engines: Sequence[InferenceEngine], version: int) -> list[InferenceEngine]:
-    """The engines that answer now and serve a ``weight_version()`` below ``version`` (a restarted server serves
-    the base weights as 0). One that does not answer, or reports no version this learner can read, is left out
-    (logged at DEBUG): the next check asks again."""
-    behind = []
-    for engine in engines:
-        try:
-            if not await engine.healthy():
-                continue
-            served = await engine.weight_version()
-        except (PolicyUnavailable, PolicyRequestError) as error:
-            log.debug("weight version check of %s: %s", engine.url, error)
-            continue
-        if served < version:
-            behind.append(engine)
-    return behind
-
-
-class WeightPublisher:
+class WeightPublisher(ServerBook):
     """Pushes saved checkpoints to inference servers and keeps the last ``keep`` folders on disk.
 
     Args:
-        engines: every inference server (each gets the update directly, never through a router).
+        engines: every inference server (each gets the update directly, never through a router); kept as
+            ``engines``.
         weights_root: where versioned weight folders live (a path every server can read).
         keep: how many published folders to keep (the server may still read the newest).
         verify_every: compare checksums after every this many publications (0 = never).
@@ -88,7 +77,7 @@ class WeightPublisher:
 
     def __init__(self, engines: Sequence[InferenceEngine], weights_root: Path, keep: int = 2,
                  verify_every: int = 0, dtypes: PublishDtypes | None = None) -> None:
-        self._engines = list(engines)
+        super().__init__(engines)
         self.dtypes = dtypes if dtypes is not None else PublishDtypes()
         self.bytes_published = 0
         """Bytes of weights (safetensors files) the last publication wrote."""
@@ -100,24 +89,26 @@ class WeightPublisher:
         """Server loads skipped because the server did not answer (it is caught up once it does)."""
         self.verified = 0
         """Server checksum comparisons that agreed."""
+        self.loaded: list[InferenceEngine] = []
+        """The servers that loaded the last publication."""
 
     async def publish_from(self, trainer: Any, version: int) -> float:
         """Write the trainer's weights to ``folder(version)`` in the servers' dtype (every rank takes part in
         gathering them), then :meth:`publish` them; returns the seconds :meth:`publish` took. Every
-        ``verify_every``-th publication, compares each server's checksums with the trainer's weights
-        (:func:`verify_server`; raises :class:`WeightsMismatch`)."""
-        dtype = await self.dtypes.common(self._engines, Path(trainer.model_dir))
+        ``verify_every``-th publication, compares the checksums of each server that loaded them with the trainer's
+        weights (:func:`verify_server`; raises :class:`WeightsMismatch`); a server that was down, or goes down before
+        it answers, is skipped as :meth:`publish` skips it."""
+        dtype = await self.dtypes.common(self.engines, Path(trainer.model_dir))
         folder = self.folder(version)
         await asyncio.to_thread(trainer.save_weights, folder, overwrite=True,  # float32: the master weights as they are
                                 dtype=dtype_name(dtype) if dtype not in (None, torch.float32) else None)
         self.bytes_published = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
         seconds = await self.publish(version)
         self.publications += 1
-        if self.verify_every > 0 and self.publications % self.verify_every == 0:
+        if self.verify_every > 0 and self.publications % self.verify_every == 0 and self.loaded:
             tensors = await asyncio.to_thread(trainer.checkpoint_state_dict)
-            for engine in self._engines:
-                await verify_server(engine, tensors, trainer)
-                self.verified += 1
+            for engine in self.loaded:
+                self.verified += await verify_unless_down(engine, tensors, trainer, version)
         return seconds
 
     def folder(self, version: int) -> Path:
@@ -134,9 +125,11 @@ class WeightPublisher:
             PublishError: a server answered success=false; the message names it.
         """
         started = time.perf_counter()
-        for engine in self._engines:
+        self.loaded = []
+        for engine in self.engines:
             try:
                 await self._load(engine, version)
+                self.loaded.append(engine)
             except PolicyUnavailable as error:
                 self.failures += 1
                 log.warning("loading version %d on %s failed: %s; it gets the current weights once it answers "
@@ -144,12 +137,15 @@ class WeightPublisher:
         self._prune(version)
         return time.perf_counter() - started
 
-    async def catch_up(self, trainer: Any, version: int) -> list[str]:
-        """Load ``folder(version)`` (the current weights, already on disk) on every server behind ``version``
-        (:func:`servers_behind`); returns their URLs. ``trainer`` is unused (the interface is the publishers').
-        A server that fails on the way is logged and left for the next check."""
+    async def catch_up(self, trainer: Any, version: int,
+                       behind: Sequence[InferenceEngine] | None = None) -> list[str]:
+        """Resume the servers a publication left paused, then load ``folder(version)`` (the current weights, already
+        on disk) on every server behind ``version`` (``behind``, or :meth:`behind` when None); returns the URLs
+        loaded. ``trainer`` is unused (the interface is the publishers'). A server that fails on the way is logged
+        and left for the next check."""
+        await self.lift_pauses()
         synced = []
-        for engine in await servers_behind(self._engines, version):
+        for engine in await self.behind(version) if behind is None else behind:
             try:
                 await self._load(engine, version)
             except (PublishError, PolicyUnavailable, PolicyRequestError) as error:
@@ -163,11 +159,11 @@ class WeightPublisher:
 
     async def _load(self, engine: InferenceEngine, version: int) -> None:
         path = str(self.folder(version).resolve())
-        await engine.pause()
+        await self.pause(engine)
         try:
             reply = await engine.load_weights_from_disk(path, version)
         finally:
-            await engine.resume()
+            await self.resume(engine)
         if not reply.ok:
             raise PublishError(f"{engine.url} did not load {path}: {reply.message}")
 
@@ -263,7 +259,22 @@ async def verify_server(engine: InferenceEngine, tensors: dict[str, torch.Tensor
     return check
 
 
-class DistributedPublisher:
+async def verify_unless_down(engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: Any,
+                             version: int) -> bool:
+    """:func:`verify_server`, except that a server that does not answer (PolicyUnavailable: it died or restarts
+    after it took the weights) is skipped with a warning, as a publication skips it: True when the checksums were
+    compared and agree, False when it was skipped (a restarted server is caught up, then checked at a later
+    publication). Raises as :func:`verify_server` otherwise (WeightsMismatch, PublishError, PolicyRequestError)."""
+    try:
+        await verify_server(engine, tensors, trainer)
+    except PolicyUnavailable as error:
+        log.warning("checking the weights of version %d on %s skipped: it does not answer (%s); it is caught up "
+                    "once it does", version, engine.url, error)
+        return False
+    return True
+
+
+class DistributedPublisher(ServerBook):
     """Pushes the trainer's weights to each server over a weight group of its own (learner.weight_sync =
     "distributed"), as SGLang 0.5.23 takes them (arpo_async.weight_sync).
 
@@ -274,7 +285,7 @@ class DistributedPublisher:
     (:func:`verify_server`).
 
     Args:
-        engines: every inference server.
+        engines: every inference server; kept as ``engines``.
         bucket_mb: most megabytes of tensors per bucket (one ``receive_weights`` request).
         host: the address the servers reach this learner at (``master_address``; learner.sync_host).
         backend: "gloo" (arpo-serve, CPU) or "nccl" (SGLang on GPUs).
@@ -290,10 +301,12 @@ class DistributedPublisher:
     - a server that cannot be reached, dies, times out mid-broadcast, or answers begin, an update or end with
       success = false is skipped for this version (counted in ``failures``) and its group destroyed; at the next
       publication, once it answers /health again, a new group (a new name: torch refuses a name twice in one
-      process) gets the whole current weights. A server that failed after its session began may hold part of the
-      new weights (SGLang loads bucket by bucket), so it is left paused until a whole publication succeeds on it;
-      a begin refused because a session is still open (a publication cut short) is answered with one
-      end_weight_update and one more begin.
+      process) gets the whole current weights. Every server paused is resumed, whatever failed (a resume that does
+      not go through is tried again at the next resync). A server that failed after its session began may hold
+      part of the new weights (SGLang loads bucket by bucket), whatever version it reports (the last bucket sets
+      it), so the next resync sends it the whole current weights (learner.train.server_book); a begin refused
+      because a session is still open (a publication cut short) is answered with one end_weight_update and one
+      more begin.
     """
 
     def __init__(self, engines: Sequence[InferenceEngine], *, bucket_mb: float = 512.0,
@@ -301,7 +314,7 @@ class DistributedPublisher:
                  load_format: str | None = None, verify_every: int = 0, dtypes: PublishDtypes | None = None) -> None:
         if load_format not in (None, FLATTENED_BUCKET):
             raise ValueError(f"load_format must be None or {FLATTENED_BUCKET!r}, got {load_format!r}")
-        self._engines = list(engines)
+        super().__init__(engines)
         self.dtypes = dtypes if dtypes is not None else PublishDtypes()
         self.bytes_published = 0
         """Bytes of tensors the last server synced got."""
@@ -329,11 +342,10 @@ class DistributedPublisher:
         self.publications += 1
         verify = self.verify_every > 0 and self.publications % self.verify_every == 0
         casts: dict[torch.dtype | None, dict[str, torch.Tensor]] = {}
-        for index, engine in enumerate(self._engines):
+        for index, engine in enumerate(self.engines):
             sent = await self._in_served_dtype(engine, tensors, trainer, casts)
             if await self._sync_or_skip(index, engine, sent, version) and verify:
-                await verify_server(engine, sent, trainer)
-                self.verified += 1
+                self.verified += await verify_unless_down(engine, sent, trainer, version)
         return time.perf_counter() - started
 
     async def _in_served_dtype(self, engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: Any,
@@ -344,11 +356,15 @@ class DistributedPublisher:
             casts[dtype] = await asyncio.to_thread(cast_floating, tensors, dtype)
         return casts[dtype]
 
-    async def catch_up(self, trainer: Any, version: int) -> list[str]:
-        """Send the trainer's current weights, as ``version``, to every server behind it (:func:`servers_behind`)
-        over a new group; returns the URLs that got them. Gathers the weights only when a server is behind (every
-        rank takes part). Failures are handled as in :meth:`publish_from` (the server waits for the next check)."""
-        behind = await servers_behind(self._engines, version)
+    async def catch_up(self, trainer: Any, version: int,
+                       behind: Sequence[InferenceEngine] | None = None) -> list[str]:
+        """Resume the servers a publication left paused, then send the trainer's current weights, as ``version``, to
+        every server behind it (``behind``, or :meth:`behind` when None) over a new group; returns the URLs that got
+        them. Gathers the weights only when a server is behind (every rank takes part). Failures are handled as in
+        :meth:`publish_from` (the server waits for the next check)."""
+        await self.lift_pauses()
+        if behind is None:
+            behind = await self.behind(version)
         if not behind:
             return []
         for engine in behind:  # a restarted server left its old group: it joins a new one
@@ -357,7 +373,7 @@ class DistributedPublisher:
         synced, casts = [], {}
         for engine in behind:
             sent = await self._in_served_dtype(engine, tensors, trainer, casts)
-            if await self._sync_or_skip(self._engines.index(engine), engine, sent, version):
+            if await self._sync_or_skip(self.engines.index(engine), engine, sent, version):
                 log.warning("%s served an older version than %d (restarted?): sent it the current weights",
                             engine.url, version)
                 synced.append(engine.url)
@@ -430,22 +446,22 @@ class DistributedPublisher:
             if not await engine.healthy():
                 raise PolicyUnavailable(f"{engine.url} does not answer /health")
             group = await self._join(index, engine)
-        await engine.pause()
+        await self.pause(engine)
         try:
-            await self._begin(engine)
-        except PublishError:  # nothing was loaded: the server goes on with its old weights
-            await engine.resume()
-            raise
-        try:
-            await self._send(engine, group, tensors, version)
-        except BaseException:
-            log.error("%s may hold part of version %d: left paused until a whole publication succeeds on it",
-                      engine.url, version)
-            raise
-        reply = await engine.end_weight_update()
-        if not reply.ok:
-            raise PublishError(f"{engine.url} end_weight_update answered success=false: {reply.message}")
-        await engine.resume()
+            await self._begin(engine)  # a begin that fails loaded nothing: the server goes on with its old weights
+            self.partial[engine.url] = engine
+            try:
+                await self._send(engine, group, tensors, version)
+                reply = await engine.end_weight_update()
+                if not reply.ok:
+                    raise PublishError(f"{engine.url} end_weight_update answered success=false: {reply.message}")
+            except BaseException:
+                log.error("%s may hold part of version %d: it gets the whole weights at the next resync",
+                          engine.url, version)
+                raise
+            self.partial.pop(engine.url, None)
+        finally:
+            await self.resume(engine)  # whatever failed: a server left paused would never generate again
 
     async def _send(self, engine: InferenceEngine, group: WeightGroup, tensors: dict[str, torch.Tensor],
                     version: int) -> None:

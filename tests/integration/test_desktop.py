@@ -602,6 +602,46 @@ async def test_upload_file_source_over_the_cap_is_a_task_setup_error(fleet, tmp_
     await assert_healthy(c)
 
 
+async def test_upload_file_reads_the_file_its_task_folder_names_and_never_a_link_swapped_in(fleet, tmp_path,
+                                                                                               monkeypatch):
+    """Issue 39 item 2: a relative local_path is read from the task file's folder, not from the actor's working
+    directory (here ``/``, where "etc/passwd" would name the host's file); a symlink swapped in after the task
+    loaded, at the file or at a folder on the way, is refused; a relative path in a task given as a dict is
+    refused."""
+    folder = tmp_path / "tasks"
+    (folder / "data").mkdir(parents=True)
+    (folder / "data" / "notes.txt").write_text("next to the task\n")
+    (folder / "etc").mkdir()
+    (folder / "etc" / "passwd").write_text("the task's own etc/passwd\n")
+    task = {"id": "t-up", "instruction": "x", "evaluator": {"func": "infeasible"},
+            "config": [{"type": "upload_file", "parameters": {"files": [
+                {"local_path": "etc/passwd", "path": "/tmp/a"}, {"local_path": "data/notes.txt", "path": "/tmp/b"}]}}]}
+    (folder / "t-up.json").write_text(json.dumps(task))
+    [loaded] = load_tasks(folder)
+    sources = [f["local_path"] for f in loaded.to_dict()["config"][0]["parameters"]["files"]]
+    assert sources == [str((folder / "etc" / "passwd").resolve()), str((folder / "data" / "notes.txt").resolve())]
+    c = (await fleet.start()).controller
+    monkeypatch.chdir("/")
+    await run_setup(c, list(loaded.config))
+    assert await c.get_file("/tmp/a") == b"the task's own etc/passwd\n"
+    assert await c.get_file("/tmp/b") == b"next to the task\n"
+    (folder / "etc" / "passwd").unlink()
+    (folder / "etc" / "passwd").symlink_to("/etc/passwd")  # swapped in after the task loaded
+    with pytest.raises(TaskSetupError, match="cannot read.*passwd"):
+        await run_setup(c, [{"type": "upload_file", "parameters": {"files": [{"local_path": sources[0],
+                                                                              "path": "/tmp/c"}]}}])
+    (folder / "data").rename(folder / "real-data")
+    (folder / "data").symlink_to(folder / "real-data")  # a link on the way, to a file that is still inside
+    with pytest.raises(TaskSetupError, match="leads through a symlink"):
+        await run_setup(c, [{"type": "upload_file", "parameters": {"files": [{"local_path": sources[1],
+                                                                              "path": "/tmp/c"}]}}])
+    with pytest.raises(TaskSetupError, match="relative path"):
+        await run_setup(c, [{"type": "upload_file", "parameters": {"files": [{"local_path": "etc/passwd",
+                                                                              "path": "/tmp/c"}]}}])
+    assert await c.get_file("/tmp/c") is None
+    await assert_healthy(c)
+
+
 async def test_upload_over_a_small_desktops_body_limit_is_refused(desktop_image, tmp_path):
     """A 256 MiB desktop's controller takes bodies up to 32 MiB (an eighth of its memory): a file at the actor's
     own cap (32 MiB) plus its multipart framing is refused with 413, read and dropped, and becomes a TaskSetupError

@@ -19,7 +19,7 @@ import zmq.asyncio
 from actors.link import LearnerLink
 from arpo_async import codec
 from arpo_async.config import LearnerConfig, TransportConfig
-from arpo_async.messages import Hello, Reject, Step, Trajectory, WorkRequest
+from arpo_async.messages import Hello, Outcome, Reject, Step, Trajectory, WorkRequest
 from arpo_async.tasks import Task
 from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, dealer_socket, router_socket
 from learner.algo.baseline import BASELINE_FILE, plan_tasks
@@ -126,6 +126,36 @@ async def test_learner_restart_gets_held_trajectories_again(transport):
                 await until(lambda: link.learner_id == new.learner_id != old_id)
                 assert await link.wait_acked(5)
                 await until(lambda: new.totals["late"] == 1)  # received and acked; its group was the old learner's
+    finally:
+        ctx.destroy(linger=0)
+
+
+async def test_a_trajectory_that_cannot_be_encoded_ends_alone_and_the_actor_goes_on(transport, caplog):
+    """Issue 39 item 1: a trajectory msgpack cannot pack (a lone surrogate put in its error after it was built)
+    reaches the learner as an ENV_ERROR record of itself, never trained on; one whose record cannot be encoded
+    either (a rollout index beyond 64 bits) is dropped; the actor's pump and link go on, and the next trajectory
+    is taken as usual."""
+    ctx = zmq.asyncio.Context()
+    try:
+        async with learner(ctx, transport, batch=4) as service, actor(ctx, transport) as link:
+            first, second, third = [await asyncio.wait_for(link.request_work(), 5) for _ in range(3)]
+            bad = trajectory(first)
+            bad.error = "controller said \ud800"
+            await link.submit(bad)
+            assert await link.wait_acked(5)
+            await until(lambda: service.totals[Outcome.ENV_ERROR] == 1)
+            assert service.totals["trajectories"] == 1 and service.totals[Outcome.SUCCESS] == 0
+            assert link.unencodable == 1
+            hopeless = trajectory(second)
+            hopeless.rollout_index = 2**70
+            await link.submit(hopeless)
+            assert await link.wait_acked(5)  # dropped: nothing left to wait for
+            assert link.unencodable == 2
+            await link.submit(trajectory(third))
+            assert await link.wait_acked(5)
+            await until(lambda: service.totals[Outcome.SUCCESS] == 1)
+            assert service.totals["trajectories"] == 2
+            assert any("could not be encoded" in r.getMessage() for r in caplog.records)
     finally:
         ctx.destroy(linger=0)
 

@@ -22,8 +22,11 @@ from aiohttp import web
 
 from actors import ActorConfig, EpisodeRunner, load_task
 from actors.desktop.controller_client import ControllerClient
+from arpo_async import codec
+from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.messages import Assignment, Outcome
 from arpo_async.model.inputs import PromptEncoder
+from tests.support import free_port
 
 HOSTILE_VALUES = [5, -1, 1e308, None, True, [], {}, [5], {"a": 5}, "", "x" * 5000, [None, 1], {"o": 5}]
 """Values a careless task author or a broken controller might put where another type belongs."""
@@ -139,7 +142,9 @@ async def test_named_task_faults_end_as_task_error_and_the_fuzz_has_no_escape(fl
 HOSTILE_ANSWERS = [
     {"status": "error", "message": 5}, {"status": "error"}, {"output": 5, "returncode": "a"}, [], "x", 5, None,
     {"output": None, "error": None, "returncode": None}, {"width": "a", "height": None}, {"status": 5},
+    {"status": "error", "message": "\ud800"}, {"output": "\udfff", "returncode": 0}, {"\ud800": "\ud800"},
 ]
+"""The last three spell lone surrogates in JSON (issue 39 item 1): the trajectory must still encode."""
 
 
 async def test_a_controller_answering_hostile_json_never_kills_the_episode(tmp_path, tiny_model):
@@ -171,6 +176,71 @@ async def test_a_controller_answering_hostile_json_never_kills_the_episode(tmp_p
             except Exception as escaped:  # noqa: BLE001
                 pytest.fail(f"answer {body!r}: {type(escaped).__name__}: {escaped} escaped the episode")
             assert not traj.outcome.trainable and traj.error, (body, traj.outcome, traj.error)
+            codec.encode(traj)  # every text it carries can travel (a WireError here fails the test)
     finally:
         await controller.close()
+        await web_runner.cleanup()
+
+
+@pytest.mark.docker
+async def test_a_reply_with_lone_surrogates_still_makes_a_trajectory_that_encodes(fleet, tiny_model):
+    """Issue 39 item 1: an inference server's reply text with lone surrogates (as a /generate body may spell
+    them) is kept in the step, escaped, and the trajectory encodes; the episode ends as the reply says."""
+    async def odd(**_kw) -> str:
+        return "Thought: \ud800\udfff\nAction: finished(content='\ud800')"
+
+    desktop = await fleet.start()
+    try:
+        run = EpisodeRunner(PromptEncoder(tiny_model), odd, ActorConfig(max_steps=1, setup_timeout_s=5.0))
+        traj = await run.run(desktop.controller, Assignment("r", load_task("grid4-green").to_dict(), "g", 0, 0), "x")
+        assert traj.outcome == Outcome.FAILURE, (traj.outcome, traj.error)
+        assert "\\ud800" in traj.steps[0].text
+        codec.decode(codec.encode(traj), max_bytes=1 << 26)
+    finally:
+        await fleet.remove(desktop)
+
+
+SERVER_FAULTS = {
+    "infinite-logprob": b'{"text": "x", "meta_info": {"weight_version": "0", "prompt_tokens": 5, "finish_reason": '
+                        b'{"type": "stop"}, "output_token_logprobs": [[Infinity, 5, null]]}}',
+    "huge-version": b'{"text": "x", "meta_info": {"weight_version": 1e400, "prompt_tokens": 5, "finish_reason": '
+                    b'{"type": "stop"}, "output_token_logprobs": [[-0.1, 5, null]]}}',
+    "huge-token": b'{"text": "x", "meta_info": {"weight_version": "0", "prompt_tokens": 5, "finish_reason": '
+                  b'{"type": "stop"}, "output_token_logprobs": [[-0.1, 1e400, null]]}}',
+    "huge-int-token": b'{"text": "x", "meta_info": {"weight_version": "0", "prompt_tokens": 5, "finish_reason": '
+                      b'{"type": "stop"}, "output_token_logprobs": [[-0.1, ' + b"9" * 30 + b', null]]}}',
+    "not-utf8": b'{"text": "\xff\xfe", "meta_info": \xff}',
+    "deep": b"[" * 100_000 + b"]" * 100_000,
+}
+"""/generate answers an inference server should never give (issue 39 item 9): each is the server's fault."""
+
+
+@pytest.mark.docker
+async def test_an_inference_servers_bad_answers_abort_the_episode_and_are_counted_against_it(fleet, tiny_model):
+    """Issue 39 item 9: a /generate answer with Infinity, 1e400 or 10^30 where numbers belong, a body that is not
+    UTF-8, or JSON nested 100,000 deep ends the episode ABORTED (the server's fault: never counted toward the
+    task's task_error_limit), and the client counts it against that server."""
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(body=SERVER_FAULTS[request.match_info["kind"]], content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/{kind}/generate", answer)
+    web_runner = web.AppRunner(app)
+    await web_runner.setup()
+    port = free_port()
+    await web.TCPSite(web_runner, "127.0.0.1", port).start()
+    desktop = await fleet.start()
+    green = load_task("grid4-green").to_dict()
+    try:
+        for kind in SERVER_FAULTS:
+            url = f"http://127.0.0.1:{port}/{kind}"
+            async with PolicyClient([url], retry=RetryPolicy(attempts=1)) as client:
+                run = EpisodeRunner(PromptEncoder(tiny_model), client, ActorConfig(max_steps=1, setup_timeout_s=5.0))
+                traj = await run.run(desktop.controller, Assignment(f"r-{kind}", green, "g", 0, 0), "x")
+                assert traj.outcome == Outcome.ABORTED, (kind, traj.outcome, traj.error)
+                assert "PolicyRequestError" in traj.error and url in traj.error, (kind, traj.error)
+                assert client.server_faults == {url: 1}
+                codec.encode(traj)
+    finally:
+        await fleet.remove(desktop)
         await web_runner.cleanup()

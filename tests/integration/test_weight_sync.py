@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import aiohttp
+from aiohttp import web
 import pytest
 
 from arpo_async.config import LearnerConfig
@@ -102,7 +103,8 @@ async def test_a_restarted_server_is_caught_up_to_the_current_version(model_dir,
     """A server restarted after a publication serves the base weights as version 0; catch_up sends it the current
     weights (disk: the current folder; distributed: over a new group), skips a server that is down without raising,
     a publication skips it too, and a current server is left alone (learner.resync_interval_s; issue 27: a run with one server would otherwise
-    never train again, its rollouts too stale)."""
+    never train again, its rollouts too stale). With checksums verified after every publication (verify_every=1),
+    a server down through a publication is skipped by the check as well (issue 39 item 4: it stopped the learner)."""
     trainer = Trainer(model_dir, LearnerConfig(lr=1e-2))
     trainer.train_step(batch(model_dir, 0))
     disk_server = ServeProcess(model_dir, free_port(), tmp_path)
@@ -113,10 +115,12 @@ async def test_a_restarted_server_is_caught_up_to_the_current_version(model_dir,
         disk_server.start()
         net_server.start()
         async with PolicyClient(urls, retry=retry) as client:
-            disk = WeightPublisher([SGLangEngine(client, disk_server.url)], tmp_path / "weights")
-            net = DistributedPublisher([SGLangEngine(client, net_server.url)], bucket_mb=0.05, timeout_s=20.0)
+            disk = WeightPublisher([SGLangEngine(client, disk_server.url)], tmp_path / "weights", verify_every=1)
+            net = DistributedPublisher([SGLangEngine(client, net_server.url)], bucket_mb=0.05, timeout_s=20.0,
+                                       verify_every=1)
             await disk.publish_from(trainer, 1)
             await net.publish_from(trainer, 1)
+            assert disk.verified == 1 and net.verified == 1
             trained, version = await scored(disk_server.url, model_dir)
             assert version == "1"
             assert await servers_behind(sglang_engines(client), 1) == []
@@ -129,6 +133,7 @@ async def test_a_restarted_server_is_caught_up_to_the_current_version(model_dir,
             await disk.publish_from(trainer, 2)  # a server down through a publication is skipped, not fatal
             await net.publish_from(trainer, 2)
             assert disk.failures == 1 and net.failures == 1
+            assert disk.verified == 1 and net.verified == 1  # nothing to check on a server that is down
             for server in (disk_server, net_server):
                 server.start()  # back with the base weights
             assert [v for _, v in [await scored(u, model_dir) for u in urls]] == ["0", "0"]
@@ -226,15 +231,16 @@ async def test_flattened_buckets_checksums_and_refused_names(model_dir, tmp_path
             assert published != initial
             assert (await scored(server.url, model_dir))[1] == "1"
 
-            # module names are refused and nothing of them is loaded; the server stays paused until a whole
-            # publication (which first closes the session left open) succeeds
+            # module names are refused and nothing of them is loaded; the server is resumed (issue 39 item 5) and
+            # marked for the whole weights, which the next publication (first closing the session left open) sends
             trainer.train_step(batch(model_dir, 1))
             refused = DistributedPublisher([SGLangEngine(client, server.url)], bucket_mb=0.05, timeout_s=20.0)
             await refused.publish_from(ModuleNamed(trainer), 2)
             assert refused.failures == 1
             assert (await engine.weights_checksums()).checksums == published
             info = await engine.server_info()
-            assert info["internal_states"][0]["paused"] is True and info["weight_version"] == "1"
+            assert info["internal_states"][0]["paused"] is False and info["weight_version"] == "1"
+            assert list(refused.partial) == [server.url] and not refused.paused
             await flat.publish_from(trainer, 2)
             assert (flat.failures, flat.verified) == (0, 2)
             assert (await scored(server.url, model_dir))[1] == "2"
@@ -306,3 +312,112 @@ async def test_a_bf16_server_gets_bf16_weights_both_ways_half_the_bytes(model_di
     finally:
         disk_server.stop()
         net_server.stop()
+
+
+async def test_a_server_with_bad_or_slow_answers_is_skipped_by_the_resync_and_the_others_are_caught_up(
+        model_dir, tmp_path, caplog):
+    """Issue 39 item 3: servers answering /get_model_info with a weight_version of Infinity or 1e400, a /health or
+    /get_model_info body that is not UTF-8, or an answer that takes minutes, are each skipped for the round with
+    one warning, within the check's bound, while a real arpo-serve that is behind is found and caught up."""
+    hostile = {
+        "infinity": (b'{"weight_version": Infinity}', 0),
+        "huge": (b'{"weight_version": 1e400}', 0),
+        "string-huge": (b'{"weight_version": "' + b"9" * 31 + b'"}', 0),
+        "not-utf8-info": (b'{"weight_version": "\xff\xfe"}', 0),
+        "not-utf8-health": (b"\xff\xfe\xfd", 0),
+        "slow": (b'{"weight_version": "0"}', 120),
+    }
+
+    async def answer(request: web.Request) -> web.Response:
+        body, delay = hostile[request.match_info["kind"]]
+        if delay:
+            await asyncio.sleep(delay)
+        if request.match_info["route"] == "health" and request.match_info["kind"] != "not-utf8-health":
+            return web.Response(body=b"")
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/{kind}/{route}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    server = ServeProcess(model_dir, free_port(), tmp_path)
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-2))
+    trainer.train_step(batch(model_dir, 0))
+    try:
+        server.start()
+        bad_urls = [f"http://127.0.0.1:{port}/{kind}" for kind in hostile]
+        retry = RetryPolicy(attempts=6, request_timeout_s=600.0, admin_timeout_s=600.0)
+        async with PolicyClient([server.url, *bad_urls], retry=retry) as client:
+            engines = sglang_engines(client)
+            publisher = WeightPublisher(engines[:1], tmp_path / "weights")
+            await publisher.publish_from(trainer, 1)
+            server.stop()
+            server.start()  # back with the base weights: behind
+            started = asyncio.get_running_loop().time()
+            behind = await servers_behind(engines, 1, timeout_s=5.0)
+            assert asyncio.get_running_loop().time() - started < 30  # the slow one was not waited for
+            assert [e.url for e in behind] == [server.url]
+            assert await publisher.catch_up(trainer, 1, behind) == [server.url]
+            assert await servers_behind(engines[:1], 1) == []
+        skipped = [r.getMessage() for r in caplog.records if "skipped this round" in r.getMessage()]
+        assert sorted(m.split()[4] for m in skipped) == sorted(bad_urls), skipped
+    finally:
+        server.stop()
+        await runner.cleanup()
+
+
+async def test_a_failed_end_or_resume_never_leaves_a_server_paused_or_half_updated(model_dir, tmp_path):
+    """Issue 39 item 5: a real arpo-serve behind a proxy that refuses /end_weight_update (after the last bucket set
+    the new version) is resumed anyway and marked as holding part of a version; the next catch-up sends it the
+    whole weights although it reports the current version. A /continue_generation that fails is tried again by the
+    next catch-up, and the server generates again."""
+    server = ServeProcess(model_dir, free_port(), tmp_path)
+    refuse: set[str] = set()
+
+    async def forward(request: web.Request) -> web.Response:
+        route = request.match_info["route"]
+        if route in refuse:
+            if route == "end_weight_update":
+                return web.json_response({"success": False, "message": "refused by the test's proxy"}, status=400)
+            return web.Response(status=503, text="the test's proxy")
+        async with aiohttp.ClientSession() as session, session.request(
+                request.method, f"{server.url}/{route}", data=await request.read(),
+                headers={"Content-Type": request.content_type}) as resp:
+            return web.Response(status=resp.status, body=await resp.read(), content_type=resp.content_type)
+
+    app = web.Application()
+    app.router.add_route("*", "/{route:.*}", forward)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    proxy = f"http://127.0.0.1:{port}"
+    trainer = Trainer(model_dir, LearnerConfig(lr=1e-2))
+    trainer.train_step(batch(model_dir, 0))
+    try:
+        server.start()
+        retry = RetryPolicy(attempts=2, max_delay_s=0.1, request_timeout_s=30.0, admin_timeout_s=30.0)
+        async with PolicyClient([proxy], retry=retry) as client:
+            [engine] = sglang_engines(client)
+            net = DistributedPublisher([engine], bucket_mb=0.05, timeout_s=20.0)
+            refuse.add("end_weight_update")
+            await net.publish_from(trainer, 1)
+            assert net.failures == 1 and list(net.partial) == [proxy] and not net.paused
+            assert (await asyncio.wait_for(scored(proxy, model_dir), 30))[1] == "1"  # resumed; the version was set
+            assert await servers_behind([engine], 1) == [] and await net.behind(1) == [engine]
+            refuse.clear()
+            assert await net.catch_up(trainer, 1) == [proxy] and not net.partial
+            refuse.add("continue_generation")
+            trainer.train_step(batch(model_dir, 1))
+            await net.publish_from(trainer, 2)
+            assert list(net.paused) == [proxy] and net.failures == 1  # the weights went in; the resume did not
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(scored(server.url, model_dir), 5)  # paused: nothing is generated
+            refuse.clear()
+            assert await net.catch_up(trainer, 2) == [] and not net.paused
+            assert (await asyncio.wait_for(scored(server.url, model_dir), 30))[1] == "2"
+    finally:
+        server.stop()
+        await runner.cleanup()

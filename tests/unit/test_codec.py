@@ -106,6 +106,19 @@ def test_encode_refuses_non_messages_and_out_of_range_ids():
         codec.encode(traj)
 
 
+def test_text_built_with_a_lone_surrogate_is_escaped_and_what_msgpack_cannot_pack_is_a_wire_error():
+    step = Step([1], [], [2], [-0.1], [0], "Thought: \ud800", "click(\udfff)")
+    traj = Trajectory("t", "a", "k", "g", 0, "FAILURE", 0.0, True, [step], [], error="E: \ud800")
+    assert (step.text, step.action, traj.error) == ("Thought: \\ud800", "click(\\udfff)", "E: \\ud800")
+    assert codec.decode(codec.encode(traj), max_bytes=LIMIT).error == "E: \\ud800"
+    traj.error = "set later: \ud800"  # after construction: the codec refuses it with a WireError, nothing else
+    with pytest.raises(codec.WireError, match="UnicodeEncodeError"):
+        codec.encode(traj)
+    traj.error, traj.rollout_index = "", 2**70
+    with pytest.raises(codec.WireError, match="OverflowError"):
+        codec.encode(traj)
+
+
 def test_decoded_token_arrays_are_packed_views_not_python_lists():
     traj = codec.decode(codec.encode(sample_trajectory()), max_bytes=LIMIT)
     for step in traj.steps:

@@ -51,6 +51,34 @@ def test_unreadable_toml(tmp_path):
         load_config(path)
 
 
+@pytest.mark.parametrize("content, message", [
+    (b"\x89PNG\r\n\x1a\n\x00\xff", "not UTF-8 text"),
+    (("a = " + "[" * 50_000 + "]" * 50_000).encode(), "nested too deeply"),
+    (b"[learner]\nlr = 1e400\n", "learner.lr: must be a finite number"),
+])
+def test_a_binary_or_deeply_nested_file_is_one_error_naming_the_file(tmp_path, content, message):
+    """Issue 39 item 10: a ConfigError naming the file (its commands print it as one line), not a traceback."""
+    path = tmp_path / "run.toml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_config(path)
+    assert "\n" not in str(caught.value) and (str(path) in str(caught.value) or "learner.lr" in str(caught.value))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["serve.port=70000"], "serve.port: must be <= 65535"),
+    (["serve.port=0"], "serve.port: must be >= 1"),
+    (["actors.step_timeout_s=inf"], "actors.step_timeout_s: must be a finite number"),
+    (["learner.sync_timeout_s=nan"], "learner.sync_timeout_s: must be a finite number"),
+    (["transport.resend_after_s=-1"], r"transport.resend_after_s: must be in \[0, 2,592,000\] seconds"),
+    (["learner.dist_timeout_s=1e9"], r"learner.dist_timeout_s: must be in \[0, 2,592,000\] seconds"),
+    (["actors.setup_timeout_s=" + "[" * 5000 + "]" * 5000], "actors.setup_timeout_s"),
+])
+def test_ports_and_durations_are_bounded(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
 def test_dump_round_trip(tmp_path):
     config = load_config(None, ["learner.task_ids=['grid4-']", "actors.max_steps=3", 'model="/m"'])
     path = tmp_path / "c.toml"

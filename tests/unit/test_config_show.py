@@ -137,6 +137,20 @@ def test_help_names_the_sections_and_points_to_config_show(module, sections):
     assert "wires every component" not in text  # developer notes stay in the module docstrings
 
 
+@pytest.mark.parametrize("module", ["arpo_cli.cli config show", "arpo_cli.cli launch --address 127.0.0.1:1",
+                                    "learner.main", "actors.main"])
+def test_a_binary_config_file_is_one_line_naming_it(module, tmp_path):
+    """Issue 39 item 10: `arpo config show`, `arpo launch`, `arpo-learner` and `arpo-actors` given a binary run file
+    print one line naming it and exit non-zero, with no traceback."""
+    path = tmp_path / "run.toml"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    proc = arpo("--config", str(path), module=module)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if str(path) in ln]
+    assert len(lines) == 1 and "not UTF-8 text" in lines[0], proc.stderr
+
+
 def fake_model(folder: Path) -> Path:
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")
