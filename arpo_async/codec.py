@@ -14,7 +14,9 @@ plus each row's length, any other column the list of the rows' values; the decod
 column. A string enum field (Trajectory.outcome) travels as its value, and decodes only to one of its
 members. Never pickle; never base64.
 
-Every decoder enforces a maximum total size and frame count, rejects unknown types and schema versions,
+Every decoder enforces a maximum total size and frame count, at most ``MAX_ITEMS`` items per msgpack array or map
+and ``MAX_TABLE_ROWS`` rows per table (checked from the lengths before anything is built, so no message holds the
+event loop for long), rejects unknown types and schema versions,
 and checks every field against the message's type hints, raising WireError with the reason. A hostile or
 corrupt message therefore costs one WireError, never a crash or a half-built object.
 """
@@ -42,6 +44,12 @@ READABLE_SCHEMAS = (1, SCHEMA_VERSION)
 instead of a table, so trajectories saved in checkpoints before schema 2 still load."""
 MAX_FRAMES = 4096
 """Most frames one message may have (one per screenshot, plus the header)."""
+MAX_ITEMS = 65536
+"""Most items of one msgpack array or map in a header (msgpack refuses a longer one from its length prefix, before
+building anything): a huge list costs no event-loop time. Arrays of numbers travel as ext types, not counted here."""
+MAX_TABLE_ROWS = 4096
+"""Most rows of a table (a trajectory's steps), checked from the table's row count before any row is built; the
+learner's validation then caps a trajectory at 512 steps (arpo_async.validation.Limits.max_steps)."""
 
 _EXT_BLOB, _EXT_INT32, _EXT_FLOAT64, _EXT_INT32_FRAME, _EXT_FLOAT64_FRAME = 1, 2, 3, 4, 5
 _SHORT = 64
@@ -162,7 +170,8 @@ def decode(frames: list[bytes], *, max_bytes: int) -> Any:
         raise WireError(f"unknown msgpack extension type {code}")
 
     try:
-        header = msgpack.unpackb(frames[0], raw=False, ext_hook=ext_hook, strict_map_key=True)
+        header = msgpack.unpackb(frames[0], raw=False, ext_hook=ext_hook, strict_map_key=True,
+                                 max_array_len=MAX_ITEMS, max_map_len=MAX_ITEMS)
     except WireError:
         raise
     except Exception as e:  # msgpack raises several unrelated exception types on corrupt input
@@ -403,6 +412,8 @@ def _check_table(value: Any, path: str, *, cls: type) -> list:
     if not (type(value) is list and len(value) == 2 and type(value[0]) is int and type(value[1]) is dict):
         raise WireError(f"{path}: expected a table [rows, {{field: column}}] of {cls.__name__}")
     n, columns = value
+    if n > MAX_TABLE_ROWS:
+        raise WireError(f"{path}: {n} rows, more than the {MAX_TABLE_ROWS} a table may hold")
     fields, required = _plan(cls)
     unknown = columns.keys() - {field[0] for field in fields}
     if unknown:

@@ -18,7 +18,12 @@ import urllib.request
 from pathlib import Path
 
 import aiodocker
+import msgpack
+import numpy as np
 import pytest
+
+from arpo_async import codec
+from arpo_async.messages import Step, Trajectory
 
 _HANDED_OUT: set[int] = set()
 
@@ -265,3 +270,20 @@ def recording_advantages(rewards, task_id: str):
         with open(path, "a") as log:
             log.write(json.dumps({"task_id": task_id, "rewards": [float(r) for r in rewards]}) + "\n")
     return rewards - rewards.mean()
+
+
+def huge_table(rows: int) -> list[bytes]:
+    """A trajectory whose steps table claims ``rows`` rows, each column filled to match: the shape of the 88 MB,
+    4-million-row message that held a learner's event loop for 43 s (issue 39 item 7)."""
+    step = Step([1], [], [2], [-0.1], [0], "t", "a")
+    frames = codec.encode(Trajectory("t", "a", "k", "g", 0, "FAILURE", 0.0, True, [step], []))
+    header = msgpack.unpackb(frames[0], raw=False, ext_hook=msgpack.ExtType)
+    _, columns = header["body"]["steps"]
+    for name, column in columns.items():
+        if isinstance(column, list) and len(column) == 2 and isinstance(column[1], msgpack.ExtType):
+            columns[name] = [msgpack.ExtType(column[0].code, b""),
+                             msgpack.ExtType(column[1].code, np.zeros(rows, "<i4").tobytes())]
+        else:
+            columns[name] = [column[0]] * rows
+    header["body"]["steps"] = [rows, columns]
+    return [msgpack.packb(header, use_bin_type=True)]

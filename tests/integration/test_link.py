@@ -27,7 +27,7 @@ from learner.algo.task_selection import TaskSelector
 from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.service import LearnerService
 from learner.rollouts.staleness import StalenessManager
-from tests.support import free_port, trained, until
+from tests.support import free_port, huge_table, trained, until
 
 TASK = Task.from_dict({"id": "grid4-red", "instruction": "click red", "config": [],
                        "evaluator": {"func": "exact_match", "result": {"type": "vm_file", "path": "/r"},
@@ -167,9 +167,10 @@ async def test_hostile_frames_are_rejected_and_the_learner_keeps_serving(transpo
     raw.connect(transport.endpoint)
     try:
         async with learner(ctx, transport) as service, actor(ctx, transport) as link:
-            for frames in ([b"\xc1\xc1"], [b"\x81\xa4type\xa6pickle"], [b"x" * 10, b"y"]):
+            for frames in ([b"\xc1\xc1"], [b"\x81\xa4type\xa6pickle"], [b"x" * 10, b"y"], huge_table(100_000),
+                           huge_table(4097)):  # issue 39 item 7: refused from their lengths, rows never built
                 await raw.send_multipart(frames)
-            await until(lambda: service.totals["bad_messages"] == 3)
+            await until(lambda: service.totals["bad_messages"] == 5)
             reply = codec.decode(await asyncio.wait_for(raw.recv_multipart(), 5), max_bytes=1 << 20)
             assert isinstance(reply, Reject) and "msgpack" in reply.reason
             assert (await asyncio.wait_for(link.request_work(), 5)).task["id"] == "grid4-red"

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from arpo_async import codec
+from tests.support import huge_table
 from arpo_async.validation import InvalidMessage, check_assignment
 from arpo_async.messages import (Ack, Assignment, Heartbeat, Hello, LearnerStatus, MESSAGE_TYPES, Reject, Shutdown,
                                  Step, Trajectory, WorkRequest)
@@ -117,6 +118,14 @@ def test_text_built_with_a_lone_surrogate_is_escaped_and_what_msgpack_cannot_pac
     traj.error, traj.rollout_index = "", 2**70
     with pytest.raises(codec.WireError, match="OverflowError"):
         codec.encode(traj)
+
+
+@pytest.mark.parametrize("rows, reason", [(5000, "5000 rows, more than the 4096"),
+                                          (100_000, "exceeds max_array_len")])
+def test_a_table_of_too_many_rows_is_refused_from_its_lengths(rows, reason):
+    with pytest.raises(codec.WireError, match=reason):
+        codec.decode(huge_table(rows), max_bytes=LIMIT)
+    assert len(codec.decode(huge_table(512), max_bytes=LIMIT).steps) == 512  # the learner's own cap still decodes
 
 
 def test_decoded_token_arrays_are_packed_views_not_python_lists():
