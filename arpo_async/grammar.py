@@ -25,6 +25,8 @@ helpers deal with it:
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -34,7 +36,21 @@ import xgrammar as xgr
 
 
 class GrammarError(ValueError):
-    """A regex / EBNF / JSON schema that xgrammar cannot compile."""
+    """A regex / EBNF / JSON schema that xgrammar cannot compile, or one over the bounds below."""
+
+
+MAX_GRAMMAR_CHARS = 16384
+"""The longest grammar text compiled (the actors' action regex is under 1,300 characters); a longer one is refused
+before anything is compiled."""
+COMPILE_TIMEOUT_S = 10.0
+"""The most seconds a request waits for its grammar to compile. xgrammar cannot be interrupted, so a compile that
+takes longer goes on in the backend's one compile thread and is dropped when done; its text is refused from then
+on (``REFUSED_SIZE`` such texts are remembered). Compiles happen one at a time, so such grammars never take more
+than that thread, and requests whose grammar is cached never wait for them."""
+CACHE_SIZE = 64
+"""Compiled grammars kept, least recently used dropped first."""
+REFUSED_SIZE = 1024
+"""Grammar texts remembered as refused (too slow to compile, or invalid)."""
 
 
 @dataclass(frozen=True)
@@ -69,17 +85,44 @@ class GrammarBackend:
         self._info = xgr.TokenizerInfo.from_huggingface(
             hf_tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids)
         )
-        self._compiler = xgr.GrammarCompiler(self._info)
-        self._cache: dict[tuple[str, str], xgr.CompiledGrammar] = {}
+        self._compiler = xgr.GrammarCompiler(self._info, cache_enabled=False)  # the bounded cache below is ours
+        self._cache: collections.OrderedDict[tuple[str, str], xgr.CompiledGrammar] = collections.OrderedDict()
+        self._refused: collections.OrderedDict[tuple[str, str], str] = collections.OrderedDict()
+        self._pending: dict[tuple[str, str], concurrent.futures.Future] = {}
         self._lock = threading.Lock()
+        self._compile_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
 
-    def compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
-        """Compile (or fetch from cache). Raises GrammarError on an invalid spec."""
+    def compile(self, spec: GrammarSpec, timeout_s: float = COMPILE_TIMEOUT_S) -> xgr.CompiledGrammar:
+        """The compiled grammar of ``spec``, from the cache (least recently used of CACHE_SIZE dropped first) or
+        compiled in the backend's compile thread, waiting at most ``timeout_s`` seconds (see COMPILE_TIMEOUT_S).
+
+        Raises:
+            GrammarError: an invalid spec, a text over MAX_GRAMMAR_CHARS, or a compile that took longer than
+                ``timeout_s`` (that text is refused at once from then on).
+        """
         key = spec.key
+        kind, text = key
+        if len(text) > MAX_GRAMMAR_CHARS:
+            raise GrammarError(f"the {kind} has {len(text)} characters, more than the {MAX_GRAMMAR_CHARS} "
+                               "compiled")
         with self._lock:
             compiled = self._cache.get(key)
-        if compiled is not None:
-            return compiled
+            if compiled is not None:
+                self._cache.move_to_end(key)
+                return compiled
+            if key in self._refused:
+                raise GrammarError(self._refused[key])
+            future = self._pending.get(key)
+            if future is None:
+                future = self._pending[key] = self._compile_thread.submit(self._compile, key)
+        try:
+            return future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            self._refuse(key, f"the {kind} did not compile within {timeout_s:g} s")
+            raise GrammarError(f"the {kind} did not compile within {timeout_s:g} s") from None
+
+    def _compile(self, key: tuple[str, str]) -> xgr.CompiledGrammar:
+        """Runs in the compile thread: compile, then cache (or remember the refusal); raises GrammarError."""
         kind, text = key
         try:
             if kind == "regex":
@@ -89,10 +132,23 @@ class GrammarBackend:
             else:
                 compiled = self._compiler.compile_json_schema(text)
         except (RuntimeError, ValueError) as e:
+            self._refuse(key, f"invalid {kind}: {e}")
             raise GrammarError(f"invalid {kind}: {e}") from e
+        finally:
+            with self._lock:
+                self._pending.pop(key, None)
         with self._lock:
-            self._cache[key] = compiled
+            if key not in self._refused:  # one that took too long is dropped, not cached
+                self._cache[key] = compiled
+                while len(self._cache) > CACHE_SIZE:
+                    self._cache.popitem(last=False)
         return compiled
+
+    def _refuse(self, key: tuple[str, str], reason: str) -> None:
+        with self._lock:
+            self._refused[key] = reason
+            while len(self._refused) > REFUSED_SIZE:
+                self._refused.popitem(last=False)
 
     def matcher(self, spec: GrammarSpec) -> xgr.GrammarMatcher:
         """A fresh matcher at the start of the grammar."""

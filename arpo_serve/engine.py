@@ -125,6 +125,7 @@ class Engine:
         params = self.fit_context(params, _expanded_length(input_ids, self.encoder.image_pad_id, pad_counts))
         pixels = self._pixels(images)
         input_ids = self._expand_pads(input_ids, pixels)
+        self._check_image_runs(input_ids, pixels)
         matcher = None
         if params.grammar is not None:
             try:
@@ -215,6 +216,32 @@ class Engine:
             "pixel_values": torch.cat([p["pixel_values"] for p in parts]),
             "image_grid_thw": torch.cat([p["image_grid_thw"] for p in parts]),
         }
+
+    def _check_image_runs(self, input_ids: list[int], pixels: dict) -> None:
+        """Raise RequestError unless the expanded prompt holds one run of ``<|image_pad|>`` per image, of that
+        image's token count, each right after a ``<|vision_start|>`` (as the chat template writes them): the
+        model's M-RoPE positions find each image from its vision-start token, and a prompt laid out otherwise
+        would fail inside the batch, taking every request of it down (SGLang refuses such a prompt alone)."""
+        pad, start = self.encoder.image_pad_id, self.encoder.vision_start_id
+        grid = pixels.get("image_grid_thw")
+        counts = [] if grid is None else [int(t * h * w) // self.encoder.merge_size**2 for t, h, w in grid.tolist()]
+        runs, i = [], 0
+        while i < len(input_ids):
+            if input_ids[i] != pad:
+                i += 1
+                continue
+            j = i
+            while j < len(input_ids) and input_ids[j] == pad:
+                j += 1
+            runs.append((i, j - i))
+            i = j
+        if [n for _, n in runs] != counts:
+            raise RequestError(f"the prompt's <|image_pad|> runs hold {[n for _, n in runs]} tokens but its "
+                               f"{len(counts)} images take {counts}: one run of pads per image, each after its "
+                               "own <|vision_start|>")
+        if any(s == 0 or input_ids[s - 1] != start for s, _ in runs):
+            raise RequestError("every image's <|image_pad|> tokens must follow a <|vision_start|> token, as the "
+                               "chat template writes them")
 
     def _expand_pads(self, input_ids: list[int], pixels: dict) -> list[int]:
         pad = self.encoder.image_pad_id

@@ -135,6 +135,7 @@ class PromptEncoder:
         env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
         self._template = env.from_string(_read_chat_template(self.model_dir, tk_cfg))
         self.image_pad_id: int = self._require_id(IMAGE_PAD)
+        self.vision_start_id: int = self._require_id(VISION_START)
         self._added_ids, self._added_split = self._added_token_splitter()
         self._segment_ids: dict[str, tuple[int, ...]] = {}
         self.eos_token_ids: list[int] = [

@@ -62,6 +62,12 @@ def pad(tiny_model) -> int:
 
 
 @pytest.fixture(scope="module")
+def vstart(tiny_model) -> int:
+    """<|vision_start|>: an image's pads follow it (the chat template's layout)."""
+    return PromptEncoder(tiny_model).vision_start_id
+
+
+@pytest.fixture(scope="module")
 def image_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("shots")
     (root / "ok.png").write_bytes(_png())
@@ -226,14 +232,14 @@ async def test_more_images_than_pads_or_than_the_cap_are_refused_before_decoding
 # ------------------------------------------------------------ local image files
 
 
-async def test_a_local_image_is_read_only_under_the_image_root(server, image_root, pad, tmp_path):
+async def test_a_local_image_is_read_only_under_the_image_root(server, image_root, pad, vstart, tmp_path):
     outside = tmp_path / "secret.png"
     outside.write_bytes(_png(color=(1, 2, 3)))
     (image_root / "link.png").symlink_to(outside)
     refused = {}
     async with aiohttp.ClientSession() as s:
         for item in (str(image_root / "ok.png"), f"file://{image_root / 'ok.png'}"):
-            status, out = await _generate(s, server, {"input_ids": [TOKEN, pad], "image_data": [item],
+            status, out = await _generate(s, server, {"input_ids": [TOKEN, vstart, pad], "image_data": [item],
                                                       "sampling_params": {"max_new_tokens": 2}})
             assert status == 200, out
         for item in (str(outside), "/etc/hostname", "/no/such/file.png", str(image_root / "link.png"),
@@ -245,3 +251,37 @@ async def test_a_local_image_is_read_only_under_the_image_root(server, image_roo
     assert len(set(refused.values())) == 1, refused
     message = next(iter(refused.values()))
     assert "outside serve.image_root" in message and "bytes" not in message
+
+
+# ------------------------------------------------------------ what would fail inside a batch (issue 39 item 8)
+
+
+async def test_image_pads_not_after_a_vision_start_are_refused_alone_and_the_batch_goes_on(server, pad, vstart):
+    """Pads not each after a <|vision_start|> used to pass and then fail the M-RoPE positions inside the batch,
+    giving every request of it HTTP 500: now that request alone is refused (400) and an honest one beside it is
+    served."""
+    image = _b64(_png())
+    honest = {"input_ids": [TOKEN, vstart, pad, TOKEN], "image_data": [image],
+              "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}}
+    async with aiohttp.ClientSession() as s:
+        for bad in ({"input_ids": [TOKEN, pad, TOKEN], "image_data": [image]},
+                    {"input_ids": [vstart, pad, pad, TOKEN], "image_data": [image, image]}):
+            (bad_status, bad_out), (status, out) = await asyncio.gather(_generate(s, server, bad),
+                                                                        _generate(s, server, honest))
+            assert bad_status == 400 and "<|vision_start|>" in bad_out["error"]["message"], bad_out
+            assert status == 200 and len(out["output_ids"]) == 8, out
+
+
+async def test_a_grammar_over_the_cap_is_refused_at_once_and_honest_requests_go_on(server):
+    """A 0.78 MB regex took 241 s to compile and several of them stalled every request: a grammar over
+    MAX_GRAMMAR_CHARS is refused before anything is compiled; an honest constrained request is served."""
+    from arpo_async.grammar import MAX_GRAMMAR_CHARS
+    huge = "(" + "|".join(f"w{i:06d}" for i in range(MAX_GRAMMAR_CHARS // 8 + 1)) + ")"
+    async with aiohttp.ClientSession() as s:
+        started = time.monotonic()
+        status, out = await _generate(s, server, {"input_ids": [TOKEN] * 4, "sampling_params": {"regex": huge}})
+        assert time.monotonic() - started < 10
+        assert status == 400 and f"more than the {MAX_GRAMMAR_CHARS}" in out["error"]["message"], out
+        status, out = await _generate(s, server, {"input_ids": [TOKEN] * 4,
+                                                  "sampling_params": {"regex": "(yes|no)", "max_new_tokens": 4}})
+        assert status == 200 and out["text"] in ("yes", "no"), out
