@@ -26,16 +26,19 @@ Names on the wire are checkpoint names (``model.layers.N...``, ``visual...``, ``
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import hashlib
+import threading
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
 
 __all__ = ["DTYPE_NAMES", "WeightGroup", "WeightGroupError", "bucket_layout", "dtype_from_name", "dtype_name",
-           "flatten_bucket", "init_custom_process_group", "overall_checksum", "tensor_checksum", "unflatten_bucket"]
+           "flatten_bucket", "in_daemon_thread", "init_custom_process_group", "overall_checksum", "tensor_checksum",
+           "unflatten_bucket"]
 
 DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """dtype strings on the wire (SGLang sends ``str(dtype).split(".")[-1]``, e.g. "bfloat16")."""
@@ -259,3 +262,29 @@ def overall_checksum(checksums: dict[str, str]) -> str:
         h.update(name.encode())
         h.update(checksums[name].encode())
     return h.hexdigest()
+
+
+def in_daemon_thread(fn, *args) -> asyncio.Future:
+    """Run blocking ``fn(*args)`` in a daemon thread; a future for its result. Unlike ``asyncio.to_thread``, a
+    rendezvous that waits for a server which refused to come does not hold up the process's exit."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+
+    def settle(result: Any = None, error: BaseException | None = None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def work() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as error:  # noqa: BLE001 - handed to the awaiting task
+            loop.call_soon_threadsafe(settle, None, error)
+        else:
+            loop.call_soon_threadsafe(settle, result)
+
+    threading.Thread(target=work, daemon=True, name=f"arpo-{getattr(fn, '__name__', 'work')}").start()
+    return future

@@ -43,6 +43,7 @@ from arpo_async.weight_sync import (
     WeightGroupError,
     bucket_layout,
     dtype_from_name,
+    in_daemon_thread,
     overall_checksum,
     unflatten_bucket,
 )
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 ENGINE_KEY = web.AppKey("engine", Engine)
 SCHEDULER_KEY = web.AppKey("scheduler", Scheduler)
 GROUPS_KEY = web.AppKey("weight_groups", dict)
+JOINS_KEY = web.AppKey("weight_group_joins", set)
 SESSION_KEY = web.AppKey("weight_session", dict)
 WEIGHTS_ROOT_KEY = web.AppKey("weights_root", object)
 IMAGE_ROOT_KEY = web.AppKey("image_root", object)
@@ -83,6 +85,12 @@ async def _errors(request: web.Request, handler):
         return _error(f"internal error: {type(e).__name__}: {e}", 500)
 
 
+def _no_constant(name: str) -> float:
+    """json.loads' hook for ``Infinity``, ``-Infinity`` and ``NaN``, which are not JSON: a 400, as for other
+    malformed JSON."""
+    raise RequestError(f"malformed JSON: {name} is not a JSON number")
+
+
 async def _json_body(request: web.Request, *, required: bool = True) -> dict:
     raw = await request.read()
     if not raw.strip():
@@ -90,9 +98,11 @@ async def _json_body(request: web.Request, *, required: bool = True) -> dict:
             raise RequestError("the request body is empty; a JSON object is required")
         return {}
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_no_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RequestError(f"malformed JSON: {e}") from e
+    except RecursionError:
+        raise RequestError("malformed JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     return body
@@ -185,6 +195,10 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
 
 
 WEIGHT_GROUP_TIMEOUT_S = 120.0
+JOINS_AT_ONCE = 2
+"""Weight-group joins in progress at once; another is answered success=false at once. Each waits in a daemon thread
+of its own (never the executor that prepares /generate requests) for at most WEIGHT_GROUP_TIMEOUT_S, so joins to
+an address that takes the connection and never answers neither starve generation nor hold up the process's exit."""
 """Seconds a weight-group rendezvous or broadcast may wait for the learner before it fails."""
 
 FLUSH_REFUSED = ("Weights were updated, but the cache was not flushed because requests are still running or "
@@ -203,6 +217,18 @@ def _answer(ok: bool, message: str, **extra) -> web.Response:
     return web.json_response({"success": ok, "message": message, **extra}, status=200 if ok else 400)
 
 
+MAX_WORLD_SIZE = 4096
+"""The largest weight group accepted (the learner plus a server's ranks)."""
+
+
+def _bounded_int(value: object, field: str, low: int, high: int) -> int:
+    """``value`` as an int in [low, high]; RequestError (400) for anything else: a bool, a fraction, a string,
+    ``Infinity`` or an integer of 10^30."""
+    if type(value) is not int or not low <= value <= high:
+        raise RequestError(f"{field} must be an integer in [{low}, {high}], got {str(value)[:40]}")
+    return value
+
+
 def _selector(body: dict) -> str:
     selector = body.get("selector", "all")
     if selector not in SELECTORS:
@@ -219,12 +245,13 @@ async def init_weights_update_group(request: web.Request) -> web.Response:
     fails."""
     body = await _json_body(request)
     try:
-        address, port = str(body["master_address"]), int(body["master_port"])
-        rank, world = int(body["rank_offset"]), int(body["world_size"])
-        name = str(body.get("group_name", "weight_update_group"))
-    except (KeyError, TypeError, ValueError) as e:
+        address, name = str(body["master_address"]), str(body.get("group_name", "weight_update_group"))
+        port = _bounded_int(body["master_port"], "master_port", 1, 65535)
+        world = _bounded_int(body["world_size"], "world_size", 2, MAX_WORLD_SIZE)
+        rank = _bounded_int(body["rank_offset"], "rank_offset", 0, MAX_WORLD_SIZE)
+    except KeyError as e:
         raise RequestError(f"init_weights_update_group needs master_address, master_port, rank_offset, "
-                           f"world_size, group_name: {e}") from e
+                           f"world_size, group_name: missing {e}") from e
     backend = body.get("backend", "nccl")
     engine = request.app[ENGINE_KEY]
     usable = ("gloo", "nccl") if engine.device.type == "cuda" else ("gloo",)
@@ -236,11 +263,22 @@ async def init_weights_update_group(request: web.Request) -> web.Response:
     if name in _groups(request):
         return _answer(False, f"Failed to initialize custom process group: the group name {name!r} has already "
                        "been created, please use a different group name.")
+    joins = request.app[JOINS_KEY]
+    if len(joins) >= JOINS_AT_ONCE:
+        return _answer(False, f"Failed to initialize custom process group: {len(joins)} joins are in progress "
+                       f"(at most {JOINS_AT_ONCE} at once); try again when they end")
+    joins.add(name)
     try:
-        group = await asyncio.to_thread(WeightGroup.join, address, port, rank, world, name, WEIGHT_GROUP_TIMEOUT_S,
-                                        backend)
-    except WeightGroupError as e:
+        async with asyncio.timeout(WEIGHT_GROUP_TIMEOUT_S + 5):
+            group = await in_daemon_thread(WeightGroup.join, address, port, rank, world, name,
+                                           WEIGHT_GROUP_TIMEOUT_S, backend)
+    except TimeoutError:
+        return _answer(False, f"Failed to initialize custom process group: the rendezvous at {address}:{port} did "
+                       f"not complete within {WEIGHT_GROUP_TIMEOUT_S:g} s.")
+    except (WeightGroupError, ValueError, OverflowError, RuntimeError) as e:
         return _answer(False, f"Failed to initialize custom process group: {e}.")
+    finally:
+        joins.discard(name)
     _groups(request)[name] = group
     return _answer(True, "Succeeded to initialize custom process group.")
 
@@ -278,7 +316,7 @@ def _receive_buffers(body: dict) -> tuple[list[str], list[torch.Tensor], torch.T
     load_format = body.get("load_format")
     try:
         torch_dtypes = [dtype_from_name(str(d)) for d in dtypes]
-        dims = [[int(d) for d in shape] for shape in shapes]
+        dims = [[_bounded_int(d, "shapes", 0, 2**31 - 1) for d in shape] for shape in shapes]
         if load_format == FLATTENED_BUCKET:
             flat = torch.empty(bucket_layout(torch_dtypes, dims)[-1][1], dtype=torch.uint8)
             return [str(n) for n in names], unflatten_bucket(flat, torch_dtypes, dims), flat
@@ -287,7 +325,7 @@ def _receive_buffers(body: dict) -> tuple[list[str], list[torch.Tensor], torch.T
         return [str(n) for n in names], [torch.empty(d, dtype=t) for t, d in zip(torch_dtypes, dims)], None
     except RequestError:
         raise
-    except (TypeError, ValueError, RuntimeError) as e:  # unknown dtype, bad dimension, allocation refused
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:  # unknown dtype, bad size, allocation refused
         raise RequestError(f"bad dtypes or shapes: {e}") from e
 
 
@@ -511,6 +549,7 @@ def build_app(engine: Engine, scheduler: Scheduler, *, api_key: str = "",
     app[ENGINE_KEY] = engine
     app[SCHEDULER_KEY] = scheduler
     app[GROUPS_KEY] = {}
+    app[JOINS_KEY] = set()
     app[SESSION_KEY] = {}
     r = app.router
     r.add_post("/generate", generate)

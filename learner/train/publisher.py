@@ -34,7 +34,6 @@ import os
 import secrets
 import shutil
 import socket
-import threading
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -44,7 +43,7 @@ import torch
 from arpo_async.engine import InferenceEngine
 from arpo_async.inference_client import PolicyRequestError, PolicyUnavailable
 from arpo_async.weight_sync import (FLATTENED_BUCKET, WeightGroup, WeightGroupError, cast_floating, dtype_name,
-                                    flatten_bucket)
+                                    flatten_bucket, in_daemon_thread)
 from learner.train.publish_dtype import PublishDtypes, tensor_bytes
 from learner.train.server_book import CHECK_TIMEOUT_S, ServerBook, servers_behind
 from learner.train.weight_check import WeightCheck, compare_checksums, served_dtype
@@ -188,32 +187,6 @@ def buckets(tensors: dict[str, torch.Tensor], bucket_bytes: int, *, aligned: boo
         out[-1].append(name)
         size += nbytes
     return out
-
-
-def in_daemon_thread(fn, *args) -> asyncio.Future:
-    """Run blocking ``fn(*args)`` in a daemon thread; a future for its result. Unlike ``asyncio.to_thread``, a
-    rendezvous that waits for a server which refused to come does not hold up the process's exit."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future = loop.create_future()
-
-    def settle(result: Any = None, error: BaseException | None = None) -> None:
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-
-    def work() -> None:
-        try:
-            result = fn(*args)
-        except BaseException as error:  # noqa: BLE001 - handed to the awaiting task
-            loop.call_soon_threadsafe(settle, None, error)
-        else:
-            loop.call_soon_threadsafe(settle, result)
-
-    threading.Thread(target=work, daemon=True, name=f"arpo-{getattr(fn, '__name__', 'work')}").start()
-    return future
 
 
 def _free_port(host: str) -> int:

@@ -285,3 +285,61 @@ async def test_a_grammar_over_the_cap_is_refused_at_once_and_honest_requests_go_
         status, out = await _generate(s, server, {"input_ids": [TOKEN] * 4,
                                                   "sampling_params": {"regex": "(yes|no)", "max_new_tokens": 4}})
         assert status == 200 and out["text"] in ("yes", "no"), out
+
+
+async def test_joins_to_an_address_that_never_answers_neither_starve_generation_nor_block_sigterm(tiny_model,
+                                                                                                  tmp_path):
+    """Issue 39 item 8: six /init_weights_update_group calls to an address that takes the TCP connection and never
+    answers used to fill the server's worker threads (an honest /generate then timed out) and keep SIGTERM from
+    stopping it. Now at most JOINS_AT_ONCE wait (in daemon threads), the others are refused at once, /generate is
+    served meanwhile, and SIGTERM stops the server within seconds."""
+    from arpo_serve.app import JOINS_AT_ONCE
+    silent = await asyncio.start_server(lambda r, w: asyncio.sleep(3600), "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    proc = ServeProcess(tiny_model, free_port(), tmp_path)
+    proc.start()
+    try:
+        async with aiohttp.ClientSession() as s:
+            async def join(i: int) -> tuple[int, dict]:
+                async with s.post(f"{proc.url}/init_weights_update_group", json={
+                        "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
+                        "group_name": f"g{i}", "backend": "gloo"}) as resp:
+                    return resp.status, await resp.json()
+
+            joins = [asyncio.create_task(join(i)) for i in range(6)]
+            await asyncio.sleep(3)
+            refused = [t.result() for t in joins if t.done()]
+            assert len(refused) == 6 - JOINS_AT_ONCE and all(status == 400 and "in progress" in out["message"]
+                                                             for status, out in refused), refused
+            started = time.monotonic()
+            status, out = await _generate(s, proc.url, {"input_ids": [TOKEN] * 4,
+                                                        "sampling_params": {"max_new_tokens": 4}})
+            assert status == 200 and time.monotonic() - started < 30, out
+            proc.proc.terminate()
+            started = time.monotonic()
+            await until(lambda: proc.proc.poll() is not None, timeout=20, what="arpo-serve to exit after SIGTERM")
+            assert time.monotonic() - started < 15
+            for task in joins:
+                task.cancel()
+            await asyncio.gather(*joins, return_exceptions=True)
+    finally:
+        proc.stop()
+        silent.close()
+
+
+@pytest.mark.parametrize("field, value", [("master_port", "Infinity"), ("master_port", "1" + "0" * 30),
+                                          ("world_size", "1e400"), ("rank_offset", "NaN"), ("world_size", "true")])
+async def test_weight_route_numbers_out_of_range_are_400_not_500(server, field, value):
+    """Issue 39 item 8: Infinity, NaN, 1e400 or 10^30 in a weight route's fields is a 400 naming the field."""
+    fields = {"master_address": '"127.0.0.1"', "master_port": "29999", "rank_offset": "1", "world_size": "2",
+              "group_name": '"g-bad"', "backend": '"gloo"', field: value}
+    body = "{" + ", ".join(f'"{k}": {v}' for k, v in fields.items()) + "}"
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{server}/init_weights_update_group", data=body,
+                          headers={"Content-Type": "application/json"}) as resp:
+            assert resp.status == 400, await resp.text()
+        update = ('{"names": ["lm_head.weight"], "dtypes": ["float32"], "shapes": [[' + value + ', 4]], '
+                  '"group_name": "none"}')
+        async with s.post(f"{server}/update_weights_from_distributed", data=update,
+                          headers={"Content-Type": "application/json"}) as resp:
+            assert resp.status == 400, await resp.text()
