@@ -119,6 +119,11 @@ class InferenceEngine(Protocol):
         """Close the session (not ok when none is open). SGLang: POST /end_weight_update."""
         ...
 
+    async def leave_weight_group(self, group_name: str) -> EngineReply:
+        """Leave (destroy) the weight group ``group_name`` on the server; not ok when it has no such group. Asked
+        once, never retried. SGLang: POST /destroy_weights_update_group."""
+        ...
+
     async def served_dtype(self) -> str:
         """The dtype the server holds its weights in, as it names it ("bfloat16", "float32", or "auto": the
         checkpoint's, resolved by learner.train.weight_check.served_dtype). SGLang: GET /get_server_info ``dtype``

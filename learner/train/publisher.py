@@ -340,7 +340,8 @@ class DistributedPublisher(ServerBook):
             behind = await self.behind(version)
         if not behind:
             return []
-        for engine in behind:  # a restarted server left its old group: it joins a new one
+        for engine in behind:  # it joins a new group; one that did not restart leaves its old one first
+            await self._leave(engine)
             self._drop(engine.url)
         tensors = await asyncio.to_thread(trainer.checkpoint_state_dict)
         synced, casts = [], {}
@@ -362,11 +363,26 @@ class DistributedPublisher(ServerBook):
             raise
         except (WeightGroupError, PolicyUnavailable, PolicyRequestError, PublishError) as error:
             self.failures += 1
+            await self._leave(engine)
             self._drop(engine.url)
             log.warning("weight sync of version %d to %s failed: %s; it gets the whole weights over a new "
                         "group at the next publication once it answers", version, engine.url, error)
             return False
         return True
+
+    async def _leave(self, engine: InferenceEngine) -> None:
+        """Ask ``engine`` to destroy the group this publisher had with it (once; a server that does not answer or
+        has no such group, e.g. after a restart, is left alone): a failed group would otherwise stay open there."""
+        group = self._groups.get(engine.url)
+        if group is None:
+            return
+        try:
+            reply = await engine.leave_weight_group(group.name)
+        except (PolicyUnavailable, PolicyRequestError) as error:
+            log.debug("%s did not leave group %s: %s", engine.url, group.name, error)
+            return
+        if not reply.ok:
+            log.debug("%s did not leave group %s: %s", engine.url, group.name, reply.message)
 
     def _drop(self, url: str) -> None:
         self.dtypes.forget(url)  # a restarted server may serve another dtype

@@ -371,13 +371,17 @@ async def test_a_server_with_bad_or_slow_answers_is_skipped_by_the_resync_and_th
 async def test_a_failed_end_or_resume_never_leaves_a_server_paused_or_half_updated(model_dir, tmp_path):
     """Issue 39 item 5: a real arpo-serve behind a proxy that refuses /end_weight_update (after the last bucket set
     the new version) is resumed anyway and marked as holding part of a version; the next catch-up sends it the
-    whole weights although it reports the current version. A /continue_generation that fails is tried again by the
-    next catch-up, and the server generates again."""
+    whole weights although it reports the current version; its failed weight group is destroyed on the server
+    (/destroy_weights_update_group, item 8). A /continue_generation that fails is tried again by the next catch-up,
+    and the server generates again."""
     server = ServeProcess(model_dir, free_port(), tmp_path)
     refuse: set[str] = set()
+    groups: dict[str, list[str]] = {"init_weights_update_group": [], "destroy_weights_update_group": []}
 
     async def forward(request: web.Request) -> web.Response:
         route = request.match_info["route"]
+        if route in groups:
+            groups[route].append(json.loads(await request.read())["group_name"])
         if route in refuse:
             if route == "end_weight_update":
                 return web.json_response({"success": False, "message": "refused by the test's proxy"}, status=400)
@@ -405,6 +409,7 @@ async def test_a_failed_end_or_resume_never_leaves_a_server_paused_or_half_updat
             refuse.add("end_weight_update")
             await net.publish_from(trainer, 1)
             assert net.failures == 1 and list(net.partial) == [proxy] and not net.paused
+            assert groups["destroy_weights_update_group"] == groups["init_weights_update_group"]  # left, not kept
             assert (await asyncio.wait_for(scored(proxy, model_dir), 30))[1] == "1"  # resumed; the version was set
             assert await servers_behind([engine], 1) == [] and await net.behind(1) == [engine]
             refuse.clear()

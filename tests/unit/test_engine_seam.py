@@ -89,6 +89,9 @@ class InProcessEngine:
     async def end_weight_update(self) -> EngineReply:
         return EngineReply(False, "this engine takes weights from disk only")
 
+    async def leave_weight_group(self, group_name: str) -> EngineReply:
+        return EngineReply(False, "this engine takes weights from disk only")
+
     async def served_dtype(self) -> str:
         return dtype_name(next(self.engine.model.parameters()).dtype)
 
@@ -100,7 +103,7 @@ class InProcessEngine:
 def test_sglang_engine_has_the_protocols_calls_with_its_parameters():
     engine = SGLangEngine(PolicyClient(["http://127.0.0.1:9/"]), "http://127.0.0.1:9/")
     assert isinstance(engine, InferenceEngine) and engine.url == "http://127.0.0.1:9"
-    assert len(PROTOCOL_CALLS) == 13, PROTOCOL_CALLS
+    assert len(PROTOCOL_CALLS) == 14, PROTOCOL_CALLS
     for name in PROTOCOL_CALLS:
         ours, theirs = inspect.signature(getattr(InferenceEngine, name)), inspect.signature(getattr(engine, name))
         assert list(ours.parameters)[1:] == list(theirs.parameters), name  # the same keywords, self aside
