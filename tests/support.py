@@ -287,3 +287,15 @@ def huge_table(rows: int) -> list[bytes]:
             columns[name] = [column[0]] * rows
     header["body"]["steps"] = [rows, columns]
     return [msgpack.packb(header, use_bin_type=True)]
+
+
+async def start_http(app) -> tuple:
+    """Serve the aiohttp ``app`` on 127.0.0.1 at a free port; returns (its AppRunner, to ``cleanup()``, and the
+    base URL ``http://127.0.0.1:PORT``)."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"

@@ -26,7 +26,7 @@ from arpo_async import codec
 from arpo_async.inference_client import PolicyClient, RetryPolicy
 from arpo_async.messages import Assignment, Outcome
 from arpo_async.model.inputs import PromptEncoder
-from tests.support import free_port
+from tests.support import start_http
 
 HOSTILE_VALUES = [5, -1, 1e308, None, True, [], {}, [5], {"a": 5}, "", "x" * 5000, [None, 1], {"o": 5}]
 """Values a careless task author or a broken controller might put where another type belongs."""
@@ -225,15 +225,12 @@ async def test_an_inference_servers_bad_answers_abort_the_episode_and_are_counte
 
     app = web.Application()
     app.router.add_post("/{kind}/generate", answer)
-    web_runner = web.AppRunner(app)
-    await web_runner.setup()
-    port = free_port()
-    await web.TCPSite(web_runner, "127.0.0.1", port).start()
+    web_runner, base = await start_http(app)
     desktop = await fleet.start()
     green = load_task("grid4-green").to_dict()
     try:
         for kind in SERVER_FAULTS:
-            url = f"http://127.0.0.1:{port}/{kind}"
+            url = f"{base}/{kind}"
             async with PolicyClient([url], retry=RetryPolicy(attempts=1)) as client:
                 run = EpisodeRunner(PromptEncoder(tiny_model), client, ActorConfig(max_steps=1, setup_timeout_s=5.0))
                 traj = await run.run(desktop.controller, Assignment(f"r-{kind}", green, "g", 0, 0), "x")

@@ -25,7 +25,7 @@ from learner.train.publisher import (DistributedPublisher, WeightPublisher, Weig
                                      verify_server)
 from learner.train.trainer import Trainer
 from tests.rank_driver import batch, screenshot
-from tests.support import ServeProcess, free_port, until
+from tests.support import ServeProcess, free_port, start_http, until
 
 
 @pytest.fixture(scope="module")
@@ -338,16 +338,13 @@ async def test_a_server_with_bad_or_slow_answers_is_skipped_by_the_resync_and_th
 
     app = web.Application()
     app.router.add_get("/{kind}/{route}", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    runner, base = await start_http(app)
     server = ServeProcess(model_dir, free_port(), tmp_path)
     trainer = Trainer(model_dir, LearnerConfig(lr=1e-2))
     trainer.train_step(batch(model_dir, 0))
     try:
         server.start()
-        bad_urls = [f"http://127.0.0.1:{port}/{kind}" for kind in hostile]
+        bad_urls = [f"{base}/{kind}" for kind in hostile]
         retry = RetryPolicy(attempts=6, request_timeout_s=600.0, admin_timeout_s=600.0)
         async with PolicyClient([server.url, *bad_urls], retry=retry) as client:
             engines = sglang_engines(client)
@@ -393,11 +390,7 @@ async def test_a_failed_end_or_resume_never_leaves_a_server_paused_or_half_updat
 
     app = web.Application()
     app.router.add_route("*", "/{route:.*}", forward)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    proxy = f"http://127.0.0.1:{port}"
+    runner, proxy = await start_http(app)
     trainer = Trainer(model_dir, LearnerConfig(lr=1e-2))
     trainer.train_step(batch(model_dir, 0))
     try:
