@@ -4,6 +4,7 @@ from __future__ import annotations
 import secrets
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -19,17 +20,26 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Build the osworld image, if a collected test needs it, before any test runs (see OSWORLD_BUILD_BUDGET_S)."""
     if not any("osworld_image" in getattr(item, "fixturenames", ()) for item in session.items):
         return
+    terminal = session.config.pluginmanager.get_plugin("terminalreporter")
+    proc = subprocess.Popen([sys.executable, "-m", "arpo_cli.cli", "desktop", "build", "--profile", "osworld"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    budget = threading.Timer(OSWORLD_BUILD_BUDGET_S, proc.kill)
+    budget.start()
+    lines = []
     try:
-        done = subprocess.run([sys.executable, "-m", "arpo_cli.cli", "desktop", "build", "--profile", "osworld"],
-                              capture_output=True, text=True, timeout=OSWORLD_BUILD_BUDGET_S)
-    except subprocess.TimeoutExpired:
+        for line in proc.stdout:  # the builder's progress, shown as it comes (the build takes minutes)
+            lines.append(line.rstrip())
+            if terminal is not None:
+                terminal.write_line(f"[osworld build] {lines[-1]}")
+        proc.wait()
+    finally:
+        budget.cancel()
+    if proc.returncode == 0 and lines:
+        _osworld_build["tag"] = lines[-1]  # the command prints the image's tag last
+    elif proc.returncode in (-9, 137):
         _osworld_build["error"] = f"the build took more than its budget of {OSWORLD_BUILD_BUDGET_S} s"
-        return
-    lines = done.stdout.strip().splitlines()
-    if done.returncode == 0 and lines:
-        _osworld_build["tag"] = lines[-1]
     else:
-        _osworld_build["error"] = (done.stderr or done.stdout).strip()[-2000:]
+        _osworld_build["error"] = "\n".join(lines[-20:])
 
 
 @pytest.fixture(scope="session")
