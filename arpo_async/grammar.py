@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import queue
 import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -90,7 +91,10 @@ class GrammarBackend:
         self._refused: collections.OrderedDict[tuple[str, str], str] = collections.OrderedDict()
         self._pending: dict[tuple[str, str], concurrent.futures.Future] = {}
         self._lock = threading.Lock()
-        self._compile_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
+        self._jobs: queue.SimpleQueue[tuple[tuple[str, str], concurrent.futures.Future]] = queue.SimpleQueue()
+        # one daemon thread compiles, one grammar at a time: a runaway compile never holds up the process's exit
+        # (an executor's worker threads are joined at exit)
+        threading.Thread(target=self._compile_jobs, daemon=True, name="grammar-compile").start()
 
     def compile(self, spec: GrammarSpec, timeout_s: float = COMPILE_TIMEOUT_S) -> xgr.CompiledGrammar:
         """The compiled grammar of ``spec``, from the cache (least recently used of CACHE_SIZE dropped first) or
@@ -114,12 +118,22 @@ class GrammarBackend:
                 raise GrammarError(self._refused[key])
             future = self._pending.get(key)
             if future is None:
-                future = self._pending[key] = self._compile_thread.submit(self._compile, key)
+                future = self._pending[key] = concurrent.futures.Future()
+                self._jobs.put((key, future))
         try:
             return future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
             self._refuse(key, f"the {kind} did not compile within {timeout_s:g} s")
             raise GrammarError(f"the {kind} did not compile within {timeout_s:g} s") from None
+
+    def _compile_jobs(self) -> None:
+        """The compile thread's loop: each queued grammar compiled in turn, its future settled."""
+        while True:
+            key, future = self._jobs.get()
+            try:
+                future.set_result(self._compile(key))
+            except BaseException as error:  # noqa: BLE001 - handed to the waiting request (GrammarError)
+                future.set_exception(error)
 
     def _compile(self, key: tuple[str, str]) -> xgr.CompiledGrammar:
         """Runs in the compile thread: compile, then cache (or remember the refusal); raises GrammarError."""

@@ -307,7 +307,7 @@ async def test_joins_to_an_address_that_never_answers_neither_starve_generation_
                     return resp.status, await resp.json()
 
             joins = [asyncio.create_task(join(i)) for i in range(6)]
-            await asyncio.sleep(3)
+            await until(lambda: sum(t.done() for t in joins) >= 6 - JOINS_AT_ONCE, 30, "the extra joins refused")
             refused = [t.result() for t in joins if t.done()]
             assert len(refused) == 6 - JOINS_AT_ONCE and all(status == 400 and "in progress" in out["message"]
                                                              for status, out in refused), refused
