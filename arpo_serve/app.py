@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 ENGINE_KEY = web.AppKey("engine", Engine)
 SCHEDULER_KEY = web.AppKey("scheduler", Scheduler)
 GROUPS_KEY = web.AppKey("weight_groups", dict)
-JOINS_KEY = web.AppKey("weight_group_joins", set)
+JOINS_KEY = web.AppKey("weight_group_joins", list)
 SESSION_KEY = web.AppKey("weight_session", dict)
 WEIGHTS_ROOT_KEY = web.AppKey("weights_root", object)
 IMAGE_ROOT_KEY = web.AppKey("image_root", object)
@@ -267,7 +267,7 @@ async def init_weights_update_group(request: web.Request) -> web.Response:
     if len(joins) >= JOINS_AT_ONCE:
         return _answer(False, f"Failed to initialize custom process group: {len(joins)} joins are in progress "
                        f"(at most {JOINS_AT_ONCE} at once); try again when they end")
-    joins.add(name)
+    joins.append(name)  # a list, not a set: two joins under one name are two joins
     try:
         async with asyncio.timeout(WEIGHT_GROUP_TIMEOUT_S + 5):
             group = await in_daemon_thread(WeightGroup.join, address, port, rank, world, name,
@@ -278,7 +278,7 @@ async def init_weights_update_group(request: web.Request) -> web.Response:
     except (WeightGroupError, ValueError, OverflowError, RuntimeError) as e:
         return _answer(False, f"Failed to initialize custom process group: {e}.")
     finally:
-        joins.discard(name)
+        joins.remove(name)
     _groups(request)[name] = group
     return _answer(True, "Succeeded to initialize custom process group.")
 
@@ -549,7 +549,7 @@ def build_app(engine: Engine, scheduler: Scheduler, *, api_key: str = "",
     app[ENGINE_KEY] = engine
     app[SCHEDULER_KEY] = scheduler
     app[GROUPS_KEY] = {}
-    app[JOINS_KEY] = set()
+    app[JOINS_KEY] = []
     app[SESSION_KEY] = {}
     r = app.router
     r.add_post("/generate", generate)

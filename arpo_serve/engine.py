@@ -16,6 +16,7 @@ modules import them from.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import threading
 from collections import OrderedDict
@@ -221,20 +222,15 @@ class Engine:
         """Raise RequestError unless the expanded prompt holds one run of ``<|image_pad|>`` per image, of that
         image's token count, each right after a ``<|vision_start|>`` (as the chat template writes them): the
         model's M-RoPE positions find each image from its vision-start token, and a prompt laid out otherwise
-        would fail inside the batch, taking every request of it down (SGLang refuses such a prompt alone)."""
+        would fail inside the batch, taking every request of it down."""
         pad, start = self.encoder.image_pad_id, self.encoder.vision_start_id
-        grid = pixels.get("image_grid_thw")
-        counts = [] if grid is None else [int(t * h * w) // self.encoder.merge_size**2 for t, h, w in grid.tolist()]
-        runs, i = [], 0
-        while i < len(input_ids):
-            if input_ids[i] != pad:
-                i += 1
-                continue
-            j = i
-            while j < len(input_ids) and input_ids[j] == pad:
-                j += 1
-            runs.append((i, j - i))
-            i = j
+        counts = self._pad_counts(pixels)
+        runs, position = [], 0  # (start, length) of each run of pads
+        for is_pad, group in itertools.groupby(input_ids, key=lambda token: token == pad):
+            length = sum(1 for _ in group)
+            if is_pad:
+                runs.append((position, length))
+            position += length
         if [n for _, n in runs] != counts:
             raise RequestError(f"the prompt's <|image_pad|> runs hold {[n for _, n in runs]} tokens but its "
                                f"{len(counts)} images take {counts}: one run of pads per image, each after its "
@@ -243,11 +239,14 @@ class Engine:
             raise RequestError("every image's <|image_pad|> tokens must follow a <|vision_start|> token, as the "
                                "chat template writes them")
 
+    def _pad_counts(self, pixels: dict) -> list[int]:
+        """The ``<|image_pad|>`` tokens each image of ``pixels`` takes (its patch grid over merge_size**2)."""
+        grid = pixels.get("image_grid_thw")
+        return [] if grid is None else [int(t * h * w) // self.encoder.merge_size**2 for t, h, w in grid.tolist()]
+
     def _expand_pads(self, input_ids: list[int], pixels: dict) -> list[int]:
         pad = self.encoder.image_pad_id
-        grid = pixels.get("image_grid_thw")
-        merge = self.encoder.merge_size
-        counts = [] if grid is None else [int(t * h * w) // merge**2 for t, h, w in grid.tolist()]
+        counts = self._pad_counts(pixels)
         if _expanded_length(input_ids, pad, counts) == len(input_ids):
             return list(input_ids)
         out: list[int] = []
