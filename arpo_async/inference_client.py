@@ -255,7 +255,7 @@ def error_message(text: str) -> str:
     """The human part of an error body (SGLang: {"error": {"message"}} or {"message"} or {"detail"})."""
     try:
         body = loads_json(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text.strip()[:500]
     if isinstance(body, dict):
         err = body.get("error")

@@ -111,7 +111,7 @@ class ControllerClient:
     def _json(endpoint: str, body: bytes) -> Any:
         try:
             return loads_json(body)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # not JSON, or nested deeper than the parser goes
             raise DesktopError(f"{endpoint}: controller sent invalid JSON: {body[:200]!r}") from exc
 
     async def screenshot(self, format: str = "png", quality: int = DEFAULT_JPEG_QUALITY) -> bytes:

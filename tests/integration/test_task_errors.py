@@ -150,7 +150,7 @@ HOSTILE_ANSWERS = [
 async def test_a_controller_answering_hostile_json_never_kills_the_episode(tmp_path, tiny_model):
     """Every route of a real HTTP server on a Unix socket answers one of HOSTILE_ANSWERS (or a non-JSON body, or
     a 500): every episode ends with a non-trainable outcome carrying the error, none raises."""
-    answers = [*HOSTILE_ANSWERS, b"\xff not json", (500, {"status": "error", "message": 5})]
+    answers = [*HOSTILE_ANSWERS, b"\xff not json", b"[" * 100_000, (500, {"status": "error", "message": 5})]
     chosen: dict[str, object] = {}
 
     async def answer(_request: web.Request) -> web.Response:

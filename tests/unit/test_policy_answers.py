@@ -3,7 +3,7 @@ against the real arpo-serve in tests/integration/test_policy_client.py)."""
 
 import pytest
 
-from arpo_async.inference_client import PolicyRequestError, _parse_generation
+from arpo_async.inference_client import PolicyRequestError, _parse_generation, error_message
 
 
 def _ok(n: int = 3, **meta) -> dict:
@@ -47,3 +47,7 @@ def test_weight_version_spans_give_per_token_versions_and_default_is_zero():
     assert (g.weight_version, g.token_versions) == (5, [4, 4, 5])
     g = parse(_ok(weight_version="default"))
     assert (g.weight_version, g.token_versions) == (0, [0, 0, 0])
+
+
+def test_an_error_body_nested_too_deeply_is_quoted_not_raised():
+    assert error_message("[" * 100_000) == "[" * 500
