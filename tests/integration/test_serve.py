@@ -254,7 +254,8 @@ async def test_pause_abort_mode_ends_queued_requests(server, prompt):
         status, out = await queued
         assert status == 200 and out["meta_info"]["finish_reason"]["type"] == "abort" and out["output_ids"] == []
         await _post(s, f"{server}/continue_generation")
-        status, out = await _post(s, f"{server}/generate", body)
+        status, out = await _post(s, f"{server}/generate",
+                                  {**body, "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}})
         assert status == 200 and out["meta_info"]["completion_tokens"] == 4
 
 

@@ -168,7 +168,8 @@ async def test_a_client_that_disconnects_aborts_its_request(server):
                 await hog
         started = time.monotonic()
         status, out = await _generate(watcher, server, {"input_ids": [TOKEN] * 10,
-                                                        "sampling_params": {"max_new_tokens": 4}})
+                                                        "sampling_params": {"max_new_tokens": 4,
+                                                                            "ignore_eos": True}})
         assert status == 200 and out["meta_info"]["completion_tokens"] == 4, out
         assert time.monotonic() - started < 15, "the honest request waited for the abandoned one"
         assert (await _state(watcher, server))["requests_aborted"] == aborted_before + 1
