@@ -16,6 +16,11 @@ Invariants:
   record of it with no steps or screenshots and the codec's reason as its error, which the learner counts and
   never trains on, so its group is not left waiting; if even that record cannot be encoded the trajectory is
   dropped with an error in the log. The actor process and every other trajectory go on;
+- work is asked for under a session: a secret this process draws once (128 random bits) and sends in its Hello
+  (arpo_async.messages.Hello.session), never received back. Every WorkRequest and trajectory names it, so a peer
+  that copies this routing id can neither take these rollouts nor submit for them. The Hello goes again after a
+  learner restart, and at the next heartbeat after a Reject of reason ``session`` (the learner lost the Hello, or
+  forgot the session of a peer it thought silent); the refused requests then go again after ``resend_after_s``;
 - nothing here blocks an EnvActor except the bounded outbox (backpressure) and waiting for work.
 
 A LearnerLink is the run's ``actors.env_actor.WorkSource`` and an ``actors.sinks.TrajectorySink``
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -73,6 +79,10 @@ class LearnerLink:
         self._ids = itertools.count()
         self._requests: dict[str, asyncio.Future[Assignment]] = {}
         self._requested_at: dict[str, float] = {}
+        self.session = secrets.token_urlsafe(16)
+        """This process's session (see the module docstring)."""
+        self._hello_again = False
+        """A Reject said the learner does not know the session: say Hello at the next heartbeat."""
         self._held: dict[str, _Held] = {}
         self.learner_id: str | None = None
         self.policy_version = 0
@@ -100,10 +110,9 @@ class LearnerLink:
         request_id = f"{self.actor_id}-r{next(self._ids)}"
         future: asyncio.Future[Assignment] = asyncio.get_running_loop().create_future()
         self._requests[request_id] = future
-        self._requested_at[request_id] = time.monotonic()
-        await self.outbox.send(WorkRequest(request_id, self.actor_id, self.run_id))
         stop = asyncio.ensure_future(self.shutdown.wait())
         try:
+            await self._send_request(request_id)
             done, _ = await asyncio.wait({future, stop}, return_when=asyncio.FIRST_COMPLETED)
             return future.result() if future in done else None
         finally:
@@ -111,8 +120,20 @@ class LearnerLink:
             self._requests.pop(request_id, None)
             self._requested_at.pop(request_id, None)
 
+    async def _send_request(self, request_id: str) -> None:
+        """Send (or send again) an open request."""
+        self._requested_at[request_id] = time.monotonic()
+        await self.outbox.send(WorkRequest(request_id, self.actor_id, self.run_id, self.session))
+
+    async def _say_hello(self) -> None:
+        """Announce this process, its slots, what it holds and its session."""
+        self._hello_again = False
+        await self.outbox.send(Hello(self.actor_id, self.slots, list(self._held), self.run_id, self.session))
+
     async def submit(self, trajectory: Trajectory) -> None:
-        """Send a trajectory and hold it until the learner acknowledges it."""
+        """Send a trajectory and hold it until the learner acknowledges it. An empty ``trajectory.session`` is set
+        (in place) to this process's session."""
+        trajectory.session = trajectory.session or self.session
         self._held[trajectory.trajectory_id] = _Held(trajectory, time.monotonic())
         self._all_acked.clear()
         await self.outbox.send(trajectory)
@@ -188,6 +209,7 @@ class LearnerLink:
         elif isinstance(message, Reject):
             self.rejects += 1
             log.warning("learner rejected a message: %s", message.reason)
+            self._hello_again |= message.reason.startswith("session:")
         else:
             log.warning("unexpected %s from the learner", type(message).TYPE)
 
@@ -199,19 +221,21 @@ class LearnerLink:
         if restarted:
             log.warning("learner restarted (%s); re-sending %d trajectories and %d requests",
                         status.learner_id, len(self._held), len(self._requests))
-            await self.outbox.send(Hello(self.actor_id, self.slots, list(self._held), self.run_id))
+            await self._say_hello()
             for held in self._held.values():
                 held.sent_at = time.monotonic()
                 await self.outbox.send(held.trajectory)
-            for request_id, future in self._requests.items():
+            for request_id, future in list(self._requests.items()):
                 if not future.done():
-                    await self.outbox.send(WorkRequest(request_id, self.actor_id, self.run_id))
+                    await self._send_request(request_id)
 
     async def keepalive(self) -> None:
         """Hello, then heartbeats every ``heartbeat_s``; re-sends trajectories unacked for ``resend_after_s``."""
-        await self.outbox.send(Hello(self.actor_id, self.slots, list(self._held), self.run_id))
+        await self._say_hello()
         while True:
             await asyncio.sleep(self._config.heartbeat_s)
+            if self._hello_again:
+                await self._say_hello()
             waiting = sum(not f.done() for f in self._requests.values())
             await self.outbox.send(Heartbeat(self.actor_id, self.running, waiting, len(self._held),
                                              self.outbox.qsize()))
@@ -222,5 +246,4 @@ class LearnerLink:
                     await self.outbox.send(held.trajectory)
             for request_id, sent_at in list(self._requested_at.items()):
                 if now - sent_at > self._config.resend_after_s:  # the answer may have been dropped on the way
-                    self._requested_at[request_id] = now
-                    await self.outbox.send(WorkRequest(request_id, self.actor_id, self.run_id))
+                    await self._send_request(request_id)

@@ -173,6 +173,10 @@ class Trajectory:
     grammar: str = ""
     """The regex the replies were constrained by (SGLang's ``sampling_params.regex``; "" = unconstrained). The
     learner finds the tokens this grammar forced from it and leaves them out of the loss."""
+    session: str = ""
+    """The session of the WorkRequest that got this rollout (:attr:`Hello.session`): the learner takes a
+    trajectory for its slot only with the session the slot was handed out under, so a peer that copies another's
+    routing id cannot submit for its rollouts."""
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.outcome)  # ValueError for a string that names no Outcome
@@ -196,6 +200,12 @@ class Hello:
     run_id: str = ""
     """The run this actor belongs to (config ``resolved_run_id``); a learner of another run refuses it. Empty:
     not checked (an embedding agent, an older actor)."""
+    session: str = ""
+    """A secret the actor process drew for itself (at least 128 random bits; ``secrets.token_urlsafe(16)``). Its
+    WorkRequests and Trajectories name it, and the rollouts it gets belong to it, not to the routing id, which any
+    peer can copy. The actor draws it rather than the learner, because an answer to a Hello goes to whoever holds
+    the routing id's route at that moment (ROUTER_HANDOVER), which may be a peer that copied it; the learner never
+    sends it back. A Hello without one is refused (reason ``session``)."""
 
 
 @dataclass
@@ -220,6 +230,9 @@ class WorkRequest:
     actor_id: str
     run_id: str = ""
     """As :attr:`Hello.run_id`: a learner of another run hands this request nothing."""
+    session: str = ""
+    """The session of this actor's Hello (:attr:`Hello.session`); a request that names no session this peer
+    opened is refused (reason ``session``)."""
 
 
 @dataclass

@@ -16,8 +16,11 @@ in ``unencodable``, logged, handed to the outbox's ``on_unencodable`` (the actor
 trajectory by an error record of it) and not sent, never stopping the pump either; a full outbox makes its sender
 wait (backpressure) and is counted in ``Outbox.full_waits``, never dropped. Sockets are made with explicit high-water marks and linger 0.
 
-Addressing: actors set their ZeroMQ routing id to their actor id, so the learner addresses an actor by id
-and a reconnecting actor keeps its address (ROUTER_HANDOVER).
+Addressing: an actor process sets its ZeroMQ routing id to its actor id, ``#`` and 96 random bits (drawn once per
+process), so the learner addresses it by that id and a reconnecting actor keeps its address (ROUTER_HANDOVER). The
+random part matters: with ROUTER_HANDOVER a routing id goes to whoever connects with it last, and the old connection
+is cut off for good, so a peer that could guess another's id could take its route. :func:`peer_name` is the id
+without it, for messages to people.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -39,6 +43,9 @@ from arpo_async import codec
 from arpo_async.config import TransportConfig
 
 log = logging.getLogger(__name__)
+
+ROUTE_MARK = "#"
+"""Separates an actor id from the random part of its routing id (see Addressing above)."""
 
 OUTBOX_SIZE = 1024
 """Bounded outbox per socket: producers wait (backpressure) when it is full."""
@@ -155,7 +162,8 @@ def learner_socket(config: TransportConfig) -> Iterator[zmq.asyncio.Socket]:
 
 
 def dealer_socket(ctx: zmq.asyncio.Context, config: TransportConfig, identity: str) -> zmq.asyncio.Socket:
-    """A DEALER for an actor process, connected to the learner; ZeroMQ reconnects by itself. With
+    """A DEALER for an actor process, connected to the learner, with routing id ``identity``, ``#`` and 96 random
+    bits (see Addressing in the module docstring); ZeroMQ reconnects by itself. With
     ``transport.curve_secret_key_file`` it authenticates with that certificate and encrypts (CURVE), trusting
     only the learner's public certificate ``transport.curve_server_key_file``.
 
@@ -168,11 +176,16 @@ def dealer_socket(ctx: zmq.asyncio.Context, config: TransportConfig, identity: s
         public, secret = _certificate(config.curve_secret_key_file, "transport.curve_secret_key_file", secret=True)
         server, _ = _certificate(config.curve_server_key_file, "transport.curve_server_key_file", secret=False)
         sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = public, secret, server
-    sock.setsockopt(zmq.ROUTING_ID, identity.encode())
+    sock.setsockopt(zmq.ROUTING_ID, f"{identity}{ROUTE_MARK}{secrets.token_urlsafe(12)}".encode())
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
     sock.connect(config.endpoint)
     return sock
+
+
+def peer_name(routing_id: str) -> str:
+    """A routing id without the random part :func:`dealer_socket` adds (the actor id), for messages to people."""
+    return routing_id.partition(ROUTE_MARK)[0]
 
 
 def _set_common(sock: zmq.asyncio.Socket, config: TransportConfig) -> None:
@@ -182,12 +195,26 @@ def _set_common(sock: zmq.asyncio.Socket, config: TransportConfig) -> None:
     sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
 
 
+def _user_id(frame: zmq.Frame) -> str:
+    """The ZAP user id of a received ``frame`` (pyzmq's Authenticator gives a CURVE peer's Z85 public key), or ""
+    when ZAP set none."""
+    try:
+        return frame.get("User-Id") or ""
+    except zmq.ZMQError:
+        return ""
+
+
 @dataclass
 class Envelope:
-    """A decoded message and, on a ROUTER, the routing id of the peer that sent it (else None)."""
+    """A decoded message and, on a ROUTER, the routing id of the peer that sent it (else None).
+
+    ``key`` is the sender's CURVE public key (Z85, 40 characters) as ZeroMQ's ZAP handler authenticated it, on a
+    ROUTER with CURVE on; "" otherwise. Unlike the routing id, which each peer picks itself, a peer cannot claim
+    another's key without its secret certificate."""
 
     message: Any
     peer: str | None
+    key: str = ""
 
 
 @dataclass(frozen=True)
@@ -262,6 +289,8 @@ class SocketPump:
         self._shadow = zmq.Socket.shadow(sock.underlying)
         """The same socket without asyncio's futures, for the calls that never wait (NOBLOCK)."""
         self._routed = outbox.routed
+        self._curve = bool(sock.getsockopt(zmq.CURVE_SERVER))
+        """A CURVE server: each message carries the key ZAP authenticated (`Envelope.key`)."""
         self._max_bytes = max_bytes
         self.inbox = inbox
         self.outbox = outbox
@@ -352,18 +381,19 @@ class SocketPump:
     def _envelope(self, frames: list[zmq.Frame]) -> Envelope:
         """The received ``frames`` decoded into an `Envelope` (an `Undecodable` one, counted, where that fails)."""
         buffers = [frame.buffer for frame in frames]
-        peer = None
+        peer, key = None, ""
         if self._routed:
             peer = bytes(buffers[0]).decode("latin-1")  # routing ids are bytes; latin-1 round-trips any of them
+            key = _user_id(frames[-1]) if self._curve else ""
             buffers = buffers[1:]
         try:
             message = codec.decode(buffers, max_bytes=self._max_bytes)
         except codec.WireError as e:
             self.rejected[str(e).split(":")[0]] += 1
-            return Envelope(Undecodable(str(e)), peer)
+            return Envelope(Undecodable(str(e)), peer, key)
         self.received += 1
         self.received_types[message.TYPE] += 1
-        return Envelope(message, peer)
+        return Envelope(message, peer, key)
 
     async def _send_queued(self) -> None:
         """Send everything waiting in the outbox, in order (without waiting for more)."""

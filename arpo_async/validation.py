@@ -29,7 +29,8 @@ class InvalidMessage(ValueError):
 
     Attributes:
         reason: short key for metrics (``score``, ``logprobs``, ``lengths``, ``token_ids``, ``image_indices``,
-            ``versions``, ``size``, ``timings``, ``outcome``, ``fields``, ``sampling``).
+            ``versions``, ``size``, ``timings``, ``outcome``, ``fields``, ``sampling``; the learner's own checks
+            add ``run``, ``session``, ``owner``, ``task``, ``duplicate``, ``slots``).
         detail: what exactly is wrong (the field path and value).
     """
 
@@ -164,6 +165,7 @@ def check_trajectory(traj: Trajectory, *, vocab_size: int | None, version: int |
     for name in ("trajectory_id", "actor_id", "task_id", "group_id"):
         _check_id(name, getattr(traj, name), limits)
     _check_id("desktop", traj.desktop, limits, empty_ok=True)
+    _check_id("session", traj.session, limits, empty_ok=True)
     try:
         Outcome(traj.outcome)
     except ValueError:
@@ -225,14 +227,16 @@ def check_trajectory(traj: Trajectory, *, vocab_size: int | None, version: int |
 
 
 def check_work_request(request: WorkRequest, limits: WireLimits = WireLimits()) -> None:
-    """Raise InvalidMessage for an empty or oversized request id or actor id."""
+    """Raise InvalidMessage for an empty or oversized request id or actor id, or an oversized session."""
     _check_id("request_id", request.request_id, limits)
     _check_id("actor_id", request.actor_id, limits)
+    _check_id("session", request.session, limits, empty_ok=True)
 
 
 def check_hello(hello: Hello, limits: WireLimits = WireLimits()) -> None:
     """Raise InvalidMessage for slots outside [0, max_slots] or too many held trajectory ids."""
     _check_id("actor_id", hello.actor_id, limits)
+    _check_id("session", hello.session, limits, empty_ok=True)
     if not 0 <= hello.slots <= limits.max_slots:
         _fail("fields", f"slots {hello.slots} outside [0, {limits.max_slots}]")
     if len(hello.held_trajectories) > limits.max_held:

@@ -299,3 +299,33 @@ async def start_http(app) -> tuple:
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     return runner, f"http://127.0.0.1:{port}"
+
+
+
+async def hello(service, peer: str, slots: int, key: str = "") -> str:
+    """Say Hello to an in-process LearnerService as routing id ``peer`` (CURVE key ``key``), opening a new session
+    (learner.rollouts.sessions); returns it. The learner's answer stays in the outbox."""
+    import secrets
+
+    from arpo_async.messages import Hello
+    from arpo_async.transport import Envelope
+
+    session = secrets.token_urlsafe(16)
+    await service.handle(Envelope(Hello(peer, slots, session=session), peer, key))
+    assert service.peers.sessions.latest(peer) == session, f"the learner did not open {peer}'s session"
+    return session
+
+
+async def hello_over(sock, actor_id: str, slots: int, run_id: str = "", timeout_s: float = 5.0) -> str:
+    """Say Hello over a raw DEALER ``sock`` with a new session, wait for the learner's answer (messages that arrive
+    first are read and dropped) and return the session."""
+    import secrets
+
+    from arpo_async.messages import Hello, LearnerStatus
+
+    session = secrets.token_urlsafe(16)
+    await sock.send_multipart(codec.encode(Hello(actor_id, slots, run_id=run_id, session=session)))
+    async with asyncio.timeout(timeout_s):
+        while not isinstance(codec.decode(await sock.recv_multipart(), max_bytes=1 << 24), LearnerStatus):
+            pass
+    return session

@@ -7,14 +7,23 @@ and the peer each was handed to, the request ids seen (with the assignment each 
 ROUTER pump's outbox. :meth:`Peers.receive` decides what becomes of a trajectory that came back and, when it is
 taken, hands it to its slot's owner (the scheduler, or the evaluation rounds).
 
-Fairness: waiting requests are queued per peer and rollouts are handed out round-robin over the peers that wait,
-so a peer with thousands of requests waiting delays another peer's by at most one rollout each. A peer may have at
-most ``min(its Hello's slots, transport.max_slots_per_peer)`` requests waiting or running; a peer that has sent no
-Hello at most UNANNOUNCED_SLOTS, and at most UNANNOUNCED_PEERS such peers at once (more are refused, reason
-``hello``), so neither one hog nor a storm of fresh identities can take all of the admission's capacity.
-Bookkeeping is O(1) per request (per-peer counts, not scans).
+Ownership: a request or a rollout belongs to the session (learner.rollouts.sessions) its WorkRequest named, a secret
+the peer opened in its Hello; a request naming no session its peer opened gets nothing (reason ``session``), and a
+trajectory is taken only with its slot's session, so a peer that copies another's routing id can neither take its
+rollouts nor submit for them.
 
-Invariants: a request waits (backpressure) rather than being refused, unless its peer is at its cap; a rollout is
+Fairness: waiting requests are queued per peer, and training rollouts go round-robin over the peers that wait, first
+to those holding fewer than their fair share (learner.rollouts.fair_share: max-min fairness of the admitted rollouts
+over the active peers' slots), then to the others, so capacity is never left idle while someone waits. A peer may
+have at most ``min(its Hello's slots, transport.max_slots_per_peer)`` requests waiting or running. A peer that has
+waited ``starved_after_s`` holding no rollout at all, while the admission rule admits none and another peer holds
+more than its share, takes one back: that peer's newest rollout is re-issued (counted in ``rollouts_reclaimed``;
+its trajectory, if it still comes, is acked as late). So a hog, or a storm of peers, that took every admitted
+rollout before an honest actor arrived delays it by ``starved_after_s``, not by ``rollout_timeout_s``. Bookkeeping
+is O(1) per request, plus a sort of the active peers per dispatch when more than one peer is active.
+
+Invariants: a request waits (backpressure) rather than being refused, unless its peer is at its cap or names no session
+it was issued; a rollout is
 handed out only while the scheduler has a slot and the admission rule (StalenessManager or LockstepAdmission)
 admits one more; an evaluation episode (learner.rollouts.evaluation_rounds) waiting goes out first, outside the
 admission rule (it is never trained on, so it adds no policy lag to any batch); a re-sent request gets the assignment it
@@ -28,25 +37,23 @@ import asyncio
 import collections
 import logging
 import time
-from dataclasses import dataclass
-from typing import Protocol
 
 from arpo_async.messages import (Assignment, Heartbeat, Hello, LearnerStatus, Outcome, Shutdown, Trajectory,
                                  WorkRequest)
+from arpo_async.process import WarningBudget
 from arpo_async.tasks import Task
-from arpo_async.transport import Outbox
+from arpo_async.transport import Outbox, peer_name
 from arpo_async.validation import InvalidMessage
 from learner.rollouts.evaluation_rounds import EvaluationRounds
-from learner.rollouts.scheduler import Group, GroupScheduler
+from learner.rollouts.fair_share import fair_shares
+from learner.rollouts.holds import Admission, Hold, Receipt, SlotOwner, Waiting
+from learner.rollouts.scheduler import GroupScheduler
+from learner.rollouts.sessions import SessionBook
 
 log = logging.getLogger("learner.rollouts.service")
 
-UNANNOUNCED_SLOTS = 64
-"""Requests a peer may have waiting or running before its Hello arrived (an actor's first requests can overtake
-its Hello; a peer that never says hello gets no more than this)."""
-
-UNANNOUNCED_PEERS = 16
-"""Peers without a Hello that may have requests waiting or running at once; a request of one more is refused."""
+STARVED_AFTER_S = 30.0
+"""A peer waiting this long with no rollout running may take one back from a peer above its fair share."""
 
 SEEN_IDS = 200_000
 """Ids remembered for de-duplication (oldest forgotten first)."""
@@ -54,47 +61,6 @@ SEEN_IDS = 200_000
 INVALID = b"invalid"
 """The fingerprint remembered for an invalid trajectory taken as ABORTED: any later trajectory with its id is refused
 as a ``duplicate`` (a real fingerprint is 16 bytes, never this)."""
-
-
-class SlotOwner(Protocol):
-    """Who runs a rollout slot: the scheduler (training rollouts) or the evaluation rounds (episodes)."""
-
-    def is_running(self, group_id: str, rollout_index: int) -> bool: ...
-    def running_task(self, group_id: str, rollout_index: int) -> Task: ...
-    def on_trajectory(self, traj: Trajectory) -> Group | None: ...
-
-
-@dataclass
-class Receipt:
-    """What :meth:`Peers.receive` made of one trajectory.
-
-    Attributes:
-        taken: what went into its slot: the trajectory, or an ABORTED one in place of an invalid one from the
-            slot's peer (so the rollout is handed out again); None when nothing was taken.
-        task: the slot's task (when taken).
-        group: the group it completed (a training rollout's last), else None.
-        evaluation: the slot was an evaluation episode's (learner.rollouts.evaluation_rounds).
-        problem: why the peer gets a Reject (None: no Reject).
-    """
-
-    taken: Trajectory | None = None
-    task: Task | None = None
-    group: Group | None = None
-    evaluation: bool = False
-    problem: InvalidMessage | None = None
-
-
-class Admission(Protocol):
-    """What the service needs from an admission rule (learner.rollouts.staleness.StalenessManager,
-    learner.rollouts.scheduler.LockstepAdmission)."""
-
-    accepted: int
-    running: int
-
-    def can_admit(self, version: int) -> bool: ...
-    def on_start(self) -> None: ...
-    def on_finish(self, accepted: bool) -> None: ...
-    def on_discard(self, count: int) -> None: ...
 
 
 def remember(seen: collections.OrderedDict, key: str, value: object = None) -> None:
@@ -121,12 +87,14 @@ class Peers:
         max_slots_per_peer: the most requests one peer may have waiting or running, whatever its Hello announced
             (transport.max_slots_per_peer).
         evaluation: the held-out evaluation rounds whose episodes go out first (None: the run does not evaluate).
+        starved_after_s: how long a peer holding no rollout waits before it takes one back from a peer above its
+            fair share (see the module docstring).
     """
 
     def __init__(self, outbox: Outbox, scheduler: GroupScheduler, admission: Admission,
                  totals: collections.Counter[str], *, learner_id: str, version: int = 0,
                  peer_timeout_s: float = 30.0, run_id: str = "", max_slots_per_peer: int = 1024,
-                 evaluation: EvaluationRounds | None = None) -> None:
+                 evaluation: EvaluationRounds | None = None, starved_after_s: float = STARVED_AFTER_S) -> None:
         self.outbox = outbox
         self.evaluation = evaluation
         self.run_id = run_id
@@ -144,19 +112,24 @@ class Peers:
         self.actor_queues: dict[str, tuple[int, int, int, int]] = {}
         """Peer -> (running, waiting, unacked, outbox) from its last Heartbeat (see :meth:`depths`)."""
         self.max_slots_per_peer = max_slots_per_peer
-        self.waiting: collections.OrderedDict[str, collections.deque[WorkRequest]] = collections.OrderedDict()
+        self.waiting: collections.OrderedDict[str, collections.deque[Waiting]] = collections.OrderedDict()
         """Peer -> its waiting requests (oldest first); the peers in the order the next rollouts go to them."""
         self.waiting_count = 0
         """Requests waiting, over all peers."""
-        self.assigned: dict[tuple[str, int], str] = {}
-        """Running rollout (group id, rollout index) -> the peer it was handed to."""
+        self.sessions = SessionBook()
+        """The sessions issued in answers to Hello; every request and trajectory must name its own."""
+        self.assigned: dict[tuple[str, int], Hold] = {}
+        """Running slot (group id, rollout index) -> who holds it (oldest first)."""
+        self.starved_after_s = starved_after_s
         self._outstanding: collections.Counter[str] = collections.Counter()
         """Peer -> its requests waiting plus its rollouts running (peers with none are left out)."""
-        self._unannounced: set[str] = set()
-        """Peers without a Hello that have requests waiting or running (at most UNANNOUNCED_PEERS)."""
-        self._requests_seen: collections.OrderedDict[str, Assignment | None] = collections.OrderedDict()
-        """Request ids seen (None while waiting), with the assignment each got, so a re-sent request whose answer
-        was lost (a full ROUTER queue drops silently) gets the same assignment again."""
+        self._running: collections.Counter[str] = collections.Counter()
+        """Peer -> the training rollouts it holds (peers with none are left out)."""
+        self._requests_seen: collections.OrderedDict[str, tuple[str, Assignment | None]] = collections.OrderedDict()
+        """Request ids seen, with the session each came with and the assignment it got (None while waiting), so a
+        re-sent request whose answer was lost (a full ROUTER queue drops silently) gets the same assignment again,
+        and only under its own session."""
+        self._warnings = WarningBudget(log)
         self._received: collections.OrderedDict[str, bytes] = collections.OrderedDict()
         """Trajectory ids taken (or late), with the fingerprint of their content (learner.rollouts.acks)."""
 
@@ -183,9 +156,11 @@ class Peers:
             return self.evaluation
         return None
 
-    def receive(self, peer: str, traj: Trajectory, digest: bytes | None, problem: InvalidMessage | None) -> Receipt:
+    def receive(self, peer: str, traj: Trajectory, digest: bytes | None, problem: InvalidMessage | None,
+                key: str = "") -> Receipt:
         """Decide what becomes of a trajectory ``peer`` sent: take it for its rollout slot only when it is valid,
-        new, and comes from the peer the slot was handed to with the slot's task; a taken one leaves its slot
+        new, and carries the session the slot was handed out under (and, with CURVE, comes with that session's
+        key ``key``), with the slot's task; a taken one leaves its slot
         (the peer's count drops) and goes to the slot's owner (:meth:`GroupScheduler.on_trajectory`, or the
         evaluation rounds'). Otherwise nothing of the slot changes, and the receipt says why: a Reject (reasons
         ``owner``, ``task``, ``duplicate`` for an id reused with other content, or the validation's), or a count
@@ -198,7 +173,8 @@ class Peers:
         """
         slot = (traj.group_id, traj.rollout_index)
         owner = self._slot_owner(*slot)
-        owned = owner is not None and self.assigned.get(slot) == peer
+        hold = self.assigned.get(slot)
+        owned = owner is not None and hold is not None and traj.session == hold.session and key == hold.key
         seen = self._received.get(traj.trajectory_id, False)
         if problem is None and seen is False and owned and traj.task_id != (task := owner.running_task(*slot)).id:
             problem = InvalidMessage("task", f"rollout {slot} is of task {task.id!r}, not {traj.task_id[:80]!r}")
@@ -220,7 +196,7 @@ class Peers:
             self.totals["late"] += 1  # its slot was re-issued after a timeout, or the learner restarted
             return Receipt()
         if not owned:
-            return Receipt(problem=InvalidMessage("owner", f"rollout {slot} was handed to another peer"))
+            return Receipt(problem=InvalidMessage("owner", f"rollout {slot} belongs to another session"))
         remember(self._received, traj.trajectory_id, digest)
         return self._take(slot, owner, traj, None)
 
@@ -244,102 +220,165 @@ class Peers:
             InvalidMessage: reason "run", when ``run_id`` and this run's are both set and differ.
         """
         if run_id and self.run_id and run_id != self.run_id:
-            why = (f"this learner runs {self.run_id!r} but actor {peer} belongs to run {run_id[:80]!r} (an arpo-actors "
-                   "left over from another run?); stop it, or give both the same run_id")
+            why = (f"this learner runs {self.run_id!r} but actor {peer_name(peer)} belongs to run {run_id[:80]!r} (an "
+                   "arpo-actors left over from another run?); stop it, or give both the same run_id")
             await self.outbox.send(Shutdown(why, refused=True), peer)
             raise InvalidMessage("run", why)
 
-    async def on_hello(self, peer: str, hello: Hello | Heartbeat) -> None:
-        """Note a Hello's slots or a Heartbeat's queue depths, and answer with the learner id and version.
+    async def on_hello(self, peer: str, hello: Hello | Heartbeat, key: str = "") -> None:
+        """Note a Hello's slots and open its session (bound to ``peer`` and its CURVE key ``key``), or note a
+        Heartbeat's queue depths; answer with the learner id and version.
 
         Raises:
-            InvalidMessage: reason "run": a Hello of another run (:meth:`check_run`).
+            InvalidMessage: reason "run": a Hello of another run (:meth:`check_run`); reason "session": a Hello
+                whose session cannot be opened (learner.rollouts.sessions.SessionBook.open).
         """
         if isinstance(hello, Hello):
             await self.check_run(peer, hello.run_id)
+            self.sessions.open(hello.session, peer, key)
             self.peer_slots[peer] = hello.slots
-            self._unannounced.discard(peer)
         else:
             self.actor_queues[peer] = (hello.running, hello.waiting, hello.unacked, hello.outbox)
         await self.outbox.send(LearnerStatus(self.learner_id, self.version), peer)
 
-    async def request(self, peer: str, request: WorkRequest) -> None:
-        """Queue a (validated) work request and hand out what the admission rule allows; a repeat gets its
-        assignment again (or keeps waiting).
+    async def request(self, peer: str, request: WorkRequest, key: str = "") -> None:
+        """Queue a (validated) work request of ``peer`` (CURVE key ``key``) and hand out what the admission rule
+        allows; a repeat under the same session gets its assignment again (or keeps waiting).
 
         Raises:
-            InvalidMessage: reason "slots": ``peer`` already has as many requests waiting or running as its
-                Hello announced (UNANNOUNCED_SLOTS before one); reason "run": a request of another run.
+            InvalidMessage: reason "run": a request of another run; reason "session": a session ``peer`` did not
+                open (learner.rollouts.sessions.SessionBook.check); reason "duplicate": a request
+                id already seen under another session; reason "slots": ``peer`` already has as many requests
+                waiting or running as its Hello announced.
         """
         await self.check_run(peer, request.run_id)
+        self.sessions.check(request.session, peer, key)
         if request.request_id in self._requests_seen:
-            await self._answer_again(peer, request.request_id)
+            await self._answer_again(peer, request)
             return
-        announced = peer in self.peer_slots
-        allowed = min(self.peer_slots.get(peer, UNANNOUNCED_SLOTS), self.max_slots_per_peer)
-        if not announced and peer not in self._unannounced and len(self._unannounced) >= UNANNOUNCED_PEERS:
-            raise InvalidMessage("hello", f"{peer} sent no Hello, and {UNANNOUNCED_PEERS} such peers already have "
-                                          "requests waiting or running")
+        allowed = min(self.peer_slots.get(peer, 0), self.max_slots_per_peer)
         if self._outstanding[peer] >= allowed:
             raise InvalidMessage("slots", f"{peer} already has {self._outstanding[peer]} requests waiting or "
                                           f"running, its cap of {allowed} (the slots its Hello announced, at most "
                                           "transport.max_slots_per_peer)")
-        remember(self._requests_seen, request.request_id)
-        self.waiting.setdefault(peer, collections.deque()).append(request)
+        remember(self._requests_seen, request.request_id, (request.session, None))
+        self.waiting.setdefault(peer, collections.deque()).append(Waiting(request, key, time.monotonic()))
         self.waiting_count += 1
         self._outstanding[peer] += 1
-        if not announced:
-            self._unannounced.add(peer)
+        self.sessions.add(request.session)
         await self.dispatch()
 
     def returned(self, group_id: str, rollout_index: int) -> None:
         """A trajectory for this rollout came back (the peer no longer runs it)."""
-        peer = self.assigned.pop((group_id, rollout_index), None)
-        if peer is not None:
-            self._release(peer)
+        hold = self.assigned.pop((group_id, rollout_index), None)
+        if hold is not None:
+            self._release_hold(hold)
 
-    def _release(self, peer: str, count: int = 1) -> None:
-        """``count`` of ``peer``'s requests or rollouts ended."""
+    def _release(self, peer: str, session: str, count: int = 1) -> None:
+        """``count`` of ``peer``'s requests or rollouts (of ``session``) ended."""
+        self.sessions.add(session, -count)
         self._outstanding[peer] -= count
         if self._outstanding[peer] <= 0:
             del self._outstanding[peer]
-            self._unannounced.discard(peer)
 
-    def _next_request(self) -> tuple[str, WorkRequest]:
-        """The oldest request of the peer whose turn it is (round-robin over the peers that wait)."""
-        peer, queue = next(iter(self.waiting.items()))
-        request = queue.popleft()
+    def _release_hold(self, hold: Hold) -> None:
+        """A running slot held by ``hold`` ended (came back, or was taken back)."""
+        self._release(hold.peer, hold.session)
+        if hold.training:
+            self._running[hold.peer] -= 1
+            if self._running[hold.peer] <= 0:
+                del self._running[hold.peer]
+
+    def _pop_request(self, peer: str) -> Waiting:
+        """The oldest waiting request of ``peer``, which goes to the end of the round-robin order."""
+        queue = self.waiting[peer]
+        waiting = queue.popleft()
         if queue:
             self.waiting.move_to_end(peer)
         else:
             del self.waiting[peer]
         self.waiting_count -= 1
-        return peer, request
+        return waiting
+
+    def fair_shares(self) -> dict[str, int]:
+        """The active peers' (those with requests waiting or rollouts running) fair shares of the training
+        rollouts the admission rule allows now: those running plus those it admits (learner.rollouts.fair_share)."""
+        slots = {peer: min(self.peer_slots.get(peer, 0), self.max_slots_per_peer) for peer in self._outstanding}
+        return fair_shares(slots, self.admission.running + self.admission.capacity(self.version))
+
+    def _next_peer(self, shares: dict[str, int] | None) -> str:
+        """Whose turn it is: the first waiting peer (round-robin) below its share, else the first waiting peer."""
+        if shares is not None:
+            for peer in self.waiting:
+                if self._running[peer] < shares.get(peer, 0):
+                    return peer
+        return next(iter(self.waiting))
+
+    def _reclaim(self, shares: dict[str, int]) -> bool:
+        """A waiting peer has held no rollout for ``starved_after_s`` while the admission rule admits none: take
+        the newest training rollout back from the peer furthest above its share and re-issue it. True when one
+        was taken back (the admission rule then admits one more)."""
+        now = time.monotonic()
+        starved = next((peer for peer, queue in self.waiting.items()
+                        if not self._running[peer] and now - queue[0].since >= self.starved_after_s), None)
+        over = max(self._running, key=lambda peer: self._running[peer] - shares.get(peer, 0), default=None)
+        if starved is None or over is None or self._running[over] <= shares.get(over, 0):
+            return False
+        slot, hold = next((slot, hold) for slot, hold in reversed(self.assigned.items())
+                          if hold.peer == over and hold.training)
+        del self.assigned[slot]
+        self._release_hold(hold)
+        for _ in range(self.scheduler.expire_slots([slot])):
+            self.admission.on_finish(accepted=False)
+        self.totals["rollouts_reclaimed"] += 1
+        if not self._warnings.warning("%s waited %.0f s with no rollout while %s held %d (its fair share: %d); "
+                                      "re-issued rollout %s", starved, self.starved_after_s, over,
+                                      self._running[over] + 1, shares.get(over, 0), slot):
+            self.totals["warnings_suppressed"] += 1
+        return True
 
     async def dispatch(self) -> None:
         """Hand out work to waiting requests, round-robin over their peers: evaluation episodes first, then
-        rollouts while the scheduler has slots and the admission rule admits them."""
+        training rollouts, first to peers below their fair share, while the scheduler has slots and the admission
+        rule admits them; a peer starved for ``starved_after_s`` takes one back (:meth:`_reclaim`)."""
+        shares: dict[str, int] | None = None
         while self.waiting:
             evaluation = self.evaluation is not None and self.evaluation.has_work
-            if not evaluation and not (self.scheduler.has_work and self.admission.can_admit(self.version)):
-                return
-            peer, request = self._next_request()
+            if not evaluation:
+                if not self.scheduler.has_work:
+                    return
+                if shares is None and len(self._outstanding) > 1:
+                    shares = self.fair_shares()  # running + admissible is unchanged by handing one out
+                if not self.admission.can_admit(self.version) and not (shares and self._reclaim(shares)):
+                    return
+            peer = self._next_peer(None if evaluation else shares)
+            waiting = self._pop_request(peer)
+            request = waiting.request
             if evaluation:
                 rollout, extra = self.evaluation.next_rollout(), self.evaluation.assignment_fields
             else:
                 rollout, extra = self.scheduler.next_rollout(), {}
                 self.admission.on_start()
+                self._running[peer] += 1
             assignment = Assignment(request.request_id, rollout.task.to_dict(), rollout.group_id,
                                     rollout.rollout_index, self.version, **extra)
-            self.assigned[(rollout.group_id, rollout.rollout_index)] = peer
+            self.assigned[(rollout.group_id, rollout.rollout_index)] = Hold(peer, request.session, waiting.key,
+                                                                           not evaluation)
             if request.request_id in self._requests_seen:
-                self._requests_seen[request.request_id] = assignment
+                self._requests_seen[request.request_id] = (request.session, assignment)
             await self.outbox.send(assignment, peer)
 
-    async def _answer_again(self, peer: str, request_id: str) -> None:
-        """A request arrived again: re-send its assignment if it had one and the slot still runs; if it is still
-        waiting, do nothing (it is answered when admitted)."""
-        assignment = self._requests_seen[request_id]
+    async def _answer_again(self, peer: str, request: WorkRequest) -> None:
+        """A request arrived again: under its first session, re-send its assignment if it had one and the slot
+        still runs, or do nothing while it waits (it is answered when admitted).
+
+        Raises:
+            InvalidMessage: reason "duplicate": the id was first sent under another session.
+        """
+        session, assignment = self._requests_seen[request.request_id]
+        if session != request.session:
+            raise InvalidMessage("duplicate", f"request id {request.request_id[:80]!r} was sent under another "
+                                              "session")
         if assignment is not None and self.is_running(assignment.group_id, assignment.rollout_index):
             self.totals["assignments_resent"] += 1
             await self.outbox.send(assignment, peer)
@@ -367,11 +406,12 @@ class Peers:
             queue = self.waiting.pop(peer, ())
             dropped += len(queue)
             self.waiting_count -= len(queue)
-            self._outstanding.pop(peer, None)
-            self._unannounced.discard(peer)
-        slots = [key for key, p in self.assigned.items() if p in silent]
+            for waiting in queue:  # never answered: the same id may come again, under a new session
+                self._release(peer, waiting.request.session)
+                self._requests_seen.pop(waiting.request.request_id, None)
+        slots = [key for key, hold in self.assigned.items() if hold.peer in silent]
         for key in slots:
-            del self.assigned[key]
+            self._release_hold(self.assigned.pop(key))
         reissued = self.scheduler.expire_slots(slots)
         for _ in range(reissued):
             self.admission.on_finish(accepted=False)
@@ -380,6 +420,7 @@ class Peers:
         for peer in silent:
             self.actors.pop(peer, None)
             self.peer_slots.pop(peer, None)
+            self.sessions.forget_peer(peer)
         self.totals["silent_peers"] += len(silent)
         log.warning("%d peer(s) silent for %.0f s (%s): dropped %d waiting requests, re-issued %d rollouts",
                     len(silent), self.peer_timeout_s, ", ".join(sorted(silent))[:200], dropped,
@@ -396,7 +437,7 @@ class Peers:
             if self.evaluation is not None:
                 self.evaluation.expire()
             for key in [key for key in self.assigned if not self.is_running(*key)]:
-                self._release(self.assigned.pop(key))
+                self._release_hold(self.assigned.pop(key))
             await self.forget_silent_peers()
             await self.dispatch()
 

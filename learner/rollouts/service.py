@@ -9,13 +9,14 @@ inbox and outbox, and ``groups``, the queue of complete groups the training loop
 loop reports each step back through one call, :meth:`LearnerService.on_trained`. Shares the run's state
 (learner.state.RunState: step, policy version, totals) with the loop; never scores a group (learner.algo does).
 
-- hello / heartbeat -> reply with LearnerStatus (learner id + version), so actors notice a restarted learner;
+- hello / heartbeat -> reply with LearnerStatus (learner id + version), so actors notice a restarted learner; a
+  Hello opens the peer's session (learner.rollouts.sessions), which its requests and trajectories must name;
 - work_request -> queued; handed an Assignment as soon as the scheduler has a slot and the admission rule
   (StalenessManager for the async schedule, LockstepAdmission for lockstep) admits one more rollout;
 - trajectory -> acknowledged (the learner now holds it) at the end of the burst of messages it arrived in, plus
   learner.rollouts.acks.ACK_DELAY_S for trajectories arriving one at a time, one Ack per peer for all of them
   (:meth:`LearnerService.handle`), validated, de-duplicated by trajectory id, and
-  taken for its rollout slot only from the peer the slot was handed to, with the slot's task (else a counted
+  taken for its rollout slot only under the session the slot was handed out under, with the slot's task (else a counted
   Reject: ``owner``, ``task``, ``duplicate`` for an id reused with other content; nothing it sends can erase a
   running slot's owner); taken ones are recorded in the scheduler; a complete group goes on ``groups`` as it
   completes (lockstep: once all of a rollout batch opened by :meth:`LearnerService.open_round` has come back,
@@ -200,7 +201,7 @@ class LearnerService:
             await self.acks.settle(more)
 
     async def _dispatch(self, envelope: Envelope) -> None:
-        peer, message = envelope.peer, envelope.message
+        peer, message, key = envelope.peer, envelope.message, envelope.key
         if isinstance(message, Undecodable):
             await self._refuse(peer, "wire", message.reason)
             return
@@ -208,14 +209,14 @@ class LearnerService:
         try:
             if isinstance(message, Hello):
                 check_hello(message, self.limits)
-                await self.peers.on_hello(peer, message)
+                await self.peers.on_hello(peer, message, key)
             elif isinstance(message, Heartbeat):
                 await self.peers.on_hello(peer, message)
             elif isinstance(message, WorkRequest):
                 check_work_request(message, self.limits)
-                await self.peers.request(peer, message)
+                await self.peers.request(peer, message, key)
             elif isinstance(message, Trajectory):
-                await self._on_trajectory(peer, message)
+                await self._on_trajectory(peer, message, key)
             else:
                 await self.outbox.send(Reject(f"the learner does not accept {type(message).TYPE!r}"), peer)
         except InvalidMessage as invalid:
@@ -245,7 +246,7 @@ class LearnerService:
         if not self._warnings.warning("rejected a message from %s: %s", peer, why):
             self.stats.totals["warnings_suppressed"] += 1
 
-    async def _on_trajectory(self, peer: str, traj: Trajectory) -> None:
+    async def _on_trajectory(self, peer: str, traj: Trajectory, key: str = "") -> None:
         """One trajectory, through the rollouts room in one pass (each module once): validated
         (arpo_async.validation), acked with its burst and fingerprinted (learner.rollouts.acks), taken for its
         slot or not (:meth:`learner.rollouts.peers.Peers.receive`, which hands a taken one to the scheduler or the
@@ -259,7 +260,7 @@ class LearnerService:
         except InvalidMessage as invalid:
             problem = invalid
         digest = self.acks.receive(peer, traj, valid=problem is None)  # sent at the end of the burst (`handle`)
-        receipt = self.peers.receive(peer, traj, digest, problem)
+        receipt = self.peers.receive(peer, traj, digest, problem, key)
         if receipt.problem is not None:
             await self._reject(peer, receipt.problem)
         taken, task, group = receipt.taken, receipt.task, receipt.group

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import secrets
 import uuid
 
 import msgpack
@@ -43,7 +44,8 @@ async def hostile(endpoint: str, received: list) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
     try:
-        await sock.send_multipart(codec.encode(Hello("hostile", 2)))
+        session = secrets.token_urlsafe(16)  # its own session: it gets its own 2 rollouts, nothing of others'
+        await sock.send_multipart(codec.encode(Hello("hostile", 2, session=session)))
         nan = from_version_zero(base_trajectory(random.Random(1)))
         nan.score = float("nan")
         await sock.send_multipart(codec.encode(nan))
@@ -53,7 +55,7 @@ async def hostile(endpoint: str, received: list) -> None:
         await sock.send_multipart(reencode(codec.encode(base_trajectory(random.Random(3))),
                                            lambda h: h.__setitem__("schema", True)))
         for i in range(2000):
-            await sock.send_multipart(codec.encode(WorkRequest(f"flood-{i}", "hostile")))
+            await sock.send_multipart(codec.encode(WorkRequest(f"flood-{i}", "hostile", session=session)))
         while await sock.poll(3000):  # read what the learner answers, then go silent
             frames = await sock.recv_multipart()
             received.append(msgpack.unpackb(frames[0], raw=False, ext_hook=lambda c, d: d)["type"])

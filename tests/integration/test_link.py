@@ -7,8 +7,10 @@ draws only the valuable tasks).
 """
 
 import asyncio
+import collections
 import json
 import logging
+import time
 import uuid
 from contextlib import asynccontextmanager
 
@@ -19,15 +21,15 @@ import zmq.asyncio
 from actors.link import LearnerLink
 from arpo_async import codec
 from arpo_async.config import LearnerConfig, TransportConfig
-from arpo_async.messages import Hello, Outcome, Reject, Step, Trajectory, WorkRequest
+from arpo_async.messages import Outcome, Reject, Step, Trajectory, WorkRequest
 from arpo_async.tasks import Task
-from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, dealer_socket, router_socket
+from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, dealer_socket, peer_name, router_socket
 from learner.algo.baseline import BASELINE_FILE, plan_tasks
 from learner.algo.task_selection import TaskSelector
 from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.service import LearnerService
 from learner.rollouts.staleness import StalenessManager
-from tests.support import free_port, huge_table, trained, until
+from tests.support import free_port, hello_over, huge_table, trained, until
 
 TASK = Task.from_dict({"id": "grid4-red", "instruction": "click red", "config": [],
                        "evaluator": {"func": "exact_match", "result": {"type": "vm_file", "path": "/r"},
@@ -188,7 +190,8 @@ async def test_a_repeated_request_gets_the_same_assignment_again(transport):
     raw.connect(transport.endpoint)
     try:
         async with learner(ctx, transport) as service:
-            request = codec.encode(WorkRequest("raw-r0", "raw-actor"))
+            session = await hello_over(raw, "raw-actor", 4)
+            request = codec.encode(WorkRequest("raw-r0", "raw-actor", session=session))
             await raw.send_multipart(request)
             first = codec.decode(await asyncio.wait_for(raw.recv_multipart(), 5), max_bytes=1 << 20)
             await raw.send_multipart(request)  # as if `first` had been lost
@@ -243,9 +246,9 @@ async def test_a_flood_of_rejected_messages_writes_a_few_log_lines_and_counts_ev
     try:
         async with learner(ctx, transport) as service:
             caplog.set_level(logging.WARNING, logger="learner.rollouts.service")
-            await raw.send_multipart(codec.encode(Hello("flooder", 1)))
+            session = await hello_over(raw, "flooder", 1)
             for i in range(1001):  # the first takes the one slot; the other 1,000 are refused
-                await raw.send_multipart(codec.encode(WorkRequest(f"flood-{i}", "flooder")))
+                await raw.send_multipart(codec.encode(WorkRequest(f"flood-{i}", "flooder", session=session)))
             await until(lambda: service.stats.rejections["slots"] == 1000, 30, "1,000 rejections")
             logged = [r for r in caplog.records if r.getMessage().startswith("rejected a message from flooder")]
             assert 1 <= len(logged) <= 20
@@ -310,7 +313,8 @@ async def test_a_rollout_slot_takes_trajectories_only_from_its_owner_with_its_ta
             honest = trajectory(first, "SUCCESS", 1.0)
             forged = trajectory(first, "FAILURE", 0.0)
             assert await forge(forged) == ["Ack", "Reject"]
-            assert service.stats.rejections["owner"] == 1 and service.peers.assigned[(first.group_id, 0)] == "actor-1"
+            assert service.stats.rejections["owner"] == 1
+            assert peer_name(service.peers.assigned[(first.group_id, 0)].peer) == "actor-1"
             reused = trajectory(first, "FAILURE", 0.0)
             reused.trajectory_id = honest.trajectory_id
             await link.submit(honest)
@@ -381,14 +385,13 @@ async def test_arpo_actors_of_another_run_stops_with_the_learners_message(transp
 
 
 @pytest.mark.parametrize("attack", ["hog", "storm"])
-async def test_an_honest_actor_gets_work_beside_a_hog_or_a_storm_of_identities(transport, attack):
-    """Issue 24 item 4: one peer announcing 4,096 slots and sending 5,000 requests (a hog), or 200 fresh
-    identities with 64 requests each and no Hello (a storm), never hold every slot the admission rule allows:
-    the hog is capped at transport.max_slots_per_peer, the storm at UNANNOUNCED_PEERS x UNANNOUNCED_SLOTS (the
-    rest refused, reason "hello"), and rollouts go round-robin over the peers that wait, so an honest actor that
-    asks after the attack gets work within 2 s, with O(1) bookkeeping per request."""
-    from learner.rollouts.peers import UNANNOUNCED_PEERS, UNANNOUNCED_SLOTS
-
+async def test_an_honest_actor_gets_work_beside_a_hog_or_a_storm_that_holds_every_rollout(transport, attack):
+    """Issue 39 item 6: one peer announcing 4,096 slots and sending 1,100 requests (a hog, capped at
+    transport.max_slots_per_peer: 76 refused), or 16 peers holding 20 rollouts each (a storm) beside 100 identities
+    that never said Hello (all 500 of their requests refused, reason ``session``), take every one of the 320
+    rollouts the admission rule allows before an honest actor arrives. The honest actor, starved for
+    ``starved_after_s``, takes the newest rollout back from the peer furthest above its fair share (re-issued,
+    counted in ``rollouts_reclaimed``) and gets work, long before any rollout_timeout_s."""
     ctx = zmq.asyncio.Context()
     sockets = []
 
@@ -402,28 +405,72 @@ async def test_an_honest_actor_gets_work_beside_a_hog_or_a_storm_of_identities(t
         return sock
 
     try:
-        async with learner(ctx, transport, batch=1500, eta=0) as service:  # room for 1,500 rollouts running
-            service.peers.max_slots_per_peer = 1024
+        async with learner(ctx, transport, batch=320, eta=0) as service:  # room for 320 rollouts running
+            service.peers.max_slots_per_peer, service.peers.starved_after_s = 1024, 0.5
+            expire = asyncio.create_task(service.peers.expire_loop(period_s=0.1))
             if attack == "hog":
                 hog = dealer("hog")
-                await hog.send_multipart(codec.encode(Hello("hog", 4096)))
-                for i in range(5000):
-                    await hog.send_multipart(codec.encode(WorkRequest(f"hog-{i}", "hog")))
-                expected_refusals = ("slots", 5000 - 1024)
+                session = await hello_over(hog, "hog", 4096)
+                for i in range(1100):
+                    await hog.send_multipart(codec.encode(WorkRequest(f"hog-{i}", "hog", session=session)))
+                refusals = {"slots": 1100 - 1024}
             else:
-                for p in range(200):
+                for p in range(16):
                     sock = dealer(f"storm-{p}")
-                    for i in range(64):
-                        await sock.send_multipart(codec.encode(WorkRequest(f"s{p}-{i}", f"storm-{p}")))
-                expected_refusals = ("hello", (200 - UNANNOUNCED_PEERS) * 64)
-            reason, count = expected_refusals
-            await until(lambda: service.stats.rejections[reason] == count, 30, f"{count} refusals ({reason})")
-            held = service.admission.running
-            assert held == (1024 if attack == "hog" else UNANNOUNCED_PEERS * UNANNOUNCED_SLOTS)
+                    session = await hello_over(sock, f"storm-{p}", 20)
+                    for i in range(20):
+                        await sock.send_multipart(codec.encode(WorkRequest(f"s{p}-{i}", f"storm-{p}",
+                                                                           session=session)))
+                for p in range(100):
+                    sock = dealer(f"nameless-{p}")
+                    for i in range(5):
+                        await sock.send_multipart(codec.encode(WorkRequest(f"n{p}-{i}", f"nameless-{p}")))
+                refusals = {"session": 500}
+            await until(lambda: dict(service.stats.rejections) == refusals and service.admission.running == 320, 30,
+                        f"every rollout held, and {refusals}")
+            started = time.monotonic()
             async with actor(ctx, transport) as link:
-                assignment = await asyncio.wait_for(link.request_work(), 2)
-            assert assignment.task["id"] == "grid4-red" and service.admission.running == held + 1
+                assignment = await asyncio.wait_for(link.request_work(), 5)
+            assert assignment.task["id"] == "grid4-red" and time.monotonic() - started < 5
+            assert service.totals["rollouts_reclaimed"] == 1 and service.admission.running == 320
+            holders = collections.Counter(peer_name(hold.peer) for hold in service.peers.assigned.values())
+            assert holders["actor-1"] == 1 and sum(holders.values()) == 320
+            assert max(holders.values()) == (319 if attack == "hog" else 20)
+            expire.cancel()
     finally:
         for sock in sockets:
             sock.close(0)
+        ctx.destroy(linger=0)
+
+
+async def test_a_peer_that_copies_an_actors_routing_id_cannot_submit_for_its_rollouts(transport):
+    """Issue 39 item 6: a peer that connects under an honest actor's id ("actor-1"; the random part of the honest
+    routing id it cannot know, so it does not take the route) and says Hello with a session of its own cannot
+    submit for the honest actor's rollouts, neither with its own session nor with none (Reject ``owner``), nor ask
+    for work under a session it did not open; the honest trajectory is taken and acked."""
+    ctx = zmq.asyncio.Context()
+    impostor = ctx.socket(zmq.DEALER)
+    impostor.setsockopt(zmq.ROUTING_ID, b"actor-1")
+    impostor.setsockopt(zmq.LINGER, 0)
+    try:
+        async with learner(ctx, transport, batch=4, eta=1) as service, actor(ctx, transport) as link:
+            first = await asyncio.wait_for(link.request_work(), 5)
+            impostor.connect(transport.endpoint)
+            session = await hello_over(impostor, "actor-1", 4)
+            assert session != link.session
+            for forged_session in (session, ""):
+                forged = trajectory(first, "SUCCESS", 1.0)
+                forged.session = forged_session
+                await impostor.send_multipart(codec.encode(forged))
+            await impostor.send_multipart(codec.encode(WorkRequest("stolen", "actor-1", session=link.session[:-1])))
+            await until(lambda: service.stats.rejections["owner"] == 2 and service.stats.rejections["session"] == 1,
+                        10, "the forged trajectories and the request refused")
+            assert service.peers.assigned[(first.group_id, first.rollout_index)].session == link.session
+            impostor.close(0)
+            await link.submit(trajectory(first, "FAILURE", 0.0))
+            assert await link.wait_acked(10)
+            assert service.totals["trajectories"] == 1 and service.totals[Outcome.FAILURE] == 1
+            assert service.totals[Outcome.SUCCESS] == 0
+    finally:
+        impostor.close(0)
         ctx.destroy(linger=0)

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from arpo_async.config import ConfigError, EvalConfig, load_config
-from arpo_async.messages import Ack, Assignment, Hello, Step, Trajectory, WorkRequest
+from arpo_async.messages import Ack, Assignment, Step, Trajectory, WorkRequest
 from arpo_async.tasks import Task
 from arpo_async.transport import Envelope, Outbox
 from learner.algo.task_selection import TaskSelector
@@ -17,7 +17,7 @@ from learner.rollouts.evaluation_rounds import RESULT_KEYS, EvaluationRounds, ev
 from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.service import LearnerService
 from learner.rollouts.staleness import LockstepAdmission, StalenessManager
-from tests.support import trained
+from tests.support import hello, trained
 
 
 def task(task_id: str) -> Task:
@@ -47,24 +47,26 @@ def sent(service: LearnerService) -> list:
     return [service.outbox.get_nowait()[1] for _ in range(service.outbox.qsize())]
 
 
-def trajectory(a: Assignment, outcome: str, tid: str | None = None, version: int = 0) -> Envelope:
+def trajectory(service: LearnerService, a: Assignment, outcome: str, tid: str | None = None,
+               version: int = 0) -> Envelope:
     score = 1.0 if outcome == "SUCCESS" else 0.0
     steps = [Step([1, 2], [0], [5], [-1.0], [version], "t", "click(1,1)")] if outcome != "ENV_ERROR" else []
     return Envelope(Trajectory(tid or f"t-{a.group_id}-{a.rollout_index}", "a", a.task["id"], a.group_id,
                                a.rollout_index, outcome, score, True, steps, [b"png"] if steps else [],
-                               assigned_version=a.policy_version), "a")
+                               assigned_version=a.policy_version,
+                               session=service.peers.sessions.latest("a")), "a")
 
 
 async def ask(service: LearnerService, n: int, first: int = 0) -> list[Assignment]:
     """``n`` work requests from peer "a"; the assignments they got."""
     for i in range(first, first + n):
-        await service.handle(Envelope(WorkRequest(f"r{i}", "a"), "a"))
+        await service.handle(Envelope(WorkRequest(f"r{i}", "a", session=service.peers.sessions.latest("a")), "a"))
     return [m for m in sent(service) if isinstance(m, Assignment)]
 
 
 async def test_a_round_completes_counting_errors_as_failures_and_trains_on_nothing():
     service = make_service(max_steps=3, temperature=0.7)
-    await service.handle(Envelope(Hello("a", slots=16), "a"))
+    await hello(service, "a", 16)
     await service.begin_evaluation()  # step 0: the round of the initial weights
     handed = await ask(service, 6)
     evaluation = [a for a in handed if a.evaluation]
@@ -78,8 +80,8 @@ async def test_a_round_completes_counting_errors_as_failures_and_trains_on_nothi
     outcomes = {(HELD_A.id, 0): "SUCCESS", (HELD_A.id, 1): "ENV_ERROR", (HELD_B.id, 0): "TASK_ERROR",
                 (HELD_B.id, 1): "FAILURE"}
     for a in evaluation:
-        await service.handle(trajectory(a, outcomes[(a.task["id"], a.rollout_index)]), more=True)
-    await service.handle(trajectory(evaluation[0], "SUCCESS"))  # a re-send: a duplicate, counted once
+        await service.handle(trajectory(service, a, outcomes[(a.task["id"], a.rollout_index)]), more=True)
+    await service.handle(trajectory(service, evaluation[0], "SUCCESS"))  # a re-send: a duplicate, counted once
     acks = [m for m in sent(service) if isinstance(m, Ack)]
     assert sorted(tid for ack in acks for tid in ack.trajectory_ids) == sorted(
         [f"t-{a.group_id}-{a.rollout_index}" for a in evaluation] + [f"t-{evaluation[0].group_id}-0"])
@@ -105,7 +107,7 @@ async def test_a_round_completes_counting_errors_as_failures_and_trains_on_nothi
 async def test_rounds_come_due_at_multiples_skip_while_one_runs_and_the_final_one_replaces_it():
     service = make_service(every_steps=4, repeats=1, final_step=12)
     evaluation = service.evaluation
-    await service.handle(Envelope(Hello("a", slots=16), "a"))
+    await hello(service, "a", 16)
     await trained(service, 2, 1)
     assert evaluation.round is None  # 2 crosses no multiple of 4
     await trained(service, 5, 2)  # crosses 4
@@ -119,13 +121,13 @@ async def test_rounds_come_due_at_multiples_skip_while_one_runs_and_the_final_on
     assert evaluation.round.step == 12 and evaluation.round.version == 4
     assert service.totals["eval_rounds_abandoned"] == 1
     late = handed[0]
-    await service.handle(trajectory(late, "SUCCESS"))  # its round is gone: acked, counted late, never recorded
+    await service.handle(trajectory(service, late, "SUCCESS"))  # its round is gone: acked, counted late, never recorded
     assert service.totals["late"] == 1 and evaluation.results == []
     final = [a for a in await ask(service, 4, first=1) if a.evaluation]
     assert len(final) == 2 and {a.policy_version for a in final} == {4}
     assert not await service.finish_evaluation(0.01)  # still out: the wait is bounded
     for a in final:
-        await service.handle(trajectory(a, "SUCCESS", version=4))
+        await service.handle(trajectory(service, a, "SUCCESS", version=4))
     assert await service.finish_evaluation(1.0)
     result = evaluation.take_result()
     assert (result["eval_success"], result["eval_step"], result["eval_policy_version"]) == (1.0, 12, 4)
@@ -133,14 +135,14 @@ async def test_rounds_come_due_at_multiples_skip_while_one_runs_and_the_final_on
 
 async def test_an_episode_of_a_silent_actor_is_handed_out_again():
     service = make_service(repeats=1)
-    await service.handle(Envelope(Hello("a", slots=4), "a"))
+    await hello(service, "a", 4)
     await service.begin_evaluation()
     first = await ask(service, 2)
     service.peers.actors["a"] -= 3600  # "a" has been silent for an hour
     await service.peers.forget_silent_peers()
     assert len(service.evaluation.round.waiting) == 2 and not service.evaluation.round.running
-    await service.handle(Envelope(Hello("b", slots=4), "b"))
-    await service.handle(Envelope(WorkRequest("b-r0", "b"), "b"))
+    await hello(service, "b", 4)
+    await service.handle(Envelope(WorkRequest("b-r0", "b", session=service.peers.sessions.latest("b")), "b"))
     again = [m for m in sent(service) if isinstance(m, Assignment)]
     assert again[0].evaluation and (again[0].group_id, again[0].rollout_index) in {
         (a.group_id, a.rollout_index) for a in first}
@@ -148,7 +150,7 @@ async def test_an_episode_of_a_silent_actor_is_handed_out_again():
 
 async def test_lockstep_hands_out_evaluation_episodes_between_rounds():
     service = make_service(repeats=1, lockstep=True)
-    await service.handle(Envelope(Hello("a", slots=8), "a"))
+    await hello(service, "a", 8)
     await service.begin_evaluation()
     handed = await ask(service, 3)
     assert [a.evaluation for a in handed] == [True, True]  # no rollout batch is open: training waits

@@ -4,7 +4,7 @@ ZeroMQ-free envelopes on a real inbox, and the records through the real MetricsW
 import asyncio
 import itertools
 
-from arpo_async.messages import Assignment, Heartbeat, Hello, Step, Trajectory, WorkRequest
+from arpo_async.messages import Assignment, Heartbeat, Step, Trajectory, WorkRequest
 from arpo_async.metrics import MetricsWriter, read_metrics
 from arpo_async.tasks import Task
 from arpo_async.transport import Envelope, Outbox
@@ -13,7 +13,7 @@ from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.service import LearnerService
 from learner.rollouts.staleness import StalenessManager
 from learner.train.records import step_record
-from tests.support import loop_counters, trained
+from tests.support import hello, loop_counters, trained
 from tests.unit.test_tensorboard_metrics import read_tensorboard
 
 TASK = Task.from_dict({"id": "grid4-red", "instruction": "click red", "config": [],
@@ -41,12 +41,11 @@ async def until(condition, timeout_s: float = 5.0) -> None:
 
 async def test_per_peer_request_queues_and_actor_outboxes_are_gauged():
     service = make_service()
-    for peer in ("a", "b"):
-        await service.handle(Envelope(Hello(peer, slots=8), peer))
+    sessions = {peer: await hello(service, peer, 8) for peer in ("a", "b")}
     for i in range(5):
-        await service.handle(Envelope(WorkRequest(f"a-r{i}", "a"), "a"))
+        await service.handle(Envelope(WorkRequest(f"a-r{i}", "a", session=sessions["a"]), "a"))
     for i in range(2):
-        await service.handle(Envelope(WorkRequest(f"b-r{i}", "b"), "b"))
+        await service.handle(Envelope(WorkRequest(f"b-r{i}", "b", session=sessions["b"]), "b"))
     await service.handle(Envelope(Heartbeat("a", running=2, waiting=3, unacked=0, outbox=7), "a"))
     await service.handle(Envelope(Heartbeat("b", running=0, waiting=2, unacked=1, outbox=3), "b"))
     depths = service.queue_depths()
@@ -58,11 +57,11 @@ async def test_per_peer_request_queues_and_actor_outboxes_are_gauged():
 
 async def test_peaks_outlive_the_queue_and_each_record_takes_its_window():
     service = make_service()
-    await service.handle(Envelope(Hello("a", slots=8), "a"))
+    session = await hello(service, "a", 8)
     watcher = asyncio.create_task(service.stats.watch_depths(service.queue_depths, period_s=0.005))
     try:
         for i in range(6):
-            await service.handle(Envelope(WorkRequest(f"r{i}", "a"), "a"))
+            await service.handle(Envelope(WorkRequest(f"r{i}", "a", session=session), "a"))
         await until(lambda: service.stats.peak_depths["waiting_requests"] == 4)
         handed = [m for m in sent(service) if isinstance(m, Assignment)]
         while handed:  # return every rollout: each group's return admits the next ones, until none waits
@@ -70,7 +69,7 @@ async def test_peaks_outlive_the_queue_and_each_record_takes_its_window():
                 step = Step([1, 2], [0], [5], [-1.0], [0], "t", "wait()")
                 await service.handle(Envelope(Trajectory(f"t-{a.group_id}-{a.rollout_index}", "a", a.task["id"],
                                                          a.group_id, a.rollout_index, "FAILURE", 0.0, True, [step],
-                                                         [b"png"]), "a"))
+                                                         [b"png"], session=session), "a"))
             while not service.groups.empty():  # the training loop takes the complete groups
                 service.groups.get_nowait()
             await trained(service, service.step + 1, service.version + 1)  # a new version admits more

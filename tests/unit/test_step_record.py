@@ -14,7 +14,7 @@ from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.service import LearnerService
 from learner.rollouts.staleness import StalenessManager
 from learner.train.records import step_record
-from tests.support import loop_counters
+from tests.support import hello, loop_counters
 
 
 def task(task_id: str, **extra) -> Task:
@@ -40,8 +40,9 @@ async def service():
 
 
 async def assignments(service: LearnerService, count: int) -> list[Assignment]:
+    session = await hello(service, "peer", 64)
     for i in range(count):
-        await service.handle(Envelope(WorkRequest(f"r{i}", "actor"), "peer"))
+        await service.handle(Envelope(WorkRequest(f"r{i}", "actor", session=session), "peer"))
     sent = [service.outbox.get_nowait()[1] for _ in range(service.outbox.qsize())]
     return [m for m in sent if isinstance(m, Assignment)]
 
@@ -57,7 +58,9 @@ async def test_step_record_has_success_per_task_and_family(service):
     assert sorted(a.task["id"] for a in handed) == sorted(2 * list(OUTCOMES))
     for a in handed:
         outcome = OUTCOMES[a.task["id"]][a.rollout_index]
-        await service.handle(Envelope(trajectory(a, outcome), "peer"))
+        traj = trajectory(a, outcome)
+        traj.session = service.peers.sessions.latest("peer")
+        await service.handle(Envelope(traj, "peer"))
 
     batch = [ScoredGroup("grid4-red", [], [1.0, 0.0], [1.0, -1.0], False, 0.5, [0, 0])]
     record = step_record(1, 1, batch, {"loss": 0.1}, service.stats.window.take(), loop_counters(service), 0.0, 12.0)

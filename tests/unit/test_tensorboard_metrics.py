@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from arpo_async.messages import Assignment, Heartbeat, Hello, Step, Trajectory, WorkRequest
+from arpo_async.messages import Assignment, Heartbeat, Step, Trajectory, WorkRequest
 from arpo_async.metrics import MetricsWriter, flatten_numbers, read_metrics
 from arpo_async.stage_timings import StageTimings, percentile
 from arpo_async.tasks import Task
@@ -21,7 +21,7 @@ from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.service import LearnerService
 from learner.rollouts.staleness import StalenessManager
 from learner.train.records import step_record
-from tests.support import loop_counters
+from tests.support import hello, loop_counters
 
 TASK = Task.from_dict({"id": "grid4-red", "instruction": "click red", "config": [],
                        "evaluator": {"func": "exact_match", "result": {"type": "vm_file", "path": "/r"},
@@ -86,20 +86,21 @@ async def one_window(service: LearnerService, window: int, scale: float) -> None
     """Two rollouts handed out and returned; stage timings scaled by ``scale``. Window 1's group has two failures
     (no reward difference, and no success to replay yet: dropped as zero_variance); window 2's a success and a
     failure."""
+    session = service.peers.sessions.latest("peer")
     for i in range(2):
-        await service.handle(Envelope(WorkRequest(f"w{window}-r{i}", "actor"), "peer"))
+        await service.handle(Envelope(WorkRequest(f"w{window}-r{i}", "actor", session=session), "peer"))
     sent = [service.outbox.get_nowait()[1] for _ in range(service.outbox.qsize())]
     for a in [m for m in sent if isinstance(m, Assignment)]:
         traj = Trajectory(f"t{window}-{a.rollout_index}", "actor", a.task["id"], a.group_id, a.rollout_index,
                           *(("SUCCESS", 1.0) if window == 2 and a.rollout_index == 0 else ("FAILURE", 0.0)), True,
                           [step(scale * (a.rollout_index + 1), scale / 10, scale / 100)], [b"png"],
                           timings={"reset_s": scale, "setup_s": scale / 2, "evaluate_s": scale / 4,
-                                   "episode_s": 2 * scale})
+                                   "episode_s": 2 * scale}, session=session)
         await service.handle(Envelope(traj, "peer"))
 
 
 async def test_tensorboard_holds_every_number_of_metrics_jsonl(service, tmp_path):
-    await service.handle(Envelope(Hello("actor", slots=4), "peer"))
+    await hello(service, "peer", 4)
     await service.handle(Envelope(Heartbeat("actor", running=3, waiting=1, unacked=2), "peer"))
     writer = MetricsWriter(tmp_path / "metrics.jsonl", tensorboard=tmp_path / "tb")
     batch = [ScoredGroup("grid4-red", [], [1.0, 0.0], [1.0, -1.0], False, 0.5, [0, 1])]
