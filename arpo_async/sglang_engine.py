@@ -79,11 +79,14 @@ class SGLangEngine:
     Args:
         client: the shared HTTP client (session, retry policy, API key).
         url: the server's base URL (``http://host:port``).
+        owner: sent as ``rid`` (SGLang's request-id field) when this engine begins and ends a weight-update
+            session, so that arpo-serve lets no other client end it ("": no rid; SGLang itself keeps no owner).
     """
 
-    def __init__(self, client: PolicyClient, url: str) -> None:
+    def __init__(self, client: PolicyClient, url: str, owner: str = "") -> None:
         self.client = client
         self.url = url.rstrip("/")
+        self.owner = owner
 
     def __repr__(self) -> str:
         return f"SGLangEngine({self.url!r})"
@@ -146,7 +149,11 @@ class SGLangEngine:
     async def begin_weight_update(self) -> EngineReply:
         """POST /begin_weight_update {"selector": "all"} once: SGLang 0.5.23 loads distributed updates only inside
         this session."""
-        return _reply(await self.client.post_once(self._at("begin_weight_update"), {"selector": "all"}))
+        return _reply(await self.client.post_once(self._at("begin_weight_update"),
+                                                  {"selector": "all", **self._rid()}))
+
+    def _rid(self) -> dict[str, str]:
+        return {"rid": self.owner} if self.owner else {}
 
     async def receive_weights(self, *, names: list[str], dtypes: list[str], shapes: list[list[int]],
                               group_name: str, version: int | None, load_format: str | None,
@@ -162,8 +169,8 @@ class SGLangEngine:
         return _reply(await self.client.post_once(self._at("update_weights_from_distributed"), payload, timeout_s))
 
     async def end_weight_update(self) -> EngineReply:
-        """POST /end_weight_update {} once."""
-        return _reply(await self.client.post_once(self._at("end_weight_update"), {}))
+        """POST /end_weight_update {rid?} once."""
+        return _reply(await self.client.post_once(self._at("end_weight_update"), self._rid()))
 
     async def served_dtype(self) -> str:
         """GET /get_server_info ``dtype`` (SGLang's --dtype; "auto" when it names none)."""
@@ -202,6 +209,6 @@ class SGLangEngine:
                                                   {"group_name": group_name}))
 
 
-def sglang_engines(client: PolicyClient) -> list[SGLangEngine]:
-    """One :class:`SGLangEngine` per server of ``client`` (its ``urls``, in order)."""
-    return [SGLangEngine(client, url) for url in client.urls]
+def sglang_engines(client: PolicyClient, owner: str = "") -> list[SGLangEngine]:
+    """One :class:`SGLangEngine` per server of ``client`` (its ``urls``, in order), each with ``owner``."""
+    return [SGLangEngine(client, url, owner) for url in client.urls]

@@ -143,7 +143,8 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
                                                              id_prefix=f"{learner_id[:6]}-") if eval_tasks else None,
                                  ready_groups=lambda: loop.ready_groups())
         async with PolicyClient(list(config.actors.inference_urls), api_key=config.serve.api_key) as client:
-            engines = sglang_engines(client)  # the inference engine (arpo_async.engine): another is chosen here
+            # the inference engine (arpo_async.engine; another is chosen here); the run owns its weight sessions
+            engines = sglang_engines(client, owner=f"arpo-learner-{config.resolved_run_id}")
             loop = TrainingLoop(service, groups, batcher, state, trainer, weight_publisher(config, engines),
                                 Checkpointer(run / "checkpoints", keep=lc.keep_checkpoints), lc,
                                 on_discard=admission.on_discard,

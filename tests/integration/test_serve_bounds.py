@@ -294,7 +294,7 @@ async def test_joins_to_an_address_that_never_answers_neither_starve_generation_
     answers used to fill the server's worker threads (an honest /generate then timed out) and keep SIGTERM from
     stopping it. Now at most JOINS_AT_ONCE wait (in daemon threads), the others are refused at once, /generate is
     served meanwhile, and SIGTERM stops the server within seconds."""
-    from arpo_serve.app import JOINS_AT_ONCE
+    from arpo_serve.weight_routes import JOINS_AT_ONCE
     silent = await asyncio.start_server(lambda r, w: asyncio.sleep(3600), "127.0.0.1", 0)
     port = silent.sockets[0].getsockname()[1]
     proc = ServeProcess(tiny_model, free_port(), tmp_path)

@@ -86,7 +86,7 @@ async def test_every_request_body_decodes_into_sglang_types(sglang_python, tiny_
                                   rid="ep-1-0", episode_id="ep-1")
             await client.generate(input_ids=prompt[:5], images=[], sampling_params=free, rid="ep-2-0",
                                   episode_id="ep-2")
-            engine = SGLangEngine(client, url)
+            engine = SGLangEngine(client, url, owner="arpo-learner-run-1")  # begin and end carry its rid
             assert await engine.healthy()
             await engine.server_info()
             assert await engine.weight_version() == 0  # GET /get_model_info without a version: "default"

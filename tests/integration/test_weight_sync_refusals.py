@@ -55,6 +55,30 @@ async def test_a_session_left_open_is_closed_once_and_the_publication_goes_throu
         server.stop()
 
 
+async def test_a_session_opened_with_a_rid_is_ended_only_by_that_rid(trainer, tmp_path, caplog):
+    """Issue 39 item 8: the learner opens its weight-update sessions with its own ``rid`` (SGLang's request-id
+    field); another client holding the same API key cannot end one (400, naming the owner), so it cannot break a
+    publication; the owner's publication, which finds its own session left open, closes it and goes through."""
+    server = ServeProcess(tmp_path / "policy", free_port(), tmp_path)
+    server.start()
+    try:
+        async with PolicyClient([server.url], retry=RETRY) as client:
+            owner = SGLangEngine(client, server.url, owner="arpo-learner-run-a")
+            assert (await owner.begin_weight_update()).ok  # a publication of run a is under way
+            for other in (SGLangEngine(client, server.url, owner="arpo-learner-run-b"),
+                          SGLangEngine(client, server.url)):
+                refused = await other.end_weight_update()
+                assert not refused.ok and "belongs to rid 'arpo-learner-run-a'" in refused.message
+            publisher = DistributedPublisher([owner], timeout_s=20.0)  # the owner restarted: its session is its own
+            with caplog.at_level(logging.WARNING, logger="arpo.learner.publish"):
+                await publisher.publish_from(trainer, 3)
+            assert publisher.failures == 0 and (await owner.server_info())["weight_version"] == "3"
+            unowned = SGLangEngine(client, server.url)  # without a rid, as SGLang: anyone may end it
+            assert (await unowned.begin_weight_update()).ok and (await owner.end_weight_update()).ok
+    finally:
+        server.stop()
+
+
 async def test_a_server_that_never_joins_is_skipped_after_the_rendezvous_timeout(trainer, caplog):
     calls: list[str] = []
 

@@ -229,9 +229,8 @@ def test_learner_rooms_import_downwards_only():
 
 MAX_MODULE_LINES = 500
 LONG_MODULES = {
-    # not split yet: arpo_async/tasks.py (566 lines), arpo_serve/app.py (536), arpo_async/codec.py (502)
+    # not split yet: arpo_async/tasks.py (566 lines), arpo_async/codec.py (502)
     "arpo_async/tasks.py",
-    "arpo_serve/app.py",
     "arpo_async/codec.py",
 }
 """Modules allowed over MAX_MODULE_LINES for now; the list only shrinks (a listed module that fits fails)."""
