@@ -332,7 +332,7 @@ class Peers:
             self.admission.on_finish(accepted=False)
         self.totals["rollouts_reclaimed"] += 1
         if not self._warnings.warning("%s waited %.0f s with no rollout while %s held %d (its fair share: %d); "
-                                      "re-issued rollout %s", starved, self.starved_after_s, over,
+                                      "re-issued rollout %s", peer_name(starved), self.starved_after_s, peer_name(over),
                                       self._running[over] + 1, shares.get(over, 0), slot):
             self.totals["warnings_suppressed"] += 1
         return True
@@ -423,7 +423,7 @@ class Peers:
             self.sessions.forget_peer(peer)
         self.totals["silent_peers"] += len(silent)
         log.warning("%d peer(s) silent for %.0f s (%s): dropped %d waiting requests, re-issued %d rollouts",
-                    len(silent), self.peer_timeout_s, ", ".join(sorted(silent))[:200], dropped,
+                    len(silent), self.peer_timeout_s, ", ".join(sorted(map(peer_name, silent)))[:200], dropped,
                     reissued)
         await self.dispatch()
         return len(silent)

@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from arpo_async.messages import Heartbeat, Hello, Outcome, Reject, Trajectory, WorkRequest
 from arpo_async.process import WarningBudget
-from arpo_async.transport import Envelope, Outbox, Undecodable
+from arpo_async.transport import Envelope, Outbox, Undecodable, peer_name
 from arpo_async.validation import InvalidMessage, WireLimits, check_hello, check_trajectory, check_work_request
 from learner.algo.baseline import BaselinePass
 from learner.algo.task_selection import NoTaskLeft, TaskSelector, trainable_scores
@@ -243,7 +243,7 @@ class LearnerService:
 
     def _warn_rejected(self, peer: str | None, why: object) -> None:
         """Log one rejection within the warning budget; one left out is counted in ``warnings_suppressed``."""
-        if not self._warnings.warning("rejected a message from %s: %s", peer, why):
+        if not self._warnings.warning("rejected a message from %s: %s", peer_name(peer or ""), why):
             self.stats.totals["warnings_suppressed"] += 1
 
     async def _on_trajectory(self, peer: str, traj: Trajectory, key: str = "") -> None:
