@@ -83,6 +83,7 @@ class LearnerLink:
         """This process's session (see the module docstring)."""
         self._hello_again = False
         """A Reject said the learner does not know the session: say Hello at the next heartbeat."""
+        self._said_hello = False
         self._held: dict[str, _Held] = {}
         self.learner_id: str | None = None
         self.policy_version = 0
@@ -121,13 +122,15 @@ class LearnerLink:
             self._requested_at.pop(request_id, None)
 
     async def _send_request(self, request_id: str) -> None:
-        """Send (or send again) an open request."""
+        """Send (or send again) an open request; a Hello first if none went yet (a request before ``keepalive``)."""
+        if not self._said_hello:
+            await self._say_hello()
         self._requested_at[request_id] = time.monotonic()
         await self.outbox.send(WorkRequest(request_id, self.actor_id, self.run_id, self.session))
 
     async def _say_hello(self) -> None:
         """Announce this process, its slots, what it holds and its session."""
-        self._hello_again = False
+        self._hello_again, self._said_hello = False, True
         await self.outbox.send(Hello(self.actor_id, self.slots, list(self._held), self.run_id, self.session))
 
     async def submit(self, trajectory: Trajectory) -> None:
@@ -231,7 +234,8 @@ class LearnerLink:
 
     async def keepalive(self) -> None:
         """Hello, then heartbeats every ``heartbeat_s``; re-sends trajectories unacked for ``resend_after_s``."""
-        await self._say_hello()
+        if not self._said_hello:
+            await self._say_hello()
         while True:
             await asyncio.sleep(self._config.heartbeat_s)
             if self._hello_again:

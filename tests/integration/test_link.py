@@ -474,3 +474,34 @@ async def test_a_peer_that_copies_an_actors_routing_id_cannot_submit_for_its_rol
     finally:
         impostor.close(0)
         ctx.destroy(linger=0)
+
+
+async def test_an_actor_whose_session_was_forgotten_says_hello_again_and_gets_work(transport):
+    """Issue 39 item 6: a learner that thought the actor silent forgets its session; the actor's next request is
+    refused (``session``), it says Hello again at its next heartbeat, and the request, sent again, gets work. A
+    request made before the link's keepalive started sends the Hello first."""
+    ctx = zmq.asyncio.Context()
+    try:
+        async with learner(ctx, transport, batch=4, eta=1) as service:
+            inbox, outbox = asyncio.Queue(INBOX_SIZE), Outbox(routed=False)
+            pump = SocketPump(dealer_socket(ctx, transport, "actor-1"), inbox=inbox, outbox=outbox,
+                              max_bytes=transport.max_message_bytes)
+            link = LearnerLink(outbox, "actor-1", 4, transport)
+            tasks = [asyncio.create_task(pump.run()), asyncio.create_task(link.serve(inbox))]
+            try:
+                first = await asyncio.wait_for(link.request_work(), 5)  # no keepalive yet: the Hello goes first
+                assert first.task["id"] == "grid4-red"
+                tasks.append(asyncio.create_task(link.keepalive()))
+                (peer,) = service.peers.actors
+                service.peers.actors[peer] -= 3600  # as if silent for an hour
+                await service.peers.forget_silent_peers()
+                assert not service.peers.sessions.latest(peer)
+                again = await asyncio.wait_for(link.request_work(), 10)
+                assert again.task["id"] == "grid4-red" and service.stats.rejections["session"] >= 1
+                assert service.peers.sessions.latest(peer) == link.session
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        ctx.destroy(linger=0)
