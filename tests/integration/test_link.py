@@ -21,7 +21,7 @@ import zmq.asyncio
 from actors.link import LearnerLink
 from arpo_async import codec
 from arpo_async.config import LearnerConfig, TransportConfig
-from arpo_async.messages import Outcome, Reject, Step, Trajectory, WorkRequest
+from arpo_async.messages import Hello, Outcome, Reject, Step, Trajectory, WorkRequest
 from arpo_async.tasks import Task
 from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, dealer_socket, peer_name, router_socket
 from learner.algo.baseline import BASELINE_FILE, plan_tasks
@@ -504,4 +504,53 @@ async def test_an_actor_whose_session_was_forgotten_says_hello_again_and_gets_wo
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
     finally:
+        ctx.destroy(linger=0)
+
+
+async def test_over_curve_a_session_is_bound_to_the_key_that_opened_it(transport, tmp_path):
+    """Issue 39 item 6, with CURVE on: a second authorized host that has learnt an actor's session (its secret
+    leaked) still cannot use it: its Hello naming that session, a request under it and a trajectory for the actor's
+    rollout are refused (``session``, ``owner``), because the session is bound to the public key ZeroMQ's ZAP
+    handler authenticated for the connection that opened it. The honest actor's trajectory is taken."""
+    import dataclasses
+    import shutil
+
+    import zmq.auth
+
+    from arpo_async.transport import start_authenticator
+
+    keys, authorized = tmp_path / "keys", tmp_path / "authorized"
+    keys.mkdir(), authorized.mkdir()
+    zmq.auth.create_certificates(str(keys), "learner")
+    for name in ("honest", "thief"):
+        public, _ = zmq.auth.create_certificates(str(keys), name)
+        shutil.copy(public, authorized)
+    at_learner = dataclasses.replace(transport, curve_secret_key_file=str(keys / "learner.key_secret"),
+                                     curve_authorized_dir=str(authorized))
+
+    def at_host(name: str) -> TransportConfig:
+        return dataclasses.replace(transport, curve_secret_key_file=str(keys / f"{name}.key_secret"),
+                                   curve_server_key_file=str(keys / "learner.key"))
+
+    ctx = zmq.asyncio.Context()
+    authenticator = start_authenticator(ctx, at_learner)
+    thief = dealer_socket(ctx, at_host("thief"), "thief")
+    try:
+        async with learner(ctx, at_learner, batch=4, eta=1) as service, actor(ctx, at_host("honest")) as link:
+            first = await asyncio.wait_for(link.request_work(), 5)
+            hold = service.peers.assigned[(first.group_id, first.rollout_index)]
+            assert len(hold.key) == 40 and hold.session == link.session  # the honest host's Z85 public key
+            await thief.send_multipart(codec.encode(Hello("thief", 4, session=link.session)))
+            await thief.send_multipart(codec.encode(WorkRequest("t-r0", "thief", session=link.session)))
+            forged = trajectory(first, "SUCCESS", 1.0)
+            forged.session = link.session
+            await thief.send_multipart(codec.encode(forged))
+            await until(lambda: service.stats.rejections["session"] == 2 and service.stats.rejections["owner"] == 1,
+                        10, "the stolen session refused")
+            await link.submit(trajectory(first, "FAILURE", 0.0))
+            assert await link.wait_acked(10)
+            assert service.totals[Outcome.FAILURE] == 1 and service.totals[Outcome.SUCCESS] == 0
+    finally:
+        thief.close(0)
+        authenticator.stop()
         ctx.destroy(linger=0)
