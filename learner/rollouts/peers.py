@@ -315,12 +315,13 @@ class Peers:
         return next(iter(self.waiting))
 
     def _reclaim(self, shares: dict[str, int]) -> bool:
-        """A waiting peer has held no rollout for ``starved_after_s`` while the admission rule admits none: take
-        the newest training rollout back from the peer furthest above its share and re-issue it. True when one
-        was taken back (the admission rule then admits one more)."""
+        """A waiting peer with a share has held no rollout for ``starved_after_s`` while the admission rule admits
+        none: take the newest training rollout back from the peer furthest above its share and re-issue it. True
+        when one was taken back (the admission rule then admits one more, and :meth:`_next_peer` hands it to a peer
+        below its share, so reclaiming never feeds the peer it took from and always ends)."""
         now = time.monotonic()
-        starved = next((peer for peer, queue in self.waiting.items()
-                        if not self._running[peer] and now - queue[0].since >= self.starved_after_s), None)
+        starved = next((peer for peer, queue in self.waiting.items() if not self._running[peer]
+                        and shares.get(peer, 0) > 0 and now - queue[0].since >= self.starved_after_s), None)
         over = max(self._running, key=lambda peer: self._running[peer] - shares.get(peer, 0), default=None)
         if starved is None or over is None or self._running[over] <= shares.get(over, 0):
             return False

@@ -1,6 +1,7 @@
 """Max-min fair shares of the admitted rollouts (learner.rollouts.fair_share) and the session book
 (learner.rollouts.sessions) that ties rollouts to a secret instead of a routing id."""
 
+import collections
 import secrets
 
 import pytest
@@ -69,3 +70,42 @@ def test_a_hello_flood_under_one_routing_id_never_evicts_a_session_that_owns_wor
     assert book.latest("actor-1") in flooded
     with pytest.raises(InvalidMessage):
         book.check(honest, "actor-1")
+
+
+async def test_a_starved_peer_takes_a_rollout_back_only_with_a_share():
+    """2 rollouts at once. A hog holds both; b, starved, takes one back (its share is 1). Then a asks: over a, b and
+    the hog its share is 0 (more peers than rollouts), so it waits without taking any back, and dispatch returns."""
+    import itertools
+
+    from arpo_async.messages import WorkRequest
+    from arpo_async.tasks import Task
+    from arpo_async.transport import Envelope, Outbox
+    from learner.rollouts.scheduler import GroupScheduler
+    from learner.rollouts.service import LearnerService
+    from learner.rollouts.staleness import StalenessManager
+    from tests.support import hello
+
+    task = Task.from_dict({"id": "grid4-red", "instruction": "click red", "config": [],
+                           "evaluator": {"func": "exact_match", "result": {"type": "vm_file", "path": "/r"},
+                                         "expected": {"type": "rule", "rules": {"expected": "x"}}}})
+    order = itertools.cycle([task])
+    service = LearnerService(Outbox(routed=True), GroupScheduler([task], group_size=2, pick_task=lambda: next(order)),
+                             StalenessManager(2, 0))
+    service.peers.starved_after_s = 0.0
+    sessions = {peer: await hello(service, peer, n) for peer, n in {"a": 1, "b": 1, "hog": 5}.items()}
+
+    async def ask(peer: str, n: int) -> None:
+        for i in range(n):
+            await service.handle(Envelope(WorkRequest(f"{peer}-{i}", peer, session=sessions[peer]), peer))
+
+    def holders() -> collections.Counter:
+        return collections.Counter(hold.peer for hold in service.peers.assigned.values())
+
+    await ask("hog", 3)  # holds both rollouts, one more waiting
+    assert holders() == {"hog": 2}
+    await ask("b", 1)
+    assert holders() == {"hog": 1, "b": 1} and service.totals["rollouts_reclaimed"] == 1
+    await ask("a", 1)
+    assert service.peers.fair_shares() == {"a": 0, "b": 1, "hog": 1}
+    assert holders() == {"hog": 1, "b": 1} and service.totals["rollouts_reclaimed"] == 1
+    assert service.peers.waiting_count == 2  # the hog's third request and a's
