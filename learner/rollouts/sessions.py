@@ -18,8 +18,7 @@ and says Hello again and again can never evict a session that owns work.
 from __future__ import annotations
 
 import collections
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from arpo_async.validation import InvalidMessage
 
@@ -38,13 +37,11 @@ class Session:
         peer: the routing id whose Hello it answered.
         key: the CURVE public key (Z85) of that Hello's connection; "" without CURVE.
         outstanding: its requests waiting plus its rollouts running.
-        used: when it last came with a message (time.monotonic), for eviction.
     """
 
     peer: str
     key: str
     outstanding: int = 0
-    used: float = field(default_factory=time.monotonic)
 
 
 class SessionBook:
@@ -93,8 +90,7 @@ class SessionBook:
         if found is None or found.peer != peer or found.key != key:
             raise InvalidMessage("session", f"{peer} names a session it did not open with this learner (or that was "
                                             "forgotten); say Hello with it first")
-        found.used = time.monotonic()
-        self._by_peer[peer].move_to_end(session)
+        self._by_peer[peer].move_to_end(session)  # eviction takes the least recently used first
         return found
 
     def latest(self, peer: str) -> str:
