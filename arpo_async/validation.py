@@ -234,7 +234,8 @@ def check_work_request(request: WorkRequest, limits: WireLimits = WireLimits()) 
 
 
 def check_hello(hello: Hello, limits: WireLimits = WireLimits()) -> None:
-    """Raise InvalidMessage for slots outside [0, max_slots] or too many held trajectory ids."""
+    """Raise InvalidMessage for an empty or oversized actor id, an oversized session, slots outside [0, max_slots]
+    or too many held trajectory ids."""
     _check_id("actor_id", hello.actor_id, limits)
     _check_id("session", hello.session, limits, empty_ok=True)
     if not 0 <= hello.slots <= limits.max_slots:
