@@ -178,6 +178,38 @@ class GrammarBackend:
         text = matcher.find_jump_forward_string()
         return tokenize(text) if text else []
 
+    def sampled_token_ids(self, spec: GrammarSpec, text: str, tokenize: Callable[[str], list[int]]) -> list[int]:
+        """The token ids a sampler under ``spec`` emits for ``text`` (no end token): each stretch the grammar
+        forces as its canonical ids (``forced_prefix_ids``, as arpo-serve's jump-forward emits it) and each stretch
+        the policy chooses, up to where the grammar forces text again, as its own canonical ids.
+
+        Use: a reply written elsewhere (a demonstration) tokenized as the policy would have sampled it. Its plain
+        encoding can differ at the seams: ``"Thought: c"`` encodes as ``Thought``, ``:``, `` c``, but the sampler
+        emits the forced ``"Thought: "`` as ``Thought``, ``:``, `` `` and the policy then chooses ``c``.
+
+        Raises:
+            GrammarError: ``spec`` does not compile, or ``text`` is not a complete or partial reply it allows
+                (the message gives the position where it leaves the grammar).
+        """
+        matcher, ids, pos = self.matcher(spec), [], 0
+        while pos < len(text):
+            forced = "" if matcher.is_terminated() else matcher.find_jump_forward_string()
+            if forced:
+                stretch = forced if text.startswith(forced, pos) else ""
+            else:  # a chosen stretch: up to where the grammar forces text again, or the end of the text
+                probe, end = matcher.fork(), pos
+                while end < len(text) and probe.accept_string(text[end]):
+                    end += 1
+                    if probe.find_jump_forward_string():
+                        break
+                stretch = text[pos:end]
+            stretch_ids = tokenize(stretch) if stretch else []
+            if not stretch_ids or not all(matcher.accept_token(t) for t in stretch_ids):
+                raise GrammarError(f"the text leaves the grammar at character {pos}: {text[pos:pos + 40]!r}")
+            ids += stretch_ids
+            pos += len(stretch)
+        return ids
+
     def only_stop_allowed(self, matcher: xgr.GrammarMatcher) -> bool:
         """True when the grammar is complete and can only end: every token it allows is a stop token."""
         if matcher.is_terminated() or not matcher.is_completed():

@@ -123,10 +123,12 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
     admission = (LockstepAdmission(lc.batch_trajectories) if lockstep
                  else StalenessManager(lc.batch_trajectories, lc.max_staleness))
     state = RunState()  # step, policy version, counters: shared by the service and the training loop
+    # the grammar's view of the tokens: the forced-token loss mask, and demonstrations tokenized as sampled
+    tokens = ForcedTokens(config.model_path, vocab_size) if lc.mask_forced_tokens or lc.replay_demos else None
     batcher = Batcher(replay, max_staleness=lc.max_staleness, groups_per_step=lc.groups_per_step,
                       format_reward_weight=lc.format_reward_weight, success_threshold=lc.success_threshold,
                       stratified=lc.stratified, advantage_function=load_advantage_function(lc.advantage_function),
-                      drops=state.drops)
+                      drops=state.drops, sampled_as=tokens.as_sampled if tokens else None)
     inbox: asyncio.Queue[Envelope] = asyncio.Queue(INBOX_SIZE)  # ROUTER pump -> service
     outbox = Outbox(routed=True)  # service -> ROUTER pump
     groups = GroupQueue()  # service -> training loop: complete groups
@@ -148,7 +150,7 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
             loop = TrainingLoop(service, groups, batcher, state, trainer, weight_publisher(config, engines),
                                 Checkpointer(run / "checkpoints", keep=lc.keep_checkpoints), lc,
                                 on_discard=admission.on_discard,
-                                forced=ForcedTokens(config.model_path, vocab_size) if lc.mask_forced_tokens else None,
+                                forced=tokens if lc.mask_forced_tokens else None,
                                 final_eval_timeout_s=config.eval.final_timeout_s)
             await loop.resume(run / "metrics.jsonl")
             log.info("learner %s on %s (%s): %d tasks, G=%d, B=%d, eta=%d, from step %d / version %d%s", learner_id,

@@ -201,12 +201,13 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
     runner = EpisodeRunner(encoder, None, ac)  # only its sampling parameters (regex included) are used
     engine = Engine(model, seed=lc.seed, jump_forward=config.serve.jump_forward)
     trainer = Trainer(model, lc)
-    forced = ForcedTokens(model, engine.vocab_size) if lc.mask_forced_tokens else None
+    tokens = ForcedTokens(model, engine.vocab_size) if lc.mask_forced_tokens or lc.replay_demos else None
+    forced = tokens if lc.mask_forced_tokens else None
     replay = replay_buffer(lc)
     seed_demonstrations(config, replay, [s.task.id for s in scenes])  # learner.replay_demos, as the learner does
     batcher = Batcher(replay, max_staleness=max(lag, lc.max_staleness),
                       groups_per_step=lc.groups_per_step, format_reward_weight=lc.format_reward_weight,
-                      stratified=lc.stratified)
+                      stratified=lc.stratified, sampled_as=tokens.as_sampled if tokens else None)
     weights = collections.deque([copy.deepcopy(trainer.model.state_dict())], maxlen=lag + 1)
     records, serial, order, version = [], 0, [], 0  # version: published weights, +1 per trained batch
     steps_done = 0  # optimizer steps in all, as the learner counts them (learner.steps)

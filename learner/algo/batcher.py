@@ -12,6 +12,10 @@ advantages with the advantage function (GRPO's by default; learner.algo.advantag
 drop is counted by reason in ``drops``. Then learner.algo.samples.train_samples (the "samples" stage) turns a batch
 into one TrainSample per generated step.
 
+A demonstration the replay injects (arpo_async.demos) is first tokenized as the group's rollouts were sampled, under
+their grammar (``sampled_as``: learner.algo.forced_tokens.ForcedTokens.as_sampled), so the policy learns the token
+sequence it samples, not the tokenizer's plain encoding of the reply.
+
 Replayed trajectories are marked per position in ``ScoredGroup.replayed`` and on their ``TrainSample``s
 (``replayed=True``); they keep the behaviour log-probs and token versions recorded when they were sampled, so the
 trainer's off-policy correction applies to them like to any other data. They are never subject to the staleness
@@ -22,10 +26,11 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
+from arpo_async.demos import is_demonstration
 from arpo_async.messages import Trajectory
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
 from learner.algo.advantages import AdvantageFunction, checked_advantages, grpo_advantages
@@ -85,13 +90,18 @@ class Batcher:
         stratified: batches cover distinct tasks where the ready groups allow it (see `take_batch`).
         advantage_function: the advantages stage's rule (learner.algo.advantages; GRPO's by default).
         drops: the counter drops are counted in (learner.state.RunState.drops; a new one when None).
+        sampled_as: ``(demonstration, grammar) -> demonstration`` tokenized as a rollout under that regex
+            (learner.algo.forced_tokens.ForcedTokens.as_sampled); applied to an injected demonstration with the
+            grammar of the group's rollouts. None keeps demonstrations as loaded.
     """
 
     def __init__(self, replay: ReplayBuffer, *, max_staleness: int, groups_per_step: int,
                  format_reward_weight: float = 0.5, success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
                  stratified: bool = False, advantage_function: AdvantageFunction = grpo_advantages,
-                 drops: collections.Counter[str] | None = None) -> None:
+                 drops: collections.Counter[str] | None = None,
+                 sampled_as: Callable[[Trajectory, str], Trajectory] | None = None) -> None:
         self.replay = replay
+        self.sampled_as = sampled_as
         self.stratified = stratified
         self.advantage_function = advantage_function
         self._eta = max_staleness
@@ -141,11 +151,15 @@ class Batcher:
 
     def replay_success(self, scored: ScoredGroup, version: int) -> ScoredGroup:
         """The "replay" stage: inject a stored success into a group that qualifies (the replay buffer's rule),
-        then store the group's successes as sampled (before injection); rewards and lags follow the injection."""
+        then store the group's successes as sampled (before injection); rewards and lags follow the injection. An
+        injected demonstration is tokenized as the group's rollouts were (``sampled_as``)."""
         kept, scores = scored.trajectories, [t.score for t in scored.trajectories]
         injection = self.replay.inject(scored.task_id, kept, scores, version=version, rewards=scored.rewards)
         self.replay.add_group(scored.task_id, kept, scores, version=version)
         trajs = list(injection.trajectories)
+        if injection.injected and self.sampled_as is not None and is_demonstration(trajs[injection.index]):
+            grammar = next((t.grammar for t in kept if not is_demonstration(t)), "")
+            trajs[injection.index] = self.sampled_as(trajs[injection.index], grammar)
         return replace(scored, trajectories=trajs, rewards=self._rewards(trajs), injected=injection.injected,
                        policy_lag=[policy_lag(t, version) for t in trajs],
                        replayed=[i == injection.index for i in range(len(trajs))])

@@ -1,6 +1,7 @@
 """Demonstrations (arpo_async.demos): an `arpo eval` episode folder read back as a trajectory of this run's prompt,
-refused at another screen size, adapted to another history length; and the trainer's treatment of their tokens
-(behaviour log-probs = the pre-update policy's: importance weight exactly 1, whatever the stored numbers)."""
+refused at another screen size, adapted to another history length; injected into an all-failed group with the
+tokens its rollouts' grammar makes the sampler emit; and the trainer's treatment of their tokens (behaviour
+log-probs = the pre-update policy's: importance weight exactly 1, whatever the stored numbers)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,20 @@ import pytest
 from PIL import Image
 
 from actors.eval.results import EpisodeRecord, write_episode
+from actors.uitars.grammar import action_regex
 from arpo_async.config import LearnerConfig
 from arpo_async.demos import (DEMONSTRATION_ACTOR, DemonstrationError, demonstration, is_demonstration,
                               load_demonstrations)
 from arpo_async.messages import Outcome, Step, Trajectory
 from arpo_async.model.inputs import PromptEncoder
 from arpo_async.prompt import build_messages
+from arpo_async.tasks import Task
+from learner.algo.batcher import Batcher
+from learner.algo.forced_tokens import ForcedTokens
+from learner.algo.replay import make_replay
+from learner.algo.samples import train_samples
 from learner.algo.train_sample import TrainSample
+from learner.rollouts.scheduler import Group
 from learner.train.trainer import Trainer
 
 REPLIES = ["Thought: open Sound.\nAction: click(start_box='(120,80)')",
@@ -96,6 +104,35 @@ def test_no_usable_episode_is_an_error(encoder, tmp_path):
     with pytest.raises(DemonstrationError, match="one screenshot per reply"):
         demonstration("t", "Do it.", ["a"], [], 1.0, encoder, screen_size=(1280, 720), history_images=2,
                       prompt_style="compact")
+
+
+@pytest.mark.parametrize("mode", ["arpo", "prioritized"])
+def test_an_injected_demonstration_takes_the_tokens_its_group_was_sampled_with(tiny_model, encoder, mode):
+    regex = action_regex(max_x=999, max_y=999, fixed_width=True, actions=("click",), max_thought_chars=1)
+    reply = "Thought: c\nAction: click(start_box='(062,050)')"
+    demo = demonstration("menu-export", "Use the File menu to choose Export.", [reply], [png()], 1.0, encoder,
+                         screen_size=(1280, 720), history_images=1, prompt_style="compact", name="export/0")
+    forced = ForcedTokens(tiny_model, 1280)
+    replay = make_replay(mode)
+    replay.add_group("menu-export", [demo], [1.0])
+    batcher = Batcher(replay, max_staleness=4, groups_per_step=1, sampled_as=forced.as_sampled)
+    group = Group("g0", Task.from_dict({"id": "menu-export", "instruction": "Use the File menu to choose Export.",
+                                        "config": [], "evaluator": {"func": "infeasible"}}), 4)
+    for k in range(4):  # four failed rollouts sampled under the regex
+        out = encoder.tokenize("Thought: x\nAction: click(start_box='(500,500)')<|im_end|>")
+        group.results[k] = Trajectory(f"r{k}", "actor-1", "menu-export", "g0", k, Outcome.FAILURE, 0.0, True,
+                                      [Step(demo.steps[0].prompt_ids, [0], out, [-1.0] * len(out),
+                                            [0] * len(out), "", "click(640,360)")], [png()], grammar=regex)
+    scored = batcher.add_group(group, version=0)
+    index = scored.replayed.index(True)
+    injected = scored.trajectories[index]
+    assert is_demonstration(injected) and injected.grammar == regex
+    pieces = [encoder.decode([t], skip_special_tokens=False) for t in injected.steps[0].output_ids]
+    assert pieces[:4] == ["Thought", ":", " ", "c"]  # the plain encoding has " c": never what the sampler emits
+    assert [encoder.decode([t]) for t in demo.steps[0].output_ids][:3] == ["Thought", ":", " c"]
+    mask = train_samples(batcher.take_batch(), forced)[index].loss_mask
+    chosen = "".join(p for p, keep in zip(pieces, mask) if keep)
+    assert chosen == "c062050"  # trained on the policy's choices only, like the rollouts beside it
 
 
 @pytest.mark.parametrize("correction", ["arpo", "decoupled", "tis", "behaviour"])
