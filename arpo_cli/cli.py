@@ -51,13 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"only these sections (repeatable; top = the top-level keys; one of top, "
                            f"{', '.join(SECTIONS)})")
 
-    curve = sub.add_parser("curve", help="draw RUN_DIR/curve.png from its metrics.jsonl (running or finished run)",
-                           usage="%(prog)s [-h] RUN_DIR",  # RUN_DIR is optional to argparse only for the old --out
+    curve = sub.add_parser("curve", help="draw RUN_DIR/curve.png from its metrics.jsonl (running or finished run), "
+                                         "or compare runs: RUN_DIR RUN_DIR ... --to FILE",
+                           usage="%(prog)s [-h] RUN_DIR [RUN_DIR ...] [--to FILE]",  # RUN_DIR is optional to
+                           # argparse only for the old --out
                            description="Draw RUN_DIR/curve.png from RUN_DIR/metrics.jsonl and print its path: "
                                        "success rate and reward against the optimizer step and against wall time. "
+                                       "With several run folders (or --to), draw their training success in one "
+                                       "picture at FILE instead, one line per run; a run that took no optimizer "
+                                       "step is a flat line at its episodes' success (from its status.json). "
                                        "Exit status: 0 drawn, 2 nothing to draw (no metrics.jsonl or no record in "
                                        "it), 1 the picture could not be written.")
-    curve.add_argument("run_dir", type=Path, nargs="?", metavar="RUN_DIR", help="the run folder, e.g. runs/demo")
+    curve.add_argument("run_dir", type=Path, nargs="*", metavar="RUN_DIR", help="the run folder, e.g. runs/demo")
+    curve.add_argument("--to", type=Path, metavar="FILE", help="the comparison picture (PNG) of several runs")
     curve.add_argument("--out", type=Path, dest="old_out", help=argparse.SUPPRESS)  # the old spelling of RUN_DIR
 
     view = sub.add_parser("view", help="write RUN_DIR/view.html: sampled episodes with screenshots and action marks",
@@ -156,15 +162,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "config":
         return _config_show(args)
     if args.command == "curve":
-        from arpo_cli.curve import CurveError, write_curve
+        from arpo_cli.curve import CurveError, write_comparison, write_curve
         if args.old_out is not None:
             print("arpo curve: --out RUN_DIR is deprecated; write `arpo curve RUN_DIR`", file=sys.stderr)
-        run_dir = args.run_dir or args.old_out
-        if run_dir is None or (args.run_dir and args.old_out and args.run_dir != args.old_out):
-            print("arpo curve: give one run folder: arpo curve RUN_DIR", file=sys.stderr)
+        run_dirs = args.run_dir or ([args.old_out] if args.old_out else [])
+        if not run_dirs or (args.run_dir and args.old_out and args.run_dir != [args.old_out]):
+            print("arpo curve: give a run folder: arpo curve RUN_DIR (or several, with --to FILE)", file=sys.stderr)
+            return 2
+        if len(run_dirs) > 1 and args.to is None:
+            print("arpo curve: several run folders draw one comparison: add --to FILE", file=sys.stderr)
             return 2
         try:
-            print(write_curve(run_dir))
+            print(write_comparison(run_dirs, args.to) if args.to else write_curve(run_dirs[0]))
         except CurveError as e:  # nothing to draw
             print(f"arpo curve: {e}", file=sys.stderr)
             return 2

@@ -7,10 +7,16 @@ dots. A run with ``[eval]`` also shows held-out success (``eval_success``, each 
 by a dashed line) at the step whose weights were evaluated (``eval_step``). Drawn with matplotlib's Agg canvas (no
 display, no pyplot state), written atomically so a viewer never sees half a file. ``arpo run`` redraws it while it
 runs and at the end; ``arpo curve`` on demand.
+
+Also the comparison of several runs (``arpo curve RUN_DIR RUN_DIR ... --to FILE``, :func:`write_comparison`): each
+run's overall success against the optimizer step and against minutes, one line per run. A run that never took an
+optimizer step (no metrics record: a task nobody solves gives no reward difference) is drawn from its
+``status.json`` as a flat line at its episodes' success rate over its wall time, labelled with its episode count.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -160,11 +166,69 @@ def write_curve(run_dir: Path) -> Path:
     last = records[-1]
     fig.suptitle(f"{run_dir.resolve().name}: {len(records)} records, step {last['step']}, "
                  f"{last['wall_s'] / 60:.1f} min")
-    path = run_dir / CURVE_FILE
-    tmp = run_dir / f".{CURVE_FILE}.{os.getpid()}.tmp"
+    return _save_atomically(fig, run_dir / CURVE_FILE)
+
+
+def _save_atomically(fig: Figure, path: Path) -> Path:
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
     try:
         fig.savefig(tmp, format="png")
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def untrained_success(run_dir: Path) -> tuple[float, int, float]:
+    """``(success rate, episodes, wall minutes)`` of a run with no metrics record, from ``<run_dir>/status.json``
+    (``totals``: SUCCESS over ``trajectories``; ``wall_s``).
+
+    Raises:
+        CurveError: no status.json, or it has no episode.
+    """
+    path = run_dir / "status.json"
+    try:
+        status = json.loads(path.read_text())
+        totals, episodes = status["totals"], int(status["trajectories"])
+        wall_min = float(status["wall_s"]) / 60.0
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CurveError(f"no metrics record in {run_dir} and no readable status.json ({e})") from e
+    if episodes <= 0:
+        raise CurveError(f"{path}: no episode has come back yet")
+    return int(totals.get("SUCCESS", 0)) / episodes, episodes, wall_min
+
+
+def write_comparison(run_dirs: list[Path], out: Path) -> Path:
+    """Draw the overall training success of several runs in one picture at ``out`` (replaced atomically); returns
+    its path. Two panels: against the optimizer step and against training wall time in minutes; each run is one
+    line (trailing mean of ``TRAILING_RECORDS`` records of ``success_rate``) labelled with its folder name. A run
+    without a metrics record is a flat line at its success over its wall time (:func:`untrained_success`).
+
+    Raises:
+        CurveError: a folder has neither a metrics record nor a status.json with episodes (the message names it).
+        OSError: the picture cannot be written.
+    """
+    fig = Figure(figsize=(12, 4.5), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(X_AXES))
+    for run_dir in map(Path, run_dirs):
+        name = run_dir.resolve().name
+        try:
+            points = series(load_records(run_dir), lambda r: r.get("success_rate"))
+        except CurveError:
+            rate, episodes, minutes = untrained_success(run_dir)
+            label = f"{name}: no optimizer step, {rate:.2f} of {episodes} episodes"
+            axes[0].plot([0, 0], [rate, rate], linestyle="--", marker="x", label=label)
+            colour = axes[0].lines[-1].get_color()
+            axes[1].plot([0, minutes], [rate, rate], linestyle="--", color=colour, label=label)
+            continue
+        for ax, (x, _, _) in zip(axes, X_AXES):
+            plot_line(ax, points, x, name)
+    for ax, (_, label, whole) in zip(axes, X_AXES):
+        ax.set_xlabel(label)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=whole))
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_ylabel(f"success rate (mean of {TRAILING_RECORDS} records)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small", loc="best")
+    return _save_atomically(fig, Path(out))

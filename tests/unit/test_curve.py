@@ -1,5 +1,7 @@
-"""The learning curve of a run folder (arpo_cli.curve) and `arpo curve RUN_DIR`, on real files."""
+"""The learning curve of a run folder (arpo_cli.curve) and `arpo curve RUN_DIR`, and the comparison of several runs
+(`arpo curve RUN_DIR RUN_DIR --to FILE`), on real files."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -7,7 +9,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from arpo_cli.curve import CurveError, held_out, load_records, trailing_means, write_curve
+from arpo_cli.curve import (CurveError, held_out, load_records, trailing_means, untrained_success,
+                            write_comparison, write_curve)
 from arpo_async.metrics import MetricsWriter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,4 +106,38 @@ def test_cli_takes_the_run_folder_as_its_argument_and_the_old_out_flag_still_wor
     assert old.returncode == 0 and old.stdout.strip() == str(run_dir / "curve.png")
     assert "--out RUN_DIR is deprecated; write `arpo curve RUN_DIR`" in old.stderr
     none = arpo_curve()
-    assert none.returncode == 2 and none.stderr.strip() == "arpo curve: give one run folder: arpo curve RUN_DIR"
+    assert none.returncode == 2 and none.stderr.strip() == ("arpo curve: give a run folder: arpo curve RUN_DIR "
+                                                            "(or several, with --to FILE)")
+
+
+def untrained_run(folder: Path, successes: int, episodes: int) -> Path:
+    """A run that took no optimizer step: no metrics.jsonl, only the status.json the learner keeps."""
+    folder.mkdir()
+    (folder / "status.json").write_text(json.dumps({"trajectories": episodes, "wall_s": 300.0,
+                                                    "totals": {"SUCCESS": successes, "TRUNCATED": episodes}}))
+    return folder
+
+
+def test_several_runs_are_compared_in_one_picture_an_untrained_one_from_its_status(run_dir, tmp_path):
+    none = untrained_run(tmp_path / "none", 0, 1602)
+    out = tmp_path / "compare.png"
+    done = arpo_curve(run_dir, none, "--to", out)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(out)
+    with Image.open(out) as image:
+        assert image.format == "PNG" and image.width > image.height
+    assert untrained_success(none) == (0.0, 1602, 5.0)
+    assert not (run_dir / "curve.png").exists()  # a comparison leaves the runs' own curves alone
+    alone = arpo_curve(run_dir, none)
+    assert alone.returncode == 2 and "add --to FILE" in alone.stderr
+
+
+def test_a_folder_with_neither_records_nor_episodes_is_named(run_dir, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CurveError, match="empty"):
+        write_comparison([run_dir, empty], tmp_path / "c.png")
+    started = untrained_run(tmp_path / "started", 0, 0)
+    with pytest.raises(CurveError, match="no episode has come back yet"):
+        write_comparison([started], tmp_path / "c.png")
+    assert not (tmp_path / "c.png").exists()
