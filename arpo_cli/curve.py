@@ -217,7 +217,7 @@ def write_comparison(run_dirs: list[Path], out: Path) -> Path:
             points = series(load_records(run_dir), lambda r: r.get("success_rate"))
         except CurveError:
             rate, episodes, minutes = untrained_success(run_dir)
-            label = f"{name}: no optimizer step, {rate:.2f} of {episodes} episodes"
+            label = f"{name}: no optimizer step, success {rate:.2f} in {episodes} episodes"
             axes[0].plot([0, 0], [rate, rate], linestyle="--", marker="x", label=label)
             colour = axes[0].lines[-1].get_color()
             axes[1].plot([0, minutes], [rate, rate], linestyle="--", color=colour, label=label)
