@@ -110,6 +110,8 @@ CLICKS = {  # the other click-only tasks: checklists (tick, then Save) and menus
     "menu-export": ["File", "File/Export"],
     "menu-copy": ["Edit", "Edit/Copy"],
     "heldout-menu-paste": ["Edit", "Edit/Paste"],
+    "heldout-menu-copy-reworded": ["Edit", "Edit/Copy"],
+    "heldout-menu-export-reworded": ["File", "File/Export"],
 }
 
 
