@@ -188,8 +188,8 @@ class GrammarBackend:
         emits the forced ``"Thought: "`` as ``Thought``, ``:``, `` `` and the policy then chooses ``c``.
 
         Raises:
-            GrammarError: ``spec`` does not compile, or ``text`` is not a complete or partial reply it allows
-                (the message gives the position where it leaves the grammar).
+            GrammarError: ``spec`` does not compile, or ``text`` is not a reply it allows, complete or cut off after
+                a chosen character (the message gives the position where it leaves the grammar).
         """
         matcher, ids, pos = self.matcher(spec), [], 0
         while pos < len(text):

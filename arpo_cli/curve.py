@@ -189,13 +189,13 @@ def untrained_success(run_dir: Path) -> tuple[float, int, float]:
     path = run_dir / "status.json"
     try:
         status = json.loads(path.read_text())
-        totals, episodes = status["totals"], int(status["trajectories"])
+        successes, episodes = int(status["totals"].get("SUCCESS", 0)), int(status["trajectories"])
         wall_min = float(status["wall_s"]) / 60.0
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CurveError(f"no metrics record in {run_dir} and no readable status.json ({e})") from e
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CurveError(f"no metrics record in {run_dir} and no readable status.json ({e!r})") from e
     if episodes <= 0:
         raise CurveError(f"{path}: no episode has come back yet")
-    return int(totals.get("SUCCESS", 0)) / episodes, episodes, wall_min
+    return successes / episodes, episodes, wall_min
 
 
 def write_comparison(run_dirs: list[Path], out: Path) -> Path:

@@ -158,8 +158,8 @@ class Batcher:
         self.replay.add_group(scored.task_id, kept, scores, version=version)
         trajs = list(injection.trajectories)
         if injection.injected and self.sampled_as is not None and is_demonstration(trajs[injection.index]):
-            grammar = next((t.grammar for t in kept if not is_demonstration(t)), "")
-            trajs[injection.index] = self.sampled_as(trajs[injection.index], grammar)
+            # the group as sampled (``kept``, before injection) is the rollouts' own: their grammar is the sampler's
+            trajs[injection.index] = self.sampled_as(trajs[injection.index], kept[0].grammar)
         return replace(scored, trajectories=trajs, rewards=self._rewards(trajs), injected=injection.injected,
                        policy_lag=[policy_lag(t, version) for t in trajs],
                        replayed=[i == injection.index for i in range(len(trajs))])

@@ -127,6 +127,8 @@ def test_several_runs_are_compared_in_one_picture_an_untrained_one_from_its_stat
     with Image.open(out) as image:
         assert image.format == "PNG" and image.width > image.height
     assert untrained_success(none) == (0.0, 1602, 5.0)
+    alone_png = write_comparison([run_dir], tmp_path / "alone.png")
+    assert alone_png.read_bytes() != out.read_bytes()  # the untrained run is drawn, not skipped
     assert not (run_dir / "curve.png").exists()  # a comparison leaves the runs' own curves alone
     alone = arpo_curve(run_dir, none)
     assert alone.returncode == 2 and "add --to FILE" in alone.stderr
@@ -137,6 +139,11 @@ def test_a_folder_with_neither_records_nor_episodes_is_named(run_dir, tmp_path):
     empty.mkdir()
     with pytest.raises(CurveError, match="empty"):
         write_comparison([run_dir, empty], tmp_path / "c.png")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "status.json").write_text('{"totals": [], "trajectories": 3, "wall_s": 1}')  # not a run's status
+    with pytest.raises(CurveError, match="no readable status.json"):
+        write_comparison([broken], tmp_path / "c.png")
     started = untrained_run(tmp_path / "started", 0, 0)
     with pytest.raises(CurveError, match="no episode has come back yet"):
         write_comparison([started], tmp_path / "c.png")
