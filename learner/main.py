@@ -37,7 +37,7 @@ from arpo_async.config import ConfigError, LearnerConfig, RunConfig, load_config
 from arpo_async.config_doc import add_config_arguments
 from arpo_async.demos import DemonstrationError, load_demonstrations
 from arpo_async.engine import InferenceEngine
-from arpo_async.inference_client import PolicyClient
+from arpo_async.inference_client import PolicyClient, admin_api_key
 from arpo_async.metrics import MetricsWriter, WandbSettings, import_wandb
 from arpo_async.model.inputs import PromptEncoder
 from arpo_async.process import run_until_signal, setup_logging
@@ -48,7 +48,7 @@ from learner.algo.advantages import load_advantage_function
 from learner.algo.baseline import plan_tasks
 from learner.algo.batcher import Batcher
 from learner.algo.forced_tokens import ForcedTokens
-from learner.algo.replay import ReplayBuffer, make_replay
+from learner.algo.replay import ReplayBuffer, ReplayError, make_replay
 from learner.rollouts.evaluation_rounds import EvaluationRounds, evaluation_tasks
 from learner.rollouts.run_stats import write_status
 from learner.rollouts.scheduler import GroupScheduler
@@ -80,8 +80,9 @@ def seed_demonstrations(config: RunConfig, replay: ReplayBuffer, task_ids: list[
     contents, demonstrations still held included.
 
     Raises:
-        ConfigError: the replay is off, or the folder holds no usable demonstration of the run's tasks (the message
-            names the episode and why, e.g. another screen size).
+        ConfigError: the replay is off, or the folder holds no usable demonstration of the run's tasks, or one that
+            cannot be used (one line naming the file and why, e.g. another screen size, a symbolic link, a score
+            that is no success: arpo_async.demos).
     """
     lc, ac = config.learner, config.actors
     if not lc.replay_demos:
@@ -92,11 +93,12 @@ def seed_demonstrations(config: RunConfig, replay: ReplayBuffer, task_ids: list[
     try:
         demos = load_demonstrations(lc.replay_demos, PromptEncoder(config.model_path), screen_size=ac.screen_size,
                                     history_images=ac.history_images, prompt_style=ac.prompt_style,
-                                    task_ids=task_ids)
-    except DemonstrationError as error:
-        raise ConfigError(str(error)) from error
-    for task_id, trajectories in demos.items():
-        replay.add_group(task_id, trajectories, [t.score for t in trajectories])
+                                    task_ids=task_ids, success_threshold=lc.success_threshold)
+        for task_id, trajectories in demos.items():
+            replay.add_group(task_id, trajectories, [t.score for t in trajectories])
+    except (DemonstrationError, ReplayError) as error:  # one line naming the file, never a traceback
+        raise ConfigError(f"learner.replay_demos: {error}" if isinstance(error, ReplayError) else str(error)) \
+            from error
     count = sum(map(len, demos.values()))
     log.info("%d demonstrations of %d tasks in the success replay (from %s)", count, len(demos), lc.replay_demos)
     return count
@@ -144,7 +146,8 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
                                  evaluation=EvaluationRounds(eval_tasks, config.eval, final_step=lc.steps,
                                                              id_prefix=f"{learner_id[:6]}-") if eval_tasks else None,
                                  ready_groups=lambda: loop.ready_groups())
-        async with PolicyClient(list(config.actors.inference_urls), api_key=config.serve.api_key) as client:
+        async with PolicyClient(list(config.actors.inference_urls), api_key=config.serve.api_key,
+                                admin_api_key=admin_api_key(config.serve.admin_api_key)) as client:
             # the inference engine (arpo_async.engine; another is chosen here); the run owns its weight sessions
             engines = sglang_engines(client, owner=f"arpo-learner-{config.resolved_run_id}")
             loop = TrainingLoop(service, groups, batcher, state, trainer, weight_publisher(config, engines),

@@ -1,12 +1,16 @@
 """Demonstrations (arpo_async.demos): an `arpo eval` episode folder read back as a trajectory of this run's prompt,
 refused at another screen size, adapted to another history length; injected into an all-failed group with the
 tokens its rollouts' grammar makes the sampler emit; and the trainer's treatment of their tokens (behaviour
-log-probs = the pre-update policy's: importance weight exactly 1, whatever the stored numbers)."""
+log-probs = the pre-update policy's: importance weight exactly 1, whatever the stored numbers). A hostile or damaged
+folder (links, FIFOs, oversized files, bad scores, bad text, deep JSON) is refused with one line naming the file."""
 
 from __future__ import annotations
 
 import io
+import json
 import math
+import os
+import re
 
 import pytest
 from PIL import Image
@@ -164,3 +168,134 @@ def test_the_learner_stops_at_start_on_unusable_demonstrations(tiny_model, tmp_p
                            f"run_dir={str(tmp_path / 'run')!r}"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "learner.replay_demos" in done.stderr and "is not a folder" in done.stderr
+
+
+# Issue 48 item 5: a hostile or damaged demonstrations folder. Each case damages one honest episode folder (as
+# `arpo eval` writes it) and must be refused with one line naming the file, never hang, never read a link or a file
+# over its cap. On b190f2c they raised ReplayError / TypeError / RecursionError, read /dev/zero until MemoryError,
+# blocked on the FIFO, or were accepted (the last six of CASES marked "accepted").
+
+def _rewrite_step(folder, n: int = 0, **fields) -> None:
+    lines = (folder / "traj.jsonl").read_text().splitlines()
+    step = json.loads(lines[n])
+    step.update(fields)
+    lines[n] = json.dumps(step)
+    (folder / "traj.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def _rewrite_record(folder, **fields) -> None:
+    record = json.loads((folder / "episode.json").read_text())
+    record.update(fields)
+    (folder / "episode.json").write_text(json.dumps(record))
+
+
+def _replace_with_link(path, target) -> None:
+    path.unlink()
+    path.symlink_to(target)
+
+
+def _replace_with_fifo(path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _outside_png(folder):
+    outside = folder.parents[3] / "outside.png"  # beside the demonstrations folder, not in it
+    outside.write_bytes(png())
+    return outside
+
+
+def _huge_png(path) -> None:
+    with open(path, "wb") as file:  # a real 1280x720 PNG made 200 MB long (sparse: nothing is written)
+        file.write(png())
+        file.truncate(200 << 20)
+
+
+NESTED = "[" * 200_000 + "]" * 200_000
+CASES = {
+    "nan score": (lambda f: _rewrite_record(f, score=math.nan), "episode.json: score nan is not a finite"),
+    "infinite score": (lambda f: _rewrite_record(f, score=math.inf), "episode.json: score inf is not a finite"),
+    "score above 1": (lambda f: _rewrite_record(f, score=1e308), "episode.json: score 1e.308 is not a finite"),
+    "score true": (lambda f: _rewrite_record(f, score=True), "episode.json: score True is not a finite"),
+    "surrogate in a reply": (lambda f: _rewrite_step(f, 1, response="Thought: \ud800"),
+                             r"traj.jsonl line 2: response is not valid UTF-8"),
+    "surrogate in the instruction": (lambda f: _rewrite_record(f, instruction="Turn \udfff on."),
+                                     "episode.json: instruction is not valid UTF-8"),
+    "surrogate in a file name": (lambda f: _rewrite_step(f, 0, screenshot_file="\ud800.png"),
+                                 "traj.jsonl line 1: screenshot_file is not valid UTF-8"),
+    "nested traj.jsonl": (lambda f: (f / "traj.jsonl").write_text(NESTED + "\n"),
+                          "traj.jsonl line 1: not JSON: RecursionError"),
+    "nested episode.json": (lambda f: (f / "episode.json").write_text('{"success": true, "x": ' + NESTED + "}"),
+                            "episode.json: not JSON: RecursionError"),
+    "screenshot linked to /dev/zero": (lambda f: _replace_with_link(f / "step_1.png", "/dev/zero"),
+                                       "step_1.png: is a symbolic link"),
+    "screenshot a FIFO": (lambda f: _replace_with_fifo(f / "step_2.png"), "step_2.png: is not a regular file"),
+    "traj.jsonl a FIFO": (lambda f: _replace_with_fifo(f / "traj.jsonl"), "traj.jsonl: is not a regular file"),
+    "episode.json a FIFO": (lambda f: _replace_with_fifo(f / "episode.json"), "episode.json: is not a regular file"),
+    "traj.jsonl over its cap": (lambda f: os.truncate(f / "traj.jsonl", 9 << 20), "traj.jsonl: 9437184 bytes, over"),
+    "too many steps": (lambda f: (f / "traj.jsonl").write_text("{}\n" * 1001), "1001 steps, more than the 1000"),
+    "a file name with a newline": (lambda f: _rewrite_step(f, 2, screenshot_file="x\ny.png"),
+                                   r"x\\ny.png: cannot be read: No such file"),
+    "screenshot named ..": (lambda f: _rewrite_step(f, 0, screenshot_file=".."), "must name a file of the episode"),
+    # accepted on b190f2c:
+    "success at the threshold": (lambda f: _rewrite_record(f, score=0.1),
+                                 "success is true but score 0.1 is not above learner.success_threshold 0.1"),
+    "success below the threshold": (lambda f: _rewrite_record(f, score=0.0), "score 0.0 is not above"),
+    "a 200 MB PNG": (lambda f: _huge_png(f / "step_3.png"), r"step_3.png: 209715200 bytes, over the cap of 4734976"),
+    "screenshot linked outside": (lambda f: _replace_with_link(f / "step_1.png", _outside_png(f)),
+                                  "step_1.png: is a symbolic link"),
+    "screenshot linked inside": (lambda f: _replace_with_link(f / "step_2.png", f / "step_1.png"),
+                                 "step_2.png: is a symbolic link"),
+    "episode.json linked outside": (lambda f: _replace_with_link(f / "episode.json", f.parents[3] / "e.json"),
+                                    "episode.json: is a symbolic link"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_hostile_demonstration_folder_is_refused_with_one_line_naming_the_file(encoder, tmp_path, case):
+    damage, message = CASES[case]
+    demos = tmp_path / "demos"
+    folder = write_episode(demos, EpisodeRecord("settings", "settings-sound-mute", 0, 1.0, True, "success", steps=3,
+                                                instruction="Turn on Mute."), recorded_episode(encoder))
+    (tmp_path / "e.json").write_text((folder / "episode.json").read_text())  # an honest record outside the folder
+    assert sorted(p.name for p in folder.iterdir()) == ["episode.json", "result.txt", "step_1.png", "step_2.png",
+                                                        "step_3.png", "traj.jsonl"]
+    load_demonstrations(demos, encoder, screen_size=(1280, 720), history_images=2, prompt_style="compact")  # honest
+    damage(folder)
+    with pytest.raises(DemonstrationError) as refused:
+        load_demonstrations(demos, encoder, screen_size=(1280, 720), history_images=2, prompt_style="compact",
+                            task_ids=["settings-sound-mute"])
+    text = str(refused.value)
+    assert re.search(message, text), text
+    assert "\n" not in text and str(folder) in text.replace("\\n", "\n")  # one line, naming the episode's file
+
+
+def test_a_linked_folder_is_not_walked_into(encoder, tmp_path):
+    """A symbolic link to a folder of episodes (here one of another task, outside) is not followed: only the
+    folder's own episodes are demonstrations."""
+    write(tmp_path / "demos", recorded_episode(encoder))
+    write(tmp_path / "elsewhere", recorded_episode(encoder), task_id="another-task")
+    (tmp_path / "demos" / "linked").symlink_to(tmp_path / "elsewhere")
+    demos = load_demonstrations(tmp_path / "demos", encoder, screen_size=(1280, 720), history_images=2,
+                                prompt_style="compact")
+    assert list(demos) == ["settings-sound-mute"]
+
+
+@pytest.mark.parametrize("case", ["nan score", "screenshot a FIFO"])
+def test_the_learner_reports_a_hostile_demonstration_in_one_line_and_exits_2(tiny_model, encoder, tmp_path, case):
+    """The learner's start (arpo-learner, a real process): one error line naming the file, exit 2 as for any bad
+    configuration, no traceback, no hang (b190f2c: a ReplayError traceback, exit 1; the FIFO blocked it)."""
+    import subprocess
+    import sys
+
+    folder = write_episode(tmp_path / "demos", EpisodeRecord("settings", "settings-sound-mute", 0, 1.0, True,
+                                                             "success", steps=3, instruction="Turn on Mute."),
+                           recorded_episode(encoder))
+    CASES[case][0](folder)
+    done = subprocess.run([sys.executable, "-m", "learner.main", "--set", f"model={str(tiny_model)!r}", "--set",
+                           f"learner.replay_demos={str(tmp_path / 'demos')!r}", "--set",
+                           f"run_dir={str(tmp_path / 'run')!r}"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and str(folder) in errors[0] and re.search(CASES[case][1], errors[0]), done.stderr
