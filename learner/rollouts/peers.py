@@ -9,8 +9,9 @@ taken, hands it to its slot's owner (the scheduler, or the evaluation rounds).
 
 Ownership: a request or a rollout belongs to the session (learner.rollouts.sessions) its WorkRequest named, a secret
 the peer opened in its Hello; a request naming no session its peer opened gets nothing (reason ``session``), and a
-trajectory is taken only with its slot's session, so a peer that copies another's routing id can neither take its
-rollouts nor submit for them.
+trajectory is taken only with its slot's session and from the routing id the slot was handed to (else reason
+``owner``), so a peer that copies another's routing id, or learns another's session, can neither take its rollouts
+nor submit for them.
 
 Fairness: waiting requests are queued per peer, and training rollouts go round-robin over the peers that wait, first
 to those holding fewer than their fair share (learner.rollouts.fair_share: max-min fairness of the admitted rollouts
@@ -159,8 +160,9 @@ class Peers:
     def receive(self, peer: str, traj: Trajectory, digest: bytes | None, problem: InvalidMessage | None,
                 key: str = "") -> Receipt:
         """Decide what becomes of a trajectory ``peer`` sent: take it for its rollout slot only when it is valid,
-        new, and carries the session the slot was handed out under (and, with CURVE, comes with that session's
-        key ``key``), with the slot's task; a taken one leaves its slot
+        new, and carries the session the slot was handed out under, from the routing id the slot was handed to
+        (the one that opened the session) and, with CURVE, with that session's key ``key``, with the slot's task;
+        a taken one leaves its slot
         (the peer's count drops) and goes to the slot's owner (:meth:`GroupScheduler.on_trajectory`, or the
         evaluation rounds'). Otherwise nothing of the slot changes, and the receipt says why: a Reject (reasons
         ``owner``, ``task``, ``duplicate`` for an id reused with other content, or the validation's), or a count
@@ -174,7 +176,8 @@ class Peers:
         slot = (traj.group_id, traj.rollout_index)
         owner = self._slot_owner(*slot)
         hold = self.assigned.get(slot)
-        owned = owner is not None and hold is not None and traj.session == hold.session and key == hold.key
+        owned = owner is not None and hold is not None and (peer, traj.session, key) == (hold.peer, hold.session,
+                                                                                          hold.key)
         seen = self._received.get(traj.trajectory_id, False)
         if problem is None and seen is False and owned and traj.task_id != (task := owner.running_task(*slot)).id:
             problem = InvalidMessage("task", f"rollout {slot} is of task {task.id!r}, not {traj.task_id[:80]!r}")

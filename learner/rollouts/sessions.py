@@ -6,8 +6,10 @@ a running rollout is therefore tied to a session: a secret of at least 128 rando
 and sends in its Hello (arpo_async.messages.Hello.session), which the learner never sends back, bound to the routing
 id that said Hello and, where CURVE is on, to the public key ZeroMQ's ZAP handler authenticated
 (arpo_async.transport.Envelope.key). Every WorkRequest and Trajectory names its session; one that does not match is
-refused (reason ``session``, or ``owner`` for a trajectory whose slot belongs to another session). Without CURVE the
-secret travels in clear: a peer that can read the traffic can read it too (turn CURVE on beyond one machine).
+refused (reason ``session``, or ``owner`` for a trajectory whose slot belongs to another session or that comes from
+another routing id or key than the session's: learner.rollouts.peers.Peers.receive). Without CURVE the secret and
+the routing id (with its random part, arpo_async.transport) travel in clear: a peer that can read the traffic can
+copy both, take the route (ROUTER_HANDOVER) and act for the actor (turn CURVE on beyond one machine).
 
 Bounds: at most SESSIONS_PER_PEER sessions per routing id. A further Hello evicts that id's least recently used
 session that has nothing waiting or running (an actor that restarted leaves such sessions behind); when every one of

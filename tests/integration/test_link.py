@@ -476,6 +476,42 @@ async def test_a_peer_that_copies_an_actors_routing_id_cannot_submit_for_its_rol
         ctx.destroy(linger=0)
 
 
+async def test_a_captured_session_sent_from_another_routing_id_is_refused(transport):
+    """Issue 48 item 8: a peer that learnt an honest actor's session (without CURVE it travels in clear) and sends,
+    from a routing id of its own, a trajectory for the actor's rollout under that session: refused (``owner``), as
+    the session is bound to the routing id that opened it; so is one from a second socket under the actor's own
+    actor id (another random part), and a work request under it (``session``). Each is answered with a Reject;
+    the honest trajectory is then taken. (b190f2c took the first forged trajectory as the rollout's.)"""
+    ctx = zmq.asyncio.Context()
+    thieves = [dealer_socket(ctx, transport, "thief"), dealer_socket(ctx, transport, "actor-1")]
+    try:
+        async with learner(ctx, transport, batch=4, eta=1) as service, actor(ctx, transport) as link:
+            first = await asyncio.wait_for(link.request_work(), 5)
+            hold = service.peers.assigned[(first.group_id, first.rollout_index)]
+            assert hold.session == link.session and peer_name(hold.peer) == "actor-1"
+            for thief in thieves:
+                forged = trajectory(first, "SUCCESS", 1.0)
+                forged.session = link.session  # captured
+                await thief.send_multipart(codec.encode(forged))
+                async with asyncio.timeout(10):  # its Ack (the learner holds the id), then the Reject
+                    while not isinstance(refusal := codec.decode(await thief.recv_multipart(), max_bytes=1 << 20),
+                                         Reject):
+                        pass
+                assert "belongs to another session" in refusal.reason, refusal
+            await thieves[0].send_multipart(codec.encode(WorkRequest("t-r0", "thief", session=link.session)))
+            await until(lambda: service.stats.rejections["owner"] == 2 and service.stats.rejections["session"] == 1,
+                        10, "the captured session refused")
+            assert service.totals["trajectories"] == 0
+            assert (first.group_id, first.rollout_index) in service.peers.assigned  # still the honest actor's
+            await link.submit(trajectory(first, "FAILURE", 0.0))
+            assert await link.wait_acked(10)
+            assert service.totals[Outcome.FAILURE] == 1 and service.totals[Outcome.SUCCESS] == 0
+    finally:
+        for thief in thieves:
+            thief.close(0)
+        ctx.destroy(linger=0)
+
+
 async def test_an_actor_whose_session_was_forgotten_says_hello_again_and_gets_work(transport):
     """Issue 39 item 6: a learner that thought the actor silent forgets its session; the actor's next request is
     refused (``session``), it says Hello again at its next heartbeat, and the request, sent again, gets work. A
