@@ -8,8 +8,17 @@ shards are joined in this one process, learner.train.trainer_checkpoint.read_mod
 ``learner.weight_sync = "distributed"``, which writes no ``weights/vN`` folders. The model's config and processor
 files come from the model the run started from: the ``model`` of ``RUN_DIR/config.toml``, or ``--model DIR``.
 
-Exit status: 0 written; 1 the checkpoint or the base model could not be read, or the folder not written; 2 a bad
-argument (no run folder, no checkpoint, an unknown ``--step``, a non-empty ``--out`` without ``--overwrite``).
+The folder also holds ``arpo-export.json`` (arpo_cli.export_folder.MANIFEST: the run, checkpoint, step, policy
+version, base model, dtype and the files written). ``--overwrite`` replaces only such an earlier export, and only
+when it holds nothing but the files its manifest lists; never a run folder or anything inside one, never a folder
+reached through a symlink (arpo_cli.export_folder.check_out). The replacement is atomic, so a failed export leaves
+the earlier one as it was. Every file read must be a regular file (a FIFO or a device is refused, never opened);
+weights that are NaN or infinite, in the checkpoint or after the cast to ``--dtype``, are refused with the tensor's
+name. Every file written gets the same mode (``0666`` less the umask).
+
+Exit status: 0 written; 1 the checkpoint or the base model could not be read (or is not a regular file, or holds
+NaN or infinite weights), or the folder not written; 2 a bad argument (no run folder, no checkpoint, an unknown
+``--step``, an ``--out`` that may not be written or replaced: see above).
 """
 
 from __future__ import annotations
@@ -21,15 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from arpo_cli.export_folder import ExportError, check_inputs, check_out, write_manifest
+
+__all__ = ["DTYPES", "ExportError", "Exported", "add_export_parser", "export_checkpoint", "export_main"]
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-class ExportError(RuntimeError):
-    """The export cannot be made; the message says why. ``code`` is the exit status (1 or 2, module docstring)."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -56,8 +61,11 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:
                     "learner.weight_sync=\"distributed\" (which writes no weights/vN folders).")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run folder, e.g. runs/demo")
     p.add_argument("--out", type=Path, required=True, metavar="DIR",
-                   help="the folder to write (must not exist or be empty, unless --overwrite)")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+                   help="the folder to write (must not exist or be empty, unless --overwrite); never a run folder "
+                        "or inside one, never a symlink")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out when it is an earlier export (it holds arpo-export.json and only the files "
+                        "that lists); any other non-empty folder is refused")
     p.add_argument("--step", type=int, metavar="N",
                    help="export checkpoint step-N instead of the newest (see RUN_DIR/checkpoints)")
     p.add_argument("--model", type=Path, metavar="DIR",
@@ -90,12 +98,13 @@ def export_checkpoint(run_dir: Path, out: Path, *, overwrite: bool = False, step
     The weights are read with learner.train.trainer_checkpoint.read_model_weights (``trainer.pt``, or a sharded
     ``trainer.dcp`` joined in this process), put into the base model's architecture (built from its
     ``config.json`` without loading its weights; every weight must fit, none may be missing) and written by
-    learner.train.weights_export.write_folder (atomically: a temporary sibling renamed into place).
+    learner.train.weights_export.write_folder (atomically: a temporary sibling renamed into place) with the
+    manifest ``arpo-export.json`` (arpo_cli.export_folder). Nothing is written before every check has passed.
 
     Args:
         run_dir: the run folder (``checkpoints/``, ``config.toml``).
-        out: the folder to write; it must not exist or be empty unless ``overwrite``.
-        overwrite: replace a non-empty ``out``.
+        out: the folder to write; it must not exist or be empty unless ``overwrite`` (arpo_cli.export_folder.check_out).
+        overwrite: replace ``out`` when it is an earlier export.
         step: the checkpoint ``step-<step>`` to export; None = the newest.
         model: the base model folder (config and processor files); None = ``model`` of ``run_dir/config.toml``.
         dtype: one of :data:`DTYPES`; "auto" = the base model config's dtype (float32 when it names none).
@@ -104,8 +113,9 @@ def export_checkpoint(run_dir: Path, out: Path, *, overwrite: bool = False, step
         An :class:`Exported`.
 
     Raises:
-        ExportError: no run folder or checkpoint, an unknown ``step``, ``out`` not empty (code 2); an unreadable
-            checkpoint or base model, weights that do not fit the model, or a write failure (code 1).
+        ExportError: no run folder or checkpoint, an unknown ``step``, an ``out`` that may not be written or
+            replaced (code 2); an unreadable checkpoint or base model, an input that is not a regular file, weights
+            that do not fit the model or are NaN or infinite, or a write failure (code 1).
     """
     from learner.train.checkpoint import checkpoint_folders
     from learner.train.trainer_checkpoint import read_model_weights
@@ -127,28 +137,32 @@ def export_checkpoint(run_dir: Path, out: Path, *, overwrite: bool = False, step
         raise ExportError(f"{run_dir} has no checkpoint of step {step} (it has steps "
                           f"{', '.join(map(str, steps))})", 2)
     base = Path(model) if model is not None else _base_model(run_dir)
-    _check_out(out, overwrite, run_dir, base)
+    check_out(out, overwrite, run_dir, base)
 
     trainer_part = next((folder / name for name in ("trainer.pt", "trainer.dcp") if (folder / name).exists()), None)
     older = f"; --step {steps[-2]} exports the one before it" if folder == folders[-1] and len(steps) > 1 else ""
     if trainer_part is None:
         raise ExportError(f"checkpoint {folder} holds no trainer.pt or trainer.dcp (not a learner checkpoint?)"
                           + older)
+    from learner.train.weights_export import PROCESSOR_FILES, write_folder
+    check_inputs(trainer_part, folder / "meta.json", base, PROCESSOR_FILES)
     meta = _meta(folder)
     try:
         weights = read_model_weights(trainer_part)
     except (TrainerError, OSError) as error:
         raise ExportError(f"cannot read checkpoint {folder}: {error}{older}") from error
 
-    policy, name = _policy(base, weights, dtype)
-    from learner.train.weights_export import write_folder
+    policy, name = _policy(base, weights, dtype, folder)
+    version = meta.get("policy_version")
+    done = Exported(out=out, checkpoint=folder, step=int(meta.get("step", steps[folders.index(folder)])),
+                    policy_version=int(version) if isinstance(version, int) else None, model=base, dtype=name)
+    record = {"run": str(run_dir.resolve()), "checkpoint": str(folder.resolve()), "step": done.step,
+              "policy_version": done.policy_version, "model": str(base.resolve()), "dtype": name}
     try:
-        write_folder(policy, out, base)
+        write_folder(policy, out, base, finish=lambda tmp: write_manifest(tmp, record))
     except OSError as error:
         raise ExportError(f"cannot write {out}: {error}") from error
-    version = meta.get("policy_version")
-    return Exported(out=out, checkpoint=folder, step=int(meta.get("step", steps[folders.index(folder)])),
-                    policy_version=int(version) if isinstance(version, int) else None, model=base, dtype=name)
+    return done
 
 
 def _base_model(run_dir: Path) -> Path:
@@ -170,18 +184,6 @@ def _base_model(run_dir: Path) -> Path:
     return base
 
 
-def _check_out(out: Path, overwrite: bool, run_dir: Path, base: Path) -> None:
-    resolved = out.resolve()
-    for keep, what in ((run_dir, "the run folder"), (base, "the base model folder")):
-        if resolved == keep.resolve() or keep.resolve().is_relative_to(resolved):
-            raise ExportError(f"--out {out} would replace {what} {keep}; choose another folder", 2)
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"--out {out} is a file", 2)
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ExportError(f"--out {out} exists and is not empty; pass --overwrite to replace it, or choose another "
-                          "folder", 2)
-
-
 def _meta(folder: Path) -> dict[str, Any]:
     """The checkpoint's meta.json (step, policy_version), or {} when it is unreadable (the weights still are)."""
     try:
@@ -191,11 +193,12 @@ def _meta(folder: Path) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
-def _policy(base: Path, weights: dict[str, Any], dtype: str):
+def _policy(base: Path, weights: dict[str, Any], dtype: str, folder: Path):
     """The base model's architecture holding ``weights`` (cast to ``dtype``), and the dtype's name.
 
     Built on the meta device from ``base/config.json`` (no base weights are read), then given the checkpoint's
-    tensors (``load_state_dict(assign=True)``, strict: a missing or unexpected weight is an error) and re-tied."""
+    tensors (``load_state_dict(assign=True)``, strict: a missing or unexpected weight is an error) and re-tied.
+    A tensor with a NaN or infinite value, in checkpoint ``folder`` or after the cast, is refused (ExportError)."""
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText, GenerationConfig
 
@@ -213,6 +216,7 @@ def _policy(base: Path, weights: dict[str, Any], dtype: str):
     with torch.device("meta"):
         policy = AutoModelForImageTextToText.from_config(config, dtype=target)
     cast = {k: v.to(target) if v.is_floating_point() else v for k, v in weights.items()}
+    _check_finite(weights, cast, name, folder)
     try:
         policy.load_state_dict(cast, strict=True, assign=True)
     except RuntimeError as error:
@@ -222,3 +226,21 @@ def _policy(base: Path, weights: dict[str, Any], dtype: str):
     if (base / "generation_config.json").is_file():
         policy.generation_config = GenerationConfig.from_pretrained(str(base))
     return policy, name
+
+
+def _check_finite(weights: dict[str, Any], cast: dict[str, Any], name: str, folder: Path) -> None:
+    """Refuse the first floating-point tensor with a NaN or infinite value, in the checkpoint's ``weights`` or in
+    their ``cast`` to dtype ``name`` (float16 overflows to inf beyond 65504), naming the tensor and the counts."""
+    import torch
+
+    for key, value in weights.items():
+        if not value.is_floating_point():
+            continue
+        checks = [(value, f"in checkpoint {folder}")]
+        if cast[key] is not value:
+            checks.append((cast[key], f"once cast to {name} (--dtype)"))
+        for tensor, where in checks:
+            if not bool(torch.isfinite(tensor).all()):
+                nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+                raise ExportError(f"tensor {key} holds {nan} NaN and {inf} infinite values of {tensor.numel()} "
+                                  f"{where}; not exported")

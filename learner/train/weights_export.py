@@ -11,7 +11,7 @@ With several ranks every function here is a collective: every rank must call it,
 through the Trainer methods of the same names, which learner.train.distributed.LeadTrainer forwards to every rank.
 
 Invariants: weight folders are written to a temporary sibling and renamed into place, so a reader never sees half
-a folder; tied weights (``trainer.tied``) are left out, as save_pretrained leaves them out; only rank 0 receives
+a folder; every file in one has the same mode (``0666`` less the umask, as ``open`` gives); tied weights (``trainer.tied``) are left out, as save_pretrained leaves them out; only rank 0 receives
 and writes the full tensors.
 """
 
@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -30,7 +32,8 @@ from arpo_async.weight_sync import cast_floating, dtype_from_name
 from learner.train.distributed import RankGroup
 from learner.train.trainer_errors import TrainerError
 
-__all__ = ["ExportSource", "checkpoint_state_dict", "full_state_dict", "save_weights", "write_folder"]
+__all__ = ["PROCESSOR_FILES", "ExportSource", "checkpoint_state_dict", "full_state_dict", "save_weights",
+           "write_folder"]
 
 
 class ExportSource(Protocol):
@@ -50,7 +53,7 @@ class ExportSource(Protocol):
 
 # Files besides the weights that make a checkpoint folder loadable by transformers, arpo-serve and SGLang:
 # tokenizer, chat template and image/video processor configs. Copied from the source model folder when present.
-_PROCESSOR_FILES: tuple[str, ...] = (
+PROCESSOR_FILES: tuple[str, ...] = (
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
@@ -103,19 +106,24 @@ def save_weights(trainer: ExportSource, out_dir: Path, *, overwrite: bool = Fals
 
 
 def write_folder(model: torch.nn.Module, out_dir: Path, source_dir: Path, *,
-                 state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+                 state_dict: dict[str, torch.Tensor] | None = None,
+                 finish: Callable[[Path], None] | None = None) -> Path:
     """Write ``model`` as a Hugging Face folder at ``out_dir``, atomically, replacing any folder there.
 
     ``model.save_pretrained`` (safetensors; ``config.json``, ``generation_config.json``; tied weights left out)
     into a temporary sibling, plus the tokenizer, chat-template and processor files of ``source_dir`` (the model
     folder the weights came from), then renamed to ``out_dir``; an existing ``out_dir`` is moved aside first and
-    deleted after. Used by :func:`save_weights` (the learner's ``weights/vN``) and ``arpo export``.
+    deleted after. Used by :func:`save_weights` (the learner's ``weights/vN``) and ``arpo export``. Every file
+    gets the mode a new file gets here (``0666`` less the umask): safetensors writes ``model.safetensors`` 0600
+    and ``shutil.copy2`` would keep the source files' modes.
 
     Args:
         model: a transformers ``PreTrainedModel`` (its config and generation config are written).
         out_dir: the folder to create or replace.
         source_dir: the folder to copy the processor files from (those it has).
         state_dict: the weights to write instead of ``model``'s own (e.g. gathered from a sharded model).
+        finish: called with the temporary folder once every file is in it, before the rename (``arpo export``
+            writes its manifest there); what it raises leaves ``out_dir`` as it was.
 
     Returns:
         ``out_dir`` as a Path.
@@ -125,10 +133,13 @@ def write_folder(model: torch.nn.Module, out_dir: Path, source_dir: Path, *,
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
-        for name in _PROCESSOR_FILES:
+        for name in PROCESSOR_FILES:
             source = source_dir / name
             if source.is_file():
-                shutil.copy2(source, tmp / name)
+                shutil.copyfile(source, tmp / name)
+        if finish is not None:
+            finish(tmp)
+        _same_mode(tmp)
         if out_dir.exists():
             old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
             os.rename(out_dir, old)
@@ -140,6 +151,21 @@ def write_folder(model: torch.nn.Module, out_dir: Path, source_dir: Path, *,
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def _same_mode(folder: Path) -> None:
+    """Give every regular file in ``folder`` the mode ``open`` gives a new file here (``0666`` less the umask),
+    learned from a probe file rather than ``os.umask`` (which sets the umask of every thread while it reads it)."""
+    probe = folder / f".mode-{uuid.uuid4().hex[:8]}"
+    fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+    try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
+        probe.unlink()
+    for entry in os.scandir(folder):
+        if entry.is_file(follow_symlinks=False):
+            os.chmod(entry.path, mode)
 
 
 def full_state_dict(trainer: ExportSource) -> dict[str, torch.Tensor]:
