@@ -33,7 +33,8 @@ import numpy as np
 from arpo_async.demos import is_demonstration
 from arpo_async.messages import Trajectory
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
-from learner.algo.advantages import AdvantageFunction, checked_advantages, grpo_advantages
+from learner.algo.advantages import (ADVANTAGE_TIMEOUT_S, AdvantageFunction, advantages_off_loop,
+                                     checked_advantages, grpo_advantages)
 from learner.algo.grpo import is_zero_variance
 from learner.algo.rewards import compute_reward
 from learner.algo.replay import ReplayBuffer
@@ -89,6 +90,7 @@ class Batcher:
         success_threshold: ``sampled_success`` counts scores above this (:func:`arpo_async.success.is_success`).
         stratified: batches cover distinct tasks where the ready groups allow it (see `take_batch`).
         advantage_function: the advantages stage's rule (learner.algo.advantages; GRPO's by default).
+        advantage_timeout_s: the deadline of one call of a custom advantage function in :meth:`add_group_async`.
         drops: the counter drops are counted in (learner.state.RunState.drops; a new one when None).
         sampled_as: ``(demonstration, grammar) -> demonstration`` tokenized as a rollout under that regex
             (learner.algo.forced_tokens.ForcedTokens.as_sampled); applied to an injected demonstration with the
@@ -99,8 +101,10 @@ class Batcher:
                  format_reward_weight: float = 0.5, success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
                  stratified: bool = False, advantage_function: AdvantageFunction = grpo_advantages,
                  drops: collections.Counter[str] | None = None,
-                 sampled_as: Callable[[Trajectory, str], Trajectory] | None = None) -> None:
+                 sampled_as: Callable[[Trajectory, str], Trajectory] | None = None,
+                 advantage_timeout_s: float = ADVANTAGE_TIMEOUT_S) -> None:
         self.replay = replay
+        self.advantage_timeout_s = advantage_timeout_s
         self.sampled_as = sampled_as
         self.stratified = stratified
         self.advantage_function = advantage_function
@@ -113,7 +117,8 @@ class Batcher:
 
     def add_group(self, group: CompleteGroup, version: int) -> ScoredGroup | None:
         """Run the per-group stages on one complete group at policy ``version`` -- score, replay, advantages --
-        and keep the result for a batch; None when the group was dropped (counted in ``drops``).
+        and keep the result for a batch; None when the group was dropped (counted in ``drops``). The advantage
+        function runs in this thread; the training loop runs :meth:`add_group_async`.
 
         Raises:
             AdvantageFunctionError: the advantage function returned something other than one finite float per
@@ -123,9 +128,38 @@ class Batcher:
         if scored is not None:
             scored = self.replay_success(scored, version)  # 2. replay
             scored = self.advantages(scored)  # 3. advantages
+        return self._keep(scored)
+
+    async def add_group_async(self, group: CompleteGroup, version: int) -> ScoredGroup | None:
+        """:meth:`add_group` with a custom advantage function called off the event loop, under the deadline
+        ``advantage_timeout_s`` (learner.algo.advantages.advantages_off_loop); score and replay run first, at
+        ``version``, before anything is awaited.
+
+        Raises:
+            AdvantageFunctionError: as :meth:`add_group`, or the function passed its deadline.
+        """
+        scored = self.score(group.task.id, group.trajectories(), version)  # 1. score
+        if scored is not None:
+            scored = self.replay_success(scored, version)  # 2. replay
+            if self._varies(scored):  # 3. advantages
+                rewards = np.asarray(scored.rewards, dtype=np.float64)
+                scored = replace(scored, advantages=await advantages_off_loop(
+                    self.advantage_function, rewards, scored.task_id, timeout_s=self.advantage_timeout_s))
+            else:
+                scored = None
+        return self._keep(scored)
+
+    def _keep(self, scored: ScoredGroup | None) -> ScoredGroup | None:
         if scored is not None:
             self.ready.append(scored)
         return scored
+
+    def _varies(self, scored: ScoredGroup) -> bool:
+        """Whether the group's rewards vary; one that does not is counted (``zero_variance``)."""
+        if is_zero_variance(scored.rewards):
+            self.drops["zero_variance"] += 1
+            return False
+        return True
 
     def _rewards(self, trajectories: list[Trajectory]) -> list[float]:
         return [compute_reward(t.score, t.format_ok, format_weight=self._format_weight) for t in trajectories]
@@ -172,8 +206,7 @@ class Batcher:
             AdvantageFunctionError: the advantage function returned something other than one finite float per
                 trajectory (learner.algo.advantages).
         """
-        if is_zero_variance(scored.rewards):
-            self.drops["zero_variance"] += 1
+        if not self._varies(scored):
             return None
         rewards = np.asarray(scored.rewards, dtype=np.float64)
         return replace(scored, advantages=checked_advantages(self.advantage_function, rewards, scored.task_id))

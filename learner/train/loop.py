@@ -181,11 +181,13 @@ class TrainingLoop:
 
     async def collect(self) -> None:
         """Stages 1-3 for every complete group from the service, as it arrives, at the current policy version:
-        score, replay, advantages (:meth:`Batcher.add_group`); what they drop is reported through ``on_discard``.
-        A group whose stages raise is logged, counted in ``drops["unscorable"]`` and dropped. Runs until cancelled.
+        score, replay, advantages (:meth:`Batcher.add_group_async`: a custom advantage function runs off the event
+        loop, under its deadline); what they drop is reported through ``on_discard``. A group whose stages raise is
+        logged, counted in ``drops["unscorable"]`` and dropped. Runs until cancelled.
 
         Raises:
-            AdvantageFunctionError: the advantage function returned something unusable (the learner stops).
+            AdvantageFunctionError: the advantage function returned something unusable or passed its deadline (the
+                learner stops).
         """
         while True:
             group = await self.groups.get()
@@ -194,7 +196,8 @@ class TrainingLoop:
             else:
                 accepted = sum(Outcome(t.outcome).trainable for t in group.trajectories())
                 try:
-                    scored = self.batcher.add_group(group, self.state.version)  # 1-3. score, replay, advantages
+                    # 1-3. score, replay, advantages (a custom advantage function off the event loop)
+                    scored = await self.batcher.add_group_async(group, self.state.version)
                 except AdvantageFunctionError:
                     raise  # every later group would fail alike: the learner stops
                 except Exception as error:  # noqa: BLE001 - one group that cannot be scored never stops training
