@@ -69,8 +69,11 @@ class LearnerConfig:
     bytes of float32; "float32" sends the learner's float32 master weights (the server casts them on load)."""
     advantage_function: str = ""
     """Another advantage rule, as "package.module:function" (importable by the learner), called once per scored
-    group with (rewards: float64 array of shape (G,), task_id) and returning G finite floats; "" = GRPO's
-    (reward - mean) / (std + eps). Like slime's --custom-advantage-function-path (learner.algo.advantages)."""
+    group with (a copy of the rewards: float64 array of shape (G,), task_id) in a thread of its own, within 60 s,
+    and returning G finite real numbers of magnitude at most 1e6 (else the learner stops, naming it); "" = GRPO's
+    (reward - mean) / (std + eps). Like slime's --custom-advantage-function-path (learner.algo.advantages). Trusted
+    code: it is imported and run in the learner with its rights (any importable callable loads, os:system too), so
+    whoever writes the run file or its --set overrides runs code in the learner."""
     replay: bool = True
     """ARPO's success replay: inject a stored success into all-failed groups."""
     replay_capacity: PositiveInt = 8
