@@ -11,7 +11,8 @@ With several ranks every function here is a collective: every rank must call it,
 through the Trainer methods of the same names, which learner.train.distributed.LeadTrainer forwards to every rank.
 
 Invariants: weight folders are written to a temporary sibling and renamed into place, so a reader never sees half
-a folder; every file in one has the same mode (``0666`` less the umask, as ``open`` gives); tied weights (``trainer.tied``) are left out, as save_pretrained leaves them out; only rank 0 receives
+a folder; every file in one has the same mode (``0666`` less the umask, as ``open`` gives); tied weights
+(``trainer.tied``) are left out, as save_pretrained leaves them out; only rank 0 receives
 and writes the full tensors.
 """
 

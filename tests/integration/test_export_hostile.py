@@ -29,7 +29,8 @@ from learner.train.trainer_checkpoint import state_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 240  # a refusal takes seconds (importing torch); a hang on a FIFO would take forever
-NO_MARKER = "is not empty and is not an earlier arpo export (no arpo-export.json); choose another folder, or an empty one"
+NO_MARKER = ("is not empty and is not an earlier arpo export (no arpo-export.json); choose another folder, "
+             "or an empty one")
 
 
 @pytest.fixture(scope="module")
