@@ -10,6 +10,7 @@ Owns: the mapping from what happens in an episode to a Trajectory and its Outcom
 | a reply did not parse (episode ends there)      | POLICY_ERROR  | yes, with ARPO's format penalty |
 | desktop died, controller timed out, setup or evaluator failed | ENV_ERROR | no |
 | inference server unreachable after all retries  | ABORTED       | no         |
+| no policy reply within actors.policy_timeout_s  | ABORTED (PolicyTimeout) | no |
 | the server aborted a generation (finish_reason abort) | ABORTED | no         |
 
 The threshold is ``learner.success_threshold`` (ARPO's 0.1), applied by :func:`arpo_async.success.is_success`,
@@ -37,7 +38,7 @@ from typing import Sequence
 from actors.desktop.controller_client import ControllerClient, DesktopError
 from actors.evaluation import EvaluationError, SetupContext, TaskSetupError, evaluate, run_setup
 from actors.osworld.downloads import DownloadCache
-from actors.policy import GenerateFn, Policy, as_policy
+from actors.policy import GenerateFn, Policy, PolicyTimeout, as_policy
 from actors.settle import settled_screenshot
 from actors.sinks import TrajectorySink
 from actors.uitars.actions import Action, ActionParseError, parse_reply
@@ -45,7 +46,7 @@ from actors.uitars.grammar import action_regex
 from arpo_async.prompt import build_messages
 from actors.uitars import pyautogui, xdotool
 from arpo_async.config import ActorConfig
-from arpo_async.inference_client import GenerationAborted, PolicyRequestError, PolicyUnavailable
+from arpo_async.inference_client import Generation, GenerationAborted, PolicyRequestError, PolicyUnavailable
 from arpo_async.messages import Assignment, Outcome, Step, Trajectory
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
 from arpo_async.model.inputs import PromptEncoder
@@ -214,7 +215,7 @@ class EpisodeRunner:
             prompt_ids = self.encoder.encode(prompt.messages, [cfg.screen_size] * len(image_indices))
             # The learner trains on prompt_ids (pads expanded); the server gets one pad per image and expands it
             # to the same ids (PromptEncoder.collapse_image_pads says why SGLang needs this form).
-            gen = await self.policy.generate(
+            gen = await self._generate(
                 input_ids=self.encoder.collapse_image_pads(prompt_ids),
                 images=[traj.screenshots[i] for i in image_indices],
                 sampling_params=sampling_params or self.sampling_params,
@@ -251,6 +252,26 @@ class EpisodeRunner:
         async with asyncio.timeout(cfg.step_timeout_s):  # the last action drawn before the evaluator reads
             await self._settled(controller)
         return None
+
+    async def _generate(self, **request) -> Generation:
+        """``policy.generate(**request)`` under the deadline ``actors.policy_timeout_s`` (every try and backoff wait
+        of the call together).
+
+        Raises:
+            PolicyTimeout: no reply within the deadline (the call is cancelled); what the policy raises otherwise
+                (a TimeoutError of its own included) propagates unchanged.
+        """
+        deadline = asyncio.timeout(self.config.policy_timeout_s)
+        try:
+            async with deadline:
+                return await self.policy.generate(**request)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            url = getattr(self.policy, "url", "")  # OpenAIChatPolicy's endpoint
+            raise PolicyTimeout(f"no reply from {type(self.policy).__name__}{f' at {url}' if url else ''} for "
+                                f"request {request.get('rid')} within actors.policy_timeout_s = "
+                                f"{self.config.policy_timeout_s:g} s") from None
 
     async def _settled(self, controller: ControllerClient) -> bytes:
         """The screen once it has settled after an action (actors.settle, ``actors.settle_*``)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Awaitable, Callable, Protocol, Sequence, runtime_checkable
 
-from arpo_async.inference_client import Generation
+from arpo_async.inference_client import Generation, PolicyUnavailable
 
 
 @runtime_checkable
@@ -37,6 +37,12 @@ class Policy(Protocol):
 
     async def generate(self, *, input_ids: list[int], images: Sequence[bytes], sampling_params: dict,
                        rid: str, episode_id: str) -> Generation: ...
+
+
+class PolicyTimeout(PolicyUnavailable):
+    """A policy call of an episode got no reply within its deadline (``actors.policy_timeout_s``), retries and
+    backoff included: the server accepts requests and never answers, or is far too slow. A PolicyUnavailable, so
+    the episode ends ABORTED (not trained on; an errored episode in ``arpo eval``) with this type and message."""
 
 
 GenerateFn = Callable[..., Awaitable["Generation | str"]]

@@ -122,6 +122,11 @@ class ActorConfig:
     """Tries per /generate before the episode ends as ABORTED (exponential backoff between tries)."""
     policy_max_wait_s: float = 30.0
     """Longest backoff between /generate tries (seconds)."""
+    policy_timeout_s: PositiveFloat = 600.0
+    """Deadline for one policy call of an episode, all its tries and backoff waits together (seconds): past it
+    the episode ends ABORTED with a PolicyTimeout error (not trained on; in `arpo eval` an errored episode), so a
+    server that accepts requests and never answers holds a step this long, not policy_attempts x the 600 s
+    request timeout. The default lets one long multi-image generation on a busy server finish."""
     setup_timeout_s: float = 120.0
     """Deadline for a task's setup steps and for its evaluation (seconds); missing it is an ENV_ERROR."""
     step_timeout_s: float = 120.0

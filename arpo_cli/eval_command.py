@@ -12,16 +12,18 @@ The policy is one of:
   successful episodes are demonstrations for ``learner.replay_demos``.
 
 With ``--url``, ``--openai-url`` and ``--oracle`` the prompt is built with the tokenizer of ``--tokenizer DIR``
-(default: the tiny policy's, created if missing). Exit status: 0 when the evaluation ran (whatever the score), 1
-when it could not (no model, the server did not start, Docker failed), 2 for a bad flag, config, task folder or
-split, 130 after Ctrl-C (the report of what finished is written; ``--resume`` finishes it).
+(default: the tiny policy's, created if missing). Exit status (:data:`EXIT_STATUS`): 0 when the evaluation ran
+(whatever the score, some episodes errored or not), 1 when it could not (no model, the server did not start, Docker
+failed), 2 for a bad flag, config, task folder or split, 3 when every episode of the report errored (the report is
+written; e.g. the inference server is down), 130 after Ctrl-C or SIGTERM (the report of what finished is written,
+every desktop removed; ``--resume`` finishes it).
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import re
 import shlex
+import signal
 import sys
 from pathlib import Path
 
@@ -29,6 +31,12 @@ from arpo_async.config import ConfigError, RunConfig, load_config
 from arpo_async.config_doc import add_config_arguments
 
 WEIGHTS_DIR = re.compile(r"^v(\d+)$")
+EXIT_ALL_ERRORED = 3
+"""Exit status when every episode of the report errored: no episode was scored, so the score means nothing."""
+EXIT_STATUS = ("exit status: 0 the evaluation ran (whatever the score; some episodes may have errored); 1 it could "
+               "not start (no model, the server did not start, Docker failed); 2 a bad flag, config, task folder or "
+               f"split; {EXIT_ALL_ERRORED} every episode errored (e.g. the inference server is down; the report lists "
+               "why); 130 Ctrl-C or SIGTERM (the report of what finished is written, every desktop removed)")
 
 
 class EvalError(RuntimeError):
@@ -44,7 +52,8 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
         description="Run every task of a task set (x --repeats) with a policy on real desktops, write each "
                     "episode as OSWorld's runner does (OUT/<domain>/<task id>/<repeat>/result.txt, traj.jsonl, "
                     "screenshots) and report.json / report.md: success with a 95% interval, pass@k and mean "
-                    "steps, overall, per domain and per task. Errored episodes count as failures and are listed.")
+                    "steps, overall, per domain and per task. Errored episodes count as failures and are listed. "
+                    + EXIT_STATUS + ".")
     policy = p.add_argument_group("policy (one of --model, --url, --openai-url, --oracle)")
     policy.add_argument("--model", type=Path, help="a Hugging Face folder, a run's weights/vN, or a run folder "
                                                    "(its newest weights); arpo-serve is started for it")
@@ -209,7 +218,7 @@ def eval_main(args: argparse.Namespace, argv: list[str]) -> int:
     from actors.desktop.build import DesktopBuildError
     from actors.eval.report import task_table
     from arpo_async.tasks import TaskFormatError
-    from arpo_cli.launcher import RunError
+    from arpo_cli.launcher import RunError, run_interruptible, sigterm_as_interrupt
 
     args.argv = argv
     problem = check_policy_args(args)
@@ -222,8 +231,9 @@ def eval_main(args: argparse.Namespace, argv: list[str]) -> int:
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
+    previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)  # until the event loop takes both signals over
     try:
-        report = asyncio.run(_evaluate(args, say))
+        report = run_interruptible(lambda signals: _until_signal(signals, _evaluate(args, say)))
     except (ConfigError, TaskFormatError, FileExistsError, ValueError) as e:
         print(f"arpo eval: {e}", file=sys.stderr)
         return 2
@@ -234,8 +244,22 @@ def eval_main(args: argparse.Namespace, argv: list[str]) -> int:
         print("arpo eval: interrupted; the report of the finished episodes is written; --resume finishes it",
               file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(task_table(report))
     out = Path(report["out"])
     print(f"\nsuccess {report['overall']['successes']}/{report['overall']['episodes']}; "
           f"{len(report['errors'])} errored episode(s) counted as failures; report: {out / 'report.md'}")
+    if report["errors"] and len(report["errors"]) == report["overall"]["episodes"]:
+        print(f"arpo eval: every one of the {len(report['errors'])} episodes errored, so nothing was scored (the "
+              f"first: {report['errors'][0]['error'][:300]}); exit status {EXIT_ALL_ERRORED}", file=sys.stderr)
+        return EXIT_ALL_ERRORED
     return 0
+
+
+async def _until_signal(signals, evaluation):
+    """Await ``evaluation`` with SIGINT and SIGTERM taken over by ``signals`` (arpo_cli.launcher.RunSignals): the
+    first one cancels it, so the report of what finished is written and every desktop and arpo-serve stopped
+    before the command exits 130; a later one cannot cut that cleanup short (as `arpo run` does)."""
+    signals.install()
+    return await evaluation

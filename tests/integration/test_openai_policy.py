@@ -16,10 +16,12 @@ import pytest
 from aiohttp import web
 from PIL import Image
 
+from actors.episode import EpisodeRunner
 from actors.openai_policy import OpenAIChatPolicy, chat_completions_url, chat_messages_from_ids
-from actors.policy import Policy, as_policy
+from actors.policy import Policy, PolicyTimeout, as_policy
 from actors.uitars import action_regex, build_messages
 from arpo_async.prompt import add_box_tokens
+from arpo_async.config import load_config
 from arpo_async.inference_client import PolicyRequestError, PolicyUnavailable, RetryPolicy
 from arpo_async.model.inputs import PromptEncoder
 from tests.support import catch_all_http_server, free_port
@@ -161,6 +163,34 @@ async def test_a_server_slower_than_the_timeout_is_unavailable(tiny_model, step)
                 await policy.generate(input_ids=step["input_ids"], images=step["images"],
                                       sampling_params=SAMPLING, rid="r", episode_id="e")
     assert len(calls) == 2
+
+
+async def test_a_never_answering_server_is_cut_at_the_episode_policy_deadline(encoder, step):
+    """A server that accepts the request and never answers (request timeout 600 s, 6 tries): the episode's policy
+    call ends at actors.policy_timeout_s with PolicyTimeout, a PolicyUnavailable (so the episode is ABORTED), after
+    one request. On b190f2c there was no such key and the call waited up to 6 x 600 s."""
+    requests: list[str] = []
+    release = asyncio.Event()
+
+    async def never_answers(request: web.Request) -> web.Response:
+        requests.append(request.path)
+        await release.wait()  # held open until the test ends
+        return web.Response(status=503)
+
+    actors = load_config(None, ["actors.policy_timeout_s=0.5"]).actors
+    async with catch_all_http_server(never_answers) as url:
+        try:
+            async with OpenAIChatPolicy(url, "m", encoder, retry=RetryPolicy(attempts=6)) as policy:
+                runner = EpisodeRunner(encoder, policy, actors)
+                async with asyncio.timeout(120):  # the test's own bound, far below one request's 600 s
+                    with pytest.raises(PolicyTimeout, match=r"at .*/v1/chat/completions for request r-0 within "
+                                                            r"actors\.policy_timeout_s = 0\.5 s") as caught:
+                        await runner._generate(input_ids=step["input_ids"], images=step["images"],
+                                               sampling_params=SAMPLING, rid="r-0", episode_id="e-0")
+        finally:
+            release.set()
+    assert isinstance(caught.value, PolicyUnavailable)
+    assert requests == ["/v1/chat/completions"]
 
 
 async def test_request_fields_key_and_regex(tiny_model, step):
