@@ -198,6 +198,11 @@ class ServeConfig:
     api_key: str = ""
     """Bearer token the inference servers require (arpo-serve / SGLang --api-key); actors and the learner send it.
     Empty = none (then keep the servers on a private network)."""
+    admin_api_key: str = ""
+    """Bearer token of the weight and control routes (weight updates, weight groups and sessions, weight version,
+    pause/continue, flush_cache, abort_request, weights_checker), which then take no other key: SGLang's and
+    arpo-serve's --admin-api-key; only the learner sends it. Empty: `arpo run` makes a random one per run for its
+    own arpo-serve (passed as $ARPO_ADMIN_API_KEY, never written or logged); elsewhere those routes take api_key."""
     weight_version: str = "0"
     """The weight version arpo-serve reports until the first update (meta_info.weight_version)."""
     seed: int = 0

@@ -25,6 +25,7 @@ import asyncio
 import base64
 import collections
 import json
+import os
 import logging
 import math
 import time
@@ -302,6 +303,17 @@ class HttpClient:
         return self._session
 
 
+ADMIN_API_KEY_ENV = "ARPO_ADMIN_API_KEY"
+"""The environment variable that carries the admin key (serve.admin_api_key) to arpo-serve and the learner when the
+run file sets none: `arpo run` passes the random key it makes for its own server this way, never on a command
+line (which ``ps`` shows) or in a file."""
+
+
+def admin_api_key(configured: str) -> str:
+    """The admin key a process uses: ``configured`` (serve.admin_api_key), else $ARPO_ADMIN_API_KEY, else ""."""
+    return configured or os.environ.get(ADMIN_API_KEY_ENV, "")
+
+
 class PolicyClient(HttpClient):
     """Async client for one or more SGLang-compatible inference servers.
 
@@ -311,15 +323,19 @@ class PolicyClient(HttpClient):
         max_connections: cap on simultaneous HTTP connections (one per in-flight generation).
         api_key: sent as ``Authorization: Bearer <api_key>`` with every request (SGLang's and arpo-serve's
             --api-key); empty = no header.
+        admin_api_key: sent instead of ``api_key`` with the weight and control calls (:meth:`post_json`,
+            :meth:`post_once`), which a server started with --admin-api-key opens to that key alone (SGLang's
+            ADMIN_OPTIONAL routes); empty = those calls send ``api_key`` too.
 
     Use inside a running event loop: ``async with PolicyClient([...]) as client: ...``.
     """
 
     def __init__(self, urls: Sequence[str], *, retry: RetryPolicy = RetryPolicy(),
-                 max_connections: int = 1024, api_key: str = "") -> None:
+                 max_connections: int = 1024, api_key: str = "", admin_api_key: str = "") -> None:
         if not urls:
             raise ValueError("PolicyClient needs at least one server URL")
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._admin_auth = {"Authorization": f"Bearer {admin_api_key}"} if admin_api_key else self._auth
         self.urls = [u.rstrip("/") for u in urls]
         self.retry = retry
         self._max_connections = max_connections
@@ -336,13 +352,15 @@ class PolicyClient(HttpClient):
 
     # ------------------------------------------------------------------------------------------ transport
 
-    async def _once(self, method: str, url: str, *, body: bytes | None, timeout_s: float) -> tuple[Any, float]:
-        """One HTTP attempt -> (parsed JSON or text, seconds). Raises RetryableError or PolicyRequestError."""
+    async def _once(self, method: str, url: str, *, body: bytes | None, timeout_s: float,
+                    admin: bool = False) -> tuple[Any, float]:
+        """One HTTP attempt -> (parsed JSON or text, seconds), with the admin key when ``admin``. Raises
+        RetryableError or PolicyRequestError."""
         started = time.perf_counter()
         try:
             async with self._http().request(
                 method, url, data=body,
-                headers={**self._auth, **({"Content-Type": "application/json"} if body is not None else {})},
+                headers={**(self._admin_auth if admin else self._auth), **({"Content-Type": "application/json"} if body is not None else {})},
                 timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.retry.connect_timeout_s),
             ) as resp:
                 text = (await resp.read()).decode("utf-8", "replace")  # a body that is not UTF-8 stays readable
@@ -362,13 +380,13 @@ class PolicyClient(HttpClient):
         return parsed, elapsed
 
     async def _call(self, method: str, url: str, *, body: bytes | None = None,
-                    timeout_s: float | None = None) -> tuple[Any, float, int]:
+                    timeout_s: float | None = None, admin: bool = False) -> tuple[Any, float, int]:
         """_once with retries (:meth:`RetryPolicy.retrying`) -> (answer, seconds of the successful attempt,
         attempts). Raises PolicyUnavailable after the last retryable failure, PolicyRequestError at once."""
         try:
             async for attempt in self.retry.retrying():  # ends after a success; a final failure is re-raised
                 with attempt:
-                    answer, elapsed = await self._once(method, url, body=body,
+                    answer, elapsed = await self._once(method, url, body=body, admin=admin,
                                                        timeout_s=timeout_s or self.retry.admin_timeout_s)
         except RetryableError as exc:
             raise PolicyUnavailable(f"{url} unavailable after {self.retry.attempts} attempts: {exc}") from exc
@@ -387,7 +405,7 @@ class PolicyClient(HttpClient):
         carries ``success`` (SGLang answers a failed weight update with HTTP 400 + {"success": false, "message"}) is
         returned rather than raised, so the caller can report the server's own message."""
         try:
-            answer, _, _ = await self._call("POST", url, body=json.dumps(payload).encode())
+            answer, _, _ = await self._call("POST", url, body=json.dumps(payload).encode(), admin=True)
         except PolicyRequestError as exc:
             if accept_failure_body and isinstance(exc.body, dict) and "success" in exc.body:
                 return exc.body
@@ -465,7 +483,7 @@ class PolicyClient(HttpClient):
         """POST once, no retry (a collective's partner must not be asked twice). A 4xx answer with ``success``
         in its JSON is returned. Raises PolicyUnavailable (unreachable, 5xx, timeout) or PolicyRequestError."""
         try:
-            answer, _ = await self._once("POST", url, body=json.dumps(payload).encode(),
+            answer, _ = await self._once("POST", url, body=json.dumps(payload).encode(), admin=True,
                                          timeout_s=timeout_s or self.retry.admin_timeout_s)
         except RetryableError as exc:
             raise PolicyUnavailable(f"{url}: {exc}") from exc

@@ -79,8 +79,9 @@ class SGLangEngine:
     Args:
         client: the shared HTTP client (session, retry policy, API key).
         url: the server's base URL (``http://host:port``).
-        owner: sent as ``rid`` (SGLang's request-id field) when this engine begins and ends a weight-update
-            session, so that arpo-serve lets no other client end it ("": no rid; SGLang itself keeps no owner).
+        owner: sent as ``rid`` (SGLang's request-id field) with every weight-group and weight-update-session call
+            (join, begin, receive, end, leave), so that arpo-serve lets no other client use or end them ("": no
+            rid; SGLang itself keeps no owner).
     """
 
     def __init__(self, client: PolicyClient, url: str, owner: str = "") -> None:
@@ -141,10 +142,10 @@ class SGLangEngine:
 
     async def join_weight_group(self, *, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                 group_name: str, backend: str, timeout_s: float) -> EngineReply:
-        """POST /init_weights_update_group (SGLang's fields; arpo_async.weight_sync) once."""
+        """POST /init_weights_update_group (SGLang's fields, and rid; arpo_async.weight_sync) once."""
         return _reply(await self.client.post_once(self._at("init_weights_update_group"), {
             "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
-            "world_size": world_size, "group_name": group_name, "backend": backend}, timeout_s))
+            "world_size": world_size, "group_name": group_name, "backend": backend, **self._rid()}, timeout_s))
 
     async def begin_weight_update(self) -> EngineReply:
         """POST /begin_weight_update {"selector": "all"} once: SGLang 0.5.23 loads distributed updates only inside
@@ -159,9 +160,9 @@ class SGLangEngine:
                               group_name: str, version: int | None, load_format: str | None,
                               timeout_s: float) -> EngineReply:
         """POST /update_weights_from_distributed {names, dtypes, shapes, group_name, flush_cache: true,
-        abort_all_requests: false, weight_version?, load_format?} once."""
+        abort_all_requests: false, weight_version?, load_format?, rid?} once."""
         payload: dict[str, Any] = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
-                                   "flush_cache": True, "abort_all_requests": False}
+                                   "flush_cache": True, "abort_all_requests": False, **self._rid()}
         if version is not None:
             payload["weight_version"] = str(int(version))
         if load_format is not None:
@@ -204,9 +205,9 @@ class SGLangEngine:
         return await self.client.post_json(self._at("weights_checker"), payload, accept_failure_body=True)
 
     async def leave_weight_group(self, group_name: str) -> EngineReply:
-        """POST /destroy_weights_update_group {group_name} once (not ok when the server has no such group)."""
+        """POST /destroy_weights_update_group {group_name, rid?} once (not ok when the server has no such group)."""
         return _reply(await self.client.post_once(self._at("destroy_weights_update_group"),
-                                                  {"group_name": group_name}))
+                                                  {"group_name": group_name, **self._rid()}))
 
 
 def sglang_engines(client: PolicyClient, owner: str = "") -> list[SGLangEngine]:

@@ -222,6 +222,7 @@ class ClusterRun:
                 args = ["{python}", "-m", "sglang.launch_server", "--model-path", self.config.model, "--host", node.ip,
                         "--port", str(port), "--tp-size", str(c.server_gpus)]
                 args += ["--api-key", self.config.serve.api_key] if self.config.serve.api_key else []
+                args += ["--admin-api-key", self.config.serve.admin_api_key] if self.config.serve.admin_api_key else []
             else:
                 args = ["{python}", "-m", "arpo_serve.main", "--config", "{config}", "--host", node.ip, "--port",
                         str(port), "--weight-version", "0", "--weights-root", str(run / "weights")]

@@ -26,6 +26,7 @@ import asyncio
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -41,6 +42,7 @@ import aiohttp
 import tenacity
 
 from arpo_async.config import RunConfig, dump_toml
+from arpo_async.inference_client import ADMIN_API_KEY_ENV, admin_api_key
 from arpo_async.metrics import read_metrics
 from arpo_cli.progress import ProgressDisplay, TrajectoryRate, open_display, progress_line
 
@@ -127,9 +129,11 @@ class Children:
     def __init__(self) -> None:
         self._running: list[tuple[Process, float]] = []
 
-    async def start(self, args: list[str], log_path: Path, *, grace_s: float = STOP_GRACE_S) -> Process:
-        """:func:`spawn` a child, to be stopped with ``grace_s`` seconds of grace on exit."""
-        proc = await spawn(args, log_path)
+    async def start(self, args: list[str], log_path: Path, *, grace_s: float = STOP_GRACE_S,
+                    env: dict[str, str] | None = None) -> Process:
+        """:func:`spawn` a child (``env`` added to its environment), to be stopped with ``grace_s`` seconds of grace
+        on exit."""
+        proc = await spawn(args, log_path, env)
         self._running.append((proc, grace_s))
         return proc
 
@@ -446,14 +450,16 @@ async def _train(config: RunConfig, display: ProgressDisplay, children: Children
     logs, config_path = run / "logs", run / "config.toml"
     url = config.actors.inference_urls[0]
     py = sys.executable
-    # arpo-serve reads model and [serve] from the run file, as the learner and the actors do.
+    # arpo-serve reads model and [serve] from the run file, as the learner and the actors do; the admin key (the
+    # run file's, else a random one per run) reaches arpo-serve and the learner alone, in their environment
+    admin = {ADMIN_API_KEY_ENV: admin_api_key(config.serve.admin_api_key) or secrets.token_urlsafe(32)}
     serve = await children.start([py, "-m", "arpo_serve.main", "--config", str(config_path),
                                   "--weight-version", "0", "--weights-root", str(run / "weights")],
-                                 logs / "serve.log", grace_s=SERVE_STOP_GRACE_S)
+                                 logs / "serve.log", grace_s=SERVE_STOP_GRACE_S, env=admin)
     await wait_healthy(url, serve, logs / "serve.log")
     say(f"arpo-serve ready at {url}")
     learner = await children.start([py, "-m", "learner.main", "--config", str(config_path)],
-                                   logs / "learner.log")
+                                   logs / "learner.log", env=admin)
     actors = await children.start([py, "-m", "actors.main", "--config", str(config_path),
                                    "--actor-id", "local"], logs / "actors.log")
     rate = TrajectoryRate()

@@ -37,6 +37,7 @@ GENERATED = f"<!-- Generated from the code by `{REGENERATE}`; do not edit by han
 MACHINE_DEFAULTS: dict[tuple[str, str], str] = {
     ("arpo-actors", "actor_id"): "host-pid of this process",
     ("arpo-serve", "api_key"): "$ARPO_API_KEY when set",
+    ("arpo-serve", "admin_api_key"): "$ARPO_ADMIN_API_KEY when set",
 }
 """Defaults computed on the machine that builds the parser ((prog, dest) -> how the page describes them): the page
 never shows the builder's host name, process id or environment."""

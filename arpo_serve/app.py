@@ -10,6 +10,10 @@ POST /end_weight_update, POST /destroy_weights_update_group (arpo_serve.weight_r
 POST /update_weight_version, GET /get_model_info, GET /get_weight_version, GET /get_server_info, GET /health,
 GET /health_generate, POST /pause_generation, POST /continue_generation, GET|POST /flush_cache,
 POST /abort_request; and OpenAI's POST /v1/chat/completions and GET /v1/models (arpo_serve.openai_api).
+
+Keys (SGLang's --api-key and --admin-api-key, python/sglang/srt/utils/auth.py): the weight and control routes
+(marked with :func:`admin_only`, SGLang's ``AuthLevel.ADMIN_OPTIONAL``) take only the admin key when one is set;
+every other route but GET /health takes only the API key when one is set.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ ENGINE_KEY = web.AppKey("engine", Engine)
 SCHEDULER_KEY = web.AppKey("scheduler", Scheduler)
 GROUPS_KEY = web.AppKey("weight_groups", dict)
 JOINS_KEY = web.AppKey("weight_group_joins", list)
+GROUP_OWNERS_KEY = web.AppKey("weight_group_owners", dict)
 SESSION_KEY = web.AppKey("weight_session", dict)
 WEIGHTS_ROOT_KEY = web.AppKey("weights_root", object)
 IMAGE_ROOT_KEY = web.AppKey("image_root", object)
@@ -151,6 +156,36 @@ async def generate(request: web.Request) -> web.Response:
     return web.json_response(out if is_batch else out[0])
 
 
+def admin_only(handler):
+    """Mark ``handler`` as a weight or control route, as SGLang marks its own with
+    ``@auth_level(AuthLevel.ADMIN_OPTIONAL)`` (srt/utils/auth.py): with an admin key set only that key opens it;
+    with only an API key, that key; with neither, anyone."""
+    handler.admin_only = True
+    return handler
+
+
+def request_rid(body: dict) -> str | None:
+    """The body's ``rid`` (SGLang's request-id field: a string of at most 256 characters, or None); RequestError
+    (400) otherwise."""
+    rid = body.get("rid")
+    if rid is not None and (not isinstance(rid, str) or len(rid) > 256):
+        raise RequestError("rid must be a string of at most 256 characters")
+    return rid
+
+
+FOREIGN_SESSION = "a weight-update session of another client is open; only its owner may change the weights now"
+"""The refusal of a weight change by a client that does not own the open session (it names no session id)."""
+
+
+def foreign_session(request: web.Request, body: dict) -> bool:
+    """True when a weight-update session opened with a ``rid`` is open and ``body`` carries another rid (or none):
+    that client may not change the weights or their version now."""
+    session = request.app[SESSION_KEY]
+    owner = session.get("owner") if session.get("open") else None
+    return owner is not None and request_rid(body) != owner
+
+
+@admin_only
 async def update_weights_from_disk(request: web.Request) -> web.Response:
     """POST /update_weights_from_disk {model_path, load_format?, abort_all_requests?, weight_version?,
     flush_cache?} -> {success, message, num_paused_requests}; 400 when the load fails, or when ``flush_cache``
@@ -166,6 +201,8 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
         return web.json_response({"success": False, "num_paused_requests": 0,
                                   "message": f"{model_path} is not under the weights root {root} (--weights-root)"},
                                  status=400)
+    if foreign_session(request, body):
+        return web.json_response({"success": False, "message": FOREIGN_SESSION, "num_paused_requests": 0}, status=400)
     version = body.get("weight_version")
 
     def load() -> tuple[bool, str]:  # runs while no batch runs: weights and version change together
@@ -203,6 +240,7 @@ def _selector(body: dict) -> str:
     return selector
 
 
+@admin_only
 async def weights_checker(request: web.Request) -> web.Response:
     """GET|POST /weights_checker {action: "checksum", skip_tensor_list?, selector?} -> {success, message, ranks:
     [{checksums: {name: 16 hex digits}, per_gpu_checksum, parallelism_info: [...]}], per_engine_checksum}, the
@@ -227,12 +265,16 @@ async def weights_checker(request: web.Request) -> web.Response:
     return _answer(True, "Success.", ranks=ranks, per_engine_checksum=hashlib.sha256(per_gpu.encode()).hexdigest())
 
 
+@admin_only
 async def update_weight_version(request: web.Request) -> web.Response:
-    """POST /update_weight_version {new_version, abort_all_requests?}."""
+    """POST /update_weight_version {new_version, abort_all_requests?, rid?}; refused (400) while another client's
+    weight-update session is open."""
     engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
     body = await _json_body(request)
     if body.get("new_version") is None:
         raise RequestError("new_version is required")
+    if foreign_session(request, body):
+        return _answer(False, FOREIGN_SESSION)
     version = str(body["new_version"])
 
     def set_version() -> None:
@@ -294,6 +336,7 @@ async def health_generate(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+@admin_only
 async def pause_generation(request: web.Request) -> web.Response:
     """POST /pause_generation {mode: abort|retract|in_place} (SGLang's default: abort)."""
     body = await _json_body(request, required=False)
@@ -305,11 +348,13 @@ async def pause_generation(request: web.Request) -> web.Response:
     return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
 
+@admin_only
 async def continue_generation(request: web.Request) -> web.Response:
     request.app[SCHEDULER_KEY].resume()
     return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
 
+@admin_only
 async def flush_cache(request: web.Request) -> web.Response:
     """GET|POST /flush_cache: there is no prefix cache; succeeds only when SGLang's would (no running batch, and
     nothing queued unless generation is paused), else 400."""
@@ -321,6 +366,7 @@ async def flush_cache(request: web.Request) -> web.Response:
     )
 
 
+@admin_only
 async def abort_request(request: web.Request) -> web.Response:
     """POST /abort_request {rid?, abort_all?}."""
     body = await _json_body(request)
@@ -331,30 +377,38 @@ async def abort_request(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-def _bearer(api_key: str):
-    """Middleware: every route but GET /health needs ``Authorization: Bearer <api_key>`` (SGLang's --api-key
-    check); a missing or wrong key gets 401 with SGLang's error body."""
-    expected = f"Bearer {api_key}".encode()
+def _keys(api_key: str, admin_api_key: str):
+    """Middleware deciding as SGLang's ``decide_request_auth`` (srt/utils/auth.py) for its ADMIN_OPTIONAL and
+    normal routes: GET /health is open; a route marked :func:`admin_only` needs ``Authorization: Bearer
+    <admin_api_key>`` when an admin key is set (the API key is not accepted there), else the API key when one is
+    set; any other route needs the API key when one is set (the admin key is not accepted there). A missing or
+    wrong key gets 401 with SGLang's error body, naming which key the route takes and never what was sent."""
 
     @web.middleware
     async def check(request: web.Request, handler):
         if request.path != "/health":
+            admin = getattr(request.match_info.handler, "admin_only", False)
+            key = (admin_api_key or api_key) if admin else api_key
             given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                return _error("missing or wrong API key (Authorization: Bearer ...)", 401)
+            if key and not hmac.compare_digest(given, f"Bearer {key}".encode()):
+                which = "the admin API key (--admin-api-key)" if admin and admin_api_key else "the API key"
+                return _error(f"missing or wrong API key: this route takes {which} as 'Authorization: Bearer "
+                              "...'", 401)
         return await handler(request)
 
     return check
 
 
-def build_app(engine: Engine, scheduler: Scheduler, *, api_key: str = "",
+def build_app(engine: Engine, scheduler: Scheduler, *, api_key: str = "", admin_api_key: str = "",
               weights_root: Path | None = None, image_root: Path | None = None) -> web.Application:
     """The aiohttp application with every route; the caller runs ``scheduler.run()`` beside it.
 
-    ``api_key``: require it as a bearer token on every route but GET /health. ``weights_root``: load weights from
+    ``api_key``: require it as a bearer token on every route but GET /health and the weight and control routes
+    (those too when no ``admin_api_key`` is set). ``admin_api_key``: require it, and only it, on the weight and
+    control routes (:func:`admin_only`; SGLang's --admin-api-key). ``weights_root``: load weights from
     disk only from folders under it (None: any folder this process can read). ``image_root``: read local image
     files named in ``image_data`` only under it (None: none at all)."""
-    middlewares = [_bearer(api_key), _errors] if api_key else [_errors]
+    middlewares = [_keys(api_key, admin_api_key), _errors] if api_key or admin_api_key else [_errors]
     app = web.Application(middlewares=middlewares, client_max_size=256 * 1024 * 1024)
     app[WEIGHTS_ROOT_KEY] = weights_root
     app[IMAGE_ROOT_KEY] = image_root
@@ -362,6 +416,7 @@ def build_app(engine: Engine, scheduler: Scheduler, *, api_key: str = "",
     app[SCHEDULER_KEY] = scheduler
     app[GROUPS_KEY] = {}
     app[JOINS_KEY] = []
+    app[GROUP_OWNERS_KEY] = {}
     app[SESSION_KEY] = {}
     r = app.router
     r.add_post("/generate", generate)

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from arpo_async.config import ConfigError, RunConfig, ServeConfig, load_config, toml_value
 from arpo_async.config_doc import add_config_arguments
+from arpo_async.inference_client import ADMIN_API_KEY_ENV
 from arpo_serve.app import build_app
 from arpo_serve.engine import LOGPROB_MODES, Engine
 from arpo_serve.scheduler import Scheduler
@@ -30,12 +31,14 @@ STOP_GRACE_S = 5.0
 """Seconds a signal waits for the running batch (aborted at once) to end, and then for handlers to answer."""
 
 
-def exposure_warning(host: str, api_key: str) -> str | None:
-    """The warning to print when ``host`` listens beyond this machine and no API key guards the server."""
-    if host in ("127.0.0.1", "localhost", "::1") or api_key:
+def exposure_warning(host: str, api_key: str, admin_api_key: str = "") -> str | None:
+    """The warning to print when ``host`` listens beyond this machine and no key guards the weight routes (the
+    admin key, else the API key, guards them)."""
+    if host in ("127.0.0.1", "localhost", "::1") or api_key or admin_api_key:
         return None
     return (f"arpo-serve listens on {host} without an API key: anyone who can reach this port can generate and "
-            "replace the weights; pass --api-key (or serve.api_key in the run file)")
+            "replace the weights; pass --admin-api-key and --api-key (or serve.admin_api_key and serve.api_key in "
+            "the run file)")
 
 
 async def serve(config: ServeConfig, engine: Engine) -> None:
@@ -43,9 +46,10 @@ async def serve(config: ServeConfig, engine: Engine) -> None:
     scheduler = Scheduler(engine, config.max_batch)
     weights_root = Path(config.weights_root).resolve() if config.weights_root else None
     image_root = Path(config.image_root).resolve() if config.image_root else None
-    app = build_app(engine, scheduler, api_key=config.api_key, weights_root=weights_root, image_root=image_root)
+    app = build_app(engine, scheduler, api_key=config.api_key, admin_api_key=config.admin_api_key,
+                    weights_root=weights_root, image_root=image_root)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=STOP_GRACE_S)
-    warning = exposure_warning(config.host, config.api_key)
+    warning = exposure_warning(config.host, config.api_key, config.admin_api_key)
     if warning:
         log.warning("%s", warning)
     await runner.setup()
@@ -78,7 +82,8 @@ async def _drain(scheduler: Scheduler) -> None:
 
 FLAG_KEYS = {"model": "model", "host": "serve.host", "port": "serve.port", "max_batch": "serve.max_batch",
              "weight_version": "serve.weight_version", "seed": "serve.seed", "logprob_mode": "serve.logprob_mode",
-             "jump_forward": "serve.jump_forward", "api_key": "serve.api_key", "weights_root": "serve.weights_root",
+             "jump_forward": "serve.jump_forward", "api_key": "serve.api_key",
+             "admin_api_key": "serve.admin_api_key", "weights_root": "serve.weights_root",
              "image_root": "serve.image_root", "dtype": "serve.dtype",
              "device": "serve.device"}
 """arpo-serve's flags and the run-file key each one sets."""
@@ -86,7 +91,7 @@ FLAG_KEYS = {"model": "model", "host": "serve.host", "port": "serve.port", "max_
 
 def build_parser() -> argparse.ArgumentParser:
     """arpo-serve's command line: ``--config``/``--set`` over the ``serve`` section, and one flag per key of
-    :data:`FLAG_KEYS` (``--api-key`` defaults to $ARPO_API_KEY)."""
+    :data:`FLAG_KEYS` (``--api-key`` defaults to $ARPO_API_KEY, ``--admin-api-key`` to $ARPO_ADMIN_API_KEY)."""
     p = argparse.ArgumentParser(
         prog="arpo-serve", description="Inference server (CPU, or one CUDA device) speaking SGLang's HTTP API "
         "(/generate, /update_weights_from_disk, ...): the embedded policy server `arpo run` starts. Flags win over "
@@ -111,7 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: serve.jump_forward, on)")
     p.add_argument("--api-key", default=os.environ.get("ARPO_API_KEY") or None,
                    help="require 'Authorization: Bearer KEY' on every route but GET /health, as SGLang's --api-key "
-                        "(default: $ARPO_API_KEY, else serve.api_key)")
+                        "(default: $ARPO_API_KEY, else serve.api_key); with --admin-api-key set, the weight and "
+                        "control routes take only that key")
+    p.add_argument("--admin-api-key", default=os.environ.get(ADMIN_API_KEY_ENV) or None,
+                   help="require 'Authorization: Bearer KEY', and no other key, on the weight and control routes "
+                        "(weight updates and groups, weight version, pause/continue, flush_cache, abort_request, "
+                        "weights_checker), as SGLang's --admin-api-key (default: $ARPO_ADMIN_API_KEY, else "
+                        "serve.admin_api_key)")
     p.add_argument("--weights-root", type=Path,
                    help="load weights (/update_weights_from_disk) only from folders under this one "
                         "(default: serve.weights_root)")
@@ -126,7 +137,7 @@ def parse_args(argv: list[str] | None) -> RunConfig:
     ``serve`` section are what it uses; arpo_async.config.ServeConfig documents each key).
 
     Precedence, highest first: a flag given on the command line (each sets its key of :data:`FLAG_KEYS`, after
-    any ``--set``); then $ARPO_API_KEY for the API key; then the run file (``--config`` with ``--set``
+    any ``--set``); then $ARPO_API_KEY for the API key and $ARPO_ADMIN_API_KEY for the admin key; then the run file (``--config`` with ``--set``
     overrides); then the config defaults. An empty ``model`` means ``<run_dir>/../tiny-model``, as for the
     learner. ``--model`` is needed only when neither --config nor --set is given. Exits with status 2
     (argparse's usage error) for a bad run file or value (naming the key) or a missing model.

@@ -292,9 +292,10 @@ async def test_joins_to_an_address_that_never_answers_neither_starve_generation_
                                                                                                   tmp_path):
     """Issue 39 item 8: six /init_weights_update_group calls to an address that takes the TCP connection and never
     answers used to fill the server's worker threads (an honest /generate then timed out) and keep SIGTERM from
-    stopping it. Now at most JOINS_AT_ONCE wait (in daemon threads), the others are refused at once, /generate is
-    served meanwhile, and SIGTERM stops the server within seconds."""
-    from arpo_serve.weight_routes import JOINS_AT_ONCE
+    stopping it. Now at most JOINS_PER_CLIENT of one client (here: no rid) wait (in daemon threads), the others are
+    refused at once with 503 (issue 48 item 2: busy, never a 400 the learner takes for a configuration error),
+    /generate is served meanwhile, and SIGTERM stops the server within seconds."""
+    from arpo_serve.weight_routes import JOINS_PER_CLIENT
     silent = await asyncio.start_server(lambda r, w: asyncio.sleep(3600), "127.0.0.1", 0)
     port = silent.sockets[0].getsockname()[1]
     proc = ServeProcess(tiny_model, free_port(), tmp_path)
@@ -308,18 +309,19 @@ async def test_joins_to_an_address_that_never_answers_neither_starve_generation_
                     return resp.status, await resp.json()
 
             joins = [asyncio.create_task(join(i)) for i in range(6)]
-            await until(lambda: sum(t.done() for t in joins) >= 6 - JOINS_AT_ONCE, 30, "the extra joins refused")
+            await until(lambda: sum(t.done() for t in joins) >= 6 - JOINS_PER_CLIENT, 30, "the extra joins refused")
             refused = [t.result() for t in joins if t.done()]
-            assert len(refused) == 6 - JOINS_AT_ONCE and all(status == 400 and "in progress" in out["message"]
-                                                             for status, out in refused), refused
+            assert len(refused) == 6 - JOINS_PER_CLIENT and all(status == 503 and "in progress" in out["message"]
+                                                                for status, out in refused), refused
             started = time.monotonic()
             status, out = await _generate(s, proc.url, {"input_ids": [TOKEN] * 4,
                                                         "sampling_params": {"max_new_tokens": 4}})
             assert status == 200 and time.monotonic() - started < 30, out
             proc.proc.terminate()
             started = time.monotonic()
-            await until(lambda: proc.proc.poll() is not None, timeout=20, what="arpo-serve to exit after SIGTERM")
-            assert time.monotonic() - started < 15
+            # well before the joins' 120 s rendezvous timeout (generous: 15 s was exceeded at load 8 on 2 cores)
+            await until(lambda: proc.proc.poll() is not None, timeout=60, what="arpo-serve to exit after SIGTERM")
+            assert time.monotonic() - started < 60
             for task in joins:
                 task.cancel()
             await asyncio.gather(*joins, return_exceptions=True)

@@ -57,8 +57,9 @@ async def test_a_session_left_open_is_closed_once_and_the_publication_goes_throu
 
 async def test_a_session_opened_with_a_rid_is_ended_only_by_that_rid(trainer, tmp_path, caplog):
     """Issue 39 item 8: the learner opens its weight-update sessions with its own ``rid`` (SGLang's request-id
-    field); another client holding the same API key cannot end one (400, naming the owner), so it cannot break a
-    publication; the owner's publication, which finds its own session left open, closes it and goes through."""
+    field); another client holding the same API key cannot end one (400; issue 48 item 2: the refusal names no rid,
+    so the other client cannot learn the owner's and end the session with it), so it cannot break a publication;
+    the owner's publication, which finds its own session left open, closes it and goes through."""
     server = ServeProcess(tmp_path / "policy", free_port(), tmp_path)
     server.start()
     try:
@@ -68,7 +69,8 @@ async def test_a_session_opened_with_a_rid_is_ended_only_by_that_rid(trainer, tm
             for other in (SGLangEngine(client, server.url, owner="arpo-learner-run-b"),
                           SGLangEngine(client, server.url)):
                 refused = await other.end_weight_update()
-                assert not refused.ok and "belongs to rid 'arpo-learner-run-a'" in refused.message
+                assert not refused.ok and "opened by another client" in refused.message
+                assert "arpo-learner-run-a" not in refused.message and "run-a" not in refused.message
             publisher = DistributedPublisher([owner], timeout_s=20.0)  # the owner restarted: its session is its own
             with caplog.at_level(logging.WARNING, logger="arpo.learner.publish"):
                 await publisher.publish_from(trainer, 3)
