@@ -16,7 +16,9 @@ server; SGLang's routes live in arpo_async.sglang_engine). Two ways (``learner.w
 Both publish in the dtype the servers serve (``learner.publish_dtype``, learner.train.publish_dtype): a bf16
 server gets bf16 tensors (or a bf16 folder), half the bytes of the learner's float32 master weights.
 
-Both can check what a server serves afterwards (``verify_every``; the engine's ``weights_checksums``).
+Both can check what a server serves afterwards (``verify_every``; the engine's ``weights_checksums``;
+learner.train.weight_check.verify_or_resync): a server that cannot check, or whose checksums differ, is sent the
+whole weights again and checked once more; only checksums that still differ stop the learner (WeightsMismatch).
 
 Both catch up a server that is behind (``catch_up(trainer, version)``, learner.train.server_book): a server
 restarted after a publication serves the run's base weights under version 0 until it gets the current ones, and a
@@ -45,21 +47,14 @@ from arpo_async.inference_client import PolicyRequestError, PolicyUnavailable
 from arpo_async.weight_sync import (FLATTENED_BUCKET, WeightGroup, WeightGroupError, cast_floating, dtype_name,
                                     flatten_bucket, in_daemon_thread)
 from learner.train.publish_dtype import PublishDtypes, tensor_bytes
+from learner.train.publish_errors import CannotCheck, PublishError, SyncRejected, WeightsMismatch
 from learner.train.server_book import CHECK_TIMEOUT_S, ServerBook, servers_behind
-from learner.train.weight_check import WeightCheck, compare_checksums, served_dtype
+from learner.train.weight_check import verify_or_resync, verify_server
 
 log = logging.getLogger("arpo.learner.publish")
 
-__all__ = ["CHECK_TIMEOUT_S", "DistributedPublisher", "PublishError", "SyncRejected", "WeightPublisher",
-           "WeightsMismatch", "servers_behind", "verify_server", "verify_unless_down"]
-
-
-class PublishError(RuntimeError):
-    """An inference server did not load the new weights."""
-
-
-class SyncRejected(PublishError):
-    """A server refused to join the weight group (a configuration error: it stops the learner)."""
+__all__ = ["CHECK_TIMEOUT_S", "CannotCheck", "DistributedPublisher", "PublishError", "SyncRejected",
+           "WeightPublisher", "WeightsMismatch", "servers_behind", "verify_or_resync", "verify_server"]
 
 
 class WeightPublisher(ServerBook):
@@ -95,7 +90,8 @@ class WeightPublisher(ServerBook):
         """Write the trainer's weights to ``folder(version)`` in the servers' dtype (every rank takes part in
         gathering them), then :meth:`publish` them; returns the seconds :meth:`publish` took. Every
         ``verify_every``-th publication, compares the checksums of each server that loaded them with the trainer's
-        weights (:func:`verify_server`; raises :class:`WeightsMismatch`); a server that was down, or goes down before
+        weights (:func:`verify_or_resync`: a server that cannot check or differs is loaded again and checked once
+        more; raises :class:`WeightsMismatch` when they still differ); a server that was down, or goes down before
         it answers, is skipped as :meth:`publish` skips it."""
         dtype = await self.dtypes.common(self.engines, Path(trainer.model_dir))
         folder = self.folder(version)
@@ -107,7 +103,7 @@ class WeightPublisher(ServerBook):
         if self.verify_every > 0 and self.publications % self.verify_every == 0 and self.loaded:
             tensors = await asyncio.to_thread(trainer.checkpoint_state_dict)
             for engine in self.loaded:
-                self.verified += await verify_unless_down(engine, tensors, trainer, version)
+                self.verified += await verify_or_resync(engine, tensors, trainer, version, self.catch_up)
         return seconds
 
     def folder(self, version: int) -> Path:
@@ -195,58 +191,6 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-class WeightsMismatch(PublishError):
-    """A server's /weights_checker checksums differ from the learner's weights after a publication (it stops the
-    learner: every later version would be served wrong in the same way)."""
-
-
-async def verify_server(engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: Any) -> WeightCheck:
-    """Compare ``engine``'s checksums (``weights_checksums``) with ``tensors`` (checkpoint names, the weights just
-    published), cast to the dtype it serves (``trainer.model_dir``'s config resolves "auto").
-
-    Raises:
-        WeightsMismatch: a checksum differs, no name could be compared, the server refused to report checksums or
-            named no dtype we know (the message names the server).
-        PublishError: the server cannot be hashed alike here (a CUDA SGLang server and no sglang on the learner).
-        PolicyUnavailable, PolicyRequestError: the server did not answer.
-    """
-    try:
-        served = await engine.weights_checksums()
-    except (PolicyUnavailable, PolicyRequestError):
-        raise
-    except ValueError as error:
-        raise WeightsMismatch(f"{engine.url} weights checksums: {error}") from error
-    except RuntimeError as error:  # it cannot be hashed alike here
-        raise PublishError(f"{engine.url}: {error}") from error
-    try:
-        dtype = served_dtype(served.dtype, Path(trainer.model_dir))
-    except ValueError as error:
-        raise WeightsMismatch(f"{engine.url}: cannot tell its weights' dtype: {error}") from error
-    check = await asyncio.to_thread(compare_checksums, served.checksums, tensors, dtype, served.hasher)
-    if not check.ok:
-        raise WeightsMismatch(f"{engine.url} weights checksums: {len(check.mismatched)} of {check.compared} weights "
-                              f"differ from the learner's after the publication (first: {check.mismatched[:5]}; "
-                              f"{check.skipped} names not comparable)")
-    log.info("%s serves the published weights: %d checksums agree (%d names not comparable)", engine.url,
-             check.compared, check.skipped)
-    return check
-
-
-async def verify_unless_down(engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: Any,
-                             version: int) -> bool:
-    """:func:`verify_server`, except that a server that does not answer (PolicyUnavailable: it died or restarts
-    after it took the weights) is skipped with a warning, as a publication skips it: True when the checksums were
-    compared and agree, False when it was skipped (a restarted server is caught up, then checked at a later
-    publication). Raises as :func:`verify_server` otherwise (WeightsMismatch, PublishError, PolicyRequestError)."""
-    try:
-        await verify_server(engine, tensors, trainer)
-    except PolicyUnavailable as error:
-        log.warning("checking the weights of version %d on %s skipped: it does not answer (%s); it is caught up "
-                    "once it does", version, engine.url, error)
-        return False
-    return True
-
-
 class DistributedPublisher(ServerBook):
     """Pushes the trainer's weights to each server over a weight group of its own (learner.weight_sync =
     "distributed"), as SGLang 0.5.23 takes them (arpo_async.weight_sync).
@@ -255,7 +199,7 @@ class DistributedPublisher(ServerBook):
     -> begin_weight_update -> per bucket receive_weights (/update_weights_from_distributed) + broadcast ->
     end_weight_update -> resume (/continue_generation), under checkpoint names (Trainer.checkpoint_state_dict).
     Every ``verify_every``-th publication, each server's checksums are compared with the published tensors
-    (:func:`verify_server`).
+    (:func:`verify_or_resync`).
 
     Args:
         engines: every inference server; kept as ``engines``.
@@ -269,8 +213,9 @@ class DistributedPublisher(ServerBook):
 
     Failure (one log line naming the server and the call):
     - a server that answers the join request with success = false raises :class:`SyncRejected` (the learner stops:
-      the backend or address is wrong for every version to come); a checksum mismatch raises
-      :class:`WeightsMismatch` (the learner stops);
+      the backend or address is wrong for every version to come); a checksum mismatch that survives a resync of
+      the server raises :class:`WeightsMismatch` (the learner stops); a server that cannot check is resynced and
+      checked again, and skipped with a warning when it still cannot;
     - a server that cannot be reached, dies, times out mid-broadcast, or answers begin, an update or end with
       success = false is skipped for this version (counted in ``failures``) and its group destroyed; at the next
       publication, once it answers /health again, a new group (a new name: torch refuses a name twice in one
@@ -318,7 +263,7 @@ class DistributedPublisher(ServerBook):
         for index, engine in enumerate(self.engines):
             sent = await self._in_served_dtype(engine, tensors, trainer, casts)
             if await self._sync_or_skip(index, engine, sent, version) and verify:
-                self.verified += await verify_unless_down(engine, sent, trainer, version)
+                self.verified += await verify_or_resync(engine, sent, trainer, version, self.catch_up)
         return time.perf_counter() - started
 
     async def _in_served_dtype(self, engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: Any,

@@ -8,20 +8,35 @@ them by its own parameter names, which for Qwen2.5-VL fuse what the checkpoint k
 ``...mlp.gate_up_proj`` is gate then up (visual blocks too), and a vision block's ``attn.qkv`` is
 ``attn.qkv_proj``. :func:`expected_checksums` computes the learner's checksum under either kind of name; names it
 cannot compute (buffers, another architecture's fused names) are left out of the comparison and counted.
+
+After a publication (``learner.verify_weights_every``), :func:`verify_or_resync` checks one server: a server that
+cannot check (:class:`~learner.train.publish_errors.CannotCheck`: SGLang answers /weights_checker with
+success=false whenever its checker raises, e.g. a server that came back after being down) or whose checksums differ
+(a server restarted after it took the weights serves the base weights) is sent the whole current weights again and
+checked once more; only checksums that still differ stop the learner (WeightsMismatch). A server that still cannot
+check is left, with one warning, for the next verification.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 import torch
 
+from arpo_async.engine import InferenceEngine
+from arpo_async.inference_client import PolicyRequestError, PolicyUnavailable
 from arpo_async.weight_sync import DTYPE_NAMES, dtype_from_name, tensor_checksum
+from learner.train.publish_errors import CannotCheck, PublishError, WeightsMismatch
 
-__all__ = ["WeightCheck", "compare_checksums", "expected_checksums", "served_dtype"]
+__all__ = ["WeightCheck", "compare_checksums", "expected_checksums", "served_dtype", "verify_or_resync",
+           "verify_server"]
+
+log = logging.getLogger("arpo.learner.publish")
 
 Hasher = Callable[[torch.Tensor], str]
 
@@ -115,3 +130,88 @@ def compare_checksums(served: dict[str, str], tensors: dict[str, torch.Tensor], 
         if checksum not in expected:
             mismatched.append(name)
     return WeightCheck(compared, sorted(mismatched), skipped)
+
+
+async def verify_server(engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: Any) -> WeightCheck:
+    """Compare ``engine``'s checksums (``weights_checksums``) with ``tensors`` (checkpoint names, the weights just
+    published), cast to the dtype it serves (``trainer.model_dir``'s config resolves "auto").
+
+    Raises:
+        WeightsMismatch: a checksum differs (the message names the server and the first names that differ).
+        CannotCheck: the server gave nothing comparable: /weights_checker answered success=false (SGLang: its
+            checker raised), no checksums, a refusal (4xx), a dtype we do not know, or no name in common.
+        PublishError: the server cannot be hashed alike here (a CUDA SGLang server and no sglang on the learner).
+        PolicyUnavailable: the server did not answer.
+    """
+    try:
+        served = await engine.weights_checksums()
+    except PolicyUnavailable:
+        raise
+    except (ValueError, PolicyRequestError) as error:
+        raise CannotCheck(f"{engine.url} cannot report its weights' checksums: {str(error)[:300]}") from error
+    except RuntimeError as error:  # it cannot be hashed alike here
+        raise PublishError(f"{engine.url}: {error}") from error
+    try:
+        dtype = served_dtype(served.dtype, Path(trainer.model_dir))
+    except ValueError as error:
+        raise CannotCheck(f"{engine.url}: cannot tell its weights' dtype: {error}") from error
+    check = await asyncio.to_thread(compare_checksums, served.checksums, tensors, dtype, served.hasher)
+    if check.mismatched:
+        raise WeightsMismatch(f"{engine.url} weights checksums: {len(check.mismatched)} of {check.compared} weights "
+                              f"differ from the learner's after the publication (first: {check.mismatched[:5]}; "
+                              f"{check.skipped} names not comparable)")
+    if not check.ok:
+        raise CannotCheck(f"{engine.url} reported no checksum of a weight the learner has ({check.skipped} names "
+                          "not comparable)")
+    log.info("%s serves the published weights: %d checksums agree (%d names not comparable)", engine.url,
+             check.compared, check.skipped)
+    return check
+
+
+Resync = Callable[[Any, int, Sequence[InferenceEngine]], Awaitable[list[str]]]
+"""A publisher's ``catch_up(trainer, version, behind)``: sends the whole weights of ``version`` to ``behind`` and
+returns the URLs that took them."""
+
+
+async def verify_or_resync(engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: Any, version: int,
+                           resync: Resync) -> bool:
+    """Check ``engine`` after the publication of ``version`` (:func:`verify_server`); when it cannot check or its
+    checksums differ, send it the whole weights again (``resync``) and check once more. One WARNING line per step.
+
+    Returns:
+        True when the checksums were compared and agree (at once or after the resync); False when the server was
+        not checked this time: it does not answer (PolicyUnavailable: down or restarting, as a publication skips
+        it), the resync did not go through (the next resync, learner.resync_interval_s, tries again), or it still
+        cannot check after the resync (checked again at the next verification).
+
+    Raises:
+        WeightsMismatch: the checksums still differ after the resync (the learner stops).
+        PublishError: the server cannot be hashed alike here (see :func:`verify_server`).
+    """
+    try:
+        return await _verified(engine, tensors, trainer, version)
+    except (CannotCheck, WeightsMismatch) as error:
+        log.warning("%s; sending %s the whole weights of version %d again and checking once more", error,
+                    engine.url, version)
+    if engine.url not in await resync(trainer, version, [engine]):
+        log.warning("checking the weights of version %d on %s skipped: the resync did not go through; the next "
+                    "resync tries again", version, engine.url)
+        return False
+    try:
+        return await _verified(engine, tensors, trainer, version)
+    except CannotCheck as error:
+        log.warning("checking the weights of version %d on %s skipped: %s, even after it was sent the whole "
+                    "weights again; checked again at the next verification", version, engine.url, error)
+        return False
+
+
+async def _verified(engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: Any, version: int) -> bool:
+    """:func:`verify_server`: True when the checksums agree, False (one WARNING line) when the server does not
+    answer; raises as :func:`verify_server` otherwise."""
+    try:
+        await verify_server(engine, tensors, trainer)
+    except PolicyUnavailable as error:
+        log.warning("checking the weights of version %d on %s skipped: it does not answer (%s); it is caught up "
+                    "once it does", version, engine.url, error)
+        return False
+    return True
