@@ -172,7 +172,9 @@ class LearnerConfig:
     that does not answer is left for the next check (0 = never)."""
     verify_weights_every: NonNegativeInt = 0
     """After every this many publications, ask each server for its /weights_checker checksums and compare them
-    with the learner's own; a mismatch stops the learner with an error naming the server (0 = never)."""
+    with the learner's own (0 = never). A server that cannot check (success=false, e.g. one back after being down)
+    or whose checksums differ is sent the whole weights again and checked once more; only checksums that still
+    differ stop the learner, with an error naming the server; one that still cannot check is checked next time."""
     stall_warning_s: NonNegativeFloat = 300.0
     """When no optimizer step happened for this long although groups came back (every one without a reward
     difference), the log and the progress line say why (0 = never)."""
