@@ -5,6 +5,11 @@ Role: compile SGLang's ``regex`` / ``ebnf`` / ``json_schema`` sampling parameter
 per distinct spec), hand out one matcher per request, and turn matcher states into a token bitmask applied to a
 batch of logits on the CPU. No hand-written masks.
 
+Bounds (issue 48 item 3; arpo_async.grammar_cache): a grammar used by PIN_AFTER_REQUESTS requests is pinned (never
+evicted by other grammars), compiles wait in per-client queues served in turn with COMPILES_PER_CLIENT per client
+(one more is refused with GrammarBusy), and a compile that outlasts its request's wait is kept when done, never
+refused for it. Only a grammar xgrammar rejects is remembered as refused.
+
 Invariant: a matcher that reached the end of its grammar allows only the tokenizer's stop tokens
 (<|im_end|>, <|endoftext|>), so a constrained request ends by sampling one of them and its output fully matches.
 
@@ -25,9 +30,9 @@ helpers deal with it:
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import concurrent.futures
-import queue
 import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -35,23 +40,44 @@ from typing import Callable, Sequence
 import torch
 import xgrammar as xgr
 
+from arpo_async.grammar_cache import CompileQueue, PinnedCache
+
 
 class GrammarError(ValueError):
     """A regex / EBNF / JSON schema that xgrammar cannot compile, or one over the bounds below."""
+
+
+class GrammarBusy(GrammarError):
+    """The grammar cannot be had now, though nothing is wrong with it: its client already has
+    COMPILES_PER_CLIENT compiles pending, or it did not compile within the request's wait (the compile goes on and
+    its result is kept). Retry after ``retry_after_s`` seconds (arpo-serve answers HTTP 503 with Retry-After)."""
+
+    def __init__(self, message: str, retry_after_s: float = 0.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 MAX_GRAMMAR_CHARS = 16384
 """The longest grammar text compiled (the actors' action regex is under 1,300 characters); a longer one is refused
 before anything is compiled."""
 COMPILE_TIMEOUT_S = 10.0
-"""The most seconds a request waits for its grammar to compile. xgrammar cannot be interrupted, so a compile that
-takes longer goes on in the backend's one compile thread and is dropped when done; its text is refused from then
-on (``REFUSED_SIZE`` such texts are remembered). Compiles happen one at a time, so such grammars never take more
-than that thread, and requests whose grammar is cached never wait for them."""
+"""The most seconds a request waits for its grammar to compile (queue and compile). xgrammar cannot be interrupted:
+a compile that takes longer goes on in the backend's one compile thread and its grammar is cached when done, so
+the same grammar asked again later is served (nothing is refused for being slow). The request that waited gets
+GrammarBusy (HTTP 503). Requests whose grammar is cached never wait for compiles."""
 CACHE_SIZE = 64
-"""Compiled grammars kept, least recently used dropped first."""
+"""Compiled grammars kept besides the pinned ones, least recently used dropped first."""
+PINNED_MAX = 16
+"""Most grammars pinned (kept for the life of the process; arpo_async.grammar_cache.PinnedCache)."""
+PIN_AFTER_REQUESTS = 4
+"""Requests after which a grammar is pinned (the run's action grammar: after its first steps)."""
+COMPILES_PER_CLIENT = 4
+"""Most compiles one client may have queued or running; one more distinct grammar is refused with GrammarBusy.
+A client is what the caller names (arpo-serve: the peer's IP address)."""
+RETRY_AFTER_S = 2.0
+"""The Retry-After a GrammarBusy carries."""
 REFUSED_SIZE = 1024
-"""Grammar texts remembered as refused (too slow to compile, or invalid)."""
+"""Grammar texts remembered as invalid (xgrammar refused them), so they are not compiled twice."""
 
 
 @dataclass(frozen=True)
@@ -75,35 +101,79 @@ class GrammarSpec:
 class GrammarBackend:
     """Compiles grammar specs for one tokenizer and applies their token bitmasks.
 
+    Compiled grammars are kept in a `PinnedCache` (CACHE_SIZE least recently used, plus up to PINNED_MAX pinned
+    after PIN_AFTER_REQUESTS requests) and compiled one at a time in the backend's thread, from a `CompileQueue`
+    (per-client queues served in turn, COMPILES_PER_CLIENT per client).
+
     Args:
         hf_tokenizer: a transformers tokenizer (xgrammar reads its vocabulary and decoder).
         vocab_size: the model's logits width (may exceed the tokenizer's vocabulary).
         stop_token_ids: tokens that end a completed grammar.
+        cache_size, pinned_max, pin_after, per_client: the bounds above (defaults: the module's constants).
     """
 
-    def __init__(self, hf_tokenizer, vocab_size: int, stop_token_ids: Sequence[int]):
+    def __init__(self, hf_tokenizer, vocab_size: int, stop_token_ids: Sequence[int], *, cache_size: int = CACHE_SIZE,
+                 pinned_max: int = PINNED_MAX, pin_after: int = PIN_AFTER_REQUESTS,
+                 per_client: int = COMPILES_PER_CLIENT):
         self.vocab_size = vocab_size
         self._info = xgr.TokenizerInfo.from_huggingface(
             hf_tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids)
         )
         self._compiler = xgr.GrammarCompiler(self._info, cache_enabled=False)  # the bounded cache below is ours
-        self._cache: collections.OrderedDict[tuple[str, str], xgr.CompiledGrammar] = collections.OrderedDict()
+        self._cache: PinnedCache[tuple[str, str], xgr.CompiledGrammar] = PinnedCache(cache_size, pinned_max,
+                                                                                    pin_after)
         self._refused: collections.OrderedDict[tuple[str, str], str] = collections.OrderedDict()
-        self._pending: dict[tuple[str, str], concurrent.futures.Future] = {}
-        self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[tuple[tuple[str, str], concurrent.futures.Future]] = queue.SimpleQueue()
+        self._queue: CompileQueue[tuple[str, str]] = CompileQueue(per_client)
+        self._lock = threading.Condition()
         # one daemon thread compiles, one grammar at a time: a runaway compile never holds up the process's exit
         # (an executor's worker threads are joined at exit)
         threading.Thread(target=self._compile_jobs, daemon=True, name="grammar-compile").start()
 
-    def compile(self, spec: GrammarSpec, timeout_s: float = COMPILE_TIMEOUT_S) -> xgr.CompiledGrammar:
-        """The compiled grammar of ``spec``, from the cache (least recently used of CACHE_SIZE dropped first) or
-        compiled in the backend's compile thread, waiting at most ``timeout_s`` seconds (see COMPILE_TIMEOUT_S).
+    def compile(self, spec: GrammarSpec, timeout_s: float = COMPILE_TIMEOUT_S,
+                client: str = "") -> xgr.CompiledGrammar:
+        """The compiled grammar of ``spec``, from the cache or compiled in the backend's compile thread, waiting
+        (blocking) at most ``timeout_s`` seconds (see COMPILE_TIMEOUT_S). ``client`` names the asker for the
+        per-client bound.
 
         Raises:
-            GrammarError: an invalid spec, a text over MAX_GRAMMAR_CHARS, or a compile that took longer than
-                ``timeout_s`` (that text is refused at once from then on).
+            GrammarBusy: ``client`` has COMPILES_PER_CLIENT compiles pending, or the wait ran out (nothing is
+                remembered against the grammar: asked again, it is served from the compile that went on).
+            GrammarError: an invalid spec (remembered: refused at once from then on) or a text over
+                MAX_GRAMMAR_CHARS.
         """
+        compiled, future = self._lookup(spec, client)
+        if compiled is not None:
+            return compiled
+        try:
+            future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise self._still_compiling(spec, timeout_s) from None
+        return self._cached(spec.key, future)
+
+    async def compile_async(self, spec: GrammarSpec, client: str = "",
+                            timeout_s: float = COMPILE_TIMEOUT_S) -> xgr.CompiledGrammar:
+        """`compile` for an event loop: waits without holding a thread, so requests that wait for compiles never
+        take the worker threads that prepare and decode other requests. Cancelling the caller leaves the compile
+        going on. Raises as `compile`."""
+        compiled, future = self._lookup(spec, client)
+        if compiled is not None:
+            return compiled
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout_s)
+        except TimeoutError:
+            raise self._still_compiling(spec, timeout_s) from None
+        return self._cached(spec.key, future)
+
+    def state(self) -> dict[str, int]:
+        """Counts for /get_server_info: ``grammars_cached`` (pinned included), ``grammars_pinned`` and
+        ``grammar_compiles_pending`` (queued or running)."""
+        with self._lock:
+            return {"grammars_cached": len(self._cache), "grammars_pinned": len(self._cache.pinned),
+                    "grammar_compiles_pending": self._queue.pending}
+
+    def _lookup(self, spec: GrammarSpec,
+                client: str) -> tuple[xgr.CompiledGrammar | None, concurrent.futures.Future | None]:
+        """(the cached grammar, None), or (None, the future of its pending compile). Raises as `compile`."""
         key = spec.key
         kind, text = key
         if len(text) > MAX_GRAMMAR_CHARS:
@@ -112,57 +182,69 @@ class GrammarBackend:
         with self._lock:
             compiled = self._cache.get(key)
             if compiled is not None:
-                self._cache.move_to_end(key)
-                return compiled
+                return compiled, None
             if key in self._refused:
                 raise GrammarError(self._refused[key])
-            future = self._pending.get(key)
+            future = self._queue.submit(key, client)
             if future is None:
-                future = self._pending[key] = concurrent.futures.Future()
-                self._jobs.put((key, future))
-        try:
-            return future.result(timeout=timeout_s)
-        except concurrent.futures.TimeoutError:
-            self._refuse(key, f"the {kind} did not compile within {timeout_s:g} s")
-            raise GrammarError(f"the {kind} did not compile within {timeout_s:g} s") from None
+                raise GrammarBusy(f"this client ({client or 'local'}) already has {self._queue.per_client} "
+                                  f"grammars waiting to compile, the most per client; retry after "
+                                  f"{RETRY_AFTER_S:g} s", RETRY_AFTER_S)
+            self._lock.notify()
+        return None, future
+
+    def _cached(self, key: tuple[str, str], future: concurrent.futures.Future) -> xgr.CompiledGrammar:
+        """After a wait: count the use (the cache may pin it) and return the compiled grammar; raises the
+        compile's GrammarError."""
+        compiled = future.result()
+        with self._lock:
+            self._cache.get(key)
+        return compiled
+
+    def _still_compiling(self, spec: GrammarSpec, timeout_s: float) -> GrammarBusy:
+        kind = spec.key[0]
+        with self._lock:
+            queued = len(self._queue)
+        return GrammarBusy(f"the {kind} did not compile within {timeout_s:g} s ({queued} compiles queued); its "
+                           f"compile goes on and its result is kept: retry after {RETRY_AFTER_S:g} s", RETRY_AFTER_S)
 
     def _compile_jobs(self) -> None:
-        """The compile thread's loop: each queued grammar compiled in turn, its future settled."""
+        """The compile thread's loop: queued grammars compiled in the queue's order, cached (or remembered as
+        invalid) before their future is settled."""
         while True:
-            key, future = self._jobs.get()
+            with self._lock:
+                job = self._queue.next_job()
+                while job is None:
+                    self._lock.wait()
+                    job = self._queue.next_job()
+            key, future = job
             try:
-                future.set_result(self._compile(key))
-            except BaseException as error:  # noqa: BLE001 - handed to the waiting request (GrammarError)
+                compiled = self._compile(key)
+            except BaseException as error:  # noqa: BLE001 - handed to the waiting requests (GrammarError)
+                with self._lock:
+                    if isinstance(error, GrammarError):
+                        self._refused[key] = str(error)
+                        while len(self._refused) > REFUSED_SIZE:
+                            self._refused.popitem(last=False)
+                    self._queue.done(key)
                 future.set_exception(error)
+                continue
+            with self._lock:
+                self._cache.put(key, compiled, uses=0)  # the waiters count their own uses (_cached)
+                self._queue.done(key)
+            future.set_result(compiled)
 
     def _compile(self, key: tuple[str, str]) -> xgr.CompiledGrammar:
-        """Runs in the compile thread: compile, then cache (or remember the refusal); raises GrammarError."""
+        """Runs in the compile thread: one xgrammar compile; raises GrammarError for an invalid grammar."""
         kind, text = key
         try:
             if kind == "regex":
-                compiled = self._compiler.compile_regex(text)
-            elif kind == "ebnf":
-                compiled = self._compiler.compile_grammar(text)
-            else:
-                compiled = self._compiler.compile_json_schema(text)
+                return self._compiler.compile_regex(text)
+            if kind == "ebnf":
+                return self._compiler.compile_grammar(text)
+            return self._compiler.compile_json_schema(text)
         except (RuntimeError, ValueError) as e:
-            self._refuse(key, f"invalid {kind}: {e}")
             raise GrammarError(f"invalid {kind}: {e}") from e
-        finally:
-            with self._lock:
-                self._pending.pop(key, None)
-        with self._lock:
-            if key not in self._refused:  # one that took too long is dropped, not cached
-                self._cache[key] = compiled
-                while len(self._cache) > CACHE_SIZE:
-                    self._cache.popitem(last=False)
-        return compiled
-
-    def _refuse(self, key: tuple[str, str], reason: str) -> None:
-        with self._lock:
-            self._refused[key] = reason
-            while len(self._refused) > REFUSED_SIZE:
-                self._refused.popitem(last=False)
 
     def matcher(self, spec: GrammarSpec) -> xgr.GrammarMatcher:
         """A fresh matcher at the start of the grammar."""

@@ -31,7 +31,7 @@ from aiohttp import web
 import arpo_async
 from arpo_async.model.inputs import ModelInputError
 from arpo_serve.engine import Engine, GenerationResult, PreparedRequest, RequestError, SamplingParams
-from arpo_async.grammar import GrammarError
+from arpo_async.grammar import GrammarBusy, GrammarError
 from arpo_serve.protocol import (
     GenerateInput,
     decode_image_data,
@@ -71,6 +71,9 @@ async def _errors(request: web.Request, handler):
         return await handler(request)
     except web.HTTPException:
         raise
+    except GrammarBusy as e:  # no room to compile now (issue 48 item 3): 503, which clients retry
+        return web.json_response(error_body(str(e)), status=503,
+                                 headers={"Retry-After": str(max(1, round(e.retry_after_s)))})
     except (RequestError, GrammarError, ModelInputError) as e:
         return _error(str(e), 400)
     except EngineFailure as e:
@@ -103,13 +106,24 @@ async def _json_body(request: web.Request, *, required: bool = True) -> dict:
     return body
 
 
-def _prepare(engine: Engine, inp: GenerateInput, image_root: Path | None) -> PreparedRequest:
-    """Blocking: tokenize text, decode images, compute pixels, compile the grammar."""
+def _prepare(engine: Engine, inp: GenerateInput, image_root: Path | None, compiled=None) -> PreparedRequest:
+    """Blocking: tokenize text, decode images, compute pixels, make the grammar's matcher (``compiled``: from
+    `compiled_grammars`)."""
     images = [decode_image_data(item, image_root) for item in inp.image_data]
     ids = inp.input_ids if inp.input_ids is not None else engine.encoder.tokenize(inp.text or "")
     return engine.prepare(inp.rid, ids, images, inp.sampling_params, return_logprob=inp.return_logprob,
                           logprob_start_len=inp.logprob_start_len,
-                          return_text_in_logprobs=inp.return_text_in_logprobs)
+                          return_text_in_logprobs=inp.return_text_in_logprobs, compiled=compiled)
+
+
+async def compiled_grammars(request: web.Request, params: list[SamplingParams]) -> list:
+    """The compiled grammar (or None) of each request's sampling params, waited for on the event loop, so that
+    requests waiting for compiles hold none of the worker threads that prepare and decode the others. The client,
+    for the grammar backend's per-client compile bound, is the peer's IP address (``request.remote``): every
+    process behind one address counts as one client, whatever key it sends. Raises GrammarBusy or GrammarError."""
+    grammars, client = request.app[ENGINE_KEY].grammars, request.remote or ""
+    return list(await asyncio.gather(*(grammars.compile_async(p.grammar, client) if p.grammar is not None
+                                       else asyncio.sleep(0) for p in params)))
 
 
 def _connected(request: web.Request) -> bool:
@@ -143,7 +157,9 @@ async def generate(request: web.Request) -> web.Response:
     inputs, is_batch = parse_generate(await _json_body(request))
     started = time.monotonic()
     image_root = request.app[IMAGE_ROOT_KEY]
-    prepared = await asyncio.to_thread(lambda: [_prepare(engine, inp, image_root) for inp in inputs])
+    compiled = await compiled_grammars(request, [inp.sampling_params for inp in inputs])
+    prepared = await asyncio.to_thread(lambda: [_prepare(engine, inp, image_root, c)
+                                                for inp, c in zip(inputs, compiled)])
     try:
         results = await _run_while_connected(request, scheduler, prepared)
     except ClientGone as e:

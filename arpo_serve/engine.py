@@ -25,10 +25,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+import xgrammar as xgr
 
 from arpo_async.model.checkpoint_names import checkpoint_name_map
 from arpo_async.model.inputs import ModelInputError, PromptEncoder, image_size, load_policy, pixel_inputs
-from arpo_async.grammar import GrammarBackend
+from arpo_async.grammar import GrammarBackend, GrammarBusy
 from arpo_async.weight_sync import dtype_from_name, tensor_checksum
 from arpo_serve.decode import BatchRun, GenerationResult, PreparedRequest
 from arpo_serve.sampling import RequestError, SamplingParams
@@ -105,16 +106,18 @@ class Engine:
 
     def prepare(self, rid: str, input_ids: list[int], images: list[bytes], params: SamplingParams, *,
                 return_logprob: bool = False, logprob_start_len: int = -1,
-                return_text_in_logprobs: bool = False) -> PreparedRequest:
+                return_text_in_logprobs: bool = False, compiled=None) -> PreparedRequest:
         """Validate one request and compute its pixel inputs (blocking: image decoding and resizing).
 
         ``input_ids`` may carry one ``<|image_pad|>`` per image (expanded here) or the already expanded pads.
         Everything that bounds the work is checked before any pixel is decoded: the prompt length against the
         context (also from the image headers, the prompt as it will run), the image count and each image's size
         (`MAX_IMAGES_PER_REQUEST`, `MAX_IMAGE_PIXELS`, `MAX_REQUEST_PIXELS`). The returned request's
-        ``max_new_tokens`` is capped to the context (`fit_context`).
-        Raises RequestError on out-of-vocabulary ids, a prompt or images over those bounds, image/pad mismatch,
-        undecodable images or a bad grammar.
+        ``max_new_tokens`` is capped to the context (`fit_context`). ``compiled``: the request's grammar as
+        ``GrammarBackend.compile_async`` gave it (the routes wait for it there, holding no thread); None compiles
+        it here (blocking).
+        Raises GrammarBusy when there is no room to compile the grammar now, and RequestError on out-of-vocabulary
+        ids, a prompt or images over those bounds, image/pad mismatch, undecodable images or a bad grammar.
         """
         if not input_ids:
             raise RequestError("the prompt is empty")
@@ -130,7 +133,11 @@ class Engine:
         matcher = None
         if params.grammar is not None:
             try:
-                matcher = self.grammars.matcher(params.grammar)
+                if compiled is None:
+                    compiled = self.grammars.compile(params.grammar)
+                matcher = xgr.GrammarMatcher(compiled)
+            except GrammarBusy:
+                raise
             except ValueError as e:
                 raise RequestError(str(e)) from e
         return PreparedRequest(rid, input_ids, pixels, params, return_logprob, logprob_start_len,

@@ -24,7 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
-from arpo_serve.app import ENGINE_KEY, SCHEDULER_KEY, ClientGone, _json_body, _run_while_connected
+from arpo_serve.app import ENGINE_KEY, SCHEDULER_KEY, ClientGone, _json_body, _run_while_connected, compiled_grammars
 from arpo_serve.engine import Engine, GenerationResult, PreparedRequest, RequestError, SamplingParams
 from arpo_serve.protocol import decode_image_data
 
@@ -109,16 +109,17 @@ def sampling_params(body: dict) -> SamplingParams:
     return SamplingParams.from_json(params)
 
 
-def prepare_chat(engine: Engine, body: dict) -> PreparedRequest:
+def prepare_chat(engine: Engine, body: dict, compiled=None) -> PreparedRequest:
     """Blocking: validate a chat request, render and tokenize its prompt (one pad per image), and prepare it as
-    /generate would (`Engine.prepare`: bounds, pad expansion, pixels, grammar). Raises RequestError."""
+    /generate would (`Engine.prepare`: bounds, pad expansion, pixels, grammar; ``compiled``: its compiled grammar,
+    if already waited for). Raises RequestError."""
     messages, images = template_messages(body.get("messages"))
     params = sampling_params(body)
     rid = body.get("rid")
     if rid is not None and not isinstance(rid, str):
         raise RequestError("rid must be a string")
     ids = engine.encoder.tokenize(engine.encoder.render(messages))
-    return engine.prepare(rid or f"chatcmpl-{uuid.uuid4().hex}", ids, images, params)
+    return engine.prepare(rid or f"chatcmpl-{uuid.uuid4().hex}", ids, images, params, compiled=compiled)
 
 
 def chat_completion(result: GenerationResult, model: str) -> dict:
@@ -140,7 +141,8 @@ async def chat_completions(request: web.Request) -> web.Response:
     its request, as on /generate."""
     engine = request.app[ENGINE_KEY]
     body = await _json_body(request)
-    prepared = await asyncio.to_thread(prepare_chat, engine, body)
+    [compiled] = await compiled_grammars(request, [sampling_params(body)])  # waits holding no thread
+    prepared = await asyncio.to_thread(prepare_chat, engine, body, compiled)
     try:
         [result] = await _run_while_connected(request, request.app[SCHEDULER_KEY], [prepared])
     except ClientGone as e:

@@ -103,10 +103,10 @@ class Scheduler:
         return not self._running and (not self._waiting or self._paused)
 
     def internal_state(self) -> dict:
-        """Counters and queue depths for /get_server_info."""
+        """Counters and queue depths for /get_server_info (with the grammar backend's, GrammarBackend.state)."""
         return {**asdict(self.stats), "queue_depth": self.queue_depth, "running_requests": self.running,
                 "paused": self._paused, "max_batch": self.max_batch,
-                "weight_version": self.engine.weight_version}
+                "weight_version": self.engine.weight_version, **self.engine.grammars.state()}
 
     # ------------------------------------------------------------ requests
 
