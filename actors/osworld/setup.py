@@ -158,20 +158,37 @@ def _window_names(name: str) -> list[str]:
     return [name, name.replace("Google Chrome", "Chromium")] if "Google Chrome" in name else [name]
 
 
+async def wait_for_window(c: ControllerClient, name: str, *, strict: bool = False, by_class: bool = False,
+                          verb: str = "activate", deadline_s: float = WINDOW_WAIT_S) -> None:
+    """Activate (``verb`` "activate") or close ("close") the first window named ``name`` (wmctrl's rules:
+    :meth:`ControllerClient.activate_window`), asking every 0.25 s until there is one, for at most ``deadline_s``
+    seconds; "Google Chrome" also matches a "Chromium" window.
+
+    The desktop lists windows with python-xlib (actors/desktop/image/x11windows.py), which skips a window that
+    vanishes while it is read; ``xdotool search``, which walks the window tree, dies on such a window (X error
+    BadWindow in XQueryTree, exit 1), so this wait does not use it.
+
+    Raises:
+        TaskSetupError: no such window within ``deadline_s``.
+    """
+    act = c.activate_window if verb == "activate" else c.close_window
+    deadline = time.monotonic() + deadline_s
+    while True:
+        for n in _window_names(name):
+            if await act(n, strict=strict, by_class=by_class):
+                return
+        if time.monotonic() > deadline:
+            raise TaskSetupError(f"{verb}_window: no visible window named {name!r} within {deadline_s:g} s")
+        await asyncio.sleep(0.25)
+
+
 async def _window_step(c: ControllerClient, p: dict, verb: str) -> None:
     """activate_window / close_window: OSWorld's ``window_name``, ``strict`` and ``by_class``."""
     name = p.get("window_name")
     if not name:
         raise TaskSetupError(f"{verb}_window: parameters need 'window_name'")
-    act = c.activate_window if verb == "activate" else c.close_window
-    deadline = time.monotonic() + WINDOW_WAIT_S
-    while True:
-        for n in _window_names(name):
-            if await act(n, strict=bool(p.get("strict", False)), by_class=bool(p.get("by_class", False))):
-                return
-        if time.monotonic() > deadline:
-            raise TaskSetupError(f"{verb}_window: no visible window named {name!r} within {WINDOW_WAIT_S:g} s")
-        await asyncio.sleep(0.25)
+    await wait_for_window(c, str(name), strict=bool(p.get("strict", False)), by_class=bool(p.get("by_class", False)),
+                          verb=verb)
 
 
 async def _step_activate_window(c: ControllerClient, p: dict, ctx: SetupContext) -> None:

@@ -24,6 +24,7 @@ from PIL import Image, ImageChops
 from actors.desktop.controller_client import ControllerClient, DesktopError, RequestRefused
 from actors.desktop.fleet import DESKTOP_CAPABILITIES, SOCKET_NAME, DesktopFleet, remove_run_containers
 from actors.evaluation import UPLOAD_MAX_BYTES, TaskSetupError, evaluate, run_setup
+from actors.osworld.setup import wait_for_window
 from arpo_async.tasks import Task, load_tasks
 from tests.support import until
 
@@ -301,6 +302,66 @@ async def test_setup_errors_are_task_setup_errors(fleet):
         await run_setup(c, [{"type": "execute", "parameters": {"command": ["false"], "until": {"returncode": 0}}}])
     with pytest.raises(TaskSetupError, match="no visible window"):
         await run_setup(c, [{"type": "activate_window", "parameters": {"window_name": "Nothing Here"}}])
+
+
+CHURN = """
+import os, sys, time
+from Xlib import X, display
+d = display.Display()
+s = d.screen()
+ring, made, probe = [], 0, None
+until = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < until and not os.path.exists("/tmp/churn-stop"):
+    w = s.root.create_window(made % 600, 40, 30, 30, 0, s.root_depth)
+    w.set_wm_class("arpo-churn", "ArpoChurn")
+    w.map()
+    ring.append(w)
+    made += 1
+    if len(ring) > 6:
+        ring.pop(0).destroy()  # a window the window manager listed goes away
+    d.sync()
+    if made == 200:
+        probe = s.root.create_window(700, 300, 200, 100, 0, s.root_depth)
+        probe.set_wm_class("arpo-probe", "ArpoProbe")
+        probe.set_wm_name("arpo probe")
+        probe.set_wm_protocols([d.intern_atom("WM_DELETE_WINDOW")])  # a close asks (and is ignored), never kills
+        probe.map()
+        d.sync()
+    if made % 50 == 0:
+        with open("/tmp/churn-count.tmp", "w") as f:
+            f.write(str(made))
+        os.replace("/tmp/churn-count.tmp", "/tmp/churn-count")
+"""
+"""Creates and destroys managed top-level windows without pause (six alive at a time) for argv[1] seconds, and
+after 200 of them one lasting window of class arpo-probe; writes how many it made to /tmp/churn-count."""
+
+
+async def test_a_window_wait_finds_its_window_while_others_vanish(fleet):
+    """Issue 48 item 9: ``xdotool search --sync`` dies (X error BadWindow in XQueryTree, exit 1) when a window
+    vanishes while it walks the window tree. The product's window wait (actors.osworld.setup.wait_for_window, used
+    by the activate_window and close_window setup steps) lists windows with python-xlib, which skips such a
+    window: under a churn of windows appearing and vanishing it still finds the window it waits for (by class)
+    and asks it to close, while the churn goes on; ``xdotool search`` beside the same churn dies on BadWindow."""
+    c = (await fleet.start()).controller
+    await c.upload("/tmp/churn.py", CHURN.encode())
+    await c.launch(["python3", "/tmp/churn.py", "300"])
+    try:
+        count = lambda: c.get_file("/tmp/churn-count")  # noqa: E731
+        await until(count, 60, "the churn's first windows")
+        await wait_for_window(c, "arpo-probe", by_class=True, verb="close", deadline_s=120)
+        made = int(await count())
+        await until(lambda: windows_made_over(c, made), 60, "the churn going on after the wait")
+        searches = [await c.execute("xdotool search --onlyvisible --class arpo-churn", shell=True, timeout=30)
+                    for _ in range(10)]
+        died = sum("BadWindow" in (r.get("error") or "") for r in searches)
+        print(f"xdotool search beside the churn: {died} of {len(searches)} died on BadWindow", flush=True)
+        assert died >= 1, searches  # the churn is the race xdotool dies of (10 of 10 died when measured)
+    finally:
+        await c.upload("/tmp/churn-stop", b"")
+
+
+async def windows_made_over(c: ControllerClient, made: int) -> bool:
+    return int(await c.get_file("/tmp/churn-count") or b"0") > made
 
 
 async def test_infeasible_task_scores_by_last_action(fleet):
