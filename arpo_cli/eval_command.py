@@ -14,9 +14,9 @@ The policy is one of:
 With ``--url``, ``--openai-url`` and ``--oracle`` the prompt is built with the tokenizer of ``--tokenizer DIR``
 (default: the tiny policy's, created if missing). Exit status (:data:`EXIT_STATUS`): 0 when the evaluation ran
 (whatever the score, some episodes errored or not), 1 when it could not (no model, the server did not start, Docker
-failed), 2 for a bad flag, config, task folder or split, 3 when every episode of the report errored (the report is
-written; e.g. the inference server is down), 130 after Ctrl-C or SIGTERM (the report of what finished is written,
-every desktop removed; ``--resume`` finishes it).
+failed), 2 for a bad flag, config, task folder or split or a refused results folder (actors.eval.folder), 3 when
+every episode of the report errored (the report is written; e.g. the inference server is down), 130 after Ctrl-C
+or SIGTERM (the report of what finished is written, every desktop removed; ``--resume`` finishes it).
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ EXIT_ALL_ERRORED = 3
 """Exit status when every episode of the report errored: no episode was scored, so the score means nothing."""
 EXIT_STATUS = ("exit status: 0 the evaluation ran (whatever the score; some episodes may have errored); 1 it could "
                "not start (no model, the server did not start, Docker failed); 2 a bad flag, config, task folder or "
-               f"split; {EXIT_ALL_ERRORED} every episode errored (e.g. the inference server is down; the report lists "
+               "split, or an --out refused (not arpo eval's, evaluated with other settings, a link inside); "
+               f"{EXIT_ALL_ERRORED} every episode errored (e.g. the inference server is down; the report lists "
                "why); 130 Ctrl-C or SIGTERM (the report of what finished is written, every desktop removed)")
 
 
@@ -83,7 +84,12 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seeds the episode order and arpo-serve's sampler (default 0)")
     p.add_argument("--out", type=Path, help="results folder (default evals/<policy>: --model runs/demo gives "
                                             "evals/runs-demo-v<N> for its weights/vN)")
-    p.add_argument("--resume", action="store_true", help="keep the finished episodes in --out, run the missing ones")
+    p.add_argument("--resume", action="store_true",
+                   help="finish an --out that arpo eval created (its arpo-eval.json) with the same policy, step "
+                        "budget, temperature and tasks: keep its finished episodes whose files agree, run the rest")
+    p.add_argument("--retry-errors", action="store_true",
+                   help="with --resume, also run again the episodes that ended in an error (ENV_ERROR, TASK_ERROR, "
+                        "ABORTED: e.g. the server was down)")
     add_config_arguments(p, ("", "actors", "serve"))
 
 
@@ -119,6 +125,8 @@ def eval_config(args: argparse.Namespace, run_config: Path | None, model: Path |
 
 async def _evaluate(args: argparse.Namespace, say) -> dict:
     from actors.eval import evaluate
+    from actors.eval.folder import check_owned
+    from actors.eval.runner import EvalSettings, claim_results
     from arpo_async.inference_client import PolicyClient, RetryPolicy
     from arpo_async.model.inputs import PromptEncoder
     from arpo_cli.cluster_process import free_port
@@ -134,14 +142,18 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
     else:
         tokenizer = args.tokenizer
         name = folder = args.openai_model if args.openai_url else ("oracle" if args.oracle else args.url)
+    out = args.out or Path("evals") / (re.sub(r"[^A-Za-z0-9_.-]+", "-", str(folder)).strip("-.") or "policy")
+    check_owned(out, args.resume)  # a folder that is not ours is refused before anything is built or written
     # builds the desktop image and the tiny policy (the default tokenizer) when missing
     config = prepare(eval_config(args, run_config, tokenizer), say)
-    out = args.out or Path("evals") / (re.sub(r"[^A-Za-z0-9_.-]+", "-", str(folder)).strip("-.") or "policy")
     encoder = PromptEncoder(config.model_path)
     kind = "model" if args.model else ("openai" if args.openai_url else ("oracle" if args.oracle else "url"))
     meta = {"policy": {"kind": kind,
                        "name": str(name), "weight_version": version},
             "command": "arpo " + shlex.join(args.argv)}
+    claim_results(out, meta["policy"], EvalSettings(args.tasks, args.split, args.desktops, args.repeats,
+                                                    args.max_steps, args.temperature, args.seed),
+                  config, resume=args.resume)  # before arpo-serve writes its log into OUT
     progress = ProgressPrinter()
     async with Children() as children:
         if args.model is not None:
@@ -172,7 +184,8 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
             return await evaluate(policy, args.tasks, split=args.split, desktops=args.desktops,
                                   repeats=args.repeats, max_steps=args.max_steps, temperature=args.temperature,
                                   seed=args.seed, out=out, resume=args.resume, config=config, encoder=encoder,
-                                  meta={**meta, "out": str(out)}, progress=progress)
+                                  meta={**meta, "out": str(out)}, progress=progress,
+                                  retry_errors=args.retry_errors)
         finally:
             await policy.aclose()
             progress.close()
@@ -207,6 +220,8 @@ def check_policy_args(args: argparse.Namespace) -> str | None:
         return "--desktops, --repeats and --max-steps must be >= 1"
     if not args.temperature >= 0:
         return "--temperature must be >= 0"
+    if args.retry_errors and not args.resume:
+        return "--retry-errors needs --resume (it re-runs the errored episodes of an earlier evaluation)"
     return None
 
 

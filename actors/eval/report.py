@@ -19,6 +19,8 @@ episodes all finished (:func:`actors.eval.stats.pass_at_k`, averaged over tasks)
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
@@ -120,9 +122,19 @@ def render_markdown(report: dict) -> str:
 
 
 def write_report(out: Path, report: dict) -> tuple[Path, Path]:
-    """Write ``out/report.json`` and ``out/report.md``; returns both paths. Raises OSError."""
+    """Write ``out/report.json`` and ``out/report.md``; returns both paths. Each is replaced atomically (a
+    temporary file, then ``os.replace``), so a symbolic link in its place is replaced, never written through.
+    Raises OSError."""
     out.mkdir(parents=True, exist_ok=True)
     js, md = out / "report.json", out / "report.md"
-    js.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    md.write_text(render_markdown(report), encoding="utf-8")
+    for path, text in ((js, json.dumps(report, indent=1) + "\n"), (md, render_markdown(report))):
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return js, md

@@ -9,7 +9,9 @@ Every planned episode ends with a record: a task that does not load, and every e
 TASK_ERROR or ABORTED (setup failed, desktop died, deadline passed, server unreachable), is a failure with its
 reason; if no desktop can be started at all, the episodes still queued are recorded as such errors. With ``out``,
 each record is written as its episode ends, so an evaluation cut short (Ctrl-C, a crash) keeps what finished;
-``resume=True`` runs only the missing episodes, and the report covers all of them.
+``resume=True`` runs only the missing episodes, and the report covers all of them. The results folder is claimed
+first (:class:`actors.eval.folder.ResultsFolder`): a resume takes only a folder ``arpo eval`` made, evaluated with
+the same parameters, trusts only finished episodes whose files agree, and deletes only its own episode folders.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ from actors.desktop.controller_client import DesktopError
 from actors.env_actor import EnvActor
 from actors.episode import EpisodeRunner
 from actors.eval.report import build_report, write_report
-from actors.eval.results import EpisodeRecord, clear_partial, read_records, write_episode
+from actors.eval.folder import ResultsFolder, run_params
+from actors.eval.results import ERROR_OUTCOMES, EpisodeRecord
 from actors.osworld.downloads import run_download_cache
 from actors.policy import GenerateFn, Policy
 from arpo_async.config import RunConfig
@@ -37,9 +40,6 @@ from arpo_async.model.inputs import PromptEncoder
 from arpo_async.task_sets import TaskEntry, load_task_set
 
 log = logging.getLogger(__name__)
-
-ERROR_OUTCOMES = frozenset({Outcome.ENV_ERROR, Outcome.TASK_ERROR, Outcome.ABORTED})
-"""Outcomes whose episode is listed as an error (and counts as a failure)."""
 
 DEFAULT_TEMPERATURE = 0.0
 """Greedy decoding by default: the policy's single most likely answer, as OSWorld's UI-TARS agent samples
@@ -76,6 +76,28 @@ class EvalSettings:
                              f"{self.max_steps}")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0; got {self.temperature}")
+
+    def apply(self, config: RunConfig) -> RunConfig:
+        """``config`` with ``actors.actors``, ``max_steps`` and ``temperature`` replaced by these settings."""
+        ac = config.actors
+        return dataclasses.replace(config, actors=dataclasses.replace(
+            ac, actors=self.desktops, max_steps=self.max_steps or ac.max_steps, temperature=self.temperature))
+
+
+def claim_results(out: Path, policy: dict, settings: EvalSettings, config: RunConfig, *, resume: bool,
+                  entries: list[TaskEntry] | None = None) -> ResultsFolder:
+    """Claim the results folder ``out`` for this evaluation (:meth:`actors.eval.folder.ResultsFolder.claim`) with
+    its parameters: ``policy`` (kind, name, weight_version), the task set (``entries``, loaded from ``settings``
+    when None), ``settings`` and the effective ``config`` (:meth:`EvalSettings.apply`). ``arpo eval`` calls it
+    before arpo-serve writes its log there; :func:`evaluate` again (the same parameters: nothing changes).
+
+    Raises as ``ResultsFolder.claim`` (ResultsFolderError, FileExistsError, OSError) and TaskFormatError."""
+    entries = load_task_set(settings.tasks, settings.split) if entries is None else entries
+    config = settings.apply(config)
+    params = run_params(policy, entries, repeats=settings.repeats, seed=settings.seed,
+                        tokenizer=str(config.model_path), success_threshold=config.learner.success_threshold,
+                        actors=config.actors)
+    return ResultsFolder.claim(out, params, resume=resume)
 
 
 def episode_plan(entries: list[TaskEntry], repeats: int, seed: int) -> list[tuple[TaskEntry, int]]:
@@ -194,11 +216,18 @@ class Progress:
                 "desktop_busy": round(self.busy_s / (self.desktops * wall), 3) if wall > 0 else None}
 
 
+def policy_identity(policy: Policy | GenerateFn) -> dict:
+    """The policy's identity recorded in the results folder when ``meta`` names none: its class (or function)."""
+    kind = policy if callable(policy) and not hasattr(policy, "generate") else type(policy)
+    return {"kind": "python", "name": f"{kind.__module__}.{kind.__qualname__}", "weight_version": None}
+
+
 async def evaluate(policy: Policy | GenerateFn, tasks: str | Path | None = None, *, split: str | Path | None = None,
                    desktops: int = 8, repeats: int = 1, max_steps: int | None = None,
                    temperature: float = DEFAULT_TEMPERATURE, seed: int = 0, out: str | Path | None = None,
                    resume: bool = False, config: RunConfig | None = None, encoder: PromptEncoder | None = None,
-                   meta: dict | None = None, progress: Callable[[Progress], None] | None = None) -> dict:
+                   meta: dict | None = None, progress: Callable[[Progress], None] | None = None,
+                   retry_errors: bool = False) -> dict:
     """Score ``policy`` on a task set with real desktops; returns the report (:mod:`actors.eval.report`).
 
     Args:
@@ -208,42 +237,50 @@ async def evaluate(policy: Policy | GenerateFn, tasks: str | Path | None = None,
         out: the results folder (:mod:`actors.eval.results`, plus report.json and report.md); None = keep nothing
             on disk.
         resume: keep the finished episodes in ``out`` and run only the missing ones (without it, an ``out`` that
-            holds results is refused).
+            holds results is refused). Only a folder that ``evaluate`` created (its ``arpo-eval.json``), evaluated
+            with the same parameters (:func:`actors.eval.folder.run_params`), is resumed; a finished episode whose
+            files disagree is run again, with a warning naming it.
         config: the run config whose ``actors`` section sets the desktops (image, screen, memory), the prompt and
             the grammar (default: every key's default); ``actors.actors``, ``max_steps`` and ``temperature`` are
             replaced by the arguments.
         encoder: the policy's prompt encoder (default: ``PromptEncoder(config.model_path)``).
         meta: copied into the report (``policy``, ``command``: what ``arpo eval`` records).
         progress: called after each finished episode.
+        retry_errors: with ``resume``, also run again the finished episodes that ended in an error outcome
+            (ENV_ERROR, TASK_ERROR, ABORTED: e.g. the server was down).
 
     Raises:
         arpo_async.tasks.TaskFormatError: the task folder or split cannot be read (a single task that does not
             load is not an error: it is a failed episode).
         FileExistsError: ``out`` holds results and ``resume`` is False.
+        actors.eval.folder.ResultsFolderError: ``out`` is not ours (``resume`` on a folder without a manifest, or a
+            non-empty foreign folder), its parameters differ, or an episode would be written through a symbolic
+            link (a ValueError: ``arpo eval`` exits 2); nothing in ``out`` is changed.
         ValueError: a bad setting.
         asyncio.CancelledError: cancelled (Ctrl-C): the finished episodes are on disk and the report of them is
             written first.
     """
     settings = EvalSettings(tasks, split, desktops, repeats, max_steps, temperature, seed)
     entries = load_task_set(settings.tasks, settings.split)
-    config = config or RunConfig()
-    ac = dataclasses.replace(
-        config.actors, actors=settings.desktops, max_steps=settings.max_steps or config.actors.max_steps,
-        temperature=settings.temperature)
-    config = dataclasses.replace(config, actors=ac, run_id=config.run_id or f"eval-{secrets.token_hex(3)}")
+    config = settings.apply(config or RunConfig())
+    config = dataclasses.replace(config, run_id=config.run_id or f"eval-{secrets.token_hex(3)}")
+    ac = config.actors
     out_path = Path(out) if out is not None else None
     done: dict[tuple[str, str, int], EpisodeRecord] = {}
+    folder = None
     if out_path is not None:
-        if resume:
-            clear_partial(out_path)
-            done = read_records(out_path)
-        elif read_records(out_path):
-            raise FileExistsError(f"{out_path} holds the results of an evaluation; pass resume=True (--resume) to "
-                                  "finish it, or choose another folder")
+        folder = claim_results(out_path, (meta or {}).get("policy") or policy_identity(policy), settings, config,
+                               resume=resume, entries=entries)
+        folder.clear_unfinished()
+        done = folder.finished(ac.max_steps) if resume else {}
+        if retry_errors:
+            done = {key: record for key, record in done.items() if not record.errored}
     planned = episode_plan(entries, settings.repeats, settings.seed)
     keys = {(e.domain, e.task_id, r) for e, r in planned}
-    done = {key: record for key, record in done.items() if key in keys}  # another task set's results stay out
+    done = {key: record for key, record in done.items() if key in keys}
     plan = [(e, r) for e, r in planned if (e.domain, e.task_id, r) not in done]
+    for entry, repeat in plan if folder is not None else []:
+        folder.check_writable((entry.domain, entry.task_id, repeat))  # before any episode runs
     records = dict(done)
     counts = Progress(len(entries) * settings.repeats, list(done.values()), settings.desktops)
     report_meta = {"tasks": str(settings.tasks or "builtin"), "split": None if settings.split is None
@@ -252,8 +289,8 @@ async def evaluate(policy: Policy | GenerateFn, tasks: str | Path | None = None,
                        "temperature": settings.temperature, "seed": settings.seed}, **(meta or {})}
 
     async def finish(record: EpisodeRecord, traj: Trajectory | None) -> None:
-        if out_path is not None:
-            await asyncio.to_thread(write_episode, out_path, record, traj)
+        if folder is not None:
+            await asyncio.to_thread(folder.write_episode, record, traj)
         records[record.key] = record
         counts.add(record)
         if progress is not None:
