@@ -185,7 +185,9 @@ class LearnerConfig:
     """Under torchrun: seconds a collective may wait for the other ranks before the run fails (a dead rank is
     usually noticed at once; rank 0 pings the others when idle, so waiting for rollouts never trips it)."""
     keep_weights: PositiveInt = 2
-    """Published weight folders kept on disk (older ones are deleted)."""
+    """Published weight folders kept on disk (older ones are deleted), besides weights/v0: the weights the run
+    started from, written before the first step and never deleted, so `arpo eval --model RUN/weights/v0` scores the
+    untrained policy (learner.weight_sync = "disk" only: "distributed" writes no weights folder)."""
     seed: int = 0
     """Seed for task order and replay draws."""
     schedule: Literal["async", "lockstep"] = "async"

@@ -5,9 +5,10 @@ server; SGLang's routes live in arpo_async.sglang_engine). Two ways (``learner.w
 (``publish_from(trainer, version) -> seconds``):
 
 - :class:`WeightPublisher` ("disk"): the trainer writes a Hugging Face folder (``<run>/weights/v<N>``, the
-  last ``keep`` are kept), then per server pause -> load_weights_from_disk(path, version) -> resume (SGLang:
-  pause_generation, update_weights_from_disk, continue_generation; as slime and AReaL do it). A server that
-  refuses the update raises PublishError, naming the server; one that does not answer is skipped and caught up.
+  last ``keep`` are kept, and ``v0``, the weights the run started from, always), then per server pause ->
+  load_weights_from_disk(path, version) -> resume (SGLang: pause_generation, update_weights_from_disk,
+  continue_generation; as slime and AReaL do it). A server that refuses the update raises PublishError, naming
+  the server; one that does not answer is skipped and caught up.
 - :class:`DistributedPublisher` ("distributed"): the full tensors (gathered from every rank's shards), under
   checkpoint names, go to each server over a process group of its own (arpo_async.weight_sync; the engine's
   join_weight_group, begin_weight_update, receive_weights, end_weight_update), in buckets of ``bucket_mb``,
@@ -93,10 +94,7 @@ class WeightPublisher(ServerBook):
         weights (:func:`verify_or_resync`: a server that cannot check or differs is loaded again and checked once
         more; raises :class:`WeightsMismatch` when they still differ); a server that was down, or goes down before
         it answers, is skipped as :meth:`publish` skips it."""
-        dtype = await self.dtypes.common(self.engines, Path(trainer.model_dir))
-        folder = self.folder(version)
-        await asyncio.to_thread(trainer.save_weights, folder, overwrite=True,  # float32: the master weights as they are
-                                dtype=dtype_name(dtype) if dtype not in (None, torch.float32) else None)
+        folder = await self._save(trainer, version)
         self.bytes_published = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
         seconds = await self.publish(version)
         self.publications += 1
@@ -105,6 +103,20 @@ class WeightPublisher(ServerBook):
             for engine in self.loaded:
                 self.verified += await verify_or_resync(engine, tensors, trainer, version, self.catch_up)
         return seconds
+
+    async def keep_initial(self, trainer: Any) -> Path:
+        """Write the trainer's weights, before any step, as ``folder(0)`` in the servers' dtype (every rank takes
+        part, as in :meth:`publish_from`); returns the folder. Nothing is sent to the servers: they serve these
+        weights already, as version 0. ``v0`` is never pruned, so ``arpo eval --model RUN/weights/v0`` scores the
+        policy the run started from, whatever ``keep``."""
+        return await self._save(trainer, 0)
+
+    async def _save(self, trainer: Any, version: int) -> Path:
+        dtype = await self.dtypes.common(self.engines, Path(trainer.model_dir))
+        folder = self.folder(version)
+        await asyncio.to_thread(trainer.save_weights, folder, overwrite=True,  # float32: the master weights as they are
+                                dtype=dtype_name(dtype) if dtype not in (None, torch.float32) else None)
+        return folder
 
     def folder(self, version: int) -> Path:
         """Where the checkpoint of ``version`` is (to be) saved."""
@@ -163,9 +175,10 @@ class WeightPublisher(ServerBook):
             raise PublishError(f"{engine.url} did not load {path}: {reply.message}")
 
     def _prune(self, newest: int) -> None:
+        """Delete the version folders older than the newest ``keep``, except ``v0`` (the run's initial weights)."""
         for old in self.weights_root.glob("v*"):
             suffix = old.name[1:]
-            if suffix.isdigit() and int(suffix) <= newest - self._keep:
+            if suffix.isdigit() and 0 < int(suffix) <= newest - self._keep:
                 shutil.rmtree(old, ignore_errors=True)
 
 
@@ -251,6 +264,10 @@ class DistributedPublisher(ServerBook):
         """Server syncs that failed (the server was skipped for that version)."""
         self.verified = 0
         """Server checksum comparisons that agreed."""
+
+    async def keep_initial(self, trainer: Any) -> None:
+        """Nothing: with distributed sync no weights folder is written; the run's base model (``model``) holds the
+        weights it started from."""
 
     async def publish_from(self, trainer: Any, version: int) -> float:
         """Gather the full weights (every rank takes part), then sync each server; returns the seconds the
