@@ -164,6 +164,8 @@ class TrainingLoop:
             SyncRejected, WeightsMismatch: a publication or a catch-up failed (the learner stops).
         """
         self.metrics = metrics
+        if self.state.version == 0:  # a new run: keep the weights it starts from (weights/v0, never pruned)
+            await self.publisher.keep_initial(self.trainer)
         training = asyncio.ensure_future(self.run_lockstep() if self.lc.schedule == "lockstep" else self.run_async())
         helpers = [asyncio.create_task(self.collect())]
         if self.lc.resync_interval_s > 0:
@@ -181,8 +183,6 @@ class TrainingLoop:
 
     async def collect(self) -> None:
         """Stages 1-3 for every complete group from the service, as it arrives, at the current policy version:
-        if self.state.version == 0:  # a new run: keep the weights it starts from (weights/v0, never pruned)
-            await self.publisher.keep_initial(self.trainer)
         score, replay, advantages (:meth:`Batcher.add_group_async`: a custom advantage function runs off the event
         loop, under its deadline); what they drop is reported through ``on_discard``. A group whose stages raise is
         logged, counted in ``drops["unscorable"]`` and dropped. Runs until cancelled.
