@@ -111,14 +111,24 @@ class LearnerConfig:
     """Baseline pass: also drop tasks solved in all k rollouts (they give only zero-variance groups)."""
     task_strategy: Literal["round_robin", "uncertainty"] = "round_robin"
     """Online task choice among active tasks: "round_robin" (shuffled, seeded) or "uncertainty" (weight p(1-p))."""
-    task_window: PositiveInt = 8
-    """Rollouts per task in its success window; a task solved in all of them is retired."""
+    task_solved_groups: PositiveInt = 4
+    """A task's window: its last this many complete groups. A task is solved when at least task_solved_rate of
+    them had every rollout succeed (no reward difference, nothing to learn: DAPO's dynamic sampling drops such
+    groups); a solved task is set aside (retired), as ARPO's task filter sets aside tasks always solved."""
+    task_solved_rate: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """Share of the task_solved_groups groups that must have every rollout succeed for the task to be solved (1.0:
+    all of them). Success is the evaluator's score above success_threshold, never the reward."""
     task_retire: bool = True
-    """Retire tasks solved every time over the window (they would give only zero-variance groups)."""
+    """Set aside (retire) solved tasks; false keeps every task in the rotation, and the run is never solved."""
     task_revisit_every: NonNegativeInt = 10
-    """Every this many groups one goes to a retired task, which is reactivated if it fails (0 = never)."""
+    """Every this many groups one goes to a retired task, to check it is still solved; it is reactivated when
+    it is not (0 = never)."""
     task_revisit_prob: Fraction = 0.0
     """Probability that a group goes to a retired task (in addition to task_revisit_every; 0 = never)."""
+    stop_when_solved: bool = True
+    """End the run when every task is solved in its last task_solved_groups groups (all retired): training
+    stops as after learner.steps (checkpoint, weights, curve) and `arpo run` exits 0. False keeps it going,
+    cycling through the solved tasks. Needs task_retire."""
     task_error_limit: NonNegativeInt = 3
     """A task whose rollouts end in TASK_ERROR (its setup, getter or metric is broken) this many times in a row is
     set aside for the rest of the run and named in metrics and on the progress line (0 = never)."""

@@ -44,7 +44,7 @@ import tenacity
 from arpo_async.config import RunConfig, dump_toml
 from arpo_async.inference_client import ADMIN_API_KEY_ENV, admin_api_key
 from arpo_async.metrics import read_metrics
-from arpo_cli.progress import ProgressDisplay, TrajectoryRate, open_display, progress_line
+from arpo_cli.progress import ProgressDisplay, TrajectoryRate, open_display, progress_line, stop_line
 
 log = logging.getLogger("arpo.run")
 
@@ -472,6 +472,8 @@ async def _train(config: RunConfig, display: ProgressDisplay, children: Children
     if code != 0:
         say(f"arpo-learner exited with {code}; see {logs / 'learner.log'}:\n"
             f"{crash_excerpt(logs / 'learner.log')}")
+    if code == 0 and (stopped := stop_line(config)):
+        say(stopped)  # the learner ended the run early: every task solved (learner.stop_when_solved)
     return code
 
 

@@ -3,9 +3,12 @@
 Owns: what the progress line says and how often it is shown. The line is built from the learner's
 ``<run>/status.json`` (rewritten every second) and ``<run>/metrics.jsonl``: step, policy version, trajectories
 (total and per minute over the last ``RATE_WINDOW_S``), success rate (last step and trailing mean), loss, policy
-lag (the last step's staleness_mean) and desktops busy (rollouts the actors report running, of
-``actors.actors``). In a terminal it is redrawn in place (rich.live); otherwise a plain line is printed when it
-changed, at most every ``PLAIN_EVERY_S`` and at least every ``PLAIN_HEARTBEAT_S`` seconds.
+lag (the last step's staleness_mean), desktops busy (rollouts the actors report running, of
+``actors.actors``), the share of groups dropped for having no reward difference (:func:`flat_text`; DAPO's dynamic
+sampling, arXiv:2503.14476, drops them and waits for more) and whether the next step waits for groups that have
+one, and the tasks set aside as solved. :func:`stop_line` is the learner's reason for ending early, if any. In a
+terminal the line is redrawn in place (rich.live); otherwise a plain line is printed when it changed, at most every
+``PLAIN_EVERY_S`` and at least every ``PLAIN_HEARTBEAT_S`` seconds.
 """
 
 from __future__ import annotations
@@ -58,6 +61,35 @@ def success_text(records: list[dict]) -> str:
             f"(last {TRAILING_SUCCESS_STEPS} steps {trailing:.2f})")
 
 
+def flat_text(status: dict[str, Any], groups_per_step: int) -> str:
+    """The progress line's part on groups without a reward difference (all rewards equal: no gradient, dropped),
+    from status.json: `` | no reward difference: 120 of 200 groups (60%)`` once any group was scored, plus
+    `` | step 41 waits for groups with a reward difference (12 since step 40 had none)`` while at least
+    ``groups_per_step`` of them came back since the last step (a step needs that many with one); "" before any."""
+    groups = int(status.get("totals", {}).get("groups", 0))
+    flat = int(status.get("drops", {}).get("zero_variance", 0))
+    if not groups:
+        return ""
+    text = f" | no reward difference: {flat} of {groups} groups ({100 * flat / groups:.0f}%)"
+    since = int(status.get("zero_variance_since_step", 0))
+    if since >= groups_per_step:
+        step = int(status.get("step", 0))
+        text += (f" | step {step + 1} waits for groups with a reward difference ({since} since "
+                 f"{f'step {step}' if step else 'the start'} had none)")
+    return text
+
+
+def stop_line(config: RunConfig) -> str:
+    """Why the learner ended the run early (status.json ``stopped``, e.g. ``every task is solved in its last 4
+    groups: training stops (learner.stop_when_solved = false keeps it going)``); "" when it did not."""
+    try:
+        status = json.loads((config.run_path / "status.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return ""
+    stopped = status.get("stopped") if isinstance(status, dict) else None
+    return stopped if isinstance(stopped, str) else ""
+
+
 def _number(record: dict[str, Any], key: str) -> float:
     value = record.get(key)
     return float(value) if isinstance(value, (int, float)) else float("nan")
@@ -67,7 +99,8 @@ def progress_line(config: RunConfig, started: float, rate: TrajectoryRate | None
                   now: float | None = None) -> str:
     """One line, e.g. ``[  42s] step 3/10 version 3 | trajectories 48 (21.0/min) | success 0.25 (last 10 steps
     0.20) loss 0.0123 lag 0.50 | held-out 0.38 (step 20) | evaluating step 40: 3/8 | desktops 6/8 busy |
-    failure=30 success=18``, plus the tasks set aside after task errors and the stall reason, if any. The held-out
+    failure=30 success=18``, plus the groups without a reward difference (:func:`flat_text`), the tasks set aside as
+    solved or after task errors, and the stall reason, if any. The held-out
     part shows the last evaluation round recorded ([eval]) and the round in progress, when there are.
 
     ``started`` and ``now``: monotonic seconds (``now`` defaults to the clock); ``rate`` measures trajectories
@@ -99,6 +132,8 @@ def progress_line(config: RunConfig, started: float, rate: TrajectoryRate | None
             f"version {version} | trajectories {trajectories}{per_min} | "
             f"{success_text(records)} loss {_number(last, 'loss'):.4f} lag {_number(last, 'staleness_mean'):.2f}"
             f"{held_out} | desktops {busy}/{config.actors.actors} busy | {outcomes}"
+            + flat_text(status, config.learner.groups_per_step)
+            + (f" | solved (set aside): {', '.join(map(str, status['solved']))[:200]}" if status.get("solved") else "")
             + (f" | SET ASIDE (task errors): {', '.join(map(str, status['set_aside']))[:200]}"
                if status.get("set_aside") else "")
             + (f" | STALLED: {status['stall']}" if status.get("stall") else ""))

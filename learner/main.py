@@ -7,10 +7,12 @@ Dataflow (every queue and task is made in `run_learner`): ROUTER SocketPump -> i
 TrainingLoop (learner.train.loop: score -> replay -> advantages per group (learner.algo.batcher), then per batch
 samples -> optimizer steps in a thread -> WeightPublisher -> RunState.advance -> ``service.on_trained()``
 announces the version -> checkpoint -> metrics.jsonl via learner.train.records).
-Stops after ``learner.steps`` optimizer steps in all (0 = until SIGINT/SIGTERM), then tells the actors to shut
-down. Schedules: learner.train.loop. Baseline pass (``learner.baseline_k`` > 0): learner.algo.baseline, run before
-training starts. Held-out evaluation (``[eval]``): learner.rollouts.evaluation_rounds, a round before the first step,
-every ``eval.every_steps`` and on the final weights (waited for before the actors are told to stop). Observability
+Stops after ``learner.steps`` optimizer steps in all (0 = until SIGINT/SIGTERM), or earlier when every task is
+solved (``learner.stop_when_solved``, learner.train.loop; the line saying so is logged and kept in status.json as
+``stopped``), then tells the actors to shut down. Schedules: learner.train.loop. Baseline pass
+(``learner.baseline_k`` > 0): learner.algo.baseline, run before training starts. Held-out evaluation (``[eval]``):
+learner.rollouts.evaluation_rounds, a round before the first step, every ``eval.every_steps`` and on the final
+weights of a run that reaches ``learner.steps`` (waited for before the actors are told to stop). Observability
 tasks: the event-loop lag probe (arpo_async.loop_lag) and the queue-depth peaks
 (learner.rollouts.run_stats.RunStats.watch_depths), both in every metrics record and in status.json.
 
@@ -50,7 +52,7 @@ from learner.algo.batcher import Batcher
 from learner.algo.forced_tokens import ForcedTokens
 from learner.algo.replay import ReplayBuffer, ReplayError, make_replay
 from learner.rollouts.evaluation_rounds import EvaluationRounds, evaluation_tasks
-from learner.rollouts.run_stats import write_status
+from learner.rollouts.run_stats import write_status, write_status_now
 from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.service import GroupQueue, LearnerService
 from learner.rollouts.staleness import LockstepAdmission, StalenessManager
@@ -176,7 +178,9 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
                     await service.begin_evaluation()
                     await plan.run_baseline(service, lc, 0 if lockstep else None)
                     await loop.run(metrics)
-                    await service.shutdown_actors("training finished")
+                    service.stopped = loop.stopped
+                    write_status_now(run / "status.json", service.status)  # `arpo run` says why it stopped
+                    await service.shutdown_actors(loop.stopped or "training finished")
                     await outbox.flush()
                     for task in background:
                         task.cancel()

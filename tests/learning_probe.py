@@ -191,9 +191,10 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
             tasks' chance success rate.
         log: receives one progress line per step.
     Returns:
-        one ``{"step", "success", "task_success", "dropped_groups", "groups", "injected", "trained",
-        "optimizer_steps"}`` per batch (``success``: the share of episodes whose score is a success,
-        whatever the reward; ``trained``: whether it took an optimizer step; ``optimizer_steps``: how many).
+        one ``{"step", "success", "task_success", "group_success", "dropped_groups", "groups", "injected",
+        "trained", "optimizer_steps"}`` per batch (``success``: the share of episodes whose score is a success,
+        whatever the reward; ``group_success``: (task id, each rollout's success as 1.0 or 0.0) per group, as the
+        learner's task selector counts them, by the task's own score; ``trained``: whether it took an optimizer step; ``optimizer_steps``: how many).
     """
     lc, ac = config.learner, config.actors
     rng = random.Random(lc.seed)
@@ -229,8 +230,11 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
             for e, res in zip(running, results):
                 e.take(res, runner, sampled_version)
         by_task: dict[str, list[float]] = collections.defaultdict(list)
+        by_group: dict[str, list[float]] = collections.defaultdict(list)
         for g, k, e in episodes:
-            by_task[g.task.id].append(float(e.finish(inverted_reward)))
+            succeeded = float(e.finish(inverted_reward))
+            by_task[g.task.id].append(succeeded)
+            by_group[g.group_id].append(succeeded)
             g.results[k] = e.trajectory
         dropped = sum(batcher.add_group(g, version) is None for g in groups)
         batch = batcher.take_batch() or []
@@ -251,6 +255,7 @@ def run_arm(arm: str, scenes: list[Scene], config: RunConfig, model: Path, steps
         scores = [x for xs in by_task.values() for x in xs]
         success = sum(scores) / len(scores)
         records.append({"step": len(records), "success": success, "dropped_groups": dropped, "groups": len(groups),
+                        "group_success": [(g.task.id, by_group[g.group_id]) for g in groups],
                         "task_success": {t: sum(xs) / len(xs) for t, xs in by_task.items()},
                         "injected": sum(g.injected for g in batch), "trained": bool(updates),
                         "optimizer_steps": updates, "spent": spent})

@@ -242,7 +242,8 @@ def valuable_pool(tasks: list[Task], kept: list[str]) -> list[Task]:
 
 def task_selector(tasks: list[Task], lc: LearnerConfig) -> TaskSelector:
     """The online task selector over ``tasks`` with the configured window, retirement and revisits."""
-    return TaskSelector(tasks, window=lc.task_window, retire=lc.task_retire, revisit_every=lc.task_revisit_every,
+    return TaskSelector(tasks, window=lc.task_solved_groups, solved_rate=lc.task_solved_rate, retire=lc.task_retire,
+                        revisit_every=lc.task_revisit_every,
                         revisit_prob=lc.task_revisit_prob, strategy=lc.task_strategy, seed=lc.seed,
                         task_error_limit=lc.task_error_limit, success_threshold=lc.success_threshold)
 

@@ -102,6 +102,11 @@ class RunStats:
         self.last_step_at, self.stall = time.monotonic(), None
         self.zero_variance_at_step = self._drops.get("zero_variance", 0)
 
+    @property
+    def zero_variance_since_step(self) -> int:
+        """Groups dropped for having no reward difference since the last optimizer step (or training's start)."""
+        return self._drops.get("zero_variance", 0) - self.zero_variance_at_step
+
     def training_starts(self) -> None:
         """Training starts now (after the baseline pass): restart the stall clock."""
         self.last_step_at = time.monotonic()
@@ -172,8 +177,14 @@ class RunStats:
 async def write_status(path: Path, status: Callable[[], dict[str, Any]], period_s: float = 1.0) -> None:
     """Rewrite ``path`` (<run>/status.json) with ``status()`` every ``period_s`` seconds, atomically (via a temp
     file), until cancelled."""
-    tmp = path.with_suffix(".tmp")
     while True:
-        tmp.write_text(json.dumps(status()))
-        tmp.replace(path)
+        write_status_now(path, status)
         await asyncio.sleep(period_s)
+
+
+def write_status_now(path: Path, status: Callable[[], dict[str, Any]]) -> None:
+    """Rewrite ``path`` with ``status()`` once, atomically (via a temp file): the last word of a learner that
+    stops, which the periodic writer might not get to."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(status()))
+    tmp.replace(path)

@@ -142,6 +142,8 @@ class LearnerService:
         self._inbox: asyncio.Queue[Envelope] | None = None
         """The inbox :meth:`serve` consumes (for its depth)."""
         self.message_counts = message_counts
+        self.stopped = ""
+        """Why the run ended early (the training loop's solved line; in status.json as ``stopped``), else ""."""
         self._warnings = WarningBudget(log)
         """Rejections are logged within a budget (a flood of bad frames writes a few lines; every one is counted)."""
 
@@ -408,6 +410,9 @@ class LearnerService:
                 **({"messages": self.message_counts()} if self.message_counts is not None else {}),
                 "totals": dict(totals), "wall_s": self.stats.wall_s,
                 "set_aside": self.selector.set_aside if self.selector is not None else [],
+                "solved": self.selector.retired if self.selector is not None else [],
+                "zero_variance_since_step": self.stats.zero_variance_since_step,
+                **({"stopped": self.stopped} if self.stopped else {}),
                 **({"evaluation": self.evaluation.status()} if self.evaluation is not None else {}),
                 **({"baseline": {"groups_recorded": self.baseline.recorded_groups,
                                  "groups_planned": self.baseline.planned_groups}} if self.baseline else {})}
@@ -443,6 +448,7 @@ class LearnerService:
         self.stats.totals.update(totals)
         self.state.drops.clear()
         self.state.drops.update(drops)
+        self.stats.zero_variance_at_step = drops.get("zero_variance", 0)  # counted from the resumed step on
 
     async def shutdown_actors(self, reason: str) -> None:
         """Tell every known actor the run is over, after the Acks held back (:meth:`handle`): an actor learns that

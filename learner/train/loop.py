@@ -28,6 +28,12 @@ checkpoint (learner.train.checkpoint), and keeping the servers current: every ``
 behind the current policy version (restarted after a publication) gets the current weights (``catch_up``), never
 while a batch trains or publishes.
 
+Ends early when every task is solved (``learner.stop_when_solved``): the task selector
+(learner.algo.task_selection) has retired every task, so every group it can hand out would have no reward difference
+and be dropped (DAPO's dynamic sampling, arXiv:2503.14476, which this loop follows by waiting for
+``groups_per_step`` groups with one); the loop then says so in one line (``stopped``), checkpoints its last step
+again (with the selector's solved state) and returns as at ``learner.steps``.
+
 Invariants: never trains past ``learner.steps`` optimizer steps in all; a version is announced only after its
 weights reached every inference server; the first record after a restart says what was resumed.
 """
@@ -100,6 +106,8 @@ class TrainingLoop:
     """Finds the grammar-forced tokens left out of the loss (None: every token counts; learner.mask_forced_tokens)."""
     final_eval_timeout_s: float = 0.0
     """How long the last batch's record waits for the evaluation round on the final weights (eval.final_timeout_s)."""
+    stopped: str = ""
+    """Why training ended before ``learner.steps``: the task selector's solved line (:meth:`stop_solved`); "" else."""
 
     def __post_init__(self) -> None:
         self._started = time.monotonic()
@@ -110,6 +118,8 @@ class TrainingLoop:
         """Set whenever :meth:`collect` scored a group (or, lockstep, reached the end of a rollout batch)."""
         self._round_ends = 0
         """Lockstep: rollout batches whose every group :meth:`collect` has scored and not yet trained."""
+        self._last_record: dict[str, Any] | None = None
+        """The metrics record of the last batch this process trained (checkpointed again by :meth:`stop_solved`)."""
 
     @property
     def replay(self) -> ReplayBuffer:
@@ -124,6 +134,13 @@ class TrainingLoop:
     @property
     def done(self) -> bool:
         return self.lc.steps != 0 and self.state.step >= self.lc.steps
+
+    @property
+    def solved(self) -> bool:
+        """Whether the run should end as solved: ``learner.stop_when_solved`` and every task the selector holds is
+        retired (learner.algo.task_selection.TaskSelector.solved; never during a baseline pass)."""
+        selector = self.service.selector
+        return self.lc.stop_when_solved and selector is not None and selector.solved
 
     @property
     def wall_s(self) -> float:
@@ -196,6 +213,7 @@ class TrainingLoop:
             if group is ROUND_END:
                 self._round_ends += 1
             else:
+                self.state.totals["groups"] += 1  # the share dropped for no reward difference: drops / groups
                 accepted = sum(Outcome(t.outcome).trainable for t in group.trajectories())
                 try:
                     # 1-3. score, replay, advantages (a custom advantage function off the event loop)
@@ -240,15 +258,19 @@ class TrainingLoop:
                     await self.publisher.catch_up(self.trainer, version, behind)
 
     async def run_async(self) -> None:
-        """Train on ``groups_per_step`` scored groups as soon as they are ready."""
+        """Train on ``groups_per_step`` scored groups as soon as they are ready; stop when the run is solved."""
         while not self.done:
-            await self._ready(lambda: self.batcher.has_batch)
+            await self._ready(lambda: self.batcher.has_batch or self.solved)
+            if self.solved:
+                return await self.stop_solved()
             self.rollout_batches += 1
             await self.train(self.batcher.take_batch())
 
     async def run_lockstep(self) -> None:
         """ARPO's loop: one rollout batch out, all of it back, train, publish; nothing handed out meanwhile."""
         while not self.done:
+            if self.solved:
+                return await self.stop_solved()
             await self.service.open_round(self.lc.groups_per_step)
             await self._ready(lambda: self._round_ends > 0)
             self._round_ends -= 1
@@ -294,6 +316,7 @@ class TrainingLoop:
         every = lc.checkpoint_every
         if every and state.step // every > (state.step - updates) // every:
             await self.checkpoint(record)
+        self._last_record = record
         if self.metrics is None:
             raise RuntimeError("TrainingLoop.metrics must be set before training")
         self.metrics.write(record)
@@ -312,6 +335,17 @@ class TrainingLoop:
         folder = await asyncio.to_thread(self.checkpointer.save, self.state.step, self.trainer, state, meta)
         record["checkpoint_s"] = round(time.perf_counter() - started, 3)
         log.info("checkpoint %s (%.1f s)", folder, record["checkpoint_s"])
+
+    async def stop_solved(self) -> None:
+        """End training as solved: set and log ``stopped`` (one line), and checkpoint the last step again (with
+        ``learner.checkpoint_every`` on and a step taken by this process), so the checkpoint holds the task
+        selector's solved windows and a resumed run stops at once too. The step's weights are already on every
+        server: each step publishes before it is announced."""
+        selector = self.service.selector
+        self.stopped = selector.solved_reason() if selector is not None else "every task is solved"
+        log.warning("%s", self.stopped)
+        if self.lc.checkpoint_every and self._last_record is not None:
+            await self.checkpoint(dict(self._last_record))
 
 
 async def keep_ranks_alive(lead: LeadTrainer) -> None:

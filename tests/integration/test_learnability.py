@@ -14,7 +14,8 @@ A single task must rise from at most 30% to at least 70% within 40 rollout batch
 and for a task of another family (tests/data/tasks/shapes: other labels, no colours, another window title and
 phrasing). The same run with the reward inverted (a click in the target's box scores 0, anywhere else 1) trains
 away from the target and must not rise, so the test can fail: it fails when the advantage, the loss, the weights
-or the reward path stop carrying signal.
+or the reward path stop carrying signal. Nor may it ever count as solved by the learner's task selector (success is
+the task's own score, never the reward), so a real run with its reward inverted never stops as solved.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pytest
 
 from arpo_async.config import load_config
 from arpo_async.model.init_model import create_tiny_model
+from learner.algo.task_selection import TaskSelector
 from tests.learning_arms import ARMS, TASK_SETUP, task_selection
 from tests.learning_probe import capture_scenes, run_arm
 
@@ -46,10 +48,19 @@ def _setup(task: str):
     return config, scenes
 
 
-def _learn(setup, model: Path, inverted: bool, lines: list[str]) -> list[float]:
-    """Success (the target clicked) per rollout batch."""
+def _learn(setup, model: Path, inverted: bool, lines: list[str], solved: list[int] | None = None) -> list[float]:
+    """Success (the target clicked) per rollout batch. ``solved`` receives the batches after which the learner's
+    task selector (its defaults, fed each group's successes by the task's own score, as the learner feeds it)
+    holds every task solved: where a real run would stop by itself (learner.stop_when_solved)."""
     config, scenes = setup
     records = run_arm(ARM, scenes, config, model, STEPS, lag=1, inverted_reward=inverted, log=lines.append)
+    lc = config.learner
+    selector = TaskSelector([s.task for s in scenes], window=lc.task_solved_groups, solved_rate=lc.task_solved_rate)
+    for record in records:
+        for task_id, successes in record["group_success"]:
+            selector.record_group(task_id, successes)
+        if selector.solved and solved is not None:
+            solved.append(record["step"])
     return [r["success"] for r in records]
 
 
@@ -67,7 +78,9 @@ def test_a_single_task_is_learnt_within_40_steps_and_not_with_the_reward_inverte
     print(f"{task}: start {start:.2f} end {end:.2f}")
     assert start <= 0.30, "\n".join(lines)
     assert end >= 0.70, "\n".join(lines)
-    flipped = _learn(setup, model, True, lines)
+    solved: list[int] = []
+    flipped = _learn(setup, model, True, lines, solved)
     print(f"{task}: inverted reward, end {statistics.mean(flipped[-5:]):.2f}")
+    assert solved == [], "\n".join(lines)  # trained against its task, it must never stop as solved
     assert statistics.mean(flipped[-5:]) <= 0.30, "\n".join(lines)
     assert statistics.mean(flipped[-5:]) < end - 0.4, "\n".join(lines)

@@ -117,3 +117,28 @@ def test_progress_line_names_the_tasks_set_aside(tmp_path):
     (tmp_path / "status.json").write_text(json.dumps({"outcomes": {"TASK_ERROR": 3}, "set_aside": ["bad-task"]}))
     line = progress_line(config, started=0.0, now=1.0)
     assert "task_error=3" in line and line.endswith("| SET ASIDE (task errors): bad-task")
+
+
+def test_progress_line_shows_groups_without_a_reward_difference_and_a_waiting_step(tmp_path):
+    """Issue 49 item 1: the share of groups dropped for no reward difference, and, once groups_per_step of them
+    came back since the last step, that the next step waits for groups with one; then the tasks solved."""
+    from arpo_cli.progress import flat_text, stop_line
+
+    config = load_config(None, [f'run_dir="{tmp_path}"', "learner.groups_per_step=2"])
+    assert flat_text({}, 2) == "" and stop_line(config) == ""  # no status yet, no group yet
+    status = {"step": 40, "totals": {"groups": 200}, "drops": {"zero_variance": 120}, "zero_variance_since_step": 1}
+    (tmp_path / "status.json").write_text(json.dumps(status))
+    line = progress_line(config, started=0.0, now=1.0)
+    assert line.endswith("| no reward difference: 120 of 200 groups (60%)")
+    status |= {"zero_variance_since_step": 12, "solved": ["grid4-green"]}
+    (tmp_path / "status.json").write_text(json.dumps(status))
+    line = progress_line(config, started=0.0, now=2.0)
+    assert line.endswith("| no reward difference: 120 of 200 groups (60%) | step 41 waits for groups with a reward "
+                         "difference (12 since step 40 had none) | solved (set aside): grid4-green")
+    assert "since the start had none" in flat_text({"step": 0, "totals": {"groups": 2}, "drops": {"zero_variance": 2},
+                                                    "zero_variance_since_step": 2}, 2)
+    status["stopped"] = "every task is solved in its last 4 groups: training stops"
+    (tmp_path / "status.json").write_text(json.dumps(status))
+    assert stop_line(config) == status["stopped"]
+    (tmp_path / "status.json").write_text("[1, 2]")  # not an object: no reason, no error
+    assert stop_line(config) == ""

@@ -77,9 +77,9 @@ def test_round_robin_without_retirement_matches_the_scheduler_order():
 
 
 def test_retire_after_a_full_window_of_successes_and_revisit_every_n():
-    selector = TaskSelector(POOL, window=8, revisit_every=3, seed=0)
+    selector = TaskSelector(POOL, window=2, revisit_every=3, seed=0)
     selector.record_group("a", SOLVED)
-    assert selector.retired == []  # window not full yet (4 of 8)
+    assert selector.retired == []  # window not full yet (1 of 2 groups)
     selector.record_group("a", SOLVED)
     assert selector.retired == ["a"] and selector.active == ["b", "c", "d"]
     picks = ids([selector.pick_task() for _ in range(9)])
@@ -90,16 +90,16 @@ def test_retire_after_a_full_window_of_successes_and_revisit_every_n():
 
 
 def test_a_failure_in_the_window_prevents_retirement():
-    selector = TaskSelector(POOL, window=8)
+    selector = TaskSelector(POOL, window=2)
     selector.record_group("a", [1.0, 1.0, 0.0, 1.0])
     selector.record_group("a", SOLVED)
-    assert selector.retired == []  # the window holds one failure
+    assert selector.retired == []  # the window holds a group with one failure
     selector.record_group("a", SOLVED)
-    assert selector.retired == ["a"]  # the failure has left the 8-rollout window
+    assert selector.retired == ["a"]  # that group has left the 2-group window
 
 
 def test_failed_revisit_reactivates_and_successful_revisit_keeps_retired():
-    selector = TaskSelector(POOL, window=4)
+    selector = TaskSelector(POOL, window=1)
     selector.record_group("a", SOLVED)
     selector.record_group("b", SOLVED)
     assert selector.retired == ["a", "b"]
@@ -107,12 +107,12 @@ def test_failed_revisit_reactivates_and_successful_revisit_keeps_retired():
     selector.record_group("b", [1.0, 0.0, 1.0, 1.0])  # revisit with a failure: active again
     assert selector.retired == ["a"] and selector.stats()["reactivations"] == 1
     selector.record_group("b", SOLVED)
-    assert selector.retired == ["a", "b"]  # 4 successes in a row again
+    assert selector.retired == ["a", "b"]  # a whole window of all-success groups again
     assert selector.stats()["retirements"] == 3
 
 
 def test_all_retired_cycles_least_recently_picked_first():
-    selector = TaskSelector(POOL[:3], window=4, revisit_every=0)
+    selector = TaskSelector(POOL[:3], window=1, revisit_every=0)
     for name in ("a", "b", "c"):
         selector.record_group(name, SOLVED)
     picks = ids([selector.pick_task() for _ in range(6)])
@@ -120,11 +120,11 @@ def test_all_retired_cycles_least_recently_picked_first():
 
 
 def test_revisit_probability_is_seeded():
-    selector = TaskSelector(POOL, window=4, revisit_every=0, revisit_prob=0.25, seed=9)
+    selector = TaskSelector(POOL, window=1, revisit_every=0, revisit_prob=0.25, seed=9)
     selector.record_group("a", SOLVED)
     picks = ids([selector.pick_task() for _ in range(400)])
     assert 40 < picks.count("a") < 160  # expected 100, sd sqrt(400 * 0.25 * 0.75) = 8.7
-    again = TaskSelector(POOL, window=4, revisit_every=0, revisit_prob=0.25, seed=9)
+    again = TaskSelector(POOL, window=1, revisit_every=0, revisit_prob=0.25, seed=9)
     again.record_group("a", SOLVED)
     assert ids([again.pick_task() for _ in range(400)]) == picks
 
@@ -147,19 +147,19 @@ def test_uncertainty_weights_by_hand():
 
 
 def test_state_round_trip_continues_the_same_picks():
-    selector = TaskSelector(POOL, window=4, revisit_every=5, revisit_prob=0.1, seed=2)
+    selector = TaskSelector(POOL, window=1, revisit_every=5, revisit_prob=0.1, seed=2)
     selector.record_group("c", SOLVED)
     selector.record_group("a", [1.0, 0.0, 1.0, 1.0])
     for _ in range(7):
         selector.pick_task()
     state = msgpack.unpackb(msgpack.packb(selector.state_dict(), use_bin_type=True), raw=False)
-    restored = TaskSelector(POOL, window=4, revisit_every=5, revisit_prob=0.1, seed=77)
+    restored = TaskSelector(POOL, window=1, revisit_every=5, revisit_prob=0.1, seed=77)
     restored.load_state_dict(state)
     assert restored.retired == ["c"] and restored.stats() == selector.stats()
     assert restored.success_estimate("a") == selector.success_estimate("a")
     assert ids([restored.pick_task() for _ in range(20)]) == ids([selector.pick_task() for _ in range(20)])
     # a smaller pool: unknown ids are ignored
-    smaller = TaskSelector(POOL[:2], window=4)
+    smaller = TaskSelector(POOL[:2], window=1)
     smaller.load_state_dict(state)
     assert smaller.retired == [] and smaller.active == ["a", "b"]
     with pytest.raises(TaskSelectionError, match="schema"):
@@ -190,7 +190,8 @@ def test_scheduler_hook_shape():
 
 
 @pytest.mark.parametrize("kwargs", [{"window": 0}, {"revisit_every": -1}, {"revisit_prob": 1.5},
-                                    {"strategy": "greedy"}])
+                                    {"strategy": "greedy"}, {"solved_rate": 0.0}, {"solved_rate": 1.01},
+                                    {"solved_rate": float("nan")}])
 def test_bad_parameters_are_rejected(kwargs):
     with pytest.raises(TaskSelectionError):
         TaskSelector(POOL, **kwargs)
@@ -268,7 +269,106 @@ def test_a_task_with_task_errors_in_a_row_is_set_aside_and_never_picked_again():
 
 
 def test_a_set_aside_task_is_not_revisited_when_every_other_task_is_retired():
-    selector = TaskSelector(POOL[:2], window=2, task_error_limit=1, revisit_every=1)
+    selector = TaskSelector(POOL[:2], window=1, task_error_limit=1, revisit_every=1)
     selector.record_rollout("a", True)
     selector.record_group("b", [1.0, 1.0])  # b retired, a set aside: revisits go to b only
     assert selector.retired == ["b"] and [selector.pick_task().id for _ in range(5)] == ["b"] * 5
+
+
+# ---------------------------------------------------------------- solved tasks and the run's end (issue 49 item 1)
+
+ONE_MISS = [1.0, 1.0, 0.0, 1.0]  # 3 of 4 succeed: the group has a reward difference
+
+
+def test_defaults_retire_after_four_all_success_groups_and_the_pool_is_solved():
+    """Defaults: window 4 groups, rate 1.0. Three all-success groups are not enough; the fourth retires the task,
+    and with the only other task set aside after task errors the pool is solved."""
+    selector = TaskSelector(POOL[:2], task_error_limit=1)
+    selector.record_rollout("b", True)  # b set aside (task errors): it never counts for or against solving
+    for _ in range(3):
+        selector.record_group("a", SOLVED)
+    assert selector.retired == [] and not selector.solved and not selector.is_solved("a")
+    selector.record_group("a", SOLVED)
+    assert selector.retired == ["a"] and selector.is_solved("a") and selector.solved
+    assert selector.solved_reason() == ("every task is solved in its last 4 groups: training stops "
+                                        "(learner.stop_when_solved = false keeps it going)")
+
+
+def test_solved_rate_counts_all_success_groups_by_hand():
+    """rate 0.75 of 4 groups needs 3 all-success groups; 0.8 of 4 needs 3.2, so all 4; a rollout-level success
+    rate of 15/16 over the window does not make a group all-success."""
+    groups = [SOLVED, SOLVED, ONE_MISS, SOLVED]  # 15 of 16 rollouts succeed; 3 of 4 groups are all-success
+    three_quarters, four_fifths = TaskSelector(POOL[:1], solved_rate=0.75), TaskSelector(POOL[:1], solved_rate=0.8)
+    for scores in groups:
+        three_quarters.record_group("a", scores)
+        four_fifths.record_group("a", scores)
+    assert three_quarters.solved and not four_fifths.solved
+    assert three_quarters.success_estimate("a") == pytest.approx((15 + 1) / (16 + 2))
+    assert three_quarters.solved_reason().startswith(
+        "every task is solved in its last 4 groups (3 of them with every rollout successful): training stops")
+    three_quarters.record_group("a", ONE_MISS)  # window S, ONE_MISS, S, ONE_MISS: 2 all-success groups < 3
+    assert three_quarters.active == ["a"] and not three_quarters.solved
+    assert three_quarters.stats()["reactivations"] == 1
+
+
+def test_a_revisit_that_keeps_the_window_solved_keeps_the_task_retired():
+    selector = TaskSelector(POOL[:1], solved_rate=0.75)
+    for scores in (ONE_MISS, SOLVED, SOLVED, SOLVED):
+        selector.record_group("a", scores)
+    assert selector.solved
+    selector.record_group("a", ONE_MISS)  # window S, S, S, ONE_MISS: still 3 of 4
+    assert selector.solved and selector.stats()["reactivations"] == 0
+
+
+def test_groups_without_a_reward_difference_that_all_fail_never_solve_a_task():
+    """A policy that always fails (or one trained against the task: reward inverted) also gives groups with no
+    reward difference, but success is the evaluator's score above the threshold: never solved. Scores at the
+    threshold are no success (strictly above 0.1)."""
+    selector = TaskSelector(POOL[:1])
+    for _ in range(10):
+        selector.record_group("a", FAILED)
+        selector.record_group("a", [0.1] * 4)
+    assert not selector.solved and selector.retired == [] and selector.stats()["retirements"] == 0
+
+
+def test_a_group_without_a_trainable_rollout_is_no_evidence():
+    selector = TaskSelector(POOL[:1], window=2)
+    selector.record_group("a", SOLVED)
+    assert selector.record_group("a", [])  # every rollout ENV_ERROR or ABORTED: trainable_scores is empty
+    assert not selector.solved and selector.success_estimate("a") == pytest.approx(5 / 6)
+    selector.record_group("a", SOLVED)
+    assert selector.solved
+
+
+def test_retirement_off_or_every_task_set_aside_is_never_solved():
+    off = TaskSelector(POOL[:1], retire=False, window=1)
+    off.record_group("a", SOLVED)
+    assert off.is_solved("a") and not off.solved and off.active == ["a"]
+    broken = TaskSelector(POOL[:1], task_error_limit=1)
+    broken.record_rollout("a", True)
+    assert not broken.solved  # nothing left at all is NoTaskLeft (an error), never "solved"
+
+
+def test_two_tasks_are_solved_only_when_both_are_and_a_failed_revisit_unsolves():
+    selector = TaskSelector(POOL[:2], window=1, revisit_every=2, seed=5)
+    selector.record_group("a", SOLVED)
+    assert selector.retired == ["a"] and not selector.solved
+    picks = ids([selector.pick_task() for _ in range(4)])
+    assert picks == ["b", "a", "b", "a"]  # every second pick revisits a
+    selector.record_group("b", SOLVED)
+    assert selector.solved
+    selector.record_group("a", ONE_MISS)  # a revisit of a fails
+    assert not selector.solved and selector.active == ["a"]
+
+
+def test_a_schema_1_state_loads_without_its_rollout_windows():
+    selector = TaskSelector(POOL[:2])
+    state = {"schema": 1, "rng": list(random.Random(1).getstate()), "order": ["b"],
+             "windows": {"a": [1, 1, 1, 1, 1, 1, 1, 1]}, "retired": ["a"], "last_pick": {"a": 3},
+             "counts": {"picks": 3, "retirements": 1}}
+    state["rng"][1] = list(state["rng"][1])
+    selector.load_state_dict(state)
+    assert selector.retired == ["a"] and selector.success_estimate("a") == 0.5  # the window fills again
+    bad = selector.state_dict() | {"windows": {"a": [[5, 3]]}}  # more successes than rollouts
+    with pytest.raises(TaskSelectionError, match="malformed"):
+        TaskSelector(POOL[:2]).load_state_dict(bad)

@@ -1,0 +1,60 @@
+"""The README's demo ends by itself once it has learnt its task (issue 49 item 1).
+
+`arpo run --config configs/grid4.toml` on real desktops, the embedded tiny policy and arpo-serve: the policy learns
+to click the named button; once every rollout of the task's last 4 groups succeeds, the learner sets the task aside
+as solved, training stops before learner.steps with one line saying so, and `arpo run` exits 0 after a normal end
+(the last step checkpointed, its weights what the server serves, summary.json and curve.png). On main before this
+item the demo ran all 80 steps: the last 30 took 20 minutes of groups without a reward difference.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from arpo_async.config import load_config
+from arpo_async.metrics import read_metrics
+from learner.train.checkpoint import checkpoint_folders
+from tests.integration.test_run import run_containers
+from tests.support import free_port
+
+pytestmark = pytest.mark.docker
+
+ROOT = Path(__file__).resolve().parents[2]
+LINE = ("every task is solved in its last 4 groups: training stops (learner.stop_when_solved = false keeps it "
+        "going)")
+
+
+def test_the_demo_stops_by_itself_once_its_task_is_solved(tmp_path, desktop_image, tiny_model):
+    run_dir = tmp_path / "solved"
+    serve, endpoint = free_port(), free_port()
+    proc = subprocess.run(
+        [sys.executable, "-m", "arpo_cli.cli", "run", "--out", str(run_dir), "--model", str(tiny_model),
+         "--config", str(ROOT / "configs" / "grid4.toml"),
+         "--set", f"serve.port={serve}", "--set", f'actors.inference_urls=["http://127.0.0.1:{serve}"]',
+         "--set", f"transport.endpoint=tcp://127.0.0.1:{endpoint}"],
+        capture_output=True, text=True, timeout=2400, cwd=ROOT)
+    out = proc.stdout[-4000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, out
+    assert LINE in proc.stdout.splitlines(), out  # one line, as it is, in `arpo run`'s output
+    assert LINE in (run_dir / "logs" / "learner.log").read_text()
+    records = read_metrics(run_dir / "metrics.jsonl")
+    last = records[-1]
+    assert last["step"] < 80, "the run went to learner.steps: it never stopped as solved"
+    assert records[0]["success_rate"] <= 0.5 and last["success_rate"] >= 0.8, [r["success_rate"] for r in records]
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["stopped"] == LINE and status["solved"] == ["grid4-green"]
+    assert status["drops"]["zero_variance"] >= 4 and status["totals"]["groups"] >= status["drops"]["zero_variance"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["exit_code"], summary["steps"], summary["policy_version"]) == (0, last["step"],
+                                                                                  last["policy_version"])
+    assert summary["server_weight_version"] == str(last["policy_version"])  # the final weights are served
+    assert (run_dir / "weights" / f"v{last['policy_version']}" / "model.safetensors").exists()
+    newest = checkpoint_folders(run_dir / "checkpoints")[-1]
+    assert json.loads((newest / "meta.json").read_text())["step"] == last["step"]  # the last step, checkpointed
+    assert (run_dir / "curve.png").stat().st_size > 0
+    assert run_containers(load_config(run_dir / "config.toml", []).resolved_run_id) == []
