@@ -64,7 +64,7 @@ def success_text(records: list[dict]) -> str:
 def flat_text(status: dict[str, Any], groups_per_step: int) -> str:
     """The progress line's part on groups without a reward difference (all rewards equal: no gradient, dropped),
     from status.json: `` | no reward difference: 120 of 200 groups (60%)`` once any group was scored, plus
-    `` | step 41 waits for groups with a reward difference (12 since step 40 had none)`` while at least
+    `` | the next step waits for groups with a reward difference (12 since step 40 had none)`` while at least
     ``groups_per_step`` of them came back since the last step (a step needs that many with one); "" before any."""
     groups = int(status.get("totals", {}).get("groups", 0))
     flat = int(status.get("drops", {}).get("zero_variance", 0))
@@ -74,7 +74,7 @@ def flat_text(status: dict[str, Any], groups_per_step: int) -> str:
     since = int(status.get("zero_variance_since_step", 0))
     if since >= groups_per_step:
         step = int(status.get("step", 0))
-        text += (f" | step {step + 1} waits for groups with a reward difference ({since} since "
+        text += (f" | the next step waits for groups with a reward difference ({since} since "
                  f"{f'step {step}' if step else 'the start'} had none)")
     return text
 

@@ -133,8 +133,8 @@ def test_progress_line_shows_groups_without_a_reward_difference_and_a_waiting_st
     status |= {"zero_variance_since_step": 12, "solved": ["grid4-green"]}
     (tmp_path / "status.json").write_text(json.dumps(status))
     line = progress_line(config, started=0.0, now=2.0)
-    assert line.endswith("| no reward difference: 120 of 200 groups (60%) | step 41 waits for groups with a reward "
-                         "difference (12 since step 40 had none) | solved (set aside): grid4-green")
+    assert line.endswith("| no reward difference: 120 of 200 groups (60%) | the next step waits for groups with a "
+                         "reward difference (12 since step 40 had none) | solved (set aside): grid4-green")
     assert "since the start had none" in flat_text({"step": 0, "totals": {"groups": 2}, "drops": {"zero_variance": 2},
                                                     "zero_variance_since_step": 2}, 2)
     status["stopped"] = "every task is solved in its last 4 groups: training stops"
