@@ -33,8 +33,11 @@ def _zmq_endpoint(value: str) -> str:
 class TransportConfig:
     """ZeroMQ link between actors (DEALER) and the learner (ROUTER)."""
 
-    endpoint: Annotated[str, AfterValidator(_zmq_endpoint)] = "tcp://127.0.0.1:5555"
-    """Learner's ROUTER endpoint; the learner binds it, actors connect to it."""
+    endpoint: Annotated[str, AfterValidator(_zmq_endpoint)] = "tcp://127.0.0.1:0"
+    """Learner's ROUTER endpoint; the learner binds it, actors connect to it. Port 0 (or *) = a free one:
+    `arpo run` picks it when it starts and writes it into <run>/config.toml (a learner started by hand binds a free
+    port and logs it; arpo-actors need the real port); any other port is used as given, and `arpo run` refuses it
+    when it is taken. `arpo launch` takes 0 as 5555."""
     max_message_mb: PositiveInt = 256
     """Largest message a decoder accepts (MiB); larger frames are rejected and counted, never decoded."""
     high_water_mark: PositiveInt = 256
@@ -77,7 +80,8 @@ class ActorConfig:
     actors: PositiveInt = 8
     """EnvActor coroutines (one desktop each) in this process."""
     inference_urls: Annotated[Strings, Field(min_length=1)] = ("http://127.0.0.1:30000",)
-    """SGLang or arpo-serve base URLs; one episode sticks to one server."""
+    """SGLang or arpo-serve base URLs; one episode sticks to one server. `arpo run` puts its own arpo-serve here
+    when this is left at its default (and refuses a value that does not name that server)."""
     max_steps: PositiveInt = 5
     """Step budget per episode (ARPO: 15)."""
     history_images: PositiveInt = 2
@@ -189,8 +193,11 @@ class ServeConfig:
 
     host: str = "127.0.0.1"
     """Listen address."""
-    port: Annotated[int, Field(ge=1, le=65535)] = 30000
-    """Listen port (1-65535)."""
+    port: Annotated[int, Field(ge=0, le=65535)] = 0
+    """Listen port (1-65535), or 0 = a free one: `arpo run` picks it when it starts and writes it into
+    <run>/config.toml (arpo-serve started by hand binds a free port and prints it in its ready line); any other
+    port is used as given, and `arpo run` refuses it when it is taken. `arpo eval` takes a free port unless
+    --set serve.port=N is on its command line. `arpo launch` takes 0 as 30000."""
     max_batch: PositiveInt = 16
     """Largest batch of concurrent /generate requests decoded together."""
     jump_forward: bool = True
@@ -270,7 +277,7 @@ class ClusterConfig:
     HTTP and torch.distributed as everywhere else). Every other process ignores this section."""
 
     servers: PositiveInt = 1
-    """Inference servers to start; server i listens on serve.port + i of its node."""
+    """Inference servers to start; server i listens on serve.port + i of its node (30000 + i when serve.port is 0)."""
     server_gpus: NonNegativeInt = 0
     """GPUs per inference server: > 0 starts SGLang (`python -m sglang.launch_server`, tensor parallel over them) on
     a GPU node; 0 starts arpo-serve on a CPU."""
@@ -312,7 +319,9 @@ class RunConfig:
     model: str = ""
     """Policy checkpoint folder (HF layout); empty = <run_dir>/../tiny-model created by `arpo init-model`."""
     run_id: str = ""
-    """Label on every container of this run (for cleanup); empty = derived from run_dir."""
+    """Label on every container of this run (for cleanup); empty = derived from run_dir (`arpo run` writes
+    <folder name>-<8 hex digits of its absolute path> into <run>/config.toml, so two runs whose folders share a
+    name never share a label)."""
     transport: TransportConfig = field(default_factory=TransportConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     actors: ActorConfig = field(default_factory=ActorConfig)

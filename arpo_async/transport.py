@@ -129,6 +129,8 @@ def router_socket(ctx: zmq.asyncio.Context, config: TransportConfig, bind_wait_s
     while True:
         try:
             sock.bind(config.endpoint)
+            if sock.getsockopt(zmq.LAST_ENDPOINT).decode() != config.endpoint:  # port 0 or *: the kernel's pick
+                log.info("the learner listens on %s", sock.getsockopt(zmq.LAST_ENDPOINT).decode())
             return sock
         except zmq.ZMQError as e:
             if e.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
@@ -169,7 +171,12 @@ def dealer_socket(ctx: zmq.asyncio.Context, config: TransportConfig, identity: s
 
     Raises:
         TransportSecurityError: a certificate file is missing or unreadable.
+        ValueError: ``transport.endpoint`` has port 0 or * (a learner's "a free one": not a port to connect to).
     """
+    if config.endpoint.startswith("tcp://") and config.endpoint.rpartition(":")[2] in ("0", "*"):
+        raise ValueError(f"transport.endpoint = {config.endpoint!r}: port 0 means a free one for the learner to "
+                         "bind; actors need the port it listens on (its log says; `arpo run` writes it into "
+                         "<run>/config.toml)")
     sock = ctx.socket(zmq.DEALER)
     _set_common(sock, config)
     if config.curve_secret_key_file:

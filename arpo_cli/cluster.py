@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from arpo_async.config import RunConfig, dump_toml
-from arpo_cli.cluster_plan import (ClusterError, Node, check_address, check_capacity, check_desktop_images,
-                                   check_run_folder, desktop_shares, fill_addresses, place_servers, rank_bundle,
-                                   rank_environments)
+from arpo_cli.cluster_plan import (LAUNCH_SERVE_PORT, ClusterError, Node, check_address, check_capacity,
+                                   check_desktop_images, check_run_folder, desktop_shares, fill_addresses,
+                                   place_servers, rank_bundle, rank_environments)
 from arpo_cli.cluster_process import ProcessHost
 from arpo_cli.launcher import (RunSignals, answers_health, crash_excerpt, draw_curve, prepare_run, run_interruptible,
                                show_progress, sigterm_as_interrupt, write_summary)
@@ -167,7 +167,7 @@ class ClusterRun:
         server_nodes = place_servers(nodes, self.config, taken)
         await self._check_run_folder(list({n.node_id: n for n in rank_nodes + server_nodes}.values()))
         await self._check_desktop_image([by_id[node_id] for node_id in shares])
-        ports = [self.config.serve.port + i for i in range(c.servers)]
+        ports = [(self.config.serve.port or LAUNCH_SERVE_PORT) + i for i in range(c.servers)]
         self.config = fill_addresses(self.config, rank_nodes[0].ip, [(n.ip, p) for n, p in zip(server_nodes, ports)])
         (self.config.run_path / "config.toml").write_text(dump_toml(self.config))
         await self._start_servers(server_nodes, ports)

@@ -190,10 +190,17 @@ def place_servers(nodes: Sequence[Node], config: RunConfig, taken: Mapping[str, 
     return placed
 
 
+LAUNCH_SERVE_PORT = 30000
+"""`arpo launch`: the first inference server's port when serve.port is 0 (server i listens on it + i)."""
+LAUNCH_LEARNER_PORT = 5555
+"""`arpo launch`: the learner's port when transport.endpoint's is 0 (a free one is `arpo run`'s rule only)."""
+
+
 def fill_addresses(config: RunConfig, learner_ip: str, servers: Sequence[tuple[str, int]]) -> RunConfig:
     """The run file every placed process reads: the learner's endpoint on rank 0's node (the port of
-    transport.endpoint), the inference URLs (``http://IP:PORT`` per server), learner.sync_host (where servers
-    reach rank 0 for a distributed weight sync) and run_id, resolved once so every node labels alike.
+    transport.endpoint, LAUNCH_LEARNER_PORT for 0), the inference URLs (``http://IP:PORT`` per server),
+    learner.sync_host (where servers reach rank 0 for a distributed weight sync) and run_id, resolved once so every
+    node labels alike.
 
     Raises:
         ClusterError: transport.endpoint is not tcp:// (ipc:// reaches no other node).
@@ -203,6 +210,7 @@ def fill_addresses(config: RunConfig, learner_ip: str, servers: Sequence[tuple[s
         raise ClusterError(f"transport.endpoint = {config.transport.endpoint!r}: `arpo launch` needs tcp://HOST:PORT "
                            "(actors on other nodes connect to it)")
     port = rest.rpartition(":")[2]
+    port = str(LAUNCH_LEARNER_PORT) if port in ("0", "*") else port  # a free port of rank 0's node is not known here
     return dataclasses.replace(
         config, run_id=config.resolved_run_id,
         transport=dataclasses.replace(config.transport, endpoint=f"tcp://{learner_ip}:{port}"),

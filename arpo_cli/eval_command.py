@@ -3,9 +3,10 @@
 The policy is one of:
 
 - ``--model DIR``: a Hugging Face folder, a run's ``weights/vN``, or a run folder (its newest ``weights/vN``);
-  arpo-serve is started for it (``OUT/logs/serve.log``) and stopped after. A run's own ``config.toml`` (the run
-  folder's, or the one above ``weights/``) is the base config, so the episodes use the run's screen, prompt,
-  grammar and step budget unless flags say otherwise;
+  arpo-serve is started for it (``OUT/logs/serve.log``) on a free port of 127.0.0.1 (``--set serve.port=N``: N,
+  refused when taken) and stopped after. A run's own ``config.toml`` (the run folder's, or the one above
+  ``weights/``) is the base config, less its run_id (the desktops get a label of their own), so the episodes use
+  the run's screen, prompt, grammar and step budget unless flags say otherwise;
 - ``--url URL``: an SGLang or arpo-serve server already running (its ``/generate``);
 - ``--openai-url URL --openai-model NAME``: any OpenAI-compatible chat-completions server (actors.openai_policy);
 - ``--oracle``: the scripted oracle (actors.oracle), which solves the built-in tasks from the app's layout: its
@@ -115,9 +116,10 @@ def resolve_model(path: Path) -> tuple[Path, int, Path | None]:
 
 
 def eval_config(args: argparse.Namespace, run_config: Path | None, model: Path | None) -> RunConfig:
-    """The base config: --config, else the run's config.toml; then --set; ``model`` is the prompt's tokenizer.
+    """The base config: --config, else the run's config.toml (less its run_id: the evaluation's desktops get their
+    own label, never those of a run that may still be going); then --set; ``model`` is the prompt's tokenizer.
     Raises ConfigError."""
-    overrides = list(args.overrides)
+    overrides = (["run_id="] if args.config is None and run_config is not None else []) + list(args.overrides)
     if model is not None:
         overrides.append(f"model={model}")  # a str key takes the text as written
     return load_config(args.config or run_config, overrides)
@@ -129,8 +131,8 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
     from actors.eval.runner import EvalSettings, claim_results
     from arpo_async.inference_client import PolicyClient, RetryPolicy
     from arpo_async.model.inputs import PromptEncoder
-    from arpo_cli.cluster_process import free_port
     from arpo_cli.launcher import Children, prepare, wait_healthy
+    from arpo_cli.side_by_side import claim_port, log_size
 
     run_config: Path | None = None
     version: int | None = None
@@ -144,8 +146,11 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
         name = folder = args.openai_model if args.openai_url else ("oracle" if args.oracle else args.url)
     out = args.out or Path("evals") / (re.sub(r"[^A-Za-z0-9_.-]+", "-", str(folder)).strip("-.") or "policy")
     check_owned(out, args.resume)  # a folder that is not ours is refused before anything is built or written
-    # builds the desktop image and the tiny policy (the default tokenizer) when missing
-    config = prepare(eval_config(args, run_config, tokenizer), say)
+    config = eval_config(args, run_config, tokenizer)
+    # arpo-serve's port: a free one, unless --set serve.port=N asks for N (refused when taken: ConfigError, exit 2)
+    asked = any(o.partition("=")[0].strip() == "serve.port" for o in args.overrides) and config.serve.port
+    port = claim_port("serve.port", "127.0.0.1", config.serve.port if asked else 0) if args.model is not None else 0
+    config = prepare(config, say)  # builds the desktop image and the tiny policy (the default tokenizer) if missing
     encoder = PromptEncoder(config.model_path)
     kind = "model" if args.model else ("openai" if args.openai_url else ("oracle" if args.oracle else "url"))
     meta = {"policy": {"kind": kind,
@@ -157,12 +162,12 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
     progress = ProgressPrinter()
     async with Children() as children:
         if args.model is not None:
-            url = f"http://127.0.0.1:{free_port()}"
-            log = out / "logs" / "serve.log"
+            url, log = f"http://127.0.0.1:{port}", out / "logs" / "serve.log"
+            since = log_size(log)  # its ready line must come after this: the server on that port is ours
             serve = await children.start([sys.executable, "-m", "arpo_serve.main", "--model", str(weights),
                                           "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1],
                                           "--weight-version", str(version), "--seed", str(args.seed)], log)
-            await wait_healthy(url, serve, log)
+            await wait_healthy(url, serve, log, ready_since=since)
             say(f"arpo-serve ready at {url} with {weights} (weight version {version}); log {log}")
         if args.oracle:
             from actors.oracle import OraclePolicy

@@ -1,13 +1,13 @@
 """`arpo run`: the embedded default on one machine.
 
 Owns: the three child processes of a local run and their logs (``<run>/logs/{serve,learner,actors}.log``).
-Order: load and check the task sets (:func:`check_tasks`) -> build the desktop image and the tiny model if
-missing -> write ``<run>/config.toml`` -> start arpo-serve and wait for /health -> start arpo-learner and
-arpo-actors -> show a progress line (arpo_cli.progress: live in a terminal, plain lines in a pipe) from
-``status.json`` and ``metrics.jsonl`` and redraw
-``<run>/curve.png`` every ``CURVE_EVERY_S`` -> when the learner exits, write summary.json and the final curve.png,
-stop the actors (SIGTERM, they remove their desktops; they may have exited already, once the learner said
-shutdown), the learner, then the server -> remove any container still labelled with this run. Exit code: the
+Order: claim the run's ports and run id (arpo_cli.side_by_side) -> load and check the task sets
+(:func:`check_tasks`) -> build the desktop image and the tiny model if missing -> write ``<run>/config.toml`` ->
+start arpo-serve and wait for /health and its ready line -> start arpo-learner and arpo-actors -> show a progress
+line (arpo_cli.progress) from ``status.json`` and ``metrics.jsonl`` and redraw ``<run>/curve.png`` every
+``CURVE_EVERY_S`` -> when the learner exits, write summary.json and the final curve.png, stop the actors
+(SIGTERM, they remove their desktops; they may have exited already, once the learner said shutdown), the
+learner, then the server -> remove any container still labelled with this run. Exit code: the
 learner's (a curve that cannot be drawn is a warning, never an error). A child that died is reported with its
 log's last lines (from its last traceback: see :func:`crash_excerpt`).
 
@@ -45,6 +45,7 @@ from arpo_async.config import RunConfig, dump_toml
 from arpo_async.inference_client import ADMIN_API_KEY_ENV, admin_api_key
 from arpo_async.metrics import read_metrics
 from arpo_cli.progress import ProgressDisplay, TrajectoryRate, open_display, progress_line, stop_line
+from arpo_cli.side_by_side import claim_host, create_tiny_model_once, log_size, own_server_url, ready_line_seen
 
 log = logging.getLogger("arpo.run")
 
@@ -70,7 +71,6 @@ def prepare(config: RunConfig, say: Callable[[str], None], *, desktops: bool = T
     """Build the desktop image (unless ``desktops`` is False: then only its tag is resolved, for desktop hosts
     elsewhere) and the tiny model when missing; returns the config with both resolved."""
     from actors.desktop.build import build_image, image_exists, image_tag
-    from arpo_async.model.init_model import create_tiny_model
 
     image = config.actors.image or image_tag(config.actors.image_profile)
     if desktops and not image_exists(image):
@@ -83,7 +83,7 @@ def prepare(config: RunConfig, say: Callable[[str], None], *, desktops: bool = T
         if config.model:
             raise RunError(f"no model at {model} (expected a Hugging Face folder with config.json)")
         say(f"creating the tiny random Qwen2.5-VL policy in {model}")
-        create_tiny_model(model)
+        create_tiny_model_once(model)  # another run may be creating it at the same time
     return replace(config, model=str(model.resolve()), actors=replace(config.actors, image=image))
 
 
@@ -156,9 +156,11 @@ class _NotReady(Exception):
     """/health answered, but not 200."""
 
 
-async def answers_health(url: str, log_path: Path, timeout_s: float = 300.0) -> None:
-    """Return once ``url``/health answers 200: tries of 2 s each, 0.2 s apart (tenacity). Raises RunError naming
-    ``log_path`` (the server's log) when ``timeout_s`` passes first."""
+async def answers_health(url: str, log_path: Path, timeout_s: float = 300.0,
+                         ours: Callable[[], bool] | None = None) -> None:
+    """Return once ``url``/health answers 200 (and ``ours()`` is true: the answer is our server's): tries of 2 s
+    each, 0.2 s apart (tenacity). Raises RunError naming ``log_path`` (the server's log) when ``timeout_s`` passes
+    first."""
     retrying = tenacity.AsyncRetrying(
         stop=tenacity.stop_after_delay(timeout_s), wait=tenacity.wait_fixed(0.2),
         retry=tenacity.retry_if_exception_type((aiohttp.ClientError, OSError, _NotReady)))
@@ -167,7 +169,7 @@ async def answers_health(url: str, log_path: Path, timeout_s: float = 300.0) -> 
             async for attempt in retrying:
                 with attempt:
                     async with session.get(f"{url}/health") as reply:
-                        if reply.status != 200:
+                        if reply.status != 200 or (ours is not None and not ours()):
                             raise _NotReady(reply.status)
     except tenacity.RetryError:
         raise RunError(f"arpo-serve did not answer {url}/health within {timeout_s:.0f} s; see {log_path}") from None
@@ -180,13 +182,18 @@ async def exit_is_error(proc: Process, name: str, log_path: Path) -> NoReturn:
     raise RunError(f"{name} exited with {code}; see {log_path}:\n{crash_excerpt(log_path)}")
 
 
-async def wait_healthy(url: str, proc: Process, log_path: Path, timeout_s: float = 300.0) -> None:
-    """Wait until arpo-serve (``proc``, logging to ``log_path``) answers ``url``/health with 200. Raises RunError
-    as soon as the process exits, or when ``timeout_s`` passes first."""
+async def wait_healthy(url: str, proc: Process, log_path: Path, timeout_s: float = 300.0, *,
+                       ready_since: int | None = None) -> None:
+    """Wait until arpo-serve (``proc``, logging to ``log_path``) answers ``url``/health with 200; with
+    ``ready_since`` (``log_path``'s size before ``proc`` started) also until ``proc`` logged its ready line for
+    url's port (arpo_cli.side_by_side.ready_line_seen), so another server on that port is never taken for it.
+    Raises RunError as soon as the process exits, or when ``timeout_s`` passes first."""
+    port = int(url.rsplit(":", 1)[1].rstrip("/"))
+    ours = None if ready_since is None else (lambda: ready_line_seen(log_path, ready_since, port))
     try:
         async with asyncio.TaskGroup() as tg:
             exited = tg.create_task(exit_is_error(proc, "arpo-serve", log_path))
-            await answers_health(url, log_path, timeout_s)
+            await answers_health(url, log_path, timeout_s, ours)
             exited.cancel()
     except* RunError as errors:
         raise errors.exceptions[0] from None
@@ -344,7 +351,7 @@ def run_local(config: RunConfig, *, display: ProgressDisplay | None = None, resu
     previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)  # until the event loop takes both signals over
     display = open_display() if display is None else display
     try:
-        config = prepare_run(config, display.say, resume)
+        config = prepare_run(claim_host(config, resume=resume), display.say, resume)  # ports and run id: ours
         return run_interruptible(lambda signals: _run_children(config, display, signals))
     finally:
         display.close()
@@ -448,16 +455,15 @@ async def _train(config: RunConfig, display: ProgressDisplay, children: Children
     learner exits; then write summary.json and the curve. Returns the learner's exit code."""
     say, run = display.say, config.run_path
     logs, config_path = run / "logs", run / "config.toml"
-    url = config.actors.inference_urls[0]
-    py = sys.executable
+    url, since, py = own_server_url(config), log_size(logs / "serve.log"), sys.executable
     # arpo-serve reads model and [serve] from the run file, as the learner and the actors do; the admin key (the
     # run file's, else a random one per run) reaches arpo-serve and the learner alone, in their environment
     admin = {ADMIN_API_KEY_ENV: admin_api_key(config.serve.admin_api_key) or secrets.token_urlsafe(32)}
     serve = await children.start([py, "-m", "arpo_serve.main", "--config", str(config_path),
                                   "--weight-version", "0", "--weights-root", str(run / "weights")],
                                  logs / "serve.log", grace_s=SERVE_STOP_GRACE_S, env=admin)
-    await wait_healthy(url, serve, logs / "serve.log")
-    say(f"arpo-serve ready at {url}")
+    await wait_healthy(url, serve, logs / "serve.log", ready_since=since)
+    say(f"arpo-serve ready at {url}; the learner listens on {config.transport.endpoint}; run id {config.run_id}")
     learner = await children.start([py, "-m", "learner.main", "--config", str(config_path)],
                                    logs / "learner.log", env=admin)
     actors = await children.start([py, "-m", "actors.main", "--config", str(config_path),

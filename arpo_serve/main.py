@@ -2,9 +2,10 @@
 
 Wires the engine (the model on ``serve.device``), the batching scheduler and the aiohttp routes in one function
 (`serve`), runs until SIGINT/SIGTERM. Prints one line ``arpo-serve ready on http://HOST:PORT`` once it accepts
-requests. On a signal it aborts every queued and running request (their clients get finish_reason abort), waits at
-most `STOP_GRACE_S` for the running batch to stop at its next decode step, closes the server and logs ``stopped by
-signal; cleaned up``.
+requests (PORT the bound one: the kernel's pick when serve.port is 0; `arpo run` waits for this line). On a signal
+it aborts every queued and running request (their clients get finish_reason abort), waits at most `STOP_GRACE_S`
+for the running batch to stop at its next decode step, closes the server and logs ``stopped by signal; cleaned
+up``.
 """
 
 from __future__ import annotations
@@ -59,9 +60,10 @@ async def serve(config: ServeConfig, engine: Engine) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         await web.TCPSite(runner, config.host, config.port).start()
+        port = runner.addresses[0][1]  # the kernel's pick when serve.port is 0
         async with asyncio.TaskGroup() as tg:
             scheduler_task = tg.create_task(scheduler.run(), name="scheduler")
-            print(f"arpo-serve ready on http://{config.host}:{config.port}", flush=True)
+            print(f"arpo-serve ready on http://{config.host}:{port}", flush=True)
             await stop.wait()
             await _drain(scheduler)
             scheduler_task.cancel()
@@ -100,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", "--model-path", dest="model", type=Path,
                    help="Hugging Face checkpoint folder (default: the run file's model)")
     p.add_argument("--host", help="address to bind (default: serve.host)")
-    p.add_argument("--port", type=int, help="TCP port (default: serve.port)")
+    p.add_argument("--port", type=int, help="TCP port; 0 = a free one, printed in the ready line (default: serve.port)")
     p.add_argument("--max-batch", type=int, help="most requests decoded together (default: serve.max_batch)")
     p.add_argument("--weight-version", help="initial weight version (default: serve.weight_version, 0)")
     p.add_argument("--seed", type=int, help="seed of the server-level sampler (default: serve.seed, 0)")

@@ -180,7 +180,7 @@ def test_serve_reads_the_run_file_and_flags_win(tmp_path, monkeypatch):
     assert serve_args(["--config", str(run)]).serve.api_key == "from-env"  # the environment wins over the file
     # without a run file: the flags alone, as before, and the config defaults
     plain = serve_args(["--model", str(model)]).serve
-    assert (plain.host, plain.port, plain.max_batch, plain.jump_forward) == ("127.0.0.1", 30000, 16, True)
+    assert (plain.host, plain.port, plain.max_batch, plain.jump_forward) == ("127.0.0.1", 0, 16, True)  # 0: a free port
     # the empty model key means <run_dir>/../tiny-model, as for the learner and arpo run
     tiny = fake_model(tmp_path / "tiny-model")
     assert serve_args(["--set", f'run_dir="{tmp_path / "demo"}"']).model_path == tiny
