@@ -39,7 +39,7 @@ from actors.desktop.controller_client import ControllerClient, DesktopError
 from actors.evaluation import EvaluationError, SetupContext, TaskSetupError, evaluate, run_setup
 from actors.osworld.downloads import DownloadCache
 from actors.policy import GenerateFn, Policy, PolicyTimeout, as_policy
-from actors.settle import settled_screenshot
+from actors.settle import settle
 from actors.sinks import TrajectorySink
 from actors.uitars.actions import Action, ActionParseError, parse_reply
 from actors.uitars.grammar import action_regex
@@ -205,7 +205,7 @@ class EpisodeRunner:
         for k in range(max_steps or cfg.max_steps):
             t0 = time.perf_counter()
             async with asyncio.timeout(cfg.step_timeout_s):
-                shot = await (self._settled(controller) if k else
+                shot = await (self._settled(controller, traj.steps[-1]) if k else
                               controller.screenshot(cfg.screenshot_format, cfg.screenshot_quality))
             shot_of_step.append(add_screenshot(traj.screenshots, shot))
             observe_s = time.perf_counter() - t0
@@ -250,7 +250,7 @@ class EpisodeRunner:
             step.act_s = await perform(controller, parsed.actions, backend=cfg.action_backend,
                                        timeout_s=cfg.step_timeout_s)
         async with asyncio.timeout(cfg.step_timeout_s):  # the last action drawn before the evaluator reads
-            await self._settled(controller)
+            await self._settled(controller, traj.steps[-1] if traj.steps else None)
         return None
 
     async def _generate(self, **request) -> Generation:
@@ -273,11 +273,15 @@ class EpisodeRunner:
                                 f"request {request.get('rid')} within actors.policy_timeout_s = "
                                 f"{self.config.policy_timeout_s:g} s") from None
 
-    async def _settled(self, controller: ControllerClient) -> bytes:
-        """The screen once it has settled after an action (actors.settle, ``actors.settle_*``)."""
+    async def _settled(self, controller: ControllerClient, step: Step | None) -> bytes:
+        """The screen once it has settled after ``step``'s action (actors.settle, ``actors.settle_*``); the wait's
+        seconds and whether it hit the timeout go to ``step.settle_s`` and ``step.settle_timed_out``."""
         cfg = self.config
-        return await settled_screenshot(controller, cfg.screenshot_format, cfg.screenshot_quality,
-                                        interval_s=cfg.settle_interval_s, timeout_s=cfg.settle_timeout_s)
+        settled = await settle(controller, cfg.screenshot_format, cfg.screenshot_quality,
+                               interval_s=cfg.settle_interval_s, timeout_s=cfg.settle_timeout_s)
+        if step is not None:
+            step.settle_s, step.settle_timed_out = settled.seconds, settled.timed_out
+        return settled.screenshot
 
 
 def episode_outcome(score: float, format_ok: bool, last_action: str | None,

@@ -9,16 +9,30 @@ pause=2)`` sleeps ``pause`` seconds after every action before its observation); 
 under load or wasted on a quiet machine, so this waits until two screenshots ``interval_s`` apart are identical,
 bounded by ``timeout_s``.
 
-Role: one function over a controller; no state.
+Role: functions over a controller; no state. :func:`settle` also says how long the wait took and whether it hit
+the timeout (each step's ``Step.settle_s`` and ``Step.settle_timed_out``: metrics.jsonl's ``stage_s.settle``).
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import NamedTuple
 
 from actors.desktop.controller_client import ControllerClient
 
-__all__ = ["settled_screenshot"]
+__all__ = ["Settled", "settle", "settled_screenshot"]
+
+
+class Settled(NamedTuple):
+    """What :func:`settle` returns."""
+
+    screenshot: bytes
+    """The encoded screenshot of the settled screen (or the latest one at the timeout)."""
+    seconds: float
+    """Seconds from the call to the screenshot's return (the screenshots and the waits between them)."""
+    timed_out: bool
+    """True when no two screenshots ``interval_s`` apart were identical within ``timeout_s`` (never with
+    ``interval_s == 0``)."""
 
 
 async def settled_screenshot(controller: ControllerClient, format: str = "png", quality: int = 85, *,
@@ -39,17 +53,25 @@ async def settled_screenshot(controller: ControllerClient, format: str = "png", 
         ValueError: a negative ``interval_s`` or ``timeout_s``, or a bad format or quality.
         DesktopError: the controller cannot be reached.
     """
+    return (await settle(controller, format, quality, interval_s=interval_s, timeout_s=timeout_s)).screenshot
+
+
+async def settle(controller: ControllerClient, format: str = "png", quality: int = 85, *,
+                 interval_s: float = 0.1, timeout_s: float = 2.0) -> Settled:
+    """:func:`settled_screenshot`, with how long it took and whether it hit the timeout (same arguments and
+    errors)."""
     if interval_s < 0 or timeout_s < 0:
         raise ValueError(f"interval_s and timeout_s must be >= 0, got {interval_s} and {timeout_s}")
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
+    started = loop.time()
+    deadline = started + timeout_s
     shot = await controller.screenshot(format, quality)
     if interval_s == 0:
-        return shot
+        return Settled(shot, loop.time() - started, False)
     while (left := deadline - loop.time()) > 0:
         await asyncio.sleep(min(interval_s, left))
         latest = await controller.screenshot(format, quality)
         if latest == shot:
-            return latest
+            return Settled(latest, loop.time() - started, False)
         shot = latest
-    return shot
+    return Settled(shot, loop.time() - started, True)

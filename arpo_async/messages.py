@@ -120,6 +120,11 @@ class Step:
     generate_s: float = 0.0
     act_s: float = 0.0
     observe_s: float = 0.0
+    settle_s: float = 0.0
+    """Seconds the screen took to settle after this step's action (actors.settle: the wait is the next step's
+    ``observe_s``, or before the evaluator after the last step); 0.0 when no action was settled after it."""
+    settle_timed_out: bool = False
+    """True when that wait ended at ``actors.settle_timeout_s`` with the screen still changing."""
 
     def __post_init__(self) -> None:
         self.prompt_ids = int_array(self.prompt_ids)

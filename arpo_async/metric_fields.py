@@ -105,8 +105,10 @@ METRIC_FIELDS: dict[str, MetricField] = {
                               "checks' reasons (arpo_async.validation.InvalidMessage) and duplicate, owner, hello, "
                               "run, slots, task."),
     "stage_s": MetricField("Per-stage rollout timings of the window, {stage: {p50: s, p95: s, count: n}} for "
-                           "reset, setup, screenshot, generate, execute, evaluate, episode (stages with no sample "
-                           "left out; arpo_async.stage_timings)."),
+                           "reset, setup, screenshot, generate, execute, settle, evaluate, episode (stages with no "
+                           "sample left out; arpo_async.stage_timings); settle (the wait for the screen to settle "
+                           "after an action) adds timeout_share, the share of actions whose wait hit "
+                           "actors.settle_timeout_s."),
     "queues": MetricField("Queue depths when the record was written (ints): inbox, waiting_requests, "
                           "waiting_max_peer, running, ready_groups, outbox, outbox_full_waits, and from the actors' "
                           "last heartbeats actor_running, actor_waiting, actor_unacked, actor_outbox (summed), "

@@ -220,7 +220,7 @@ def check_trajectory(traj: Trajectory, *, vocab_size: int | None, version: int |
                                    or max(step.image_indices) >= len(traj.screenshots)):
             _fail("image_indices", f"{where}.image_indices {min(step.image_indices)}..{max(step.image_indices)} "
                                    f"but {len(traj.screenshots)} screenshots")
-        for name in ("generate_s", "act_s", "observe_s"):
+        for name in ("generate_s", "act_s", "observe_s", "settle_s"):
             value = getattr(step, name)
             if not math.isfinite(value) or not 0.0 <= value <= 1e7:
                 _fail("timings", f"{where}.{name} = {value!r} is not a finite number of seconds >= 0")

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from actors.desktop.controller_client import ControllerClient
-from actors.settle import settled_screenshot
+from actors.settle import settle, settled_screenshot
 from tests.support import until
 
 pytestmark = pytest.mark.docker
@@ -43,15 +43,19 @@ async def test_a_still_screen_settles_after_one_interval(fleet):
     shot = await settled_screenshot(c, interval_s=0.1, timeout_s=30)
     assert time.monotonic() - start < 15  # long before the deadline: two equal screenshots end the wait
     assert shot == before
+    settled = await settle(c, interval_s=0.1, timeout_s=30)  # what a step records (Step.settle_s, settle_timed_out)
+    assert settled.screenshot == before and not settled.timed_out
+    assert 0.1 <= settled.seconds < 15  # one interval at least, long before the deadline
 
 
 async def test_a_screen_that_never_settles_gives_the_latest_at_the_deadline(fleet):
     c = (await fleet.start()).controller
     await _move_cursor_in_steps(c, steps=200, pause_s=0.02)  # ~4 s or more of motion
     start = time.monotonic()
-    shot = await settled_screenshot(c, interval_s=0.3, timeout_s=1.0)
+    settled = await settle(c, interval_s=0.3, timeout_s=1.0)  # settled_screenshot's wait, with what a step records
     assert time.monotonic() - start >= 1.0
-    assert shot.startswith(b"\x89PNG")
+    assert settled.screenshot.startswith(b"\x89PNG")
+    assert settled.timed_out and settled.seconds >= 1.0  # Step.settle_timed_out: the screen was still moving
 
 
 async def test_no_interval_takes_one_screenshot_and_bad_values_are_refused(fleet):

@@ -39,6 +39,9 @@ def _traj():
     (lambda t: setattr(t.steps[0], "image_indices", [2]), "image_indices"),
     (lambda t: setattr(t.steps[0], "versions", [VERSION + 1] * len(t.steps[0].output_ids)), "versions"),
     (lambda t: setattr(t, "timings", {"episode_s": math.nan}), "timings"),
+    (lambda t: setattr(t.steps[1], "settle_s", math.nan), "timings"),  # metrics.jsonl's stage_s.settle
+    (lambda t: setattr(t.steps[0], "settle_s", -0.5), "timings"),
+    (lambda t: setattr(t.steps[0], "settle_s", math.inf), "timings"),
     (lambda t: setattr(t, "outcome", "WIN"), "outcome"),
     (lambda t: setattr(t, "steps", t.steps * 300), "size"),
     (lambda t: (setattr(t, "outcome", "SUCCESS"), setattr(t, "steps", [])), "lengths"),  # issue 24 item 8
@@ -65,6 +68,21 @@ def test_boolean_schema_and_plain_huge_ids_are_refused():
         check_trajectory(decoded, vocab_size=VOCAB, version=VERSION)
     column = msgpack.unpackb(huge[0], raw=False, ext_hook=lambda c, d: d)["body"]["steps"][1]["output_ids"]
     assert column[0][:n] == ids  # the step's ids travelled as plain msgpack integers
+
+
+def test_settle_fields_travel_and_wrong_types_are_refused_naming_the_step():
+    """Step.settle_s and Step.settle_timed_out (actors.settle's wait after the step's action) arrive as sent; a peer
+    that sends a string or a number where the timed-out flag is a bool, or a string as seconds, is refused by the
+    codec with the step and field named."""
+    traj = _traj()
+    traj.steps[0].settle_s, traj.steps[0].settle_timed_out = 0.25, True
+    decoded = codec.decode(codec.encode(traj), max_bytes=1 << 26)
+    assert [(s.settle_s, s.settle_timed_out) for s in decoded.steps] == [(0.25, True), (0.0, False)]
+    check_trajectory(decoded, vocab_size=VOCAB, version=VERSION)
+    frames = codec.encode(traj)
+    for field, value in (("settle_timed_out", 1), ("settle_timed_out", "yes"), ("settle_s", "0.2")):
+        with pytest.raises(codec.WireError, match=rf"steps\[1\]\.{field}"):
+            codec.decode(reencode(frames, lambda h: set_step_value(h, 1, field, value)), max_bytes=1 << 26)
 
 
 def test_hello_slots_are_bounded():

@@ -5,6 +5,7 @@ queue depths."""
 
 import itertools
 import json
+import math
 
 import numpy as np
 import pytest
@@ -35,9 +36,10 @@ def read_tensorboard(folder) -> dict[str, dict[int, float]]:
     return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
 
 
-def step(generate_s: float, act_s: float, observe_s: float) -> Step:
+def step(generate_s: float, act_s: float, observe_s: float, settle_s: float = 0.0,
+         settle_timed_out: bool = False) -> Step:
     return Step([1, 2], [0], [5], [-1.0], [0], "t", "click(1,2)", generate_s=generate_s, act_s=act_s,
-                observe_s=observe_s)
+                observe_s=observe_s, settle_s=settle_s, settle_timed_out=settle_timed_out)
 
 
 def test_percentile_matches_numpy_and_hand_computed_values():
@@ -68,6 +70,27 @@ def test_stage_timings_maps_trajectory_and_step_fields_and_skips_unmeasured_ones
     assert StageTimings().summary() == {}
 
 
+def test_settle_stage_gives_p50_p95_and_the_share_of_waits_that_hit_the_timeout():
+    """Each executed action's settle wait is one sample (Step.settle_s, 0.0 = none); ``timeout_share`` counts the
+    samples whose Step.settle_timed_out is True. Hostile values (NaN, infinite, negative, a bool) are skipped, and
+    so is their timed_out flag."""
+    waits = [(0.2, False), (0.3, False), (2.05, True), (0.1, False), (0.0, True),  # 0.0: no action settled
+             (math.nan, True), (math.inf, True), (-1.0, True), (True, True)]
+    steps = []
+    for seconds, timed_out in waits:
+        s = step(0.5, 0.01, 0.02)
+        s.settle_s, s.settle_timed_out = seconds, timed_out
+        steps.append(s)
+    traj = Trajectory("t", "a", "grid4-red", "g", 0, "SUCCESS", 1.0, True, steps, [b"png"])
+    stages = StageTimings()
+    stages.add(traj)
+    settle = stages.summary()["settle"]
+    # 0.1, 0.2, 0.3, 2.05: median halfway between 0.2 and 0.3; p95 at position 2.85: 0.3 + 0.85 * 1.75
+    assert settle == {"p50": pytest.approx(0.25), "p95": pytest.approx(1.7875), "count": 4, "timeout_share": 0.25}
+    assert "timeout_share" not in stages.summary()["screenshot"]  # the share is the settle stage's alone
+    assert "settle" not in StageTimings().summary()
+
+
 def test_flatten_numbers_keeps_finite_numbers_only():
     record = {"step": 3, "loss": 0.5, "nan": float("nan"), "none": None, "name": "x", "ok": True, "ids": [1, 2],
               "drops": {"stale": 2, "zero_variance": 1}, "stage_s": {"reset": {"p50": 1.0, "count": 4}}}
@@ -85,7 +108,7 @@ async def service():
 async def one_window(service: LearnerService, window: int, scale: float) -> None:
     """Two rollouts handed out and returned; stage timings scaled by ``scale``. Window 1's group has two failures
     (no reward difference, and no success to replay yet: dropped as zero_variance); window 2's a success and a
-    failure."""
+    failure, whose settle wait hit the timeout."""
     session = service.peers.sessions.latest("peer")
     for i in range(2):
         await service.handle(Envelope(WorkRequest(f"w{window}-r{i}", "actor", session=session), "peer"))
@@ -93,7 +116,8 @@ async def one_window(service: LearnerService, window: int, scale: float) -> None
     for a in [m for m in sent if isinstance(m, Assignment)]:
         traj = Trajectory(f"t{window}-{a.rollout_index}", "actor", a.task["id"], a.group_id, a.rollout_index,
                           *(("SUCCESS", 1.0) if window == 2 and a.rollout_index == 0 else ("FAILURE", 0.0)), True,
-                          [step(scale * (a.rollout_index + 1), scale / 10, scale / 100)], [b"png"],
+                          [step(scale * (a.rollout_index + 1), scale / 10, scale / 100, scale / 5,
+                                settle_timed_out=window == 2 and a.rollout_index == 1)], [b"png"],
                           timings={"reset_s": scale, "setup_s": scale / 2, "evaluate_s": scale / 4,
                                    "episode_s": 2 * scale}, session=session)
         await service.handle(Envelope(traj, "peer"))
@@ -118,7 +142,10 @@ async def test_tensorboard_holds_every_number_of_metrics_jsonl(service, tmp_path
     second = records[1]
     assert second["stage_s"]["generate"] == {"p50": 4.5, "p95": pytest.approx(5.85), "count": 2}  # 3 and 6 s
     assert second["stage_s"]["reset"] == {"p50": 3.0, "p95": 3.0, "count": 2}
-    assert set(second["stage_s"]) == {"reset", "setup", "screenshot", "generate", "execute", "evaluate", "episode"}
+    assert second["stage_s"]["settle"] == {"p50": 0.6, "p95": 0.6, "count": 2, "timeout_share": 0.5}
+    assert records[0]["stage_s"]["settle"]["timeout_share"] == 0  # the window's own share, not the run's
+    assert set(second["stage_s"]) == {"reset", "setup", "screenshot", "generate", "execute", "settle", "evaluate",
+                                      "episode"}
     assert second["queues"]["actor_running"] == 3 and second["queues"]["actor_unacked"] == 2
     assert set(second["queues"]) >= {"waiting_requests", "running", "ready_groups", "outbox"}
 
@@ -131,6 +158,7 @@ async def test_tensorboard_holds_every_number_of_metrics_jsonl(service, tmp_path
     for name, by_step in expected.items():
         assert scalars[name] == pytest.approx(by_step, rel=1e-6), name  # TensorBoard stores float32
     assert scalars["stage_s/generate/p95"][2] == pytest.approx(5.85, rel=1e-6)
+    assert scalars["stage_s/settle/timeout_share"] == {1: 0.0, 2: 0.5}  # what settling cost, per record
     assert scalars["drops/zero_variance"] == {1: 1.0, 2: 1.0}  # drops by reason (a running count)
     assert scalars["totals/trajectories"] == {1: 2.0, 2: 4.0}
     assert scalars["queues/actor_running"] == {1: 3.0, 2: 3.0}
