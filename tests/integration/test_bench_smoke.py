@@ -45,7 +45,10 @@ def test_bench_prompt_prefix_quick():
 
 def test_bench_actor_loop_quick():
     figures = run_bench("bench_actor_loop", "--quick", timeout=600)
-    assert any(k.startswith("ratio_") for k in figures)
+    ratios = [k for k in figures if k.startswith("ratio_")]
+    assert ratios and all(f"settle_p50_{k[len('ratio_'):]}" in figures for k in ratios), figures
+    # its stand-in desktop settles as a real one does (0.1-0.3 s): it no longer waits out the 2 s timeout every step
+    assert min(float(v) for k, v in figures.items() if k.startswith("settle_p50_")) < 2.0, figures
 
 
 def test_bench_gpu_model_quick():
