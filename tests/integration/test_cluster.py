@@ -166,19 +166,44 @@ def test_a_killed_server_is_restarted_a_dead_rank_stops_the_job_and_ctrl_c_stops
     assert "stopped by signal" in (run / "logs" / "actors-n0.log").read_text()
 
 
+def delivered(run: Path, seen: set[str]) -> set[str]:
+    """Add to ``seen`` the actor processes (actor ids without their ``/<n>`` suffix: ``actors-n0-<worker pid>``)
+    of every trajectory sampled into ``run`` so far, and return it (kept across calls: the sample folder is pruned
+    when it outgrows its disk bound)."""
+    for record in run.glob("trajectories/*/record.json"):
+        try:
+            seen.add(re.sub(r"/\d+$", "", json.loads(record.read_text())["actor_id"]))
+        except (OSError, ValueError, KeyError):  # pruned since the glob
+            continue
+    return seen
+
+
+@pytest.mark.timeout(1800)  # its waits, each with a deadline, may add up past pyproject's 600 s under load
 def test_launch_trains_on_both_nodes_survives_a_killed_actor_process_and_a_removed_node(
         cluster, tmp_path, tiny_model, desktop_image):
+    """The run has more steps than the test needs (and does not end when every task is solved): the test waits for
+    what it checks (a trajectory from each node, from actors-n0 before and after its restart, and a step trained
+    after that), then ends it with Ctrl-C (issue 48 item 9: a run of 10 steps could end before the restarted
+    process delivered anything)."""
     head, desktops = cluster
     run_id = f"launch-{uuid.uuid4().hex[:8]}"
     run = tmp_path / "run"
-    proc = launch(head, run_file(tmp_path, tiny_model, desktop_image, run_id, "max_restarts = 2"), run,
-                  "--steps", "10")
+    proc = launch(head, run_file(tmp_path, tiny_model, desktop_image, run_id, "max_restarts = 2",
+                                 learner=("stop_when_solved = false",)), run, "--steps", "100000")
+    seen: set[str] = set()
+
+    def n0() -> set[str]:
+        return {p for p in delivered(run, seen) if p.startswith("actors-n0-")}
+
     try:
         alive = lambda: proc.poll() is None or pytest.fail((tmp_path / "launch.log").read_text()[-4000:])  # noqa: E731
         until_sync(lambda: len(read_metrics(run / "metrics.jsonl")) >= 1, 240, "the first step", check=alive)
         where = layout(run)
         assert {"serve-0", "learner-rank0", "learner-rank1", "actors-n0", "actors-n1"} <= set(where)
         assert where["learner-rank1"]["WORLD_SIZE"] == "2" and where["learner-rank1"]["LOCAL_RANK"] == "1"
+        until_sync(lambda: n0() and any(p.startswith("actors-n1-") for p in seen), 300,
+                   "a trajectory from each node's actors", check=alive)
+        before = n0()
 
         os.kill(where["actors-n0"]["pid"], signal.SIGKILL)  # Ray restarts it
         until_sync(lambda: "actors-n0 on" in (tmp_path / "launch.log").read_text()
@@ -188,22 +213,21 @@ def test_launch_trains_on_both_nodes_survives_a_killed_actor_process_and_a_remov
         head.remove_node(gone)  # its actors go with it; the run goes on with actors-n0
         until_sync(lambda: "actors-n1 on" in (tmp_path / "launch.log").read_text()
                    and "is gone" in (tmp_path / "launch.log").read_text(), 120, "the node's departure", check=alive)
-        code = proc.wait(timeout=400)
+        until_sync(lambda: n0() - before, 600, "a trajectory from the restarted actors-n0", check=alive)
+        steps = len(read_metrics(run / "metrics.jsonl"))
+        until_sync(lambda: len(read_metrics(run / "metrics.jsonl")) > steps, 300,
+                   "a step after it (the run goes on)", check=alive)
+        after = layout(run)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=120)
+        code = proc.wait(timeout=180)
     text = (tmp_path / "launch.log").read_text()
-    assert code == 0, text[-4000:]
-    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")][-1] == 10
-    by_actor = [json.loads(p.read_text())["actor_id"] for p in run.glob("trajectories/*/record.json")]
-    processes = {re.sub(r"/\d+$", "", a) for a in by_actor}
-    assert any(p.startswith("actors-n1-") for p in processes), processes
-    assert len([p for p in processes if p.startswith("actors-n0-")]) == 2, processes  # before and after the restart
+    assert code == 130 and "interrupted; every process stopped and every container removed" in text, text[-4000:]
+    assert len(n0()) == 2, seen  # before and after the restart
     gathered = (run / "logs" / "actors-n0.log").read_text()
     assert "restarting it" in gathered and gathered.count("=== ") == 3  # start, death, restart; nothing twice
     assert "silent" in (run / "logs" / "learner-rank0.log").read_text()  # the dead process's rollouts re-issued
-    after = layout(run)
     assert after["actors-n0"]["restarts"] == 1 and after["actors-n0"]["pid"] != where["actors-n0"]["pid"]
     assert after["actors-n1"]["gone"] and after["actors-n1"]["pid"] is None
     assert containers(run_id) == [] and run_processes(run_id) == []
