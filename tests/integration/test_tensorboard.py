@@ -14,7 +14,7 @@ from tests.support import free_port
 
 pytestmark = pytest.mark.docker
 
-STAGES = {"reset", "setup", "screenshot", "generate", "execute", "evaluate", "episode"}
+STAGES = {"reset", "setup", "screenshot", "generate", "execute", "settle", "evaluate", "episode"}
 
 
 
@@ -47,6 +47,14 @@ def test_a_short_run_writes_tensorboard_and_prints_plain_progress(tmp_path, desk
         assert set(record["stage_s"]) >= STAGES - {"execute"}, record["stage_s"]  # "execute": a click ran
         assert all(0 <= s["p50"] <= s["p95"] for s in record["stage_s"].values())
         assert set(record["queues"]) >= {"waiting_requests", "running", "ready_groups", "actor_running"}
+        # What settling costs: every executed click is settled once (the 1-step budget ends after it, so before the
+        # evaluator), each wait is at least one actors.settle_interval_s (0.1 s) and far under step_timeout_s
+        settle = record["stage_s"]["settle"]
+        assert 0 < settle["count"] <= record["stage_s"]["execute"]["count"], record["stage_s"]
+        assert 0.1 <= settle["p50"] <= settle["p95"] < 120 and 0 <= settle["timeout_share"] <= 1, settle
+    # grid4's app is still after a click: most waits end with two equal screenshots, not at the 2 s timeout
+    shares = [r["stage_s"]["settle"]["timeout_share"] for r in records]
+    assert min(shares) < 0.5, shares
 
     acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
