@@ -14,19 +14,23 @@ The policy is one of:
 
 With ``--url``, ``--openai-url`` and ``--oracle`` the prompt is built with the tokenizer of ``--tokenizer DIR``
 (default: the tiny policy's, created if missing). Exit status (:data:`EXIT_STATUS`): 0 when the evaluation ran
-(whatever the score, some episodes errored or not), 1 when it could not (no model, the server did not start, Docker
-failed), 2 for a bad flag, config, task folder or split or a refused results folder (actors.eval.folder), 3 when
-every episode of the report errored (the report is written; e.g. the inference server is down), 130 after Ctrl-C
-or SIGTERM (the report of what finished is written, every desktop removed; ``--resume`` finishes it).
+(whatever the score, some episodes errored or not), 1 when it could not (the server did not start, Docker
+failed), 2 for a bad flag (a --model or --tokenizer that is no model folder, a URL that is not one), config, task
+folder or split or a refused results folder (actors.eval.folder), all found before anything is built, started or
+written (:func:`check_arguments`), 3 when every episode of the report errored (the report is written; e.g. the
+inference server is down), 130 after Ctrl-C or SIGTERM (the report of what finished is written, every desktop
+removed; ``--resume`` finishes it).
 """
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import shlex
 import signal
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from arpo_async.config import ConfigError, RunConfig, load_config
 from arpo_async.config_doc import add_config_arguments
@@ -35,14 +39,16 @@ WEIGHTS_DIR = re.compile(r"^v(\d+)$")
 EXIT_ALL_ERRORED = 3
 """Exit status when every episode of the report errored: no episode was scored, so the score means nothing."""
 EXIT_STATUS = ("exit status: 0 the evaluation ran (whatever the score; some episodes may have errored); 1 it could "
-               "not start (no model, the server did not start, Docker failed); 2 a bad flag, config, task folder or "
-               "split, or an --out refused (not arpo eval's, evaluated with other settings, a link inside); "
+               "not start (the server did not start, Docker failed); 2 a bad flag (e.g. a --model that is no model "
+               "folder), config, task folder or split, or an --out refused (not arpo eval's, evaluated with other "
+               "settings, a link inside, cannot be made), found before anything starts; "
                f"{EXIT_ALL_ERRORED} every episode errored (e.g. the inference server is down; the report lists "
                "why); 130 Ctrl-C or SIGTERM (the report of what finished is written, every desktop removed)")
 
 
-class EvalError(RuntimeError):
-    """The evaluation could not start: the message says why."""
+class EvalArgumentError(ValueError):
+    """A flag of ``arpo eval`` names nothing usable (exit 2, before anything is built or started); the message
+    names the flag."""
 
 
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:
@@ -98,7 +104,7 @@ def resolve_model(path: Path) -> tuple[Path, int, Path | None]:
     """The weights folder, its weight version and the run's config.toml (or None) of ``--model PATH``.
 
     Raises:
-        EvalError: neither a Hugging Face folder (config.json) nor a run folder with weights/vN.
+        EvalArgumentError: neither a Hugging Face folder (config.json) nor a run folder with weights/vN.
     """
     if (path / "config.json").is_file():
         match = WEIGHTS_DIR.match(path.name)
@@ -111,7 +117,7 @@ def resolve_model(path: Path) -> tuple[Path, int, Path | None]:
     if versions:
         run_config = path / "config.toml"
         return versions[-1][1], versions[-1][0], run_config if run_config.is_file() else None
-    raise EvalError(f"--model {path}: not a Hugging Face folder (no config.json) nor a run folder with "
+    raise EvalArgumentError(f"--model {path}: not a Hugging Face folder (no config.json) nor a run folder with "
                     "weights/vN")
 
 
@@ -147,13 +153,13 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
     out = args.out or Path("evals") / (re.sub(r"[^A-Za-z0-9_.-]+", "-", str(folder)).strip("-.") or "policy")
     check_owned(out, args.resume)  # a folder that is not ours is refused before anything is built or written
     config = eval_config(args, run_config, tokenizer)
+    check_arguments(args, out, config, {"kind": policy_kind(args), "name": str(name), "weight_version": version})
     # arpo-serve's port: a free one, unless --set serve.port=N asks for N (refused when taken: ConfigError, exit 2)
     asked = any(o.partition("=")[0].strip() == "serve.port" for o in args.overrides) and config.serve.port
     port = claim_port("serve.port", "127.0.0.1", config.serve.port if asked else 0) if args.model is not None else 0
     config = prepare(config, say)  # builds the desktop image and the tiny policy (the default tokenizer) if missing
     encoder = PromptEncoder(config.model_path)
-    kind = "model" if args.model else ("openai" if args.openai_url else ("oracle" if args.oracle else "url"))
-    meta = {"policy": {"kind": kind,
+    meta = {"policy": {"kind": policy_kind(args),
                        "name": str(name), "weight_version": version},
             "command": "arpo " + shlex.join(args.argv)}
     claim_results(out, meta["policy"], EvalSettings(args.tasks, args.split, args.desktops, args.repeats,
@@ -196,6 +202,36 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
             progress.close()
 
 
+def policy_kind(args: argparse.Namespace) -> str:
+    """The kind of policy the flags name: "model", "openai", "oracle" or "url"."""
+    return "model" if args.model else ("openai" if args.openai_url else ("oracle" if args.oracle else "url"))
+
+
+def check_arguments(args: argparse.Namespace, out: Path, config: RunConfig, policy: dict) -> None:
+    """Refuse what the flags name but cannot be used, before anything is built, started or written (no arpo-serve,
+    no desktop image, no tiny model, nothing in ``out``): the prompt's model folder (``--tokenizer`` or the
+    config's ``model``), the task set and split, and the results folder ``out`` as :func:`claim_results
+    <actors.eval.runner.claim_results>` would claim it for ``policy`` (kind, name, weight_version) and ``config``.
+
+    Raises (exit 2): EvalArgumentError; TaskFormatError (tasks or split); ResultsFolderError, FileExistsError (the
+    results folder, actors.eval.folder)."""
+    from dataclasses import replace
+
+    from actors.desktop.build import image_tag
+    from actors.eval.runner import EvalSettings, claim_results
+    from arpo_async.task_sets import load_task_set
+
+    if config.model and not (config.model_path / "config.json").is_file():
+        flag = "--tokenizer" if args.tokenizer is not None else "model (the config's key)"
+        raise EvalArgumentError(f"{flag} {config.model_path}: not a Hugging Face folder (no config.json)")
+    settings = EvalSettings(args.tasks, args.split, args.desktops, args.repeats, args.max_steps, args.temperature,
+                            args.seed)
+    entries = load_task_set(args.tasks, args.split)
+    resolved = replace(config, model=str(config.model_path.resolve()), actors=replace(  # as prepare() resolves it
+        config.actors, image=config.actors.image or image_tag(config.actors.image_profile)))
+    claim_results(out, policy, settings, resolved, resume=args.resume, entries=entries, check_only=True)
+
+
 class ProgressPrinter:
     """Shows ``Progress.line()`` (a live line on a terminal, plain lines elsewhere)."""
 
@@ -223,11 +259,24 @@ def check_policy_args(args: argparse.Namespace) -> str | None:
         return "--openai-url needs --openai-model NAME"
     if args.desktops < 1 or args.repeats < 1 or (args.max_steps is not None and args.max_steps < 1):
         return "--desktops, --repeats and --max-steps must be >= 1"
-    if not args.temperature >= 0:
-        return "--temperature must be >= 0"
+    if not 0 <= args.temperature < math.inf:
+        return "--temperature must be a number >= 0"
+    if args.seed < 0:
+        return "--seed must be >= 0"
+    for flag, url in (("--url", args.url), ("--openai-url", args.openai_url)):
+        if url is not None and not _http_url(url):
+            return f"{flag} {url}: not an http:// or https:// URL with a host (and a port in 1-65535, if any)"
     if args.retry_errors and not args.resume:
         return "--retry-errors needs --resume (it re-runs the errored episodes of an earlier evaluation)"
     return None
+
+
+def _http_url(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port that is not a number in 0-65535
+        return False
 
 
 def eval_main(args: argparse.Namespace, argv: list[str]) -> int:
@@ -257,7 +306,7 @@ def eval_main(args: argparse.Namespace, argv: list[str]) -> int:
     except (ConfigError, TaskFormatError, FileExistsError, ValueError) as e:
         print(f"arpo eval: {e}", file=sys.stderr)
         return 2
-    except (EvalError, RunError, DesktopBuildError, OSError) as e:
+    except (RunError, DesktopBuildError, OSError) as e:
         print(f"arpo eval: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

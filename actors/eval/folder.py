@@ -164,10 +164,18 @@ def check_owned(out: Path, resume: bool) -> dict | None:
 
     Raises:
         ResultsFolderError: ``resume`` and ``out`` has no manifest; ``out`` exists, is not empty and has no
-            manifest; ``out`` is not a directory; the manifest is damaged (:func:`read_manifest`).
+            manifest; ``out`` is not a directory; ``out`` does not exist and cannot be made (its nearest existing
+            parent is not a folder, or not one this process may write in); the manifest is damaged
+            (:func:`read_manifest`).
     """
     if os.path.lexists(out) and not out.is_dir():
         raise ResultsFolderError(f"{out} is not a folder")
+    if not os.path.lexists(out):
+        parent = _nearest_existing(out)
+        if not parent.is_dir():
+            raise ResultsFolderError(f"{out} cannot be made: {parent} is not a folder")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise ResultsFolderError(f"{out} cannot be made: {parent} is not writable")
     manifest = read_manifest(out)
     if manifest is None and resume:
         raise ResultsFolderError(f"{out} is not an arpo eval results folder (no {MANIFEST}); --resume finishes only "
@@ -176,6 +184,14 @@ def check_owned(out: Path, resume: bool) -> dict | None:
         raise ResultsFolderError(f"{out} is not empty and not an arpo eval results folder (no {MANIFEST}); choose "
                                  "a new or empty folder for the results")
     return manifest
+
+
+def _nearest_existing(path: Path) -> Path:
+    """``path``'s nearest ancestor that exists (a link counts: it is what ``mkdir`` would meet)."""
+    for parent in Path(os.path.abspath(path)).parents:
+        if os.path.lexists(parent):
+            return parent
+    return Path("/")
 
 
 class ResultsFolder:
@@ -191,14 +207,14 @@ class ResultsFolder:
         self._lock = threading.Lock()
 
     @classmethod
-    def claim(cls, out: Path, params: dict, *, resume: bool) -> ResultsFolder:
-        """Check ``out`` (:func:`check_owned`), then create it or take it over with ``params`` recorded.
+    def check(cls, out: Path, params: dict, *, resume: bool) -> ResultsFolder:
+        """Every refusal of :meth:`claim`, with nothing written: ``arpo eval`` calls it before it builds or starts
+        anything. Returns the folder as :meth:`claim` would take it over (not yet saved).
 
         Raises:
             ResultsFolderError: as :func:`check_owned`; or ``resume`` and the recorded parameters differ from
                 ``params`` (the message names the first difference).
             FileExistsError: not ``resume`` and ``out`` holds finished episodes.
-            OSError: the folder or its manifest cannot be written.
         """
         manifest = check_owned(out, resume)
         if manifest is not None and resume:
@@ -210,6 +226,17 @@ class ResultsFolder:
         if manifest is not None and not resume and any(folder._finished_file(rel) for rel in folder._listed):
             raise FileExistsError(f"{out} holds the results of an evaluation; pass --resume (resume=True) to "
                                   "finish it, or choose another folder")
+        return folder
+
+    @classmethod
+    def claim(cls, out: Path, params: dict, *, resume: bool) -> ResultsFolder:
+        """Check ``out`` (:meth:`check`), then create it or take it over with ``params`` recorded.
+
+        Raises:
+            ResultsFolderError, FileExistsError: as :meth:`check`.
+            OSError: the folder or its manifest cannot be written.
+        """
+        folder = cls.check(out, params, resume=resume)
         out.mkdir(parents=True, exist_ok=True)
         folder._manifest["params"] = params
         folder._save()

@@ -85,11 +85,13 @@ class EvalSettings:
 
 
 def claim_results(out: Path, policy: dict, settings: EvalSettings, config: RunConfig, *, resume: bool,
-                  entries: list[TaskEntry] | None = None) -> ResultsFolder:
+                  entries: list[TaskEntry] | None = None, check_only: bool = False) -> ResultsFolder:
     """Claim the results folder ``out`` for this evaluation (:meth:`actors.eval.folder.ResultsFolder.claim`) with
     its parameters: ``policy`` (kind, name, weight_version), the task set (``entries``, loaded from ``settings``
     when None), ``settings`` and the effective ``config`` (:meth:`EvalSettings.apply`). ``arpo eval`` calls it
-    before arpo-serve writes its log there; :func:`evaluate` again (the same parameters: nothing changes).
+    with ``check_only`` (:meth:`ResultsFolder.check <actors.eval.folder.ResultsFolder.check>`: every refusal,
+    nothing written) before it builds or starts anything, then to claim the folder before arpo-serve writes its
+    log there; :func:`evaluate` again (the same parameters: nothing changes).
 
     Raises as ``ResultsFolder.claim`` (ResultsFolderError, FileExistsError, OSError) and TaskFormatError."""
     entries = load_task_set(settings.tasks, settings.split) if entries is None else entries
@@ -97,7 +99,7 @@ def claim_results(out: Path, policy: dict, settings: EvalSettings, config: RunCo
     params = run_params(policy, entries, repeats=settings.repeats, seed=settings.seed,
                         tokenizer=str(config.model_path), success_threshold=config.learner.success_threshold,
                         actors=config.actors)
-    return ResultsFolder.claim(out, params, resume=resume)
+    return (ResultsFolder.check if check_only else ResultsFolder.claim)(out, params, resume=resume)
 
 
 def episode_plan(entries: list[TaskEntry], repeats: int, seed: int) -> list[tuple[TaskEntry, int]]:
