@@ -2,7 +2,8 @@
 
 - Sharded: torchrun with 2 ranks (gloo, FSDP2, tests/rank_driver.py) trains 2 steps and writes ``trainer.dcp``
   (one shard file per rank); the export is compared with the full weights the same run gathered and wrote with
-  save_weights, loaded with transformers (model, tokenizer, image processor), and served by the real arpo-serve, whose
+  save_weights, loaded with the lines docs/guides/runs.md shows (transformers: model, tokenizer, image
+  processor, and AutoProcessor where torchvision is installed), and served by the real arpo-serve, whose
   /generate log-probs must be the exported model's, not the base model's.
 - One rank: the real Checkpointer writes ``step-N`` (trainer.pt, learner.pt, meta.json) after a real train step;
   the export equals the trainer's weights; and the refusals: a non-empty --out, an unknown --step, a torn
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +23,7 @@ import uuid
 from pathlib import Path
 
 import aiohttp
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -63,6 +66,44 @@ def run_folder(root: Path, model: Path, step: int, trainer_part: Path | None = N
     return run
 
 
+def loading_blocks() -> list[str]:
+    """The Python code blocks of the "Loading an export" section of docs/guides/runs.md, in order."""
+    text = (ROOT / "docs" / "guides" / "runs.md").read_text(encoding="utf-8")
+    section = text.split("\n## Loading an export\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def run_loading_docs(out: Path, tmp_path: Path) -> dict:
+    """Run the code blocks of docs/guides/runs.md's "Loading an export" as written, on the export ``out`` and a
+    real screenshot (their "exports/demo" and "screenshot.png" replaced): the loading lines; the block without
+    torchvision, which must answer; and the AutoProcessor block, which must give the same prompt ids and the same
+    greedy reply where torchvision is installed, and fail naming torchvision where it is not (as the page says).
+    Returns the names the loading lines define."""
+    blocks = loading_blocks()
+    assert len(blocks) == 3, blocks
+    (tmp_path / "screenshot.png").write_bytes(screenshot("red"))
+
+    def run(block: str, names: dict) -> dict:
+        code = block.replace('"exports/demo"', repr(str(out))).replace('"screenshot.png"',
+                                                                       repr(str(tmp_path / "screenshot.png")))
+        exec(compile(code, "docs/guides/runs.md", "exec"), names)  # noqa: S102 - the page's own lines
+        return names
+
+    loaded = run(blocks[0], {})
+    plain = run(blocks[2], dict(loaded))
+    assert plain["reply"].shape[1] > plain["input_ids"].shape[1]  # it answered
+    try:
+        import torchvision  # noqa: F401 - only whether it is there
+    except ImportError:
+        with pytest.raises(ImportError, match="Torchvision"):
+            run(blocks[1], dict(loaded))
+    else:
+        bundled = run(blocks[1], dict(loaded))
+        assert torch.equal(bundled["inputs"]["input_ids"], plain["input_ids"])
+        assert torch.equal(bundled["reply"], plain["reply"])
+    return loaded
+
+
 async def generate(url: str, body: dict) -> dict:
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{url}/get_model_info") as resp:
@@ -99,10 +140,10 @@ def test_a_sharded_checkpoint_exports_to_a_folder_transformers_loads_and_arpo_se
     assert all(torch.equal(exported[k], gathered[k]) for k in exported)
     assert max((exported[k] - initial[k]).abs().max().item() for k in exported) > 1e-4  # trained, not the base
 
-    # AutoProcessor would also build Qwen2-VL's video processor, which needs torchvision (not a dependency here)
-    from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
-    model = AutoModelForImageTextToText.from_pretrained(str(out))
-    tokenizer, image_processor = AutoTokenizer.from_pretrained(str(out)), AutoImageProcessor.from_pretrained(str(out))
+    # the lines docs/guides/runs.md shows for loading an export, run as written there
+    loaded = run_loading_docs(out, tmp_path)
+    model, tokenizer, image_processor = loaded["model"], loaded["tokenizer"], loaded["image_processor"]
+    from transformers import AutoImageProcessor
     assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
     assert torch.equal(model.state_dict()[EMBED], gathered["model.embed_tokens.weight"])
     assert model.lm_head.weight.data_ptr() == model.model.language_model.embed_tokens.weight.data_ptr()  # tied
