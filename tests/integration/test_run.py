@@ -15,14 +15,21 @@ from pathlib import Path
 
 import pytest
 
+from arpo_async.config import load_config
 from arpo_async.metrics import REQUIRED_KEYS, read_metrics
 from tests.support import until_sync
 
 pytestmark = pytest.mark.docker
 
 
-def run_containers(run_id: str) -> list[str]:
-    out = subprocess.run(["docker", "ps", "-q", "--filter", f"label=arpo.run={run_id}"],
+def run_containers(run: str | Path) -> list[str]:
+    """Running containers labelled with the run id ``run``, or with the run id a run folder's config.toml records
+    (`arpo run` derives <folder>-<hash> when run_id is unset; none before the run wrote its config.toml)."""
+    if isinstance(run, Path):
+        if not (run / "config.toml").is_file():
+            return []
+        run = load_config(run / "config.toml", []).resolved_run_id
+    out = subprocess.run(["docker", "ps", "-q", "--filter", f"label=arpo.run={run}"],
                          capture_output=True, text=True, check=True).stdout
     return out.split()
 
@@ -63,7 +70,7 @@ def test_arpo_run_embedded_default(tmp_path, desktop_image, tiny_model):
     run_dir = tmp_path / "demo"
     killed: list[str] = []
     stop = threading.Event()
-    killer = threading.Thread(target=kill_one_desktop_mid_episode, args=(run_dir, "demo", killed, stop))
+    killer = threading.Thread(target=kill_one_desktop_mid_episode, args=(run_dir, run_dir, killed, stop))
     killer.start()
     try:
         proc = subprocess.run(
@@ -88,7 +95,7 @@ def test_arpo_run_embedded_default(tmp_path, desktop_image, tiny_model):
     assert status["outcomes"].get("ENV_ERROR", 0) >= 1
     env_errors = [line for line in (run_dir / "logs" / "actors.log").read_text().splitlines() if "ENV_ERROR" in line]
     assert any("DesktopError" in line for line in env_errors), env_errors
-    assert run_containers("demo") == []
+    assert run_containers(run_dir) == [] and load_config(run_dir / "config.toml", []).run_id.startswith("demo-")
     assert (run_dir / "config.toml").exists() and (run_dir / "weights" / "v3" / "model.safetensors").exists()
 
 
@@ -116,7 +123,7 @@ def test_a_run_that_cannot_learn_says_why_and_fails_after_the_stall_timeout(tmp_
     assert "0 successes in" in log and "Consider a baseline pass" in log
     assert "StalledRun" in log and "learner.stall_timeout_s = 25 s" in log
     assert not read_metrics(run_dir / "metrics.jsonl")  # not a single optimizer step
-    assert run_containers("stalled") == []
+    assert run_containers(run_dir) == []
 
 
 def _processes_mentioning(text: str) -> list[int]:
@@ -146,7 +153,7 @@ def test_ctrl_c_twice_still_stops_every_child_and_container(tmp_path, desktop_im
         assert proc.poll() is None, proc.stdout.read()[-3000:]
 
     try:  # serve, learner and actors are up once desktops exist
-        until_sync(lambda: run_containers("twice"), 300, "the run's desktops", check=running)
+        until_sync(lambda: run_containers(run_dir), 300, "the run's desktops", check=running)
         actors = [pid for pid in _processes_mentioning(str(run_dir)) if pid in _processes_mentioning("actors.main")]
         assert actors and len(_processes_mentioning(str(run_dir))) >= 3
         proc.send_signal(signal.SIGINT)
@@ -160,4 +167,4 @@ def test_ctrl_c_twice_still_stops_every_child_and_container(tmp_path, desktop_im
     assert proc.returncode == 130, out[-3000:]
     assert "done in" in out, out[-3000:]  # the cleanup ran to its end
     assert _processes_mentioning(str(run_dir)) == []
-    assert run_containers("twice") == []
+    assert run_containers(run_dir) == []

@@ -61,7 +61,7 @@ def test_a_run_evaluates_its_initial_and_final_weights_on_a_held_out_split(tmp_p
     assert all(f"eval_task_success/{task}" in scalars for task in HELD_OUT)
     learner_log = (run_dir / "logs" / "learner.log").read_text()
     assert "waiting up to 600 s for the evaluation round of step 4" in learner_log
-    assert run_containers("evaluated") == []
+    assert run_containers(run_dir) == []
 
 
 async def test_an_episode_runs_with_its_assignments_step_budget_and_temperature(tiny_model):
