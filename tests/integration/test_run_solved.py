@@ -45,7 +45,7 @@ def test_the_demo_stops_by_itself_once_its_task_is_solved(tmp_path, desktop_imag
     records = read_metrics(run_dir / "metrics.jsonl")
     last = records[-1]
     assert last["step"] < 80, "the run went to learner.steps: it never stopped as solved"
-    assert records[0]["success_rate"] <= 0.5 and last["success_rate"] >= 0.8, [r["success_rate"] for r in records]
+    assert records[0]["success_rate"] <= 0.5 and last["success_rate"] >= 0.7, [r["success_rate"] for r in records]
     status = json.loads((run_dir / "status.json").read_text())
     assert status["stopped"] == LINE and status["solved"] == ["grid4-green"]
     assert status["drops"]["zero_variance"] >= 4 and status["totals"]["groups"] >= status["drops"]["zero_variance"]
