@@ -130,8 +130,9 @@ def test_a_resumed_run_can_move_to_a_new_free_port_and_its_actors_follow(tmp_pat
     assert again.run_id == first.run_id
     with listening() as held:  # ... now taken by another program: refused, and the line says what to do
         port = held.getsockname()[1]
+        own = (f"http://127.0.0.1:{port}",)
         taken = dataclasses.replace(first, serve=dataclasses.replace(first.serve, port=port),
-                                    actors=dataclasses.replace(first.actors, inference_urls=(f"http://127.0.0.1:{port}",)))
+                                    actors=dataclasses.replace(first.actors, inference_urls=own))
         (first.run_path / "config.toml").write_text(dump_toml(taken))
         with pytest.raises(PortInUse, match="leave it unset for a free one"):
             claim_host(load_config(first.run_path / "config.toml", []), resume=True)
