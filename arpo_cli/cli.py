@@ -13,13 +13,22 @@ from pathlib import Path
 from arpo_async.config import ConfigError, RunConfig, load_config
 from arpo_async.config_doc import SECTIONS, add_config_arguments, render_toml
 from arpo_async.model import init_model
+from arpo_cli.arg_parser import ArpoParser
+
+EXIT_STATUS = ("Exit status, every command: 0 done; 2 a usage or config error, reported in one line before anything "
+               "starts (an unknown command or flag, a bad value, a config key or run file that is wrong, a folder "
+               "or file a command refuses); 1 the command could not finish (a process it started failed, Docker or "
+               "the disk failed); 130 interrupted (Ctrl-C or SIGTERM: what was started is stopped). Besides: `arpo "
+               "eval` 3 when every episode errored; `arpo tasks check` 1 when a task file does not load.")
+"""The exit statuses every `arpo` command keeps (its own description adds its particular ones)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArpoParser(
         prog="arpo", description="arpo-async: asynchronous ARPO (GRPO + success replay) for GUI agents on docker "
                                  "desktops", epilog="Every key of the run file, with its value, default and meaning: "
-                                                    "`arpo config show`. Help of a command: `arpo COMMAND --help`.")
+                                                    "`arpo config show`. Help of a command: `arpo COMMAND --help`. "
+                                                    + EXIT_STATUS)
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run serve + learner + actors on this machine (the embedded default)",
@@ -88,8 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--profile", choices=("default", "osworld"), default="default",
                        help="default: the small image `arpo run` uses; osworld: OSWorld's apps and session "
                             "(arpo-desktop-osworld, ~2 GB; use with actors.image_profile=\"osworld\")")
-    clean = dsub.add_parser("clean", help="remove arpo desktop containers")
-    clean.add_argument("--run-id", help="only this run's containers (default: all arpo desktops)")
+    clean = dsub.add_parser("clean", help="remove arpo desktop containers: one run's (--run-id) or all (--all)",
+                            description="Remove the desktop containers of one run (--run-id RUN_ID, the run's "
+                                        "run_id) or, with --all, every arpo desktop container on this host, other "
+                                        "users' runs included; one of the two is required (without either, nothing "
+                                        "is removed and the exit status is 2).")
+    which = clean.add_mutually_exclusive_group()
+    which.add_argument("--run-id", help="only this run's containers (its run_id: `arpo run` prints it)")
+    which.add_argument("--all", action="store_true",
+                       help="every arpo desktop container on this host, other users' runs included")
 
     tasks = sub.add_parser("tasks", help="task files: check which load, set up and evaluate")
     tsub = tasks.add_subparsers(dest="tasks_command", required=True)
@@ -101,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "each up in a fresh desktop and evaluate it untouched. Prints a per-domain "
                                         "table and every failed task's reason. Exit status: 0 when every task "
                                         "loaded, 1 when any task failed to load or the check could not run, 2 for "
-                                        "a bad config.")
+                                        "a bad config or a PATH that does not exist.")
     check.add_argument("path", type=Path, metavar="PATH",
                        help="a task file or a folder of them, e.g. arpo_async/tasks_builtin or OSWorld's "
                             "evaluation_examples/examples")
@@ -193,9 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"arpo desktop build: {e}", file=sys.stderr)
             return 1
     if args.command == "desktop" and args.desktop_command == "clean":
-        from actors.desktop.fleet import remove_run_containers
-        print(f"removed {asyncio.run(remove_run_containers(args.run_id))} container(s)")
-        return 0
+        return _desktop_clean(args)
     if args.command == "tasks" and args.tasks_command == "check":
         return _tasks_check(args)
     if args.command == "keys":
@@ -217,6 +231,24 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def _desktop_clean(args: argparse.Namespace) -> int:
+    """`arpo desktop clean`: remove one run's desktop containers (--run-id) or every arpo desktop (--all); 2 with
+    one line and nothing removed when neither is given or the run id is empty, 1 when Docker fails."""
+    from actors.desktop.controller_client import DesktopError
+    from actors.desktop.fleet import remove_run_containers
+
+    if not args.all and not (args.run_id or "").strip():
+        print("arpo desktop clean: give --run-id RUN_ID (that run's desktops) or --all (every arpo desktop on this "
+              "host, other users' runs included); nothing removed", file=sys.stderr)
+        return 2
+    try:
+        print(f"removed {asyncio.run(remove_run_containers(None if args.all else args.run_id))} container(s)")
+    except (DesktopError, OSError) as e:
+        print(f"arpo desktop clean: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _config_show(args: argparse.Namespace) -> int:
     """`arpo config show`: the config after --config and --set as commented TOML on stdout; 0, or 2 for a bad
     config (the reason on stderr)."""
@@ -233,11 +265,14 @@ def _config_show(args: argparse.Namespace) -> int:
 def _tasks_check(args: argparse.Namespace) -> int:
     """`arpo tasks check`: print the per-domain table and every task's reason; 0 when every task loaded (a
     setup or evaluation failure with --desktops is reported, not an error), 1 when any task failed to load or the
-    check could not run (no such path, the image cannot be built), 2 for a bad config."""
+    check could not run (the image cannot be built), 2 for a bad config or a path that does not exist."""
     from actors.desktop.build import DesktopBuildError, build_image
     from actors.osworld.downloads import run_download_cache
     from actors.task_check import check_folder, format_report, write_json
 
+    if not args.path.exists():
+        print(f"arpo tasks check: {args.path}: no such task file or folder", file=sys.stderr)
+        return 2
     try:
         config = load_config(args.config, args.overrides)
         downloads = run_download_cache(config.run_dir, config.learner.osworld_files,
@@ -283,12 +318,17 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
 
 
 def _run(args: argparse.Namespace) -> int:
+    """`arpo run`: the learner's exit status; 2 with one line for a bad config, task set, model or run folder
+    (found before anything starts), 1 when the run could not start or a process failed, 130 after Ctrl-C."""
     from actors.desktop.build import DesktopBuildError
-    from arpo_cli.launcher import RunError, run_local
+    from arpo_cli.launcher import RunError, RunInputError, run_local
 
     try:
         return run_local(_run_config(args), resume=args.resume)
-    except (ConfigError, RunError, DesktopBuildError) as e:
+    except (ConfigError, RunInputError) as e:
+        print(f"arpo run: {e}", file=sys.stderr)
+        return 2
+    except (RunError, DesktopBuildError) as e:
         print(f"arpo run: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -297,22 +337,25 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    """`arpo launch`: 0 when the learner finished, 1 with one message for bad input or a failed run, 130 after
-    Ctrl-C (everything stopped and removed)."""
-    from arpo_cli.launcher import RunError
+    """`arpo launch`: 0 when the learner finished, 2 with one message for a bad config, task set, model or run
+    folder, 1 for a failed run (or no ray), 130 after Ctrl-C (everything stopped and removed)."""
+    from arpo_cli.launcher import RunError, RunInputError
 
     try:
         config = _run_config(args)
         from arpo_cli.cluster import launch
     except ConfigError as e:
         print(f"arpo launch: {e}", file=sys.stderr)
-        return 1
+        return 2
     except ImportError as e:  # ray is the optional extra
         print(f"arpo launch: {e}; install it from the clone with pip install -e '.[cluster]'", file=sys.stderr)
         return 1
     from arpo_cli.cluster_plan import ClusterError
     try:
         return launch(args.address, config, resume=args.resume)
+    except (ConfigError, RunInputError) as e:
+        print(f"arpo launch: {e}", file=sys.stderr)
+        return 2
     except (ClusterError, RunError) as e:
         print(f"arpo launch: {e}", file=sys.stderr)
         return 1

@@ -287,7 +287,7 @@ def eval_main(args: argparse.Namespace, argv: list[str]) -> int:
     from actors.desktop.build import DesktopBuildError
     from actors.eval.report import task_table
     from arpo_async.tasks import TaskFormatError
-    from arpo_cli.launcher import RunError, run_interruptible, sigterm_as_interrupt
+    from arpo_cli.launcher import RunError, RunInputError, run_interruptible, sigterm_as_interrupt
 
     args.argv = argv
     problem = check_policy_args(args)
@@ -303,7 +303,7 @@ def eval_main(args: argparse.Namespace, argv: list[str]) -> int:
     previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)  # until the event loop takes both signals over
     try:
         report = run_interruptible(lambda signals: _until_signal(signals, _evaluate(args, say)))
-    except (ConfigError, TaskFormatError, FileExistsError, ValueError) as e:
+    except (ConfigError, TaskFormatError, FileExistsError, ValueError, RunInputError) as e:
         print(f"arpo eval: {e}", file=sys.stderr)
         return 2
     except (RunError, DesktopBuildError, OSError) as e:

@@ -67,6 +67,11 @@ class RunError(RuntimeError):
     """The local run could not start or a child process died; the message says which and where its log is."""
 
 
+class RunInputError(RunError):
+    """The run as asked cannot start: a task set, model, desktop image or run folder the config or flags name does
+    not fit; found before anything starts (`arpo run` and `arpo launch` exit 2, as for a bad config)."""
+
+
 def prepare(config: RunConfig, say: Callable[[str], None], *, desktops: bool = True) -> RunConfig:
     """Build the desktop image (unless ``desktops`` is False: then only its tag is resolved, for desktop hosts
     elsewhere) and the tiny model when missing; returns the config with both resolved."""
@@ -75,13 +80,13 @@ def prepare(config: RunConfig, say: Callable[[str], None], *, desktops: bool = T
     image = config.actors.image or image_tag(config.actors.image_profile)
     if desktops and not image_exists(image):
         if config.actors.image:
-            raise RunError(f"desktop image {image} does not exist (build it, or leave actors.image empty)")
+            raise RunInputError(f"desktop image {image} does not exist (build it, or leave actors.image empty)")
         say(f"building the desktop image {image} (first run only, a few minutes)")
         build_image(log=say, profile=config.actors.image_profile)
     model = config.model_path
     if not (model / "config.json").exists():
         if config.model:
-            raise RunError(f"no model at {model} (expected a Hugging Face folder with config.json)")
+            raise RunInputError(f"no model at {model} (expected a Hugging Face folder with config.json)")
         say(f"creating the tiny random Qwen2.5-VL policy in {model}")
         create_tiny_model_once(model)  # another run may be creating it at the same time
     return replace(config, model=str(model.resolve()), actors=replace(config.actors, image=image))
@@ -393,11 +398,11 @@ def check_tasks(config: RunConfig) -> tuple[int, int]:
         train = select_tasks(lc)
     except TaskFormatError as e:
         where = f"learner.tasks = {lc.tasks!r}" + (f", learner.task_ids = {list(lc.task_ids)}" if lc.task_ids else "")
-        raise RunError(f"{where}: {e} (`arpo tasks check PATH` reports every task file)") from e
+        raise RunInputError(f"{where}: {e} (`arpo tasks check PATH` reports every task file)") from e
     try:
         evaluated = evaluation_tasks(config)
     except ConfigError as e:
-        raise RunError(str(e)) from e
+        raise RunInputError(str(e)) from e
     return len(train), len(evaluated)
 
 
@@ -414,10 +419,10 @@ def prepare_run(config: RunConfig, say: Callable[[str], None], resume: bool, *, 
     if resume:
         from learner.train.checkpoint import checkpoint_folders
         if not checkpoint_folders(run / "checkpoints"):
-            raise RunError(f"{run} has no checkpoint to resume from ({run / 'checkpoints'} is empty or missing)")
+            raise RunInputError(f"{run} has no checkpoint to resume from ({run / 'checkpoints'} is empty or missing)")
         (run / "status.json").unlink(missing_ok=True)  # the dead learner's; the new one rewrites it
     elif (run / "metrics.jsonl").exists():
-        raise RunError(f"{run} already holds a run (metrics.jsonl); pass another --out, remove it, "
+        raise RunInputError(f"{run} already holds a run (metrics.jsonl); pass another --out, remove it, "
                        "or pass --resume to continue it from its last checkpoint")
     train, evaluated = check_tasks(config)
     say(f"tasks: {train} to train on" + (f", {evaluated} to evaluate on" if evaluated else ""))

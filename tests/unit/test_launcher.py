@@ -280,7 +280,8 @@ GOOD_TASK = {"id": "t-ok", "instruction": "x", "config": [],
 ])
 def test_arpo_run_checks_its_task_sets_before_it_builds_writes_or_starts_anything(tmp_path, capsys, settings,
                                                                                   message):
-    """`arpo run` with a task set that does not load or selects nothing: exit 1 with the reason, and nothing
+    """`arpo run` with a task set that does not load or selects nothing: exit 2 (a config error, as argparse
+    exits for a usage error) with the reason, and nothing
     built, written or started: no run folder, no tiny model, and the missing desktop image (which would be an
     error of its own) never looked at."""
     import json
@@ -295,7 +296,7 @@ def test_arpo_run_checks_its_task_sets_before_it_builds_writes_or_starts_anythin
     args = ["run", "--out", str(run), "--set", 'actors.image="arpo-no-such-image:0"']
     for setting in settings:
         args += ["--set", setting.format(tasks=tasks, tmp=tmp_path)]
-    assert main(args) == 1
+    assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("arpo run: ") and message.format(tasks=tasks, tmp=tmp_path) in err
     assert "arpo-no-such-image" not in err
