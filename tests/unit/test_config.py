@@ -67,7 +67,7 @@ def test_a_binary_or_deeply_nested_file_is_one_error_naming_the_file(tmp_path, c
 
 @pytest.mark.parametrize("overrides, message", [
     (["serve.port=70000"], "serve.port: must be <= 65535"),
-    (["serve.port=0"], "serve.port: must be >= 1"),
+    (["serve.port=-1"], "serve.port: must be >= 0"),
     (["actors.step_timeout_s=inf"], "actors.step_timeout_s: must be a finite number"),
     (["learner.sync_timeout_s=nan"], "learner.sync_timeout_s: must be a finite number"),
     (["transport.resend_after_s=-1"], r"transport.resend_after_s: must be in \[0, 2,592,000\] seconds"),
