@@ -97,6 +97,15 @@ def test_arpo_run_embedded_default(tmp_path, desktop_image, tiny_model):
     assert any("DesktopError" in line for line in env_errors), env_errors
     assert run_containers(run_dir) == [] and load_config(run_dir / "config.toml", []).run_id.startswith("demo-")
     assert (run_dir / "config.toml").exists() and (run_dir / "weights" / "v3" / "model.safetensors").exists()
+    # learner.keep_weights = 2 (the default) keeps v2 and v3, and v0: the weights the run started from (issue 49)
+    assert sorted(p.name for p in (run_dir / "weights").iterdir()) == ["v0", "v2", "v3"]
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "arpo_cli.cli", "eval", "--model", str(run_dir / "weights" / "v0"), "--tasks",
+         "grid4-red", "--desktops", "1", "--max-steps", "1", "--out", str(tmp_path / "eval-v0")],
+        capture_output=True, text=True, timeout=600)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    report = json.loads((tmp_path / "eval-v0" / "report.json").read_text())
+    assert report["policy"]["weight_version"] == 0 and report["overall"]["episodes"] == 1
 
 
 def test_a_run_that_cannot_learn_says_why_and_fails_after_the_stall_timeout(tmp_path, desktop_image, tiny_model):
