@@ -476,6 +476,8 @@ async def _train(config: RunConfig, display: ProgressDisplay, children: Children
     rate = TrajectoryRate()
     code = await supervise(learner, actors, serve, logs, lambda: show_progress(config, display, started, rate))
     display.update(progress_line(config, started, rate), time.monotonic(), force=True)
+    if code == 0 and (stopped := stop_line(config)):
+        say(stopped)  # the learner ended the run early: every task solved (learner.stop_when_solved)
     await asyncio.to_thread(write_summary, config, code, url, time.monotonic() - started)
     curve = await asyncio.to_thread(draw_curve, run)
     if curve is not None:
@@ -483,8 +485,6 @@ async def _train(config: RunConfig, display: ProgressDisplay, children: Children
     if code != 0:
         say(f"arpo-learner exited with {code}; see {logs / 'learner.log'}:\n"
             f"{crash_excerpt(logs / 'learner.log')}")
-    if code == 0 and (stopped := stop_line(config)):
-        say(stopped)  # the learner ended the run early: every task solved (learner.stop_when_solved)
     return code
 
 
