@@ -148,7 +148,7 @@ def test_arpo_tasks_check_exits_non_zero_when_a_task_fails_to_load(tmp_path, cap
     out, err = capsys.readouterr()
     assert "os/broken: load: format" in out and "1 of 2 task(s) failed to load" in err
     assert main(["tasks", "check", str(tmp_path / "nope"), *settings]) == 2
-    assert "no such file or folder" in capsys.readouterr().err
+    assert "no such task file or folder" in capsys.readouterr().err
 
 
 def test_the_builtin_tasks_all_load():
