@@ -329,3 +329,17 @@ async def hello_over(sock, actor_id: str, slots: int, run_id: str = "", timeout_
         while not isinstance(codec.decode(await sock.recv_multipart(), max_bytes=1 << 24), LearnerStatus):
             pass
     return session
+
+
+def processes_mentioning(*texts: str) -> list[int]:
+    """PIDs of live processes (this one excepted) whose command line contains every one of ``texts``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if all(text in cmdline for text in texts):
+                pids.append(int(entry.name))
+    return pids

@@ -7,12 +7,13 @@ absent when it was absent, untouched when it existed.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import processes_mentioning
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,18 +38,6 @@ CASES = {  # name -> (extra flags, what the line must say); {model}, {tmp} and {
                            "no_such_key"),
 }
 
-
-def _processes_mentioning(text: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if text in cmdline:
-                pids.append(int(entry.name))
-    return pids
 
 
 @pytest.fixture(scope="module")
@@ -82,4 +71,4 @@ def test_a_bad_argument_exits_2_with_one_line_before_anything_starts(case, model
     assert "arpo-serve ready" not in proc.stderr and proc.stdout == ""
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before  # nothing made or removed
     assert (tmp_path / "a-file").read_text() == "mine" and (tmp_path / "theirs" / "notes.txt").read_text() == "theirs"
-    assert _processes_mentioning(str(model)) == []  # no arpo-serve was left (none was started: no serve.log)
+    assert processes_mentioning(str(model)) == []  # no arpo-serve was left (none was started: no serve.log)

@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from arpo_cli.cli import main as arpo_main
-from tests.support import catch_all_http_server, free_port, until_sync
+from tests.support import catch_all_http_server, free_port, processes_mentioning, until_sync
 
 pytestmark = pytest.mark.docker
 
@@ -32,19 +32,6 @@ def run_containers(run_id: str) -> list[str]:
                          capture_output=True, text=True, check=True).stdout
     return out.split()
 
-
-def _processes_mentioning(*texts: str) -> list[int]:
-    """PIDs of live processes whose command line contains every one of ``texts``."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if all(text in cmdline for text in texts):
-                pids.append(int(entry.name))
-    return pids
 
 
 def test_sigterm_writes_the_report_and_leaves_no_desktop_or_server(tiny_model, desktop_image, tmp_path):
@@ -81,7 +68,7 @@ def test_sigterm_writes_the_report_and_leaves_no_desktop_or_server(tiny_model, d
     assert 2 <= report["finished"] < report["planned"] and not report["complete"]
     assert "INCOMPLETE" in (out / "report.md").read_text()
     assert run_containers(run_id) == []
-    assert _processes_mentioning("arpo_serve.main", f"--port {serve_port}") == []
+    assert processes_mentioning("arpo_serve.main", f"--port {serve_port}") == []
 
 
 def test_every_episode_errored_against_a_server_that_is_down_exits_3(tiny_model, desktop_image, tmp_path,

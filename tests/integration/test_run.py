@@ -17,7 +17,7 @@ import pytest
 
 from arpo_async.config import load_config
 from arpo_async.metrics import REQUIRED_KEYS, read_metrics
-from tests.support import until_sync
+from tests.support import processes_mentioning, until_sync
 
 pytestmark = pytest.mark.docker
 
@@ -135,19 +135,6 @@ def test_a_run_that_cannot_learn_says_why_and_fails_after_the_stall_timeout(tmp_
     assert run_containers(run_dir) == []
 
 
-def _processes_mentioning(text: str) -> list[int]:
-    """PIDs of live processes whose command line contains ``text``."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if text in cmdline:
-                pids.append(int(entry.name))
-    return pids
-
 
 def test_ctrl_c_twice_still_stops_every_child_and_container(tmp_path, desktop_image, tiny_model):
     """A second SIGINT while the first one's cleanup runs (an impatient Ctrl-C) must not cut it short and leave
@@ -163,8 +150,8 @@ def test_ctrl_c_twice_still_stops_every_child_and_container(tmp_path, desktop_im
 
     try:  # serve, learner and actors are up once desktops exist
         until_sync(lambda: run_containers(run_dir), 300, "the run's desktops", check=running)
-        actors = [pid for pid in _processes_mentioning(str(run_dir)) if pid in _processes_mentioning("actors.main")]
-        assert actors and len(_processes_mentioning(str(run_dir))) >= 3
+        actors = [pid for pid in processes_mentioning(str(run_dir)) if pid in processes_mentioning("actors.main")]
+        assert actors and len(processes_mentioning(str(run_dir))) >= 3
         proc.send_signal(signal.SIGINT)
         until_sync(lambda: not any(Path(f"/proc/{pid}").exists() for pid in actors), 120,
                    "arpo-actors to exit (the cleanup has begun: actors first)", every_s=0.05)
@@ -175,5 +162,5 @@ def test_ctrl_c_twice_still_stops_every_child_and_container(tmp_path, desktop_im
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, out[-3000:]
     assert "done in" in out, out[-3000:]  # the cleanup ran to its end
-    assert _processes_mentioning(str(run_dir)) == []
+    assert processes_mentioning(str(run_dir)) == []
     assert run_containers(run_dir) == []
