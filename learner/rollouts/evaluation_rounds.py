@@ -6,11 +6,13 @@ ahead of training work and outside the admission rule) at the policy version of 
 desktops, with the round's step budget and temperature (:attr:`arpo_async.messages.Assignment.evaluation`).
 
 When: a fresh run starts one before its first optimizer step (:meth:`EvaluationRounds.start`); then one whenever
-the optimizer step count crosses a multiple of ``every_steps``, and one on the final weights
-(:meth:`EvaluationRounds.on_step`). A round due while another is still running is skipped (counted in
+the optimizer step count crosses a multiple of ``every_steps``, and one on the final weights: at ``learner.steps``
+(:meth:`EvaluationRounds.on_step`), or when the run stops earlier because every task is solved
+(:meth:`EvaluationRounds.on_stop`). A round due while another is still running is skipped (counted in
 ``totals["eval_rounds_skipped"]``; the running one finishes and is recorded), except the final round: it abandons
-an older round still running (whose late trajectories are then acked and ignored) and always runs; the learner
-waits for it, at most ``eval.final_timeout_s``, before its last record and the actors' shutdown.
+an older round still running (whose late trajectories are then acked and ignored) and always runs (a round of the
+final weights already running, or complete and not yet recorded, is the final round); the learner waits for it, at
+most ``eval.final_timeout_s``, before its last record and the actors' shutdown.
 
 Counting: an episode is a success iff its outcome is SUCCESS; every other outcome, errors included (ENV_ERROR,
 TASK_ERROR, ABORTED, and a trajectory the learner rejected), counts as a failure in the denominator and errors are
@@ -192,6 +194,23 @@ class EvaluationRounds:
             return False
         if self.is_final(step) and self.round is not None and self.round.version != version:
             self._abandon("the final round takes its place")
+        return self.start(step, version)
+
+    def on_stop(self, step: int, version: int) -> bool:
+        """The run ends before ``learner.steps`` (every task solved) with the weights of optimizer step ``step``,
+        published as ``version``: make sure a final round evaluates them, as :meth:`on_step` does at
+        ``learner.steps``. A round of ``version`` still running, or complete and not yet taken
+        (:meth:`take_result`), is that round; a round of an older version still running is abandoned; otherwise a
+        round starts now. Nothing with ``eval.final_timeout_s`` = 0 (no final round). Returns whether a round
+        started (the caller hands its episodes out)."""
+        self._last_step = max(self._last_step, step)
+        if self.config.final_timeout_s <= 0:
+            return False
+        if self.round is not None and self.round.version == version:
+            return False
+        if self.round is None and self.results and self.results[-1]["eval_policy_version"] == version:
+            return False
+        self._abandon("the run stops as solved: the final round takes its place")
         return self.start(step, version)
 
     def _abandon(self, why: str) -> None:

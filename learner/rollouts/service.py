@@ -23,7 +23,8 @@ loop reports each step back through one call, :meth:`LearnerService.on_trained`.
   :data:`ROUND_END` follows its groups);
 - an evaluation episode's trajectory (learner.rollouts.evaluation_rounds) is acked, validated and de-duplicated the same
   way, then goes to the evaluation rounds only: never to the scheduler, ``groups``, the task selector,
-  baseline pass, outcome window or trajectory sample; a round comes due in :meth:`LearnerService.on_trained`;
+  baseline pass, outcome window or trajectory sample; a round comes due in :meth:`LearnerService.on_trained`, and
+  the final one of a run that stops as solved in :meth:`LearnerService.start_final_evaluation`;
 - a message that failed to decode, or whose handling raised, is counted in ``rejections`` and answered with a
   Reject; the service goes on.
 
@@ -351,6 +352,18 @@ class LearnerService:
         (learner.rollouts.evaluation_rounds.EvaluationRounds.begin); nothing without ``evaluation``."""
         if self.evaluation is not None and self.evaluation.begin(self.step, self.version):
             await self.peers.dispatch()
+
+    async def start_final_evaluation(self) -> bool:
+        """The run stops before ``learner.steps`` (every task solved, learner.train.loop.TrainingLoop.stop_solved):
+        make the evaluation round of the current weights (``state.step``, ``state.version``) the final one and hand
+        its episodes out to the requests waiting (learner.rollouts.evaluation_rounds.EvaluationRounds.on_stop);
+        the service keeps serving actors until they are told to shut down, so the round runs as any other. Returns
+        whether a round started (False without ``evaluation``, with ``eval.final_timeout_s`` = 0, or when a round of
+        these weights is already running or complete)."""
+        if self.evaluation is None or not self.evaluation.on_stop(self.state.step, self.state.version):
+            return False
+        await self.peers.dispatch()
+        return True
 
     async def finish_evaluation(self, timeout_s: float) -> bool:
         """Wait for the evaluation round running (the final one, at the end of a run), at most ``timeout_s``
