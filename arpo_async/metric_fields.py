@@ -24,7 +24,9 @@ class MetricField:
 
 
 WHEN: dict[str, str] = {
-    "every": "every record (learner.train.records.step_record)",
+    "every": "every record of a trained batch (learner.train.records.step_record); the evaluation record a run "
+             "that stops as solved ends with has step, policy_version and wall_s of them, and nothing else but "
+             "the eval fields (learner.train.records.evaluation_record)",
     "pump": "every record of a learner serving actors over ZeroMQ (`arpo-learner`, `arpo run`): step_record adds "
             "it when the learner service knows its socket pump",
     "loop": "every record the training loop writes (learner.train.loop.TrainingLoop.train passes them to "
@@ -32,7 +34,9 @@ WHEN: dict[str, str] = {
     "checkpoint": "the record of a batch after which a checkpoint was written (learner.checkpoint_every)",
     "resume": "the first record after a resumed run restarts (`arpo run --resume`)",
     "eval": "the next record after each complete held-out evaluation round (a run with an [eval] section; "
-            "learner.rollouts.evaluation_rounds)",
+            "learner.rollouts.evaluation_rounds); the round on the final weights of a run that stops before "
+            "learner.steps because every task is solved comes in a record of its own after the last batch's, "
+            "the evaluation record (learner.train.records.evaluation_record)",
 }
 """When a field is present, by :attr:`MetricField.when` (the text says which code adds it)."""
 
@@ -137,7 +141,7 @@ METRIC_FIELDS: dict[str, MetricField] = {
     "eval_task_success": MetricField("{task id: success rate in [0, 1]} of the round.", "eval"),
     "eval_policy_version": MetricField("The policy version the round was handed out at (int).", "eval"),
     "eval_step": MetricField("The optimizer step whose weights were evaluated (int; the record's own step is "
-                             "later).", "eval"),
+                             "that step or later).", "eval"),
     "eval_episodes": MetricField("Episodes in the round (int).", "eval"),
     "eval_errors": MetricField("Episodes of the round that ended ENV_ERROR, TASK_ERROR or ABORTED (int).", "eval"),
     "eval_version_max": MetricField("The newest policy version among the round's tokens (int; later than "

@@ -4,9 +4,12 @@ Weights & Biases.
 Owns: the file format of metrics.jsonl, its TensorBoard mirror and its Weights & Biases mirror. Each trained
 batch (``learner.updates_per_batch`` optimizer steps; its ``step`` counts optimizer steps) appends one object with
 at least step, policy_version, trajectories, success_rate, reward_mean, loss, replay_injections,
-staleness_mean and wall_s (every field: arpo_async.metric_fields, built by learner.train.records.step_record). Lines
-are flushed as written, so a reader (`arpo run`'s progress line, a notebook) always sees whole steps; a torn last
-line after a crash is skipped by the reader.
+staleness_mean and wall_s (every field: arpo_async.metric_fields, built by learner.train.records.step_record). One
+record is not a batch's: a run that stops before learner.steps because every task is solved ends with an
+evaluation record, step, policy_version and wall_s of its final weights and the final held-out round's eval_*
+fields, nothing else (:data:`EVALUATION_RECORD_KEYS`; learner.train.records.evaluation_record); a reader of
+training fields takes :func:`training_records`. Lines are flushed as written, so a reader (`arpo run`'s progress
+line, a notebook) always sees whole steps; a torn last line after a crash is skipped by the reader.
 
 Invariant: with a TensorBoard folder, every number of a record (nested dicts flattened to ``a/b/c`` names, see
 :func:`flatten_numbers`) is written as a scalar at ``global_step = record["step"]``, so the event files hold
@@ -25,6 +28,20 @@ from typing import Any, TextIO
 
 REQUIRED_KEYS = ("step", "policy_version", "trajectories", "success_rate", "reward_mean", "loss",
                  "replay_injections", "staleness_mean", "wall_s")
+"""The keys every trained batch's record has."""
+EVALUATION_RECORD_KEYS = ("step", "policy_version", "wall_s", "eval_success")
+"""The keys an evaluation record has (with the other eval_* fields of its round, and no training field)."""
+
+
+def is_training_record(record: dict[str, Any]) -> bool:
+    """Whether ``record`` is a trained batch's (it has every :data:`REQUIRED_KEYS` key), not an evaluation
+    record."""
+    return all(key in record for key in REQUIRED_KEYS)
+
+
+def training_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of trained batches among ``records`` (in order), without the evaluation record."""
+    return [record for record in records if isinstance(record, dict) and is_training_record(record)]
 
 
 def flatten_numbers(record: dict[str, Any], prefix: str = "") -> dict[str, float]:
@@ -169,9 +186,11 @@ class MetricsWriter:
         self._file: TextIO = path.open("a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append one record (and mirror it to TensorBoard and W&B). Raises ValueError when a required key is
-        missing."""
-        missing = [k for k in REQUIRED_KEYS if k not in record]
+        """Append one record, a trained batch's or an evaluation record (and mirror it to TensorBoard and W&B).
+        Raises ValueError when a required key is missing (:data:`REQUIRED_KEYS`, or for a record without training
+        fields :data:`EVALUATION_RECORD_KEYS`)."""
+        training = any(k in record for k in REQUIRED_KEYS if k not in EVALUATION_RECORD_KEYS)
+        missing = [k for k in (REQUIRED_KEYS if training else EVALUATION_RECORD_KEYS) if k not in record]
         if missing:
             raise ValueError(f"metrics record lacks {missing}")
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}

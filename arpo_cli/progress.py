@@ -20,7 +20,7 @@ import time
 from typing import Any, Protocol, TextIO
 
 from arpo_async.config import RunConfig
-from arpo_async.metrics import read_metrics
+from arpo_async.metrics import read_metrics, training_records
 
 TRAILING_SUCCESS_STEPS = 10
 """The progress line's trailing success rate is the mean over this many last metrics records."""
@@ -107,7 +107,8 @@ def progress_line(config: RunConfig, started: float, rate: TrajectoryRate | None
     per minute across calls (None: the rate is left out).
     """
     now = time.monotonic() if now is None else now
-    records = read_metrics(config.run_path / "metrics.jsonl")
+    everything = read_metrics(config.run_path / "metrics.jsonl")
+    records = training_records(everything)  # the evaluation record of a solved run has no training field
     try:
         status = json.loads((config.run_path / "status.json").read_text())
     except (OSError, json.JSONDecodeError):
@@ -124,8 +125,9 @@ def progress_line(config: RunConfig, started: float, rate: TrajectoryRate | None
              if baseline else "")
     step = int(last.get("step") or len(records))  # optimizer steps: a record covers updates_per_batch of them
     evaluating = status.get("evaluation") or {}
-    held_out = (f" | held-out {last['eval_success']:.2f} (step {last.get('eval_step', '?')})"
-                if isinstance(last.get("eval_success"), (int, float)) else "")
+    newest = everything[-1] if everything else {}  # the last record, the evaluation record of a solved run too
+    held_out = (f" | held-out {newest['eval_success']:.2f} (step {newest.get('eval_step', '?')})"
+                if isinstance(newest.get("eval_success"), (int, float)) else "")
     if "episodes" in evaluating:
         held_out += f" | evaluating step {evaluating['step']}: {evaluating['episodes_back']}/{evaluating['episodes']}"
     return (f"[{now - started:6.0f}s] {phase}step {step}/{steps} "

@@ -131,8 +131,11 @@ def metrics_page() -> str:
     """The metrics reference: every field of arpo_async.metric_fields, grouped by which records carry it."""
     out = ["# Metrics reference", "", GENERATED, "",
            "The learner appends one JSON object per trained batch to `<run_dir>/metrics.jsonl` (one line each, "
-           "flushed as written). With `learner.tensorboard` on, every number of a record is also a TensorBoard "
-           "scalar in `<run_dir>/tb/` at `global_step = step`, nested keys joined with `/` (`drops/stale`); "
+           "flushed as written). A run that stops before `learner.steps` because every task is solved ends with "
+           "one more, the evaluation record: `step`, `policy_version` and `wall_s` of its final weights and the "
+           "`eval_*` fields of the held-out round on them, no training field (a reader of training fields skips "
+           "it: `arpo_async.metrics.training_records`). With `learner.tensorboard` on, every number of a record "
+           "is also a TensorBoard scalar in `<run_dir>/tb/` at `global_step = step`, nested keys joined with `/` (`drops/stale`); "
            "booleans, strings, lists and nulls are left out. With `learner.wandb_project` set, the same numbers go "
            "to Weights & Biases at the same step. A value that is not a finite number is written as `null`. "
            "`arpo curve` and `arpo view` draw curves from this file.", ""]
@@ -148,7 +151,7 @@ def metrics_page() -> str:
 
 
 def _when_heading(when: str) -> str:
-    return {"every": "Every record", "pump": "Message counts", "loop": "Training-loop counters",
+    return {"every": "Every trained batch", "pump": "Message counts", "loop": "Training-loop counters",
             "checkpoint": "Checkpoints", "resume": "Resumed runs", "eval": "Held-out evaluation"}.get(when, when)
 
 

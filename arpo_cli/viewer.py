@@ -40,6 +40,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from arpo_async.metrics import training_records
 from arpo_cli.curve import CurveError, draw_reward, draw_success, load_records, series
 from arpo_cli.eval_view import is_eval_dir, load_eval_samples
 
@@ -137,11 +138,13 @@ def curve_svg(title: str, draw: Callable[[Axes, list[dict[str, Any]], str], None
 
 
 def summary(records: list[dict[str, Any]], samples: list[dict[str, Any]]) -> list[tuple[str, Any]]:
-    """The summary table's (name, value) rows: the last metrics record, and the samples by outcome."""
+    """The summary table's (name, value) rows: the last trained batch's metrics record (not the evaluation record
+    a solved run ends with), and the samples by outcome."""
     outcomes: dict[str, int] = {}
     for sample in samples:
         outcomes[sample.get("outcome", "?")] = outcomes.get(sample.get("outcome", "?"), 0) + 1
-    last = records[-1] if records else {}
+    trained = training_records(records)
+    last = trained[-1] if trained else {}
     rows = [("optimizer steps", last.get("step", "-")), ("policy version", last.get("policy_version", "-")),
             ("training wall time (min)", _number(last.get("wall_s", 0) / 60 if last else None, 1)),
             ("last success rate", _number(last.get("success_rate"))),

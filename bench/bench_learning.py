@@ -35,13 +35,14 @@ import math
 import statistics
 from pathlib import Path
 
-from arpo_async.metrics import read_metrics
+from arpo_async.metrics import read_metrics, training_records
 from bench._arpo_run import ROOT, ensure_model, run_arpo
 from tests.learning_arms import ARMS, TASK_SETUP, check_tasks, task_selection
 
 def run_arm(arm: str, family: str, seed: int, minutes: float, out: Path, model: Path, target: float,
             extra: tuple[str, ...] = (), selection: list[str] | None = None) -> list[dict]:
-    """Run one arm for ``minutes`` (or until it holds ``target`` + 0.1 success for 3 steps); returns its metrics.
+    """Run one arm for ``minutes`` (or until it holds ``target`` + 0.1 success for 3 steps); returns its trained
+    batches' metrics records.
     ``family``: the name from :func:`task_selection` (run folder ``<family>-<arm>-seed<seed>``); ``selection``: its
     task overrides (default: the family's own, from ``task_selection(family)``).
     ``extra``: more `--set` overrides for every arm (after the task setup, so they win)."""
@@ -50,15 +51,15 @@ def run_arm(arm: str, family: str, seed: int, minutes: float, out: Path, model: 
     run_dir = out / f"{family}-{arm}-seed{seed}"
     if (run_dir / "metrics.jsonl").exists():
         print(f"reusing finished run {run_dir}", flush=True)
-        return read_metrics(run_dir / "metrics.jsonl")
+        return training_records(read_metrics(run_dir / "metrics.jsonl"))
 
     def solved(run_dir: Path) -> bool:
-        records = read_metrics(run_dir / "metrics.jsonl")
+        records = training_records(read_metrics(run_dir / "metrics.jsonl"))
         return len(records) >= 3 and all(r["success_rate"] >= min(target + 0.1, 0.98) for r in records[-3:])
 
     overrides = TASK_SETUP + ARMS[arm][1] + [*selection, f"learner.seed={seed}", *extra]
     run_arpo(run_dir, model, overrides, minutes, solved)
-    return read_metrics(run_dir / "metrics.jsonl")
+    return training_records(read_metrics(run_dir / "metrics.jsonl"))  # a solved run's evaluation record aside
 
 
 def smoothed(records: list[dict], window: int = 3) -> list[tuple[float, float]]:

@@ -1,4 +1,5 @@
-"""Metrics records: what one training batch writes to metrics.jsonl (and TensorBoard, arpo_async.metrics).
+"""Metrics records: what one training batch writes to metrics.jsonl (and TensorBoard, arpo_async.metrics), and the
+evaluation record of a run that stops as solved (:func:`evaluation_record`).
 
 Role: pure functions from values to a record; they read no component. Owns the record's keys (documented in
 :func:`step_record`; every key a record can carry, those its callers add included, is described in
@@ -99,3 +100,20 @@ def step_record(step: int, version: int, batch: list[ScoredGroup], stats: Mappin
         **({"messages": counters["messages"]} if "messages" in counters else {}),
         "wall_s": round(wall_s, 3), **extra,
     }
+
+
+def evaluation_record(step: int, version: int, result: Mapping[str, Any], wall_s: float) -> dict[str, Any]:
+    """The evaluation record: the one metrics.jsonl record that is not a trained batch's. A run that stops before
+    ``learner.steps`` because every task is solved (learner.train.loop.TrainingLoop.stop_solved) has written its
+    last batch's record before it knew it was the last, so the final held-out round's result follows it in a
+    record of its own: ``step`` and ``policy_version`` of the last batch (the final weights), ``wall_s`` (training
+    wall time in all, seconds, now) and the round's fields (``result``: learner.rollouts.evaluation_rounds.RESULT_KEYS,
+    ``eval_success`` required); no training field (arpo_async.metrics.EVALUATION_RECORD_KEYS,
+    :func:`arpo_async.metrics.is_training_record`).
+
+    Raises:
+        ValueError: ``result`` has no ``eval_success`` (not a complete round's fields).
+    """
+    if "eval_success" not in result:
+        raise ValueError(f"an evaluation record needs a complete round's fields, got {sorted(result)}")
+    return {"step": step, "policy_version": version, **result, "wall_s": round(wall_s, 3)}

@@ -45,9 +45,11 @@ def test_held_out_success_is_drawn_at_the_step_whose_weights_were_evaluated(run_
     metrics = MetricsWriter(run_dir / "metrics.jsonl")
     metrics.write({**record(6, 0.5, {}), "eval_success": 0.25, "eval_step": 0, "eval_policy_version": 0})
     metrics.write({**record(7, 0.5, {}), "eval_success": 0.75})  # without eval_step: at its own step
+    # a run that stops as solved ends with the evaluation record of its final weights (no training field)
+    metrics.write({"step": 7, "policy_version": 7, "wall_s": 240.0, "eval_success": 1.0, "eval_step": 7})
     metrics.close()
     points = held_out(load_records(run_dir))
-    assert (points.step, points.value, points.minutes) == ([0, 7], [0.25, 0.75], [3.0, 3.5])
+    assert (points.step, points.value, points.minutes) == ([0, 7, 7], [0.25, 0.75, 1.0], [3.0, 3.5, 4.0])
     with Image.open(write_curve(run_dir)) as image:
         assert image.format == "PNG"
 

@@ -9,6 +9,8 @@ import io
 import json
 import sys
 
+import pytest
+
 from arpo_async.config import load_config
 from arpo_async.metrics import MetricsWriter
 from arpo_cli.launcher import crash_excerpt, spawn
@@ -91,6 +93,26 @@ def test_progress_line_shows_held_out_success_and_the_round_in_progress(tmp_path
     (tmp_path / "status.json").write_text(json.dumps({"evaluation": {"rounds": 3}}))  # between rounds
     line = progress_line(config, started=0.0, now=1.0)
     assert "held-out 0.38 (step 20) | desktops" in line and "evaluating" not in line
+
+
+def test_a_solved_runs_evaluation_record_gives_the_held_out_part_and_the_last_batch_the_rest(tmp_path):
+    """The evaluation record a run that stops as solved ends with (learner.train.records.evaluation_record) has no
+    training field: the line's success, loss and lag stay the last batch's, its held-out part is the final round."""
+    config = load_config(None, [f'run_dir="{tmp_path}"', "learner.steps=80", 'eval.tasks="grid4-test"'])
+    metrics = MetricsWriter(tmp_path / "metrics.jsonl")
+    metrics.write({"step": 22, "policy_version": 11, "trajectories": 16, "success_rate": 0.75, "reward_mean": 0.5,
+                   "loss": 0.0123, "replay_injections": 0, "staleness_mean": 0.5, "wall_s": 1.0,
+                   "eval_success": 0.375, "eval_step": 20, "eval_policy_version": 10})
+    metrics.write({"step": 22, "policy_version": 11, "wall_s": 9.0, "eval_success": 0.875, "eval_step": 22,
+                   "eval_policy_version": 11})
+    with pytest.raises(ValueError, match="lacks"):  # neither a batch's record nor an evaluation record
+        metrics.write({"step": 22, "policy_version": 11, "wall_s": 9.0})
+    with pytest.raises(ValueError, match="lacks"):  # a batch's record missing a training field
+        metrics.write({"step": 22, "policy_version": 11, "wall_s": 9.0, "eval_success": 0.5, "loss": 0.1})
+    metrics.close()
+    line = progress_line(config, started=0.0, now=1.0)
+    assert "step 22/80 version 11 |" in line
+    assert "success 0.75 (last 10 steps 0.75) loss 0.0123 lag 0.50 | held-out 0.88 (step 22) |" in line
 
 
 async def test_a_crashed_child_logs_its_traceback_at_error_and_the_excerpt_quotes_it(tmp_path):
