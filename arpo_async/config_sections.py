@@ -235,8 +235,9 @@ class EvalConfig:
     """Held-out evaluation during training (learner.rollouts.evaluation_rounds): rounds of episodes on the run's own
     desktops, at the policy version of the moment, never trained on, never in the replay buffer, never in task
     selection's statistics. A round runs before the first optimizer step (fresh runs), whenever the step count
-    crosses a multiple of every_steps, and on the final weights before the learner stops; each round's
-    eval_success, eval_task_success and eval_policy_version go into the next metrics.jsonl record."""
+    crosses a multiple of every_steps, and on the final weights before the learner stops (at learner.steps, or
+    earlier when every task is solved); each round's eval_success, eval_task_success and eval_policy_version go
+    into the next metrics.jsonl record (a solved run's final round: a record of its own after the last batch's)."""
 
     tasks: str = ""
     """What to evaluate on: the name of a built-in split ("grid4-test": arpo_async/splits/<name>.json, cut from

@@ -12,7 +12,8 @@ solved (``learner.stop_when_solved``, learner.train.loop; the line saying so is 
 ``stopped``), then tells the actors to shut down. Schedules: learner.train.loop. Baseline pass
 (``learner.baseline_k`` > 0): learner.algo.baseline, run before training starts. Held-out evaluation (``[eval]``):
 learner.rollouts.evaluation_rounds, a round before the first step, every ``eval.every_steps`` and on the final
-weights of a run that reaches ``learner.steps`` (waited for before the actors are told to stop). Observability
+weights, of a run that reaches ``learner.steps`` or stops as solved (waited for before the actors are told to
+stop). Observability
 tasks: the event-loop lag probe (arpo_async.loop_lag) and the queue-depth peaks
 (learner.rollouts.run_stats.RunStats.watch_depths), both in every metrics record and in status.json.
 

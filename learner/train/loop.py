@@ -21,7 +21,8 @@ while the staleness rule keeps handing out work; "lockstep" is ARPO's synchronou
 ``groups_per_step`` groups, wait for all of it, train (no step when no group had reward variance), publish,
 repeat. Both write the same records. Held-out evaluation (``[eval]``, learner.rollouts.evaluation_rounds): a record
 carries the newest evaluation round completed since the previous record (``eval_success``, ...); the last batch's
-record waits for the round on the final weights, at most ``eval.final_timeout_s``.
+record waits for the round on the final weights, at most ``eval.final_timeout_s``; a run that stops as solved
+writes that round's result in an evaluation record after its last batch's (:meth:`TrainingLoop.stop_solved`).
 
 Owns: the loop's counters (rollout and skipped batches, wall time across restarts), resuming from the newest
 checkpoint (learner.train.checkpoint), and keeping the servers current: every ``learner.resync_interval_s`` a server
@@ -31,8 +32,9 @@ while a batch trains or publishes.
 Ends early when every task is solved (``learner.stop_when_solved``): the task selector
 (learner.algo.task_selection) has retired every task, so every group it can hand out would have no reward difference
 and be dropped (DAPO's dynamic sampling, arXiv:2503.14476, which this loop follows by waiting for
-``groups_per_step`` groups with one); the loop then says so in one line (``stopped``), checkpoints its last step
-again (with the selector's solved state) and returns as at ``learner.steps``.
+``groups_per_step`` groups with one); the loop then says so in one line (``stopped``), runs the held-out round on
+the final weights, checkpoints its last step again (with the selector's solved state), writes the round's result as
+one more record and returns as at ``learner.steps``.
 
 Invariants: never trains past ``learner.steps`` optimizer steps in all; a version is announced only after its
 weights reached every inference server; the first record after a restart says what was resumed.
@@ -60,7 +62,7 @@ from learner.state import RunState
 from learner.train.checkpoint import Checkpointer, capture, reconcile_metrics, restore
 from learner.train.distributed import LeadTrainer
 from learner.train.publisher import DistributedPublisher, WeightPublisher
-from learner.train.records import step_record
+from learner.train.records import evaluation_record, step_record
 from learner.train.trainer import Trainer, TrainerInputError
 
 log = logging.getLogger("arpo.learner")
@@ -337,15 +339,56 @@ class TrainingLoop:
         log.info("checkpoint %s (%.1f s)", folder, record["checkpoint_s"])
 
     async def stop_solved(self) -> None:
-        """End training as solved: set and log ``stopped`` (one line), and checkpoint the last step again (with
-        ``learner.checkpoint_every`` on and a step taken by this process), so the checkpoint holds the task
-        selector's solved windows and a resumed run stops at once too. The step's weights are already on every
-        server: each step publishes before it is announced."""
+        """End training as solved: set and log ``stopped`` (one line); then, when this process took a step, end as a
+        run at ``learner.steps`` ends (the step's weights are already on every server: each step publishes before it
+        is announced):
+
+        1. with ``[eval]`` and ``eval.final_timeout_s`` > 0, the held-out round on the final weights starts
+           (:meth:`LearnerService.start_final_evaluation`: an older round still running is abandoned; a round of these
+           weights already running, or complete and not yet recorded, is the final one), its episodes handed out
+           while the service keeps serving the actors (they are told to shut down only after this returns);
+        2. with ``learner.checkpoint_every`` on, the last step is checkpointed again, so the checkpoint holds the
+           task selector's solved windows and a resumed run stops at once too;
+        3. the round is waited for, at most ``eval.final_timeout_s`` (:meth:`write_final_evaluation`), and its result
+           is written as the evaluation record (learner.train.records.evaluation_record): the last batch's record
+           went out before the run knew it was the last.
+
+        A run that took no step in this process (resumed after it stopped as solved, or solved before its first
+        step) only says so: its weights were evaluated before, by the process that trained them or the round of the
+        initial weights."""
         selector = self.service.selector
         self.stopped = selector.solved_reason() if selector is not None else "every task is solved"
         log.warning("%s", self.stopped)
-        if self.lc.checkpoint_every and self._last_record is not None:
+        if self._last_record is None:
+            return
+        final = self.service.evaluation is not None and self.final_eval_timeout_s > 0
+        if final:
+            await self.service.start_final_evaluation()
+        if self.lc.checkpoint_every:
             await self.checkpoint(dict(self._last_record))
+        if final:
+            await self.write_final_evaluation()
+
+    async def write_final_evaluation(self) -> None:
+        """Wait for the round on the final weights, at most ``eval.final_timeout_s`` (logged either way), then write
+        the newest complete round not yet recorded (the final one, unless it timed out) as the evaluation record:
+        ``step`` and ``policy_version`` of the final weights, ``wall_s`` now, and the round's ``eval_*`` fields. No
+        record when no round is left to record.
+
+        Raises:
+            RuntimeError: ``metrics`` is not set.
+        """
+        if self.metrics is None:
+            raise RuntimeError("TrainingLoop.metrics must be set before training")
+        service = self.service
+        await service.finish_evaluation(self.final_eval_timeout_s)
+        result = service.evaluation.take_result()
+        if not result:
+            return
+        record = evaluation_record(self.state.step, self.state.version, result, self.wall_s)
+        self.metrics.write(record)
+        log.info("evaluation record after step %d (version %d): held-out success %.2f on the weights of step %d",
+                 record["step"], record["policy_version"], record["eval_success"], record["eval_step"])
 
 
 async def keep_ranks_alive(lead: LeadTrainer) -> None:
