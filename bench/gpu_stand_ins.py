@@ -382,6 +382,9 @@ class ModelledPublisher:
         self.busy_s = 0.0
         self.log: list[tuple[float, float]] = []
 
+    async def keep_initial(self, trainer) -> None:
+        """learner.train.publisher's ``keep_initial``: nothing (a modelled run writes no weights folder)."""
+
     async def publish_from(self, trainer, version: int) -> float:
         for server in self.servers:
             await server.update_weights(version, self.model.weight_sync_s)
