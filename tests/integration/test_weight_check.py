@@ -105,6 +105,15 @@ RETRY = RetryPolicy(attempts=2, max_delay_s=0.1, request_timeout_s=300.0, admin_
 """Generous: a proxied /weights_checker may wait for a server restart on a loaded machine."""
 
 
+def verifying_publishers(client, proxy, tmp_path):
+    """A disk publisher to the proxy's "disk" server and a distributed one to its "net" server, each checking the
+    weights after every publication (learner.verify_weights_every = 1)."""
+    disk = WeightPublisher([SGLangEngine(client, proxy.at("disk"))], tmp_path / "weights", verify_every=1)
+    net = DistributedPublisher([SGLangEngine(client, proxy.at("net"))], bucket_mb=0.05, timeout_s=60.0,
+                               verify_every=1)
+    return disk, net
+
+
 async def test_a_server_that_comes_back_or_cannot_check_is_resynced_and_checked_again(model_dir, tmp_path, caplog):
     """Both publishers, verify_every=1, each to a real arpo-serve behind the proxy:
 
@@ -126,9 +135,7 @@ async def test_a_server_that_comes_back_or_cannot_check_is_resynced_and_checked_
         net_server.start()
         await proxy.start()
         async with PolicyClient([proxy.at("disk"), proxy.at("net")], retry=RETRY) as client:
-            disk = WeightPublisher([SGLangEngine(client, proxy.at("disk"))], tmp_path / "weights", verify_every=1)
-            net = DistributedPublisher([SGLangEngine(client, proxy.at("net"))], bucket_mb=0.05, timeout_s=60.0,
-                                       verify_every=1)
+            disk, net = verifying_publishers(client, proxy, tmp_path)
 
             proxy.restart_before_check.update(disk=True, net=True)  # back unable to check until loaded
             await disk.publish_from(trainer, 1)  # b190f2c: WeightsMismatch (weights_checker answered success=false)
@@ -173,9 +180,7 @@ async def test_a_checksum_difference_that_survives_a_resync_stops_the_learner(mo
         net_server.start()
         await proxy.start()
         async with PolicyClient([proxy.at("disk"), proxy.at("net")], retry=RETRY) as client:
-            disk = WeightPublisher([SGLangEngine(client, proxy.at("disk"))], tmp_path / "weights", verify_every=1)
-            net = DistributedPublisher([SGLangEngine(client, proxy.at("net"))], bucket_mb=0.05, timeout_s=60.0,
-                                       verify_every=1)
+            disk, net = verifying_publishers(client, proxy, tmp_path)
             proxy.swallow_loads.add("disk")
             proxy.flip_checksum.add("net")
             with pytest.raises(WeightsMismatch, match=f"{proxy.at('disk')} weights checksums"):
