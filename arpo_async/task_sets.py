@@ -12,13 +12,20 @@ reason in ``error``, so an evaluation counts it as a failure in its denominator 
 way benchmark scores get inflated).
 
 The built-in splits live in ``arpo_async/splits/<family>-train.json`` and ``<family>-test.json``; a split may be
-named by that stem (``grid4-test``) instead of a path.
+named by that stem (``grid4-test``) instead of a path, or by the name of a task set researchers use, cut from a
+folder of OSWorld's task files (``osworld-369``, ``osworld-361``, ``arpo-128``: :mod:`arpo_async.benchmark_sets`).
+
+A task is its id: a task listed twice (the same id twice in a domain's list, or under two domains) is one entry,
+run once; the first listing that can run is kept (else the first), at the place of the first listing, and the
+entry's ``also_listed_as`` names the domains of the other listings (``arpo eval`` says so on stderr and in
+report.json's ``deduplicated``). OSWorld's ids are unique across its domains (UUIDs), so its splits lose nothing.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from arpo_async.benchmark_sets import NAMED_SPLITS
 from arpo_async.config import LearnerConfig
 from arpo_async.tasks import BUILTIN_DIR, Task, TaskFormatError, load_task_file, load_tasks, read_task_json
 
@@ -36,12 +43,15 @@ class TaskEntry:
             data a few files' ``id`` fields differ from their names; the built-in files' never do).
         task: the loaded task, or None when it cannot run (then ``error`` says why).
         error: why the task cannot run ("" when it can).
+        also_listed_as: the domains of the split's other listings of this task id, in split order (empty when it
+            is listed once): it runs once, as ``domain/task_id``.
     """
 
     domain: str
     task_id: str
     task: Task | None
     error: str = ""
+    also_listed_as: tuple[str, ...] = ()
 
 
 def builtin_split_names() -> list[str]:
@@ -50,10 +60,11 @@ def builtin_split_names() -> list[str]:
 
 
 def resolve_split_path(split: str | Path) -> Path:
-    """The file of ``split``: a path to a split file, or the name of a built-in split.
+    """The file of ``split``: a path to a split file, the name of a built-in split, or the name of a named task set
+    (:data:`arpo_async.benchmark_sets.NAMED_SPLITS`).
 
     Raises:
-        TaskFormatError: neither (the message lists the built-in splits).
+        TaskFormatError: none of these (the message lists the names).
     """
     path = Path(split)
     if path.is_file():
@@ -61,12 +72,16 @@ def resolve_split_path(split: str | Path) -> Path:
     builtin = SPLITS_DIR / f"{split}.json"
     if builtin.is_file():
         return builtin
+    if str(split) in NAMED_SPLITS:
+        return NAMED_SPLITS[str(split)].path
     raise TaskFormatError(f"{split}: no such split file, nor a built-in split (built-in: "
-                          f"{', '.join(builtin_split_names()) or 'none'})")
+                          f"{', '.join(builtin_split_names()) or 'none'}; of OSWorld's task files: "
+                          f"{', '.join(NAMED_SPLITS)})")
 
 
 def load_split(split: str | Path) -> dict[str, list[str]]:
-    """Read a split file (or built-in split name): ``{domain: [task id, ...]}``.
+    """Read a split file (or built-in or named split): ``{domain: [task id, ...]}``, as written (an id listed twice
+    stays twice: :func:`load_task_set` keeps one and says so).
 
     Raises:
         TaskFormatError: naming the file: not found, not strict JSON, or not an object of string lists.
@@ -77,7 +92,7 @@ def load_split(split: str | Path) -> dict[str, list[str]]:
             isinstance(k, str) and isinstance(v, list) and all(isinstance(i, str) for i in v) for k, v in data.items()):
         raise TaskFormatError(f"{path}: a split is a JSON object {{domain: [task id, ...]}} (OSWorld's "
                               "test_all.json form)")
-    return {k: list(dict.fromkeys(v)) for k, v in data.items()}
+    return {k: list(v) for k, v in data.items()}
 
 
 def resolve_tasks_path(tasks: str | Path | None) -> tuple[Path, list[str], str]:
@@ -95,6 +110,9 @@ def resolve_tasks_path(tasks: str | Path | None) -> tuple[Path, list[str], str]:
     path = Path(tasks)
     if path.exists():
         return path, [], ""
+    if str(tasks) in NAMED_SPLITS:
+        raise TaskFormatError(f"{tasks}: a split of OSWorld's task files, not a task folder: give the folder of "
+                              f"OSWorld's evaluation_examples/examples as the tasks and {tasks} as the split")
     name, builtin = str(tasks), load_tasks(BUILTIN_DIR)
     if any(t.family == name for t in builtin):
         return BUILTIN_DIR, [], name
@@ -140,6 +158,9 @@ def load_task_set(tasks: str | Path | None = None, split: str | Path | None = No
             continue
         domain = _domain(file, root, task)
         entries[(domain, task_id)] = TaskEntry(domain, task_id, task, error)
+    if split is not None and root == BUILTIN_DIR and str(split) in NAMED_SPLITS:
+        raise TaskFormatError(f"split {split} lists OSWorld's tasks, not built-in ones: give the folder of OSWorld's "
+                              "evaluation_examples/examples as the tasks (--tasks, eval.tasks)")
     if split is not None:
         chosen = []
         by_id = {tid: entry for (_, tid), entry in entries.items()}
@@ -149,13 +170,41 @@ def load_task_set(tasks: str | Path | None = None, split: str | Path | None = No
                 if entry is None and task_id in by_id and root == BUILTIN_DIR:
                     entry = TaskEntry(domain, task_id, by_id[task_id].task, by_id[task_id].error)
                 chosen.append(entry or TaskEntry(domain, task_id, None, f"not in {root} (domain {domain})"))
-        result = chosen
+        result = dedupe(chosen)
     else:
-        result = sorted(entries.values(), key=lambda e: (e.domain, e.task_id))
+        result = dedupe(sorted(entries.values(), key=lambda e: (e.domain, e.task_id)))
     if not result:
         raise TaskFormatError(f"no task left in {tasks or 'the built-in suite'}"
                               + (f" after split {split}" if split is not None else ""))
     return result
+
+
+def dedupe(entries: list[TaskEntry]) -> list[TaskEntry]:
+    """``entries`` with each task id once (module docstring): at the place of its first listing, the first listing
+    that can run (else the first), with ``also_listed_as`` the domains of the others in order."""
+    listings: dict[str, list[TaskEntry]] = {}
+    for entry in entries:
+        listings.setdefault(entry.task_id, []).append(entry)
+    result = []
+    for same in listings.values():
+        at = next((i for i, e in enumerate(same) if e.task is not None), 0)
+        others = tuple(e.domain for i, e in enumerate(same) if i != at)
+        result.append(replace(same[at], also_listed_as=others) if others else same[at])
+    return result
+
+
+def duplicate_listings(entries: list[TaskEntry]) -> list[dict]:
+    """The entries of ``entries`` listed more than once (:func:`dedupe`), as report.json's ``deduplicated`` records
+    them: ``[{"task_id", "domain" (where it runs), "also_listed_as": [domain, ...]}]``."""
+    return [{"task_id": e.task_id, "domain": e.domain, "also_listed_as": list(e.also_listed_as)}
+            for e in entries if e.also_listed_as]
+
+
+def duplicates_line(listings: list[dict]) -> str:
+    """One line saying which tasks (:func:`duplicate_listings`) were listed more than once and run once."""
+    named = "; ".join(f"{d['domain']}/{d['task_id']} (also listed under {', '.join(d['also_listed_as'])})"
+                      for d in listings)
+    return f"{len(listings)} task(s) listed more than once run once each, as the first listing: {named}"
 
 
 def runnable_tasks(entries: list[TaskEntry]) -> list[Task]:

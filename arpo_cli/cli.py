@@ -126,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="desktop image profile for --desktops (default osworld; built if missing)")
     check.add_argument("--json", type=Path, help="also write every task's report as JSON here")
     add_config_arguments(check, ("", "learner", "actors"))  # learner.osworld_files, actors.download_*, memory
+    tsub.add_parser("splits", help="list the splits --split and eval.split take by name, with their task counts",
+                    description="List the splits that `arpo eval --split` and eval.split take by name: the "
+                                "built-in families' train and test splits, and the named sets of OSWorld's tasks "
+                                "(osworld-369, osworld-361, arpo-128: give OSWorld's evaluation_examples/examples "
+                                "as --tasks), with where each list comes from and its licence.")
 
     from arpo_cli.eval_command import add_eval_parser
     add_eval_parser(sub)
@@ -212,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         return _desktop_clean(args)
     if args.command == "tasks" and args.tasks_command == "check":
         return _tasks_check(args)
+    if args.command == "tasks" and args.tasks_command == "splits":
+        print(_splits_table())
+        return 0
     if args.command == "keys":
         try:
             public, secret = write_keys(args.out, args.name)
@@ -260,6 +268,18 @@ def _config_show(args: argparse.Namespace) -> int:
     sections = None if args.section is None else ["" if s == "top" else s for s in args.section]
     print(render_toml(config, sections=sections), end="")
     return 0
+
+
+def _splits_table() -> str:
+    """`arpo tasks splits`: each split name, its task count and what it is (arpo_async.benchmark_sets)."""
+    from arpo_async.benchmark_sets import NAMED_SPLITS
+    from arpo_async.task_sets import builtin_split_names, load_split
+
+    rows = [(name, sum(map(len, load_split(name).values())), "built-in tasks") for name in builtin_split_names()]
+    rows += [(s.name, s.tasks, f"{s.title}; of OSWorld's task files (--tasks); {s.source} ({s.licence})")
+             for s in NAMED_SPLITS.values()]
+    width = max(len(name) for name, _, _ in rows)
+    return "\n".join(f"{name:<{width}}  {count:>4}  {what}" for name, count, what in rows)
 
 
 def _tasks_check(args: argparse.Namespace) -> int:

@@ -79,12 +79,16 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
                                                        "and --openai-url (default: the tiny policy's)")
     p.add_argument("--tasks", help="a folder of OSWorld-format task files (<domain>/<id>.json), a task file, or "
                                    "a built-in task or family name (default: every built-in task)")
-    p.add_argument("--split", help="a split file {domain: [task ids]} (OSWorld's test_all.json form) or a "
-                                   "built-in split name, e.g. grid4-test")
+    p.add_argument("--split", help="a split file {domain: [task ids]} (OSWorld's test_all.json form), a "
+                                   "built-in split name, e.g. grid4-test, or a named set of OSWorld's tasks "
+                                   "(with --tasks OSWorld's evaluation_examples/examples): osworld-369, "
+                                   "osworld-361 (no Google Drive tasks), arpo-128 (ARPO's training tasks)")
     p.add_argument("--desktops", type=int, default=8, help="desktops at once (default 8)")
     p.add_argument("--repeats", type=int, default=1, help="episodes per task (default 1; pass@k uses them)")
     p.add_argument("--max-steps", type=int, help="policy steps per episode (default: actors.max_steps of the "
-                                                  "config, which a run folder's config.toml sets)")
+                                                  "config, which a run folder's config.toml sets); 15, 50 and 100 "
+                                                  "are the budgets OSWorld's leaderboard and OpenCUA report at, "
+                                                  "recorded in report.json's step_budget")
     p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
                    help=f"sampling temperature (default {DEFAULT_TEMPERATURE}: greedy, as OSWorld's UI-TARS agent "
                         "samples, so a score does not move with the seed; use > 0 with --repeats for pass@k)")

@@ -34,10 +34,11 @@ from actors.eval.folder import ResultsFolder, run_params
 from actors.eval.results import ERROR_OUTCOMES, EpisodeRecord
 from actors.osworld.downloads import run_download_cache
 from actors.policy import GenerateFn, Policy
+from arpo_async.benchmark_sets import step_budget
 from arpo_async.config import RunConfig
 from arpo_async.messages import Assignment, Outcome, Trajectory
 from arpo_async.model.inputs import PromptEncoder
-from arpo_async.task_sets import TaskEntry, load_task_set
+from arpo_async.task_sets import TaskEntry, duplicate_listings, duplicates_line, load_task_set
 
 log = logging.getLogger(__name__)
 
@@ -264,6 +265,8 @@ async def evaluate(policy: Policy | GenerateFn, tasks: str | Path | None = None,
     """
     settings = EvalSettings(tasks, split, desktops, repeats, max_steps, temperature, seed)
     entries = load_task_set(settings.tasks, settings.split)
+    if deduplicated := duplicate_listings(entries):
+        log.warning("%s", duplicates_line(deduplicated))  # once per evaluation, on stderr
     config = settings.apply(config or RunConfig())
     config = dataclasses.replace(config, run_id=config.run_id or f"eval-{secrets.token_hex(3)}")
     ac = config.actors
@@ -288,7 +291,8 @@ async def evaluate(policy: Policy | GenerateFn, tasks: str | Path | None = None,
     report_meta = {"tasks": str(settings.tasks or "builtin"), "split": None if settings.split is None
                    else str(settings.split), "settings": {
                        "desktops": settings.desktops, "repeats": settings.repeats, "max_steps": ac.max_steps,
-                       "temperature": settings.temperature, "seed": settings.seed}, **(meta or {})}
+                       "temperature": settings.temperature, "seed": settings.seed},
+                   "step_budget": step_budget(ac.max_steps), "deduplicated": deduplicated, **(meta or {})}
 
     async def finish(record: EpisodeRecord, traj: Trajectory | None) -> None:
         if folder is not None:

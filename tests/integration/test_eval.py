@@ -258,3 +258,28 @@ def test_oracle_records_demonstrations_the_learner_takes(tiny_model, desktop_ima
                              "learner.replay=false"])
     with pytest.raises(ConfigError, match="needs the success replay"):
         seed_demonstrations(off, make_replay("off"), ["settings-sound-mute"])
+
+
+
+def test_command_runs_a_task_listed_twice_in_a_split_once_and_names_its_step_budget(tiny_model, desktop_image,
+                                                                                   tmp_path):
+    """A split listing a built-in task twice under its domain and again under another domain plans one episode of
+    it, under its first domain, and says so once on stderr and in report.json; --max-steps 15 is recorded as the
+    leaderboard's 15-step budget."""
+    split = tmp_path / "split.json"
+    split.write_text(json.dumps({"grid4": ["grid4-green", "grid4-green"], "menu": ["grid4-green"]}))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "arpo_cli", "eval", "--oracle", "--tokenizer", str(tiny_model),
+                           "--split", str(split), "--desktops", "2", "--max-steps", "15", "--out", str(out),
+                           "--set", f"actors.image={desktop_image!r}"],
+                          cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["planned"] == report["finished"] == report["overall"]["episodes"] == 1
+    assert list(report["tasks_detail"]) == ["grid4/grid4-green"]
+    assert report["overall"]["success_rate"] == 1.0  # the oracle's episode ran and scored
+    assert report["deduplicated"] == [{"task_id": "grid4-green", "domain": "grid4",
+                                       "also_listed_as": ["grid4", "menu"]}]
+    assert report["step_budget"] == {"max_steps": 15, "preset": "OSWorld 15-step"}
+    assert proc.stderr.count("listed more than once") == 1
+    assert (out / "grid4" / "grid4-green").is_dir() and not (out / "menu").exists()
