@@ -86,6 +86,10 @@ class EpisodeRunner:
     config: ActorConfig
     downloads: DownloadCache = field(default_factory=DownloadCache)
     success_threshold: float = DEFAULT_SUCCESS_THRESHOLD
+    keep_final_screenshot: bool = False
+    """Keep the settled screen after the last action (the one the evaluator reads) in the trajectory
+    (``Trajectory.final_screenshot``): ``arpo eval`` writes it as the last step's after-screen; training leaves it
+    out, so the learner gets no extra image."""
     resized_size: tuple[int, int] = field(init=False)
     """(w, h) of a screenshot as the model sees it (Qwen2.5-VL smart_resize of the screen size)."""
     sampling_params: dict = field(init=False)
@@ -234,6 +238,7 @@ class EpisodeRunner:
                         logprobs=gen.logprobs, versions=gen.token_versions, text=gen.text, action="",
                         generate_s=gen.latency_s, observe_s=observe_s)
             traj.steps.append(step)
+            step.acted_at = time.time()  # OSWorld's action_timestamp: just before the action (or the end) is taken
             try:
                 parsed = parse_reply(gen.text, resized_size=self.resized_size, screen_size=cfg.screen_size,
                                      coordinate_mode=cfg.coordinate_mode)
@@ -250,7 +255,9 @@ class EpisodeRunner:
             step.act_s = await perform(controller, parsed.actions, backend=cfg.action_backend,
                                        timeout_s=cfg.step_timeout_s)
         async with asyncio.timeout(cfg.step_timeout_s):  # the last action drawn before the evaluator reads
-            await self._settled(controller, traj.steps[-1] if traj.steps else None)
+            final = await self._settled(controller, traj.steps[-1] if traj.steps else None)
+        if self.keep_final_screenshot:
+            traj.final_screenshot = add_screenshot(traj.screenshots, final)
         return None
 
     async def _generate(self, **request) -> Generation:

@@ -5,9 +5,11 @@ a :class:`arpo_async.messages.Trajectory` the success replay can inject into a g
 exactly as it injects the policy's own past successes. The episodes may come from a stronger model scored with
 ``arpo eval --openai-url``, from the scripted oracle (``arpo eval --oracle``), or from a person.
 
-Format read (what ``arpo eval`` writes, actors.eval.results): ``DIR/<domain>/<task id>/<repeat>/`` with
+Format read (what ``arpo eval`` writes, actors.eval.results): episode folders at any depth of ``DIR`` with
 ``episode.json`` (``task_id``, ``instruction``, ``score``, ``success``), ``traj.jsonl`` (one line per step: the
-reply text ``response`` and ``screenshot_file``, the screenshot the step acted on) and the screenshots. Episodes
+reply text ``response`` and ``observation_file``, the screenshot the step acted on; a folder written before
+``observation_file`` existed names it ``screenshot_file``, which is now OSWorld's after-screen) and the
+screenshots. Episodes
 that are not successes, and folders without ``episode.json`` (an evaluation cut short), are skipped.
 
 A hostile or damaged folder (item 5 of issue 48): loading reads regular files only, never through a symbolic link
@@ -237,10 +239,10 @@ def _episode(folder: Path, *, success_threshold: float,
         if not isinstance(step, dict) or "Error" in step:
             raise DemonstrationError(f"{where} line {n}: not a step")
         reply = _text(step.get("response"), f"{where} line {n}", "response", empty=True)
-        shot = _text(step.get("screenshot_file"), f"{where} line {n}", "screenshot_file")
+        key = "observation_file" if "observation_file" in step else "screenshot_file"
+        shot = _text(step.get(key), f"{where} line {n}", key)
         if Path(shot).name != shot or shot in (".", ".."):
-            raise DemonstrationError(f"{where} line {n}: screenshot_file {shot!r} must name a file of the episode "
-                                     "folder")
+            raise DemonstrationError(f"{where} line {n}: {key} {shot!r} must name a file of the episode folder")
         if shot not in read:  # a file named by many steps is read, and held, once
             read[shot] = _read(folder / shot, screenshot_cap)
         replies.append(reply)

@@ -125,6 +125,9 @@ class Step:
     ``observe_s``, or before the evaluator after the last step); 0.0 when no action was settled after it."""
     settle_timed_out: bool = False
     """True when that wait ended at ``actors.settle_timeout_s`` with the screen still changing."""
+    acted_at: float = 0.0
+    """Wall-clock time (Unix seconds) the step's action was taken, or its end decided (finished, FAIL, a reply that
+    did not parse); 0.0 when not recorded. ``arpo eval`` prints it as OSWorld's ``action_timestamp``."""
 
     def __post_init__(self) -> None:
         self.prompt_ids = int_array(self.prompt_ids)
@@ -182,6 +185,9 @@ class Trajectory:
     """The session of the WorkRequest that got this rollout (:attr:`Hello.session`): the learner takes a
     trajectory for its slot only with the session the slot was handed out under, so a peer that copies another's
     routing id cannot submit for its rollouts."""
+    final_screenshot: int = -1
+    """Index in ``screenshots`` of the settled screen after the last action, the one the evaluator read; -1 when
+    not kept (training rollouts keep none: ``actors.episode.EpisodeRunner.keep_final_screenshot``)."""
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.outcome)  # ValueError for a string that names no Outcome

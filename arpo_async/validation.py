@@ -189,6 +189,8 @@ def check_trajectory(traj: Trajectory, *, vocab_size: int | None, version: int |
         _fail("lengths", "a SUCCESS trajectory with no step (nothing the policy did to learn from)")
     if len(traj.screenshots) > limits.max_screenshots:
         _fail("size", f"{len(traj.screenshots)} screenshots (most {limits.max_screenshots})")
+    if not -1 <= traj.final_screenshot < len(traj.screenshots):
+        _fail("image_indices", f"final_screenshot {traj.final_screenshot} but {len(traj.screenshots)} screenshots")
     values_ok = _values_ok(traj.steps, vocab_size, version)  # then the per-step value checks are skipped
     for i, step in enumerate(traj.steps):
         where = f"steps[{i}]"
@@ -220,6 +222,8 @@ def check_trajectory(traj: Trajectory, *, vocab_size: int | None, version: int |
                                    or max(step.image_indices) >= len(traj.screenshots)):
             _fail("image_indices", f"{where}.image_indices {min(step.image_indices)}..{max(step.image_indices)} "
                                    f"but {len(traj.screenshots)} screenshots")
+        if not math.isfinite(step.acted_at) or not 0.0 <= step.acted_at <= 1e11:
+            _fail("timings", f"{where}.acted_at = {step.acted_at!r} is not a finite Unix time >= 0")
         for name in ("generate_s", "act_s", "observe_s", "settle_s"):
             value = getattr(step, name)
             if not math.isfinite(value) or not 0.0 <= value <= 1e7:

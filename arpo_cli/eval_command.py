@@ -58,8 +58,9 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "eval", help="score a policy on a task set with real desktops (report.md, OSWorld-layout results)",
         description="Run every task of a task set (x --repeats) with a policy on real desktops, write each "
-                    "episode as OSWorld's runner does (OUT/<domain>/<task id>/<repeat>/result.txt, traj.jsonl, "
-                    "screenshots) and report.json / report.md: success with a 95% interval, pass@k and mean "
+                    "episode as OSWorld's runner does (OUT/<domain>/<task id>/result.txt, traj.jsonl, screenshots; "
+                    "OUT/repeat-<k>/<domain>/<task id>/ with --repeats K > 1), which OSWorld's show_result.py "
+                    "reads, and report.json / report.md: success with a 95% interval, pass@k and mean "
                     "steps, overall, per domain and per task. Errored episodes count as failures and are listed. "
                     + EXIT_STATUS + ".")
     policy = p.add_argument_group("policy (one of --model, --url, --openai-url, --oracle)")
@@ -98,6 +99,10 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true",
                    help="finish an --out that arpo eval created (its arpo-eval.json) with the same policy, step "
                         "budget, temperature and tasks: keep its finished episodes whose files agree, run the rest")
+    p.add_argument("--osworld-prefix", metavar="ACTION_SPACE/OBSERVATION_TYPE/MODEL", default="",
+                   help="write each repeat's episodes under OSWorld's results/<action_space>/<observation_type>/"
+                        "<model>/ prefix, e.g. pyautogui/screenshot/ui-tars-1.5-7b, so the folder sits beside "
+                        "OSWorld's own results (three plain folder names)")
     p.add_argument("--retry-errors", action="store_true",
                    help="with --resume, also run again the episodes that ended in an error (ENV_ERROR, TASK_ERROR, "
                         "ABORTED: e.g. the server was down)")
@@ -167,7 +172,8 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
                        "name": str(name), "weight_version": version},
             "command": "arpo " + shlex.join(args.argv)}
     claim_results(out, meta["policy"], EvalSettings(args.tasks, args.split, args.desktops, args.repeats,
-                                                    args.max_steps, args.temperature, args.seed),
+                                                    args.max_steps, args.temperature, args.seed,
+                                                    results_prefix=args.osworld_prefix),
                   config, resume=args.resume)  # before arpo-serve writes its log into OUT
     progress = ProgressPrinter()
     async with Children() as children:
@@ -200,7 +206,7 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
                                   repeats=args.repeats, max_steps=args.max_steps, temperature=args.temperature,
                                   seed=args.seed, out=out, resume=args.resume, config=config, encoder=encoder,
                                   meta={**meta, "out": str(out)}, progress=progress,
-                                  retry_errors=args.retry_errors)
+                                  retry_errors=args.retry_errors, results_prefix=args.osworld_prefix)
         finally:
             await policy.aclose()
             progress.close()
@@ -229,7 +235,7 @@ def check_arguments(args: argparse.Namespace, out: Path, config: RunConfig, poli
         flag = "--tokenizer" if args.tokenizer is not None else "model (the config's key)"
         raise EvalArgumentError(f"{flag} {config.model_path}: not a Hugging Face folder (no config.json)")
     settings = EvalSettings(args.tasks, args.split, args.desktops, args.repeats, args.max_steps, args.temperature,
-                            args.seed)
+                            args.seed, results_prefix=args.osworld_prefix)
     entries = load_task_set(args.tasks, args.split)
     resolved = replace(config, model=str(config.model_path.resolve()), actors=replace(  # as prepare() resolves it
         config.actors, image=config.actors.image or image_tag(config.actors.image_profile)))
@@ -255,6 +261,8 @@ class ProgressPrinter:
 
 def check_policy_args(args: argparse.Namespace) -> str | None:
     """Why the policy flags are unusable, or None."""
+    from actors.eval.results import parse_prefix
+
     given = [f for f in ("model", "url", "openai_url") if getattr(args, f) is not None] + (["oracle"] if args.oracle
                                                                                          else [])
     if len(given) != 1:
@@ -267,6 +275,10 @@ def check_policy_args(args: argparse.Namespace) -> str | None:
         return "--temperature must be a number >= 0"
     if args.seed < 0:
         return "--seed must be >= 0"
+    try:
+        parse_prefix(args.osworld_prefix)
+    except ValueError as e:
+        return str(e)
     for flag, url in (("--url", args.url), ("--openai-url", args.openai_url)):
         if url is not None and not _http_url(url):
             return f"{flag} {url}: not an http:// or https:// URL with a host (and a port in 1-65535, if any)"

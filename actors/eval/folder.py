@@ -2,9 +2,10 @@
 
 Owns ``OUT/arpo-eval.json`` (:data:`MANIFEST`), which marks a folder as one ``arpo eval`` created::
 
-    {"format": 1,
+    {"format": 2,
      "params": {...},                       what determines the results (:func:`run_params`); a resume must match
-     "episodes": ["<domain>/<task id>/<repeat>", ...]}   every episode folder this evaluation created
+     "episodes": ["[repeat-<k>/][<prefix>/]<domain>/<task id>", ...]}   every episode folder this evaluation
+                                            created, as its :class:`actors.eval.results.Layout` places it
 
 Invariants:
 
@@ -28,14 +29,16 @@ import tempfile
 import threading
 from pathlib import Path
 
-from actors.eval.results import (RECORD_FILE, EpisodeRecord, episode_dir, read_record, read_regular, record_problem,
-                                 remove_tree_below, safe_name, write_episode)
+from actors.eval.results import (RECORD_FILE, EpisodeRecord, Layout, episode_dir, parse_prefix, read_record,
+                                 read_regular, record_problem, remove_tree_below, safe_name, write_episode)
 from arpo_async.messages import Trajectory
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "arpo-eval.json"
-FORMAT = 1
+FORMAT = 2
+"""2: OSWorld's layout (one folder per episode, ``<domain>/<task id>`` under a root per repeat); 1 had a
+``<domain>/<task id>/<repeat>`` folder per episode."""
 MANIFEST_MAX_BYTES = 64 << 20
 """A manifest larger than this is refused as damaged (about a million episodes' paths)."""
 
@@ -60,7 +63,7 @@ def task_digest(entry) -> str:
 
 
 def run_params(policy: dict, entries: list, *, repeats: int, seed: int, tokenizer: str, success_threshold: float,
-               actors) -> dict:
+               actors, results_prefix: str = "") -> dict:
     """What determines an evaluation's results, as recorded in the manifest and compared on resume.
 
     Args:
@@ -72,9 +75,12 @@ def run_params(policy: dict, entries: list, *, repeats: int, seed: int, tokenize
         success_threshold: ``learner.success_threshold``; an episode scored above it is a success.
         actors: the effective ``ActorConfig`` (step budget and temperature already replaced by the flags); the
             :data:`RESULT_ACTORS_KEYS` are recorded.
+        results_prefix: OSWorld's ``<action space>/<observation type>/<model>`` below each root ("" = none;
+            :func:`actors.eval.results.parse_prefix`), which with ``repeats`` fixes the layout (:func:`layout_of`).
     """
     return {"policy": {k: policy.get(k) for k in ("kind", "name", "weight_version")},
             "repeats": repeats, "seed": seed, "tokenizer": tokenizer, "success_threshold": success_threshold,
+            "results_prefix": results_prefix,
             "actors": {k: _jsonable(getattr(actors, k)) for k in RESULT_ACTORS_KEYS},
             "tasks": {f"{e.domain}/{e.task_id}": task_digest(e) for e in entries}}
 
@@ -99,9 +105,10 @@ def param_difference(old: dict, new: dict) -> str | None:
     changed = sorted(t for t in new_tasks if old_tasks[t] != new_tasks[t])
     if changed:
         return f"task {changed[0]} as it was then (its task file changed since; {len(changed)} changed)"
-    for key in ("repeats", "seed", "tokenizer", "success_threshold"):
-        if old.get(key) != new[key]:
-            return f"{key.replace('_', ' ')} {old.get(key)}, this run asks {new[key]}"
+    for key in ("repeats", "seed", "tokenizer", "success_threshold", "results_prefix"):
+        if old.get(key, "" if key == "results_prefix" else None) != new[key]:
+            was, now = (repr(old.get(key)), repr(new[key])) if key == "results_prefix" else (old.get(key), new[key])
+            return f"{key.replace('_', ' ')} {was}, this run asks {now}"
     for key, now in new["actors"].items():
         was = (old.get("actors") or {}).get(key)
         if was != now:
@@ -132,9 +139,19 @@ def link_on_the_way(out: Path, rel: str) -> Path | None:
 
 
 def _valid_rel(rel) -> bool:
+    """``rel`` has the shape of an episode folder of some layout: 2 to 6 plain folder names (``safe_name`` keeps
+    each as it is: no "..", "/", empty or unprintable name), so a listed folder is always inside OUT."""
     parts = rel.split("/") if isinstance(rel, str) else []
-    return (len(parts) == 3 and all(p == safe_name(p) for p in parts[:2]) and parts[2].isascii()
-            and parts[2].isdigit() and str(int(parts[2])) == parts[2])
+    return 2 <= len(parts) <= 6 and all(p == safe_name(p) for p in parts)
+
+
+def layout_of(params: dict) -> Layout:
+    """The :class:`actors.eval.results.Layout` recorded parameters (:func:`run_params`) give: their ``repeats``
+    and ``results_prefix``. Raises ValueError when either is not one (a damaged or forged manifest)."""
+    prefix = params.get("results_prefix", "")
+    if not isinstance(prefix, str):
+        raise ValueError(f"results_prefix {prefix!r} is not a string")
+    return Layout(params.get("repeats"), parse_prefix(prefix))
 
 
 def read_manifest(out: Path) -> dict | None:
@@ -152,10 +169,19 @@ def read_manifest(out: Path) -> dict | None:
     except (OSError, ValueError, RecursionError) as exc:
         raise ResultsFolderError(f"{path}: unreadable ({exc}); arpo eval uses no folder it cannot tell is its "
                                  "own") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("params"), dict) \
+    if isinstance(data, dict) and data.get("format") == 1:
+        raise ResultsFolderError(f"{path}: made by an earlier arpo eval (format 1: a <domain>/<task id>/<repeat> "
+                                 f"folder per episode, not OSWorld's layout); keep it as it is and choose a new "
+                                 "folder for this evaluation")
+    try:
+        layout = layout_of(data["params"]) if isinstance(data, dict) and isinstance(data.get("params"), dict) \
+            else None
+    except ValueError:
+        layout = None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or layout is None \
             or not isinstance(data.get("episodes"), list) or not all(_valid_rel(r) for r in data["episodes"]):
-        raise ResultsFolderError(f"{path}: not an arpo eval manifest of format {FORMAT} (params, episodes as "
-                                 "<domain>/<task id>/<repeat>)")
+        raise ResultsFolderError(f"{path}: not an arpo eval manifest of format {FORMAT} (params with repeats and "
+                                 "results_prefix, episodes as [repeat-<k>/][<prefix>/]<domain>/<task id>)")
     return data
 
 
@@ -202,6 +228,7 @@ class ResultsFolder:
 
     def __init__(self, out: Path, manifest: dict) -> None:
         self.out = out
+        self.layout = layout_of(manifest["params"])
         self._manifest = manifest
         self._listed = set(manifest["episodes"])
         self._lock = threading.Lock()
@@ -239,6 +266,7 @@ class ResultsFolder:
         folder = cls.check(out, params, resume=resume)
         out.mkdir(parents=True, exist_ok=True)
         folder._manifest["params"] = params
+        folder.layout = layout_of(params)
         folder._save()
         return folder
 
@@ -284,7 +312,7 @@ class ResultsFolder:
                 continue
             record = read_record(path)
             problem = "unreadable, or a field of the wrong type" if record is None else (
-                "it names another episode" if episode_dir(self.out, *record.key) != path.parent
+                "it names another episode" if self._rel_of(record) != rel
                 else record_problem(record, path.parent, success_threshold=threshold, max_steps=max_steps))
             if problem:
                 log.warning("%s: %s; the episode runs again", path, problem)
@@ -305,8 +333,19 @@ class ResultsFolder:
                                      "eval replaces only its own episode folders: move it away")
 
     def rel(self, key: tuple[str, str, int]) -> str:
-        """The episode folder of ``key`` relative to OUT, as listed."""
-        return episode_dir(Path(), *key).as_posix()
+        """The episode folder of ``key`` relative to OUT, as listed (:meth:`actors.eval.results.Layout.rel`)."""
+        return self.layout.rel(*key)
+
+    def _rel_of(self, record: EpisodeRecord) -> str | None:
+        """Where this layout puts ``record`` (None: a repeat outside it)."""
+        try:
+            return self.rel(record.key)
+        except ValueError:
+            return None
+
+    def episode_dir(self, key: tuple[str, str, int]) -> Path:
+        """The folder of episode ``key``."""
+        return episode_dir(self.out, *key, self.layout)
 
     def write_episode(self, record: EpisodeRecord, trajectory: Trajectory | None) -> Path:
         """List the episode's folder in the manifest, then write it (:func:`actors.eval.results.write_episode`,
@@ -318,7 +357,7 @@ class ResultsFolder:
                 self._listed.add(rel)
                 self._manifest["episodes"].append(rel)
                 self._save()
-        return write_episode(self.out, record, trajectory)
+        return write_episode(self.out, record, trajectory, self.layout)
 
 
 __all__ = ["MANIFEST", "ResultsFolder", "ResultsFolderError", "check_owned", "param_difference", "read_manifest",

@@ -1,17 +1,28 @@
-"""One evaluation episode on disk, laid out as OSWorld's runner lays its results out, so scripts written for
-OSWorld read ours.
+"""One evaluation episode on disk, in OSWorld's results layout, so OSWorld's own ``show_result.py`` reads ours.
 
-OSWorld (``lib_run_single.run_single_example`` and ``show_result.py`` in https://github.com/xlang-ai/OSWorld)
-writes, per example, ``<result_dir>/<domain>/<example id>/``: ``traj.jsonl`` (one JSON object per step with
-``step_num``, ``action_timestamp``, ``action``, ``response``, ``reward``, ``done``, ``info`` and
-``screenshot_file``), the step screenshots, and ``result.txt`` (the evaluator's score as text). We add one level
-for the repeat and one file of our own::
+Matched to https://github.com/xlang-ai/OSWorld at commit 5f6497afda80807c4739c08f28dbe64242b814b0 (2025-02-15):
+``lib_run_single.run_single_example`` writes, per example, ``<result_dir>/<action_space>/<observation_type>/
+<model>/<domain>/<example id>/``: per action a screenshot ``step_<n>_<timestamp>.png`` of the screen AFTER the action
+(the observation ``env.step`` returns) and a ``traj.jsonl`` line (``step_num`` from 1, ``action_timestamp`` taken
+with ``datetime.now()`` just before the action, ``action``, ``reward`` and ``done`` and ``info`` as ``env.step``
+returns them, ``screenshot_file``; later versions add ``response``, the reply, and print the timestamp with
+microseconds, ``"%Y%m%d@%H%M%S%f"``, as we do), then ``result.txt`` (the evaluator's score as ``f"{result}\\n"``).
+When an example raises, ``run.py`` appends ``{"Error": ...}`` to its ``traj.jsonl`` and writes no ``result.txt``,
+so ``show_result.get_result`` (which averages every ``<domain>/<example id>/result.txt`` under that prefix) leaves
+it out. We write the same, per root (:class:`Layout`)::
 
-    OUT/<domain>/<task id>/<repeat>/result.txt     the score ("0.0" for an episode that errored: it counts)
-                                   /traj.jsonl     one line per policy step (OSWorld's keys)
-                                   /step_<i>.png   the screenshot step i acted on (or .jpg), i from 1
-                                   /episode.json   our record (:class:`EpisodeRecord`): outcome, error, steps,
-                                                   policy version, seconds; written last
+    ROOT/<domain>/<task id>/result.txt     the score (none when the episode errored: OSWorld's rule)
+                           /traj.jsonl     a line per policy step (OSWorld's keys), then {"Error": ...} if errored
+                           /step_<n>_<timestamp>.png   the screen after step n's action (or .jpg)
+                           /step_0.png     the screen the first step saw (OSWorld keeps none; ours, for demos)
+                           /episode.json   our record (:class:`EpisodeRecord`); written last
+
+where ROOT is OUT for one repeat, ``OUT/repeat-<k>`` for repeat k of K > 1 (k from 1), and either followed by
+``<action space>/<observation type>/<model>`` when ``arpo eval --osworld-prefix`` names them. Each ``traj.jsonl``
+line also carries ``observation_file``, the screenshot the step acted on (our key; OSWorld's readers ignore it).
+A step that ended the episode without acting (``finished``, ``call_user``, a reply that did not parse) has as its
+after-screen the screen it saw; the last action's after-screen is the settled screen the evaluator read
+(``Trajectory.final_screenshot``).
 
 An episode is done when its ``episode.json`` exists; :func:`read_records` ignores a folder without one, so an
 evaluation cut short mid-write re-runs that episode (:mod:`actors.eval.folder` owns which folders a resume may
@@ -24,6 +35,7 @@ Domains and task ids come from task files; a name that is not a safe single path
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import math
 import os
@@ -33,7 +45,7 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-from arpo_async.messages import Outcome, Trajectory
+from arpo_async.messages import Outcome, Step, Trajectory
 from arpo_async.success import is_success
 
 RECORD_FILE = "episode.json"
@@ -41,6 +53,13 @@ RECORD_MAX_BYTES = 1 << 20
 """An ``episode.json`` or ``result.txt`` larger than this is not ours (ours are a few hundred bytes)."""
 ERROR_OUTCOMES = frozenset({Outcome.ENV_ERROR, Outcome.TASK_ERROR, Outcome.ABORTED})
 """Outcomes whose episode is listed as an error (and counts as a failure)."""
+TIMESTAMP_FORMAT = "%Y%m%d@%H%M%S%f"
+"""``action_timestamp`` as OSWorld's ``lib_run_single.run_single_example`` prints it (local time); the commit we
+cite printed ``"%Y%m%d@%H%M%S"``, OSWorld's main adds the microseconds (``%f``)."""
+REPEAT_ROOT = "repeat-{}"
+"""The root of repeat k (from 1) when an evaluation has more than one repeat: ``OUT/repeat-1``, ..."""
+INITIAL_SCREEN = "step_0"
+"""The file name (before its suffix) of the screen the first step saw."""
 
 
 @dataclass(frozen=True)
@@ -92,9 +111,75 @@ def safe_name(name: str) -> str:
     return quoted if quoted not in (".", "..") else quoted.replace(".", "%2E")
 
 
-def episode_dir(out: Path, domain: str, task_id: str, repeat: int) -> Path:
-    """``out/<domain>/<task id>/<repeat>`` with both names made safe (:func:`safe_name`)."""
-    return out / safe_name(domain) / safe_name(task_id) / str(repeat)
+def parse_prefix(text: str | None) -> tuple[str, ...]:
+    """``--osworld-prefix``'s ``ACTION_SPACE/OBSERVATION_TYPE/MODEL`` (e.g. ``pyautogui/screenshot/ui-tars``) as
+    three folder names, or () for None or "". Each must be a safe single path component (:func:`safe_name` keeps it
+    as it is: not empty, ".", "..", no "/", "\\\\", NUL or unprintable character) and not start with "repeat-".
+
+    Raises:
+        ValueError: one line naming the prefix and what is wrong (absolute, "..", not three names, ...).
+    """
+    if not text:
+        return ()
+    parts = text.split("/")
+    bad = [p for p in parts if p != safe_name(p) or p.startswith("repeat-")]
+    if len(parts) != 3 or bad:
+        why = ("an absolute path" if text.startswith("/") else f"{len(parts)} names" if not bad
+               else f"{bad[0]!r} is reserved for repeats" if bad[0].startswith("repeat-")
+               else f"{bad[0]!r} is not a plain folder name")
+        raise ValueError(f"--osworld-prefix {text!r}: give ACTION_SPACE/OBSERVATION_TYPE/MODEL, three plain folder "
+                         f"names (OSWorld's results/<action_space>/<observation_type>/<model>/); {why}")
+    return tuple(parts)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where an evaluation's episodes go under OUT (module docstring): ``repeats`` (K) and the OSWorld ``prefix``
+    (() or three names, :func:`parse_prefix`). Raises ValueError when built with a bad one."""
+
+    repeats: int = 1
+    prefix: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if type(self.repeats) is not int or self.repeats < 1:
+            raise ValueError(f"repeats {self.repeats!r} is not an integer >= 1")
+        if parse_prefix("/".join(self.prefix)) != tuple(self.prefix):
+            raise ValueError(f"prefix {self.prefix!r} is not three plain folder names")
+
+    def root(self, repeat: int) -> tuple[str, ...]:
+        """The parts below OUT of repeat ``repeat``'s root (from 0): what OSWorld calls the ``result_dir`` plus
+        its prefix. Raises ValueError for a repeat outside 0..K-1."""
+        if not 0 <= repeat < self.repeats:
+            raise ValueError(f"repeat {repeat} outside 0..{self.repeats - 1}")
+        return ((REPEAT_ROOT.format(repeat + 1),) if self.repeats > 1 else ()) + self.prefix
+
+    def rel(self, domain: str, task_id: str, repeat: int) -> str:
+        """The episode folder below OUT, ``/``-separated, names made safe (:func:`safe_name`)."""
+        return "/".join(self.root(repeat) + (safe_name(domain), safe_name(task_id)))
+
+    def valid_rel(self, rel: object) -> bool:
+        """``rel`` is an episode folder this layout can make (a manifest entry)."""
+        if not isinstance(rel, str):
+            return False
+        parts = rel.split("/")
+        lead = len(parts) - 2
+        if lead < 0 or any(p != safe_name(p) for p in parts[lead:]):
+            return False
+        return any(tuple(parts[:lead]) == self.root(r) for r in range(self.repeats))
+
+
+SINGLE = Layout()
+"""One repeat, no prefix: ``OUT/<domain>/<task id>/``."""
+
+
+def episode_dir(out: Path, domain: str, task_id: str, repeat: int, layout: Layout = SINGLE) -> Path:
+    """The episode's folder under ``out`` (:meth:`Layout.rel`)."""
+    return out.joinpath(*layout.rel(domain, task_id, repeat).split("/"))
+
+
+def action_timestamp(unix_s: float) -> str:
+    """``unix_s`` (seconds) as OSWorld's ``action_timestamp`` (:data:`TIMESTAMP_FORMAT`, local time)."""
+    return datetime.datetime.fromtimestamp(unix_s).strftime(TIMESTAMP_FORMAT)
 
 
 def _image_suffix(data: bytes) -> str:
@@ -107,15 +192,67 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_episode(out: Path, record: EpisodeRecord, trajectory: Trajectory | None) -> Path:
-    """Write one episode's folder (screenshots, traj.jsonl, result.txt, then episode.json); returns it.
+def _ended(step: Step) -> str:
+    """How ``step`` ended the episode without acting: "done" (finished), "fail" (call_user / FAIL), "unparsed"
+    (the reply did not parse), or "" (it acted)."""
+    kind = step.action.split("(", 1)[0]
+    return {"finished": "done", "fail": "fail", "": "unparsed"}.get(kind, "")
+
+
+def after_screens(trajectory: Trajectory) -> list[int | None]:
+    """Per step, the index in ``trajectory.screenshots`` of the screen after its action: the next step's
+    observation; for the last step the screen it saw when it did not act (:func:`_ended`), else the settled screen
+    the evaluator read (``final_screenshot``); None when not recorded (the episode errored first)."""
+    steps, out = trajectory.steps, []
+    for i, step in enumerate(steps):
+        if i + 1 < len(steps):
+            nxt = steps[i + 1].image_indices
+            out.append(nxt[-1] if nxt else None)
+        elif _ended(step):
+            out.append(step.image_indices[-1] if step.image_indices else None)
+        else:
+            final = trajectory.final_screenshot
+            out.append(final if 0 <= final < len(trajectory.screenshots) else None)
+    return out
+
+
+def _steps(folder: Path, record: EpisodeRecord, trajectory: Trajectory | None) -> list[str]:
+    """Write the screenshots of ``trajectory``'s steps into ``folder``; return the traj.jsonl lines."""
+    if trajectory is None:
+        return []
+    shots, names, lines = trajectory.screenshots, {}, []
+    for n, (step, after) in enumerate(zip(trajectory.steps, after_screens(trajectory)), start=1):
+        seen = step.image_indices[-1] if step.image_indices else None
+        if n == 1 and seen is not None:
+            names[seen] = INITIAL_SCREEN + _image_suffix(shots[seen])
+            (folder / names[seen]).write_bytes(shots[seen])
+        stamp = action_timestamp(step.acted_at)
+        shot = ""
+        if after is not None:
+            shot = f"step_{n}_{stamp}{_image_suffix(shots[after])}"
+            (folder / shot).write_bytes(shots[after])
+            names.setdefault(after, shot)
+        ended = _ended(step)
+        lines.append(json.dumps({
+            "step_num": n, "action_timestamp": stamp, "action": step.action, "response": step.text, "reward": 0,
+            "done": ended in ("done", "fail"), "info": {ended: True} if ended in ("done", "fail") else {},
+            "screenshot_file": shot, "observation_file": names.get(seen, "")}))
+    return lines
+
+
+def write_episode(out: Path, record: EpisodeRecord, trajectory: Trajectory | None,
+                  layout: Layout = SINGLE) -> Path:
+    """Write one episode's folder (module docstring: screenshots, traj.jsonl, result.txt unless it errored, then
+    episode.json); returns it. ``reward`` is 0 on every line as OSWorld's ``DesktopEnv.step`` returns it (the score
+    is result.txt's); ``done`` and ``info`` are ``env.step``'s for DONE (``{"done": true}``) and FAIL
+    (``{"fail": true}``).
 
     A folder left from an earlier try of the same episode is replaced (``arpo eval`` calls this through
     :meth:`actors.eval.folder.ResultsFolder.write_episode`, which first checks the folder is its own). Raises
     OSError when it cannot be written, or when a component below ``out`` is a symbolic link or not a folder:
-    nothing is deleted or written through a link.
+    nothing is deleted or written through a link; ValueError for a repeat outside ``layout``.
     """
-    folder = episode_dir(out, record.domain, record.task_id, record.repeat)
+    folder = episode_dir(out, record.domain, record.task_id, record.repeat, layout)
     path = out
     for part in folder.relative_to(out).parts:
         path = path / part
@@ -124,22 +261,12 @@ def write_episode(out: Path, record: EpisodeRecord, trajectory: Trajectory | Non
     if folder.exists():
         remove_tree_below(out, folder.relative_to(out).parts)
     folder.mkdir(parents=True)
-    lines = []
-    steps = trajectory.steps if trajectory is not None else []
-    for i, step in enumerate(steps, start=1):
-        shot = ""
-        if step.image_indices and trajectory is not None:
-            data = trajectory.screenshots[step.image_indices[-1]]
-            shot = f"step_{i}{_image_suffix(data)}"
-            (folder / shot).write_bytes(data)
-        last = i == len(steps)
-        lines.append(json.dumps({
-            "step_num": i, "action_timestamp": "", "action": step.action, "response": step.text,
-            "reward": record.score if last else 0.0, "done": last, "info": {}, "screenshot_file": shot}))
-    if record.error:
-        lines.append(json.dumps({"Error": record.error}))  # OSWorld's runner logs an exception this way
+    lines = _steps(folder, record, trajectory)
+    if record.error:  # as OSWorld's run.py leaves an example that raised: this line, and no result.txt
+        lines.append(json.dumps({"Error": f"{record.domain}/{record.task_id}: {record.error}"}))
     (folder / "traj.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    (folder / "result.txt").write_text(f"{record.score}\n", encoding="utf-8")
+    if not record.error:
+        (folder / "result.txt").write_text(f"{record.score}\n", encoding="utf-8")
     _atomic_write(folder / RECORD_FILE, json.dumps(dataclasses.asdict(record), indent=1))
     return folder
 
@@ -202,7 +329,8 @@ def record_problem(record: EpisodeRecord, folder: Path, *, success_threshold: fl
     """Why a finished episode's record cannot be trusted, or None: its fields must agree with each other, with
     the step budget and with ``folder/result.txt`` as :func:`write_episode` and ``actors.eval.runner.record_of``
     write them (outcome from ``actors.episode.episode_outcome``: SUCCESS iff the score is above
-    ``success_threshold``; an error outcome has an error, a score of 0.0 and no success)."""
+    ``success_threshold``; an error outcome has an error, a score of 0.0, no success and no ``result.txt``, as
+    OSWorld's ``run.py`` leaves an example that raised)."""
     if record.outcome not in {o.value for o in Outcome}:
         return f"outcome {record.outcome!r} is not one of {', '.join(o.value for o in Outcome)}"
     if not (math.isfinite(record.score) and 0.0 <= record.score <= 1.0):
@@ -216,7 +344,9 @@ def record_problem(record: EpisodeRecord, folder: Path, *, success_threshold: fl
         return f"success {record.success} with outcome {record.outcome}"
     if errored and record.score != 0.0:
         return f"an errored episode ({record.outcome}) with score {record.score}"
-    if not errored and is_success(record.score, success_threshold) != record.success:
+    if errored:  # OSWorld's rule: an example that raised has no result.txt (show_result.py would count it)
+        return "an errored episode with a result.txt" if os.path.lexists(folder / "result.txt") else None
+    if is_success(record.score, success_threshold) != record.success:
         return f"success {record.success} with score {record.score} (success means above {success_threshold})"
     try:
         text = read_regular(folder / "result.txt", RECORD_MAX_BYTES).strip()
@@ -226,18 +356,34 @@ def record_problem(record: EpisodeRecord, folder: Path, *, success_threshold: fl
     return None if agrees else f"result.txt says {text[:40]!r}, episode.json score {record.score}"
 
 
+def _layout_holds(parts: tuple[str, ...], record: EpisodeRecord) -> bool:
+    """``parts`` (an episode folder below OUT) is where some :class:`Layout` puts ``record``: a root of none,
+    ``repeat-<k>`` (k = its repeat + 1) or either with a three-name prefix, then its domain and task id."""
+    if parts[-2:] != (safe_name(record.domain), safe_name(record.task_id)):
+        return False
+    lead = parts[:-2]
+    repeat_root = REPEAT_ROOT.format(record.repeat + 1)
+    if lead and lead[0] == repeat_root:
+        lead = lead[1:]
+    elif record.repeat != 0:
+        return False
+    return len(lead) in (0, 3) and all(p == safe_name(p) for p in lead)
+
+
 def read_records(out: Path) -> dict[tuple[str, str, int], EpisodeRecord]:
     """Every finished episode under ``out``, by (domain, task id, repeat), read as any script reads them: no
-    consistency check (:meth:`actors.eval.folder.ResultsFolder.finished` is what a resume trusts); folders
-    reached through a symbolic link are skipped."""
+    consistency check (:meth:`actors.eval.folder.ResultsFolder.finished` is what a resume trusts); the walk follows
+    no symbolic link, and a record counts only in a folder a :class:`Layout` would put it in."""
     records: dict[tuple[str, str, int], EpisodeRecord] = {}
-    if not out.is_dir():
+    if not out.is_dir() or out.is_symlink():
         return records
-    for path in out.glob(f"*/*/*/{RECORD_FILE}"):
-        rel = path.parent.relative_to(out)
-        if any((out / Path(*rel.parts[:i])).is_symlink() for i in range(1, len(rel.parts) + 1)):
+    for dirpath, dirnames, filenames in os.walk(out):  # os.walk does not descend into linked folders
+        parts = Path(dirpath).relative_to(out).parts
+        if len(parts) >= 6:
+            dirnames.clear()  # the deepest layout: repeat-<k>/<3 prefix names>/<domain>/<task id>
+        if RECORD_FILE not in filenames or len(parts) < 2:
             continue
-        record = read_record(path)
-        if record is not None and path.parent == episode_dir(out, record.domain, record.task_id, record.repeat):
+        record = read_record(Path(dirpath) / RECORD_FILE)
+        if record is not None and _layout_holds(parts, record):
             records[record.key] = record
     return records

@@ -31,7 +31,7 @@ from actors.env_actor import EnvActor
 from actors.episode import EpisodeRunner
 from actors.eval.report import build_report, write_report
 from actors.eval.folder import ResultsFolder, run_params
-from actors.eval.results import ERROR_OUTCOMES, EpisodeRecord
+from actors.eval.results import ERROR_OUTCOMES, EpisodeRecord, parse_prefix
 from actors.osworld.downloads import run_download_cache
 from actors.policy import GenerateFn, Policy
 from arpo_async.benchmark_sets import step_budget
@@ -61,6 +61,9 @@ class EvalSettings:
         max_steps: policy steps per episode (None = the config's ``actors.max_steps``).
         temperature: sampling temperature (:data:`DEFAULT_TEMPERATURE`).
         seed: seeds the order the episodes run in.
+        results_prefix: OSWorld's ``<action space>/<observation type>/<model>`` to write each repeat's episodes
+            under (``arpo eval --osworld-prefix``; "" = none), so the folder reads as OSWorld's ``results/`` does
+            (:mod:`actors.eval.results`). ValueError for one that is not three plain folder names.
     """
 
     tasks: str | Path | None = None
@@ -70,8 +73,10 @@ class EvalSettings:
     max_steps: int | None = None
     temperature: float = DEFAULT_TEMPERATURE
     seed: int = 0
+    results_prefix: str = ""
 
     def __post_init__(self) -> None:
+        parse_prefix(self.results_prefix)  # ValueError: one line naming it
         if self.desktops < 1 or self.repeats < 1 or (self.max_steps is not None and self.max_steps < 1):
             raise ValueError(f"desktops, repeats and max_steps must be >= 1; got {self.desktops}, {self.repeats}, "
                              f"{self.max_steps}")
@@ -99,7 +104,7 @@ def claim_results(out: Path, policy: dict, settings: EvalSettings, config: RunCo
     config = settings.apply(config)
     params = run_params(policy, entries, repeats=settings.repeats, seed=settings.seed,
                         tokenizer=str(config.model_path), success_threshold=config.learner.success_threshold,
-                        actors=config.actors)
+                        actors=config.actors, results_prefix=settings.results_prefix)
     return (ResultsFolder.check if check_only else ResultsFolder.claim)(out, params, resume=resume)
 
 
@@ -230,15 +235,16 @@ async def evaluate(policy: Policy | GenerateFn, tasks: str | Path | None = None,
                    temperature: float = DEFAULT_TEMPERATURE, seed: int = 0, out: str | Path | None = None,
                    resume: bool = False, config: RunConfig | None = None, encoder: PromptEncoder | None = None,
                    meta: dict | None = None, progress: Callable[[Progress], None] | None = None,
-                   retry_errors: bool = False) -> dict:
+                   retry_errors: bool = False, results_prefix: str = "") -> dict:
     """Score ``policy`` on a task set with real desktops; returns the report (:mod:`actors.eval.report`).
 
     Args:
         policy: a Policy (PolicyClient, OpenAIChatPolicy, your own) or an async callable
             (:func:`actors.policy.as_policy`).
         tasks, split, desktops, repeats, max_steps, temperature, seed: see :class:`EvalSettings`.
-        out: the results folder (:mod:`actors.eval.results`, plus report.json and report.md); None = keep nothing
-            on disk.
+        out: the results folder (:mod:`actors.eval.results`: OSWorld's layout, one root per repeat when
+            ``repeats`` > 1; plus report.json and report.md over every repeat); None = keep nothing on disk.
+        results_prefix: see :class:`EvalSettings`.
         resume: keep the finished episodes in ``out`` and run only the missing ones (without it, an ``out`` that
             holds results is refused). Only a folder that ``evaluate`` created (its ``arpo-eval.json``), evaluated
             with the same parameters (:func:`actors.eval.folder.run_params`), is resumed; a finished episode whose
@@ -263,7 +269,8 @@ async def evaluate(policy: Policy | GenerateFn, tasks: str | Path | None = None,
         asyncio.CancelledError: cancelled (Ctrl-C): the finished episodes are on disk and the report of them is
             written first.
     """
-    settings = EvalSettings(tasks, split, desktops, repeats, max_steps, temperature, seed)
+    settings = EvalSettings(tasks, split, desktops, repeats, max_steps, temperature, seed,
+                            results_prefix=results_prefix)
     entries = load_task_set(settings.tasks, settings.split)
     if deduplicated := duplicate_listings(entries):
         log.warning("%s", duplicates_line(deduplicated))  # once per evaluation, on stderr
@@ -326,7 +333,8 @@ async def _run_episodes(plan: list[tuple[TaskEntry, int]], config: RunConfig, en
     ac = config.actors
     downloads = run_download_cache(config.run_dir, config.learner.osworld_files, ac.download_max_mb,
                                    ac.download_timeout_s)
-    runner = EpisodeRunner(encoder, policy, ac, downloads, config.learner.success_threshold)
+    runner = EpisodeRunner(encoder, policy, ac, downloads, config.learner.success_threshold,
+                           keep_final_screenshot=True)  # the last action's after-screen, for traj.jsonl
     work = _LocalWork(plan, finish)
     pool = desktop_pool(config)
     fleet = pool.fleet

@@ -199,8 +199,14 @@ def _replace_with_fifo(path) -> None:
     os.mkfifo(path)
 
 
+def _seen(folder, n: int):
+    """The screenshot file step ``n`` (from 1) acted on, as traj.jsonl names it (``observation_file``)."""
+    line = (folder / "traj.jsonl").read_text().splitlines()[n - 1]
+    return folder / json.loads(line)["observation_file"]
+
+
 def _outside_png(folder):
-    outside = folder.parents[3] / "outside.png"  # beside the demonstrations folder, not in it
+    outside = folder.parents[2] / "outside.png"  # beside the demonstrations folder, not in it
     outside.write_bytes(png())
     return outside
 
@@ -221,32 +227,33 @@ CASES = {
                              r"traj.jsonl line 2: response is not valid UTF-8"),
     "surrogate in the instruction": (lambda f: _rewrite_record(f, instruction="Turn \udfff on."),
                                      "episode.json: instruction is not valid UTF-8"),
-    "surrogate in a file name": (lambda f: _rewrite_step(f, 0, screenshot_file="\ud800.png"),
-                                 "traj.jsonl line 1: screenshot_file is not valid UTF-8"),
+    "surrogate in a file name": (lambda f: _rewrite_step(f, 0, observation_file="\ud800.png"),
+                                 "traj.jsonl line 1: observation_file is not valid UTF-8"),
     "nested traj.jsonl": (lambda f: (f / "traj.jsonl").write_text(NESTED + "\n"),
                           "traj.jsonl line 1: not JSON: RecursionError"),
     "nested episode.json": (lambda f: (f / "episode.json").write_text('{"success": true, "x": ' + NESTED + "}"),
                             "episode.json: not JSON: RecursionError"),
-    "screenshot linked to /dev/zero": (lambda f: _replace_with_link(f / "step_1.png", "/dev/zero"),
-                                       "step_1.png: is a symbolic link"),
-    "screenshot a FIFO": (lambda f: _replace_with_fifo(f / "step_2.png"), "step_2.png: is not a regular file"),
+    "screenshot linked to /dev/zero": (lambda f: _replace_with_link(_seen(f, 1), "/dev/zero"),
+                                       "step_0.png: is a symbolic link"),
+    "screenshot a FIFO": (lambda f: _replace_with_fifo(_seen(f, 2)), r"step_1_\d{8}@\d{12}.png: is not a regular"),
     "traj.jsonl a FIFO": (lambda f: _replace_with_fifo(f / "traj.jsonl"), "traj.jsonl: is not a regular file"),
     "episode.json a FIFO": (lambda f: _replace_with_fifo(f / "episode.json"), "episode.json: is not a regular file"),
     "traj.jsonl over its cap": (lambda f: os.truncate(f / "traj.jsonl", 9 << 20), "traj.jsonl: 9437184 bytes, over"),
     "too many steps": (lambda f: (f / "traj.jsonl").write_text("{}\n" * 1001), "1001 steps, more than the 1000"),
-    "a file name with a newline": (lambda f: _rewrite_step(f, 2, screenshot_file="x\ny.png"),
+    "a file name with a newline": (lambda f: _rewrite_step(f, 2, observation_file="x\ny.png"),
                                    r"x\\ny.png: cannot be read: No such file"),
-    "screenshot named ..": (lambda f: _rewrite_step(f, 0, screenshot_file=".."), "must name a file of the episode"),
+    "screenshot named ..": (lambda f: _rewrite_step(f, 0, observation_file=".."), "must name a file of the episode"),
     # accepted on b190f2c:
     "success at the threshold": (lambda f: _rewrite_record(f, score=0.1),
                                  "success is true but score 0.1 is not above learner.success_threshold 0.1"),
     "success below the threshold": (lambda f: _rewrite_record(f, score=0.0), "score 0.0 is not above"),
-    "a 200 MB PNG": (lambda f: _huge_png(f / "step_3.png"), r"step_3.png: 209715200 bytes, over the cap of 4734976"),
-    "screenshot linked outside": (lambda f: _replace_with_link(f / "step_1.png", _outside_png(f)),
-                                  "step_1.png: is a symbolic link"),
-    "screenshot linked inside": (lambda f: _replace_with_link(f / "step_2.png", f / "step_1.png"),
-                                 "step_2.png: is a symbolic link"),
-    "episode.json linked outside": (lambda f: _replace_with_link(f / "episode.json", f.parents[3] / "e.json"),
+    "a 200 MB PNG": (lambda f: _huge_png(_seen(f, 3)), r"step_2_\d{8}@\d{12}.png: 209715200 bytes, over the cap of "
+                                                       "4734976"),
+    "screenshot linked outside": (lambda f: _replace_with_link(_seen(f, 1), _outside_png(f)),
+                                  "step_0.png: is a symbolic link"),
+    "screenshot linked inside": (lambda f: _replace_with_link(_seen(f, 2), _seen(f, 1)),
+                                 r"step_1_\d{8}@\d{12}.png: is a symbolic link"),
+    "episode.json linked outside": (lambda f: _replace_with_link(f / "episode.json", f.parents[2] / "e.json"),
                                     "episode.json: is a symbolic link"),
 }
 
@@ -258,8 +265,8 @@ def test_a_hostile_demonstration_folder_is_refused_with_one_line_naming_the_file
     folder = write_episode(demos, EpisodeRecord("settings", "settings-sound-mute", 0, 1.0, True, "success", steps=3,
                                                 instruction="Turn on Mute."), recorded_episode(encoder))
     (tmp_path / "e.json").write_text((folder / "episode.json").read_text())  # an honest record outside the folder
-    assert sorted(p.name for p in folder.iterdir()) == ["episode.json", "result.txt", "step_1.png", "step_2.png",
-                                                        "step_3.png", "traj.jsonl"]
+    assert sorted(re.sub(r"_\d{8}@\d{12}", "", p.name) for p in folder.iterdir()) == [
+        "episode.json", "result.txt", "step_0.png", "step_1.png", "step_2.png", "step_3.png", "traj.jsonl"]
     load_demonstrations(demos, encoder, screen_size=(1280, 720), history_images=2, prompt_style="compact")  # honest
     damage(folder)
     with pytest.raises(DemonstrationError) as refused:

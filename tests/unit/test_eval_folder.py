@@ -94,55 +94,66 @@ def test_a_symlinked_task_folder_inside_ours_is_never_followed(tmp_path, caplog)
     write(folder, 0)
     write(folder, 1)
     victim = tmp_path / "elsewhere"
-    (victim / "0").mkdir(parents=True)  # looks like an unfinished episode: no episode.json
-    (victim / "0" / "thesis.tex").write_text("years of work\n")
-    (victim / "1").mkdir()
-    (victim / "1" / "episode.json").write_text((out / "grid4/grid4-green/1/episode.json").read_text())
-    (victim / "1" / "result.txt").write_text("1.0\n")
-    os.rename(out / "grid4" / "grid4-green", tmp_path / "moved")
-    os.symlink(victim, out / "grid4" / "grid4-green")
-    before = tree(victim)
+    (victim / "grid4-green").mkdir(parents=True)  # looks like an unfinished episode: no episode.json
+    (victim / "grid4-green" / "thesis.tex").write_text("years of work\n")
+    finished = tmp_path / "finished-elsewhere"  # looks like a finished one
+    finished.mkdir()
+    (finished / "episode.json").write_text((out / "repeat-2/grid4/grid4-green/episode.json").read_text())
+    (finished / "result.txt").write_text("1.0\n")
+    for repeat, target in ((1, victim), (2, finished)):  # a linked domain folder, a linked episode folder
+        link = out / f"repeat-{repeat}" / "grid4" / ("" if repeat == 1 else "grid4-green")
+        os.rename(link, tmp_path / f"moved-{repeat}")
+        os.symlink(target, link)
+    before = tree(victim), tree(finished)
     with caplog.at_level(logging.WARNING), pytest.raises(ResultsFolderError, match="symbolic link") as refused:
         asyncio.run(evaluate(quitter, "grid4-green", out=out, resume=True, repeats=2))
-    assert str(out / "grid4" / "grid4-green") in str(refused.value)
-    assert "left alone" in caplog.text and str(out / "grid4" / "grid4-green") in caplog.text
-    assert tree(victim) == before
+    links = (str(out / "repeat-1" / "grid4"), str(out / "repeat-2" / "grid4" / "grid4-green"))
+    assert any(link in str(refused.value) for link in links)
+    assert caplog.text.count("left alone") == 2 and all(link in caplog.text for link in links)
+    assert (tree(victim), tree(finished)) == before
     resumed = ResultsFolder.claim(out, read_manifest(out)["params"], resume=True)
     assert resumed.finished(max_steps=5) == {}  # a record reached through a link is not trusted
-    # the same through the command: refused before anything runs, the link's target intact
-    assert tree(victim) == before
+    assert (tree(victim), tree(finished)) == before
 
 
 def test_only_listed_episode_folders_are_deleted_and_a_foreign_one_is_refused(tmp_path):
     out = tmp_path / "out"
     folder = ours(out, repeats=3)
     write(folder, 0)
-    (out / "grid4/grid4-green/1").mkdir()  # not listed (made by someone else): neither deleted nor replaced
-    (out / "grid4/grid4-green/1/keep.txt").write_text("mine\n")
-    (out / "grid4/other/0").mkdir(parents=True)  # not listed, not a planned episode
-    (out / "grid4/other/0/keep.txt").write_text("mine\n")
-    listed = out / "grid4/grid4-green/2"  # listed (ours) and cut short: deleted on resume
-    folder._listed.add("grid4/grid4-green/2")
-    folder._manifest["episodes"].append("grid4/grid4-green/2")
+    (out / "repeat-2/grid4/grid4-green").mkdir(parents=True)  # not listed (someone else's): not deleted, replaced
+    (out / "repeat-2/grid4/grid4-green/keep.txt").write_text("mine\n")
+    (out / "repeat-1/grid4/other").mkdir(parents=True)  # not listed, not a planned episode
+    (out / "repeat-1/grid4/other/keep.txt").write_text("mine\n")
+    listed = out / "repeat-3/grid4/grid4-green"  # listed (ours) and cut short: deleted on resume
+    folder._listed.add("repeat-3/grid4/grid4-green")
+    folder._manifest["episodes"].append("repeat-3/grid4/grid4-green")
     folder._save()
-    listed.mkdir()
-    (listed / "step_1.png").write_bytes(b"partial")
+    listed.mkdir(parents=True)
+    (listed / "step_1_20250101@000000000000.png").write_bytes(b"partial")
     with pytest.raises(ResultsFolderError, match="not made by this evaluation") as refused:
         asyncio.run(evaluate(quitter, "grid4-green", out=out, resume=True, repeats=3))
-    assert str(out / "grid4/grid4-green/1") in str(refused.value)
-    assert (out / "grid4/grid4-green/1/keep.txt").read_text() == "mine\n"
-    assert (out / "grid4/other/0/keep.txt").read_text() == "mine\n"
+    assert str(out / "repeat-2/grid4/grid4-green") in str(refused.value)
+    assert (out / "repeat-2/grid4/grid4-green/keep.txt").read_text() == "mine\n"
+    assert (out / "repeat-1/grid4/other/keep.txt").read_text() == "mine\n"
     assert not listed.exists()
-    assert (out / "grid4/grid4-green/0/episode.json").is_file()
+    assert (out / "repeat-1/grid4/grid4-green/episode.json").is_file()
 
 
 @pytest.mark.parametrize("manifest", [
-    '{"format": 1, "params": {}, "episodes": ["../../photos/2024/01"]}',
-    '{"format": 1, "params": {}, "episodes": ["grid4/../0"]}',
-    '{"format": 1, "params": {}, "episodes": ["/etc/x/0"]}',
-    '{"format": 1, "params": {}, "episodes": ["a/b/c/0"]}',
-    '{"format": 1, "params": {}, "episodes": ["a/b/01"]}',
+    '{"format": 2, "params": {"repeats": 1}, "episodes": ["../../photos/2024/01"]}',
+    '{"format": 2, "params": {"repeats": 1}, "episodes": ["grid4/../x"]}',
+    '{"format": 2, "params": {"repeats": 1}, "episodes": ["/etc/x"]}',
+    '{"format": 2, "params": {"repeats": 1}, "episodes": ["photos"]}',
+    '{"format": 2, "params": {"repeats": 1}, "episodes": ["a/b/c/d/e/f/g"]}',
+    '{"format": 2, "params": {"repeats": 1}, "episodes": ["a//b"]}',
+    '{"format": 2, "params": {"repeats": 1}, "episodes": [7]}',
+    '{"format": 2, "params": {"repeats": 0}, "episodes": []}',
+    '{"format": 2, "params": {"repeats": true}, "episodes": []}',
+    '{"format": 2, "params": {"repeats": 1, "results_prefix": "../x/y"}, "episodes": []}',
+    '{"format": 2, "params": {"repeats": 1, "results_prefix": ["a", "b", "c"]}, "episodes": []}',
     '{"format": 2, "params": {}, "episodes": []}',
+    '{"format": 1, "params": {}, "episodes": ["grid4/grid4-green/0"]}',
+    '{"format": 3, "params": {"repeats": 1}, "episodes": []}',
     "[" * 100_000 + "]" * 100_000,
     "not json",
     "LINK",
@@ -179,6 +190,8 @@ def test_resume_refuses_other_parameters_naming_the_difference(tmp_path):
         ("task set of 1 tasks, this run asks", None, EvalSettings("grid4", max_steps=8), same),
         ("repeats 1, this run asks 2", None, EvalSettings("grid4-green", max_steps=8, repeats=2), same),
         ("seed 0, this run asks 5", None, EvalSettings("grid4-green", max_steps=8, seed=5), same),
+        ("results prefix '', this run asks 'pyautogui/screenshot/m'", None,
+         EvalSettings("grid4-green", max_steps=8, results_prefix="pyautogui/screenshot/m"), same),
         ("success threshold 0.1, this run asks 0.5", None, EvalSettings("grid4-green", max_steps=8),
          load_config(None, ["learner.success_threshold=0.5"])),
         ("actors.prompt_style 'compact', this run asks 'uitars'", None, EvalSettings("grid4-green", max_steps=8),
@@ -249,6 +262,7 @@ def forgeries(folder: Path, tmp_path: Path) -> dict[str, callable]:
         "an error outcome without an error": edit(success=False, outcome="ABORTED", score=0.0),
         "an error with a score": edit(success=False, outcome="ENV_ERROR", error="ENV_ERROR: x"),
         "an error with success": edit(outcome="ENV_ERROR", error="ENV_ERROR: x", score=0.0),
+        "an error with a result.txt": edit(success=False, outcome="ENV_ERROR", error="ENV_ERROR: x", score=0.0),
         "more steps than the budget": edit(steps=99),
         "negative steps": edit(steps=-1),
         "negative seconds": edit(seconds=-5.0),
