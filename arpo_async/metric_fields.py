@@ -136,8 +136,16 @@ METRIC_FIELDS: dict[str, MetricField] = {
     "resumed_from": MetricField("What was resumed: {checkpoint (folder name), step, policy_version, trainer_steps, "
                                 "replay (buffer statistics), rolled_back_records}.", "resume"),
     # learner.rollouts.evaluation_rounds.EvaluationRounds.result_of
-    "eval_success": MetricField("SUCCESS episodes over all episodes of the round (float in [0, 1]; errors count as "
-                                "failures).", "eval"),
+    "eval_score": MetricField("The round's mean score: the mean of the episode scores over all its episodes, "
+                              "errored ones 0 (float in [0, 1]; OSWorld's number, as arpo eval's score_mean; the "
+                              "curve's held-out points).", "eval"),
+    "eval_task_score": MetricField("{task id: mean score in [0, 1] over its episodes, errored ones 0} of the "
+                                   "round.", "eval"),
+    "eval_score_ran": MetricField("The mean score over the round's episodes that did not error (float in [0, 1], "
+                                  "as OSWorld's show_result.py; null when every one errored).", "eval"),
+    "eval_success": MetricField("SUCCESS episodes (score above learner.success_threshold) over all episodes of the "
+                                "round (float in [0, 1]; errors count as failures): the success rate at the "
+                                "threshold, kept beside eval_score.", "eval"),
     "eval_task_success": MetricField("{task id: success rate in [0, 1]} of the round.", "eval"),
     "eval_policy_version": MetricField("The policy version the round was handed out at (int).", "eval"),
     "eval_step": MetricField("The optimizer step whose weights were evaluated (int; the record's own step is "

@@ -3,10 +3,11 @@
 Owns: the picture. A 2 x 2 grid: success rate (overall, and one line per task family from ``family_success``) and
 ``reward_mean``, against the optimizer step (top row) and against training wall time in minutes (bottom row). Lines
 are trailing means over ``TRAILING_RECORDS`` records; the raw overall success rate of each record is shown as faint
-dots. A run with ``[eval]`` also shows held-out success (``eval_success``, each round once, as large markers joined
-by a dashed line) at the step whose weights were evaluated (``eval_step``). Drawn with matplotlib's Agg canvas (no
-display, no pyplot state), written atomically so a viewer never sees half a file. ``arpo run`` redraws it while it
-runs and at the end; ``arpo curve`` on demand.
+dots. A run with ``[eval]`` also shows each held-out round once, as large markers joined by a dashed line, at the
+step whose weights were evaluated (``eval_step``): its mean score (``eval_score``, errored episodes 0: OSWorld's
+number, as ``arpo eval``'s score_mean), or its success rate (``eval_success``) in a run from before eval_score.
+Drawn with matplotlib's Agg canvas (no display, no pyplot state), written atomically so a viewer never sees half a
+file. ``arpo run`` redraws it while it runs and at the end; ``arpo curve`` on demand.
 
 Also the comparison of several runs (``arpo curve RUN_DIR RUN_DIR ... --to FILE``, :func:`write_comparison`): each
 run's overall success against the optimizer step and against minutes, one line per run. A run that never took an
@@ -110,19 +111,28 @@ def plot_line(ax: Axes, points: Series, x: str, label: str, **style: Any) -> Non
                 markersize=2, **style)
 
 
+def held_out_value(record: dict[str, Any]) -> Any:
+    """A record's held-out point: its round's mean score ``eval_score`` (errored episodes 0), or ``eval_success``
+    when it has none (a run written before eval_score existed); None when it carries no round."""
+    score = record.get("eval_score")
+    return score if isinstance(score, (int, float)) else record.get("eval_success")
+
+
 def held_out(records: list[dict[str, Any]]) -> Series:
-    """Held-out success of each evaluation round: ``eval_success`` at ``eval_step`` (the evaluated weights' step;
-    a record's own ``step`` when it lacks one) and at the record's wall time."""
-    return series(records, lambda r: r.get("eval_success"),
+    """Held-out mean score of each evaluation round (:func:`held_out_value`) at ``eval_step`` (the evaluated
+    weights' step; a record's own ``step`` when it lacks one) and at the record's wall time."""
+    return series(records, held_out_value,
                   at=lambda r: r["eval_step"] if isinstance(r.get("eval_step"), int) else r["step"])
 
 
 def draw_success(ax: Axes, records: list[dict[str, Any]], x: str) -> None:
     """Success rate in [0, 1]: raw overall as faint dots, overall and per-family trailing means as lines, and
-    held-out success (evaluation rounds, :func:`held_out`) as large markers on a dashed line."""
+    the held-out mean score (evaluation rounds, :func:`held_out`) as large markers on a dashed line."""
     evaluated = held_out(records)
     if evaluated.value:
-        ax.plot(getattr(evaluated, x), evaluated.value, label="held-out (eval)", color="tab:red", marker="D",
+        scored = any(isinstance(r.get("eval_score"), (int, float)) for r in records)
+        label = "held-out mean score (eval)" if scored else "held-out success (eval)"
+        ax.plot(getattr(evaluated, x), evaluated.value, label=label, color="tab:red", marker="D",
                 markersize=6, linestyle="--", linewidth=1, zorder=4)
     overall = series(records, lambda r: r.get("success_rate"))
     ax.scatter(getattr(overall, x), overall.value, s=10, color="black", alpha=0.2, label="per record")
@@ -131,7 +141,7 @@ def draw_success(ax: Axes, records: list[dict[str, Any]], x: str) -> None:
         plot_line(ax, series(records, lambda r: (r.get("family_success") or {}).get(family)), x, family,
                   linewidth=1)
     ax.set_ylim(-0.03, 1.03)
-    ax.set_ylabel(f"success rate (mean of {TRAILING_RECORDS} records)")
+    ax.set_ylabel(f"success rate (mean of {TRAILING_RECORDS} records); held-out: mean score")
     ax.legend(fontsize="small", loc="best")
 
 

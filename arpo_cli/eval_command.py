@@ -297,11 +297,12 @@ def _http_url(url: str) -> bool:
 
 def eval_main(args: argparse.Namespace, argv: list[str]) -> int:
     """Run ``arpo eval`` (``argv``: its command line after ``arpo``, recorded in the report); print the per-task
-    table and where the report is. Returns the exit status (module docstring)."""
+    table, the headline (actors.eval.report.headline: OSWorld's score first) and where the report is. Returns the
+    exit status (module docstring)."""
     import os
 
     from actors.desktop.build import DesktopBuildError
-    from actors.eval.report import task_table
+    from actors.eval.report import headline, task_table
     from arpo_async.tasks import TaskFormatError
     from arpo_cli.launcher import RunError, RunInputError, run_interruptible, sigterm_as_interrupt
 
@@ -333,8 +334,7 @@ def eval_main(args: argparse.Namespace, argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, previous)
     print(task_table(report))
     out = Path(report["out"])
-    print(f"\nsuccess {report['overall']['successes']}/{report['overall']['episodes']}; "
-          f"{len(report['errors'])} errored episode(s) counted as failures; report: {out / 'report.md'}")
+    print("", *headline(report), f"report: {out / 'report.md'}", sep="\n")
     if report["errors"] and len(report["errors"]) == report["overall"]["episodes"]:
         print(f"arpo eval: every one of the {len(report['errors'])} episodes errored, so nothing was scored (the "
               f"first: {report['errors'][0]['error'][:300]}); exit status {EXIT_ALL_ERRORED}", file=sys.stderr)

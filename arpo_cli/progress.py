@@ -128,6 +128,9 @@ def progress_line(config: RunConfig, started: float, rate: TrajectoryRate | None
     newest = everything[-1] if everything else {}  # the last record, the evaluation record of a solved run too
     held_out = (f" | held-out {newest['eval_success']:.2f} (step {newest.get('eval_step', '?')})"
                 if isinstance(newest.get("eval_success"), (int, float)) else "")
+    if held_out and isinstance(newest.get("eval_score"), (int, float)):  # the mean score first (OSWorld's number)
+        held_out = (f" | held-out score {newest['eval_score']:.2f}, success {newest['eval_success']:.2f} "
+                    f"(step {newest.get('eval_step', '?')})")
     if "episodes" in evaluating:
         held_out += f" | evaluating step {evaluating['step']}: {evaluating['episodes_back']}/{evaluating['episodes']}"
     return (f"[{now - started:6.0f}s] {phase}step {step}/{steps} "

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from actors.eval import evaluate
-from actors.eval.report import task_table
+from actors.eval.report import headline, task_table
 from arpo_async.config import load_config
 from arpo_async.model.init_model import create_tiny_model
 
@@ -48,8 +48,7 @@ async def main() -> int:
                             progress=lambda p: print(p.line(), flush=True))
     print(task_table(report))
     overall = report["overall"]
-    print(f"success {overall['successes']}/{overall['episodes']}, 95% interval "
-          f"{overall['ci95'][0]:.2f}-{overall['ci95'][1]:.2f}, {overall['errors']} errored")
+    print("\n".join(headline(report)))  # OSWorld's score first, then the figures beside it
     return 0 if overall["episodes"] == report["planned"] else 1
 
 

@@ -318,7 +318,9 @@ async def evaluate(policy: Policy | GenerateFn, tasks: str | Path | None = None,
                                 lambda e, r, t: finish(record_of(e, r, t), t))
     finally:
         report = build_report(records.values(), repeats=settings.repeats, planned=counts.planned,
-                              meta={**report_meta, "throughput": counts.throughput()})
+                              meta={**report_meta, "throughput": counts.throughput()},
+                              tasks=[(e.domain, e.task_id) for e in entries],
+                              threshold=config.learner.success_threshold)
         if out_path is not None:
             write_report(out_path, report)
     return report

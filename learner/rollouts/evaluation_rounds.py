@@ -14,18 +14,22 @@ an older round still running (whose late trajectories are then acked and ignored
 final weights already running, or complete and not yet recorded, is the final round); the learner waits for it, at
 most ``eval.final_timeout_s``, before its last record and the actors' shutdown.
 
-Counting: an episode is a success iff its outcome is SUCCESS; every other outcome, errors included (ENV_ERROR,
-TASK_ERROR, ABORTED, and a trajectory the learner rejected), counts as a failure in the denominator and errors are
-counted apart (``eval_errors``), as OSWorld counts them. A slot whose trajectory never comes back (its actor died,
+Counting: the round's headline is its mean score (``eval_score``), as OSWorld's harness and leaderboard score a
+task set (actors.eval.report: the mean over every planned episode, partial credit kept): an errored episode
+(ENV_ERROR, TASK_ERROR, ABORTED, and a trajectory the learner rejected) scores 0 and stays in the denominator;
+``eval_score_ran`` leaves the errored ones out, as OSWorld's show_result.py does. Beside it, the success rate of
+earlier versions stays: an episode is a success iff its outcome is SUCCESS (score above
+``learner.success_threshold``); every other outcome, errors included, counts as a failure in the denominator and
+errors are counted apart (``eval_errors``). A slot whose trajectory never comes back (its actor died,
 or the rollout timed out) is handed out again; nothing else is. Evaluation trajectories are acked like any other
 and reach nothing but this module: not the scheduler, batcher, replay buffer, task selector, baseline pass,
 outcome window or the sample kept for `arpo view`.
 
-Results: a complete round becomes the fields :data:`RESULT_KEYS` (``eval_success``, ``eval_task_success``,
-``eval_policy_version``, ...), which the next metrics record carries (:meth:`EvaluationRounds.take_result`): its
-``eval_step`` is the optimizer step whose weights were evaluated (a record's own ``step`` is the training batch
-it was written after). Rounds are not saved in checkpoints: a resumed run evaluates at its next due step and at
-the end.
+Results: a complete round becomes the fields :data:`RESULT_KEYS` (``eval_score``, ``eval_task_score``,
+``eval_success``, ``eval_task_success``, ``eval_policy_version``, ...), which the next metrics record carries
+(:meth:`EvaluationRounds.take_result`): its ``eval_step`` is the optimizer step whose weights were evaluated (a
+record's own ``step`` is the training batch it was written after). Rounds are not saved in checkpoints: a resumed
+run evaluates at its next due step and at the end.
 """
 
 from __future__ import annotations
@@ -46,8 +50,8 @@ from learner.rollouts.scheduler import Rollout
 
 log = logging.getLogger(__name__)
 
-RESULT_KEYS = ("eval_success", "eval_task_success", "eval_policy_version", "eval_step", "eval_episodes",
-               "eval_errors", "eval_version_max", "eval_s")
+RESULT_KEYS = ("eval_score", "eval_task_score", "eval_score_ran", "eval_success", "eval_task_success",
+               "eval_policy_version", "eval_step", "eval_episodes", "eval_errors", "eval_version_max", "eval_s")
 """The fields a complete round adds to a metrics record (see :meth:`EvaluationRounds.result_of`)."""
 ERROR_OUTCOMES = frozenset(o for o in Outcome if not o.trainable)
 """Outcomes counted as ``eval_errors`` (and as failures): ENV_ERROR, TASK_ERROR, ABORTED."""
@@ -93,6 +97,8 @@ class EvalRound:
     """Episodes handed out -> their deadline (time.monotonic)."""
     outcomes: dict[Slot, Outcome] = field(default_factory=dict)
     """Episodes back -> how they ended."""
+    scores: dict[Slot, float] = field(default_factory=dict)
+    """Episodes back -> their score (0.0 for an errored one, :data:`ERROR_OUTCOMES`)."""
     version_max: int = -1
     """The newest policy version among the tokens of the episodes back (-1: none yet)."""
 
@@ -270,6 +276,7 @@ class EvaluationRounds:
         current = self.round
         del current.running[slot]
         current.outcomes[slot] = Outcome(traj.outcome)
+        current.scores[slot] = 0.0 if current.outcomes[slot] in ERROR_OUTCOMES else float(traj.score)
         current.version_max = max([current.version_max] + [int(s.versions.max()) for s in traj.steps
                                                            if len(s.versions)])
         self.totals["eval_trajectories"] += 1
@@ -279,28 +286,37 @@ class EvaluationRounds:
         self.results.append(result)
         self.round = None
         self._idle.set()
-        log.info("evaluation round %d (policy version %d, step %d): success %.3f over %d episodes (%d errors) "
-                 "in %.1f s; per task %s", current.number, current.version, current.step, result["eval_success"],
-                 result["eval_episodes"], result["eval_errors"], result["eval_s"], result["eval_task_success"])
+        log.info("evaluation round %d (policy version %d, step %d): mean score %.3f, success %.3f over %d episodes "
+                 "(%d errors, scored 0) in %.1f s; per task %s", current.number, current.version, current.step,
+                 result["eval_score"], result["eval_success"], result["eval_episodes"], result["eval_errors"],
+                 result["eval_s"], result["eval_task_score"])
         return result
 
     @staticmethod
     def result_of(current: EvalRound) -> dict[str, Any]:
-        """A complete round's metrics fields: ``eval_success`` (SUCCESS episodes / all episodes, errors
-        included), ``eval_task_success`` ({task id: that rate over its episodes}), ``eval_policy_version`` (the
-        version the round was handed out at), ``eval_step`` (the optimizer step of those weights),
+        """A complete round's metrics fields: ``eval_score`` (the mean score over all the round's episodes, errored
+        ones 0: OSWorld's number, actors.eval.report), ``eval_task_score`` ({task id: that mean over its episodes}),
+        ``eval_score_ran`` (the mean over the episodes that did not error, as OSWorld's show_result.py; None when
+        every one errored), ``eval_success`` (SUCCESS episodes / all episodes, errors included),
+        ``eval_task_success`` ({task id: that rate over its episodes}), ``eval_policy_version`` (the version the
+        round was handed out at), ``eval_step`` (the optimizer step of those weights),
         ``eval_episodes``, ``eval_errors`` (ENV_ERROR, TASK_ERROR, ABORTED), ``eval_version_max`` (the newest
         version among its tokens: later than eval_policy_version when weights were published during the round)
         and ``eval_s`` (the round's wall time, seconds)."""
-        per_task: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+        per_task: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0, 0.0])
         for slot, outcome in current.outcomes.items():
             counts = per_task[current.slots[slot].id]
             counts[0] += outcome is Outcome.SUCCESS
             counts[1] += 1
+            counts[2] += current.scores.get(slot, 0.0)
         successes = sum(outcome is Outcome.SUCCESS for outcome in current.outcomes.values())
         episodes = len(current.outcomes)
-        return {"eval_success": successes / episodes if episodes else 0.0,
-                "eval_task_success": {task_id: wins / n for task_id, (wins, n) in sorted(per_task.items())},
+        ran = [current.scores.get(slot, 0.0) for slot, o in current.outcomes.items() if o not in ERROR_OUTCOMES]
+        return {"eval_score": sum(current.scores.values()) / episodes if episodes else 0.0,
+                "eval_task_score": {task_id: total / n for task_id, (_, n, total) in sorted(per_task.items())},
+                "eval_score_ran": sum(ran) / len(ran) if ran else None,
+                "eval_success": successes / episodes if episodes else 0.0,
+                "eval_task_success": {task_id: wins / n for task_id, (wins, n, _) in sorted(per_task.items())},
                 "eval_policy_version": current.version, "eval_step": current.step, "eval_episodes": episodes,
                 "eval_errors": sum(outcome in ERROR_OUTCOMES for outcome in current.outcomes.values()),
                 "eval_version_max": max(current.version_max, current.version),

@@ -71,6 +71,10 @@ async def test_oracle_scores_one_and_a_quitter_zero_on_every_builtin_task(eval_c
                              encoder=encoder)
     assert quitter["overall"]["episodes"] == len(builtin) and quitter["overall"]["successes"] == 0
     assert quitter["errors"] == [] and quitter["overall"]["mean_steps"] == 1.0
+    # OSWorld's number: the mean score over every planned episode (the built-in evaluators score 0 or 1)
+    assert (oracle["overall"]["score_sum"], oracle["overall"]["score_total"]) == (len(builtin), len(builtin))
+    assert oracle["overall"]["score_mean"] == oracle["overall"]["ran_mean"] == 1.0
+    assert (quitter["overall"]["score_mean"], quitter["overall"]["harness_errors"]) == (0.0, 0)
     # OSWorld's layout: a result.txt per episode
     results = sorted((tmp_path / "quit").glob("*/*/0/result.txt"))
     assert len(results) == len(builtin) and {p.read_text() for p in results} == {"0.0\n"}

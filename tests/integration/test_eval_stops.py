@@ -66,6 +66,7 @@ def test_sigterm_writes_the_report_and_leaves_no_desktop_or_server(tiny_model, d
     assert "interrupted" in output
     report = json.loads((out / "report.json").read_text())
     assert 2 <= report["finished"] < report["planned"] and not report["complete"]
+    assert report["overall"]["score_total"] == report["planned"]  # the unfinished episodes score 0
     assert "INCOMPLETE" in (out / "report.md").read_text()
     assert run_containers(run_id) == []
     assert processes_mentioning("arpo_serve.main", f"--port {serve_port}") == []
@@ -81,12 +82,19 @@ def test_every_episode_errored_against_a_server_that_is_down_exits_3(tiny_model,
                       "--tasks", "grid4-green", "--repeats", "2", "--desktops", "2", "--max-steps", "1",
                       "--out", str(out), "--set", f"actors.image={desktop_image!r}",
                       "--set", "actors.policy_attempts=2", "--set", "actors.policy_max_wait_s=0.1"])
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
     assert code == 3, err[-3000:]
     assert "every one of the 2 episodes errored" in err and "exit status 3" in err
     report = json.loads((out / "report.json").read_text())
     assert report["finished"] == report["planned"] == 2 and report["overall"]["successes"] == 0
     assert [e["outcome"] for e in report["errors"]] == ["ABORTED", "ABORTED"]
+    # the policy server's fault, not the harness's: the agent's episodes failed, scored 0 over the 2 planned
+    assert [e["cause"] for e in report["errors"]] == ["agent", "agent"]
+    overall = report["overall"]
+    assert (overall["agent_errors"], overall["harness_errors"], overall["score_mean"]) == (2, 0, 0.0)
+    assert overall["ran_mean"] is None and "score 0/2 (0.0%)" in captured.out
+    assert "the harness could not run it: 0 / the agent's episode failed: 2" in captured.out
     assert all("PolicyUnavailable" in e["error"] for e in report["errors"])
 
 

@@ -62,9 +62,12 @@ def test_report_counts_errors_in_the_denominator_and_aggregates_per_domain_and_t
     assert report["domains"]["a"]["success_rate"] == pytest.approx(0.25)
     assert report["tasks_detail"]["b/t3"]["success_rate"] == 1.0
     assert report["complete"] and report["errors"] == [
-        {"domain": "a", "task_id": "t2", "repeat": 0, "outcome": "env_error", "error": "env_error: TaskSetupError: boom"}]
+        {"domain": "a", "task_id": "t2", "repeat": 0, "outcome": "env_error",
+         "error": "env_error: TaskSetupError: boom", "cause": "harness"}]
     md = render_markdown(report)
-    assert "TaskSetupError: boom" in md and "| **overall** | 6 | 3 | 50.0%" in md and "pass@2" in md
+    # the score leads: 3 of 6 planned episodes scored 1.0; then the success rate at the threshold, 3 of 6
+    assert "TaskSetupError: boom" in md and "| **overall** | 3/6 | 50.0% |" in md and "| 3/6 | 50.0% |" in md
+    assert "pass@2" in md and "(the harness could not run it)" in md
     partial = build_report(records[:3], repeats=2, planned=6, meta={})
     assert not partial["complete"] and "INCOMPLETE" in render_markdown({**partial, "policy": {}})
     assert "a/t1" in task_table(report)
