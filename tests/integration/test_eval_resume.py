@@ -40,7 +40,7 @@ def test_resume_refuses_other_settings_reruns_forged_records_and_never_follows_a
     oracle = ["--oracle", "--tokenizer", str(tiny_model)]
     assert arpo_main(base + oracle) == 0
     manifest = json.loads((out / MANIFEST).read_text())
-    assert sorted(manifest["episodes"]) == ["grid4/grid4-green/0", "grid4/grid4-green/1"]
+    assert sorted(manifest["episodes"]) == ["repeat-1/grid4/grid4-green", "repeat-2/grid4/grid4-green"]
     assert json.loads((out / "report.json").read_text())["overall"]["successes"] == 2
     capsys.readouterr()
 
@@ -57,7 +57,7 @@ def test_resume_refuses_other_settings_reruns_forged_records_and_never_follows_a
     assert snapshot(out) == before
 
     # forged: success with a NaN score; damaged: result.txt contradicting episode.json. Both run again.
-    first, second = out / "grid4/grid4-green/0", out / "grid4/grid4-green/1"
+    first, second = out / "repeat-1/grid4/grid4-green", out / "repeat-2/grid4/grid4-green"
     record = json.loads((first / "episode.json").read_text())
     (first / "episode.json").write_text(json.dumps({**record, "score": math.nan, "success": True}))
     (second / "result.txt").write_text("0.0\n")
@@ -77,14 +77,14 @@ def test_resume_refuses_other_settings_reruns_forged_records_and_never_follows_a
     victim = tmp_path / "photos"
     (victim / "0").mkdir(parents=True)
     (victim / "0" / "holiday.jpg").write_bytes(b"\xff\xd8\xffJPEG")
-    os.rename(out / "grid4" / "grid4-green", tmp_path / "moved-away")
-    os.symlink(victim, out / "grid4" / "grid4-green")
+    os.rename(out / "repeat-1" / "grid4", tmp_path / "moved-away")
+    os.symlink(victim, out / "repeat-1" / "grid4")
     capsys.readouterr()
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         assert arpo_main(base + oracle + ["--resume"]) == 2
-    assert f"{out / 'grid4' / 'grid4-green'} is a symbolic link or not a folder: left alone" in caplog.text
-    assert f"arpo eval: {out / 'grid4' / 'grid4-green'} is a symbolic link" in capsys.readouterr().err
+    assert f"{out / 'repeat-1' / 'grid4'} is a symbolic link or not a folder: left alone" in caplog.text
+    assert f"arpo eval: {out / 'repeat-1' / 'grid4'} is a symbolic link" in capsys.readouterr().err
     assert (victim / "0" / "holiday.jpg").read_bytes() == b"\xff\xd8\xffJPEG"
     assert sorted(p.name for p in victim.rglob("*")) == ["0", "holiday.jpg"]
 
