@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from arpo_async.model.inputs import PromptEncoder
 from arpo_async.task_sets import load_task_set, runnable_tasks
 from arpo_async.tasks import BUILTIN_DIR
 from arpo_cli.cli import main as arpo_main
+from tests.osworld_results import leaderboard_sum, show_result
 from tests.support import until_sync
 
 pytestmark = pytest.mark.docker
@@ -75,8 +77,8 @@ async def test_oracle_scores_one_and_a_quitter_zero_on_every_builtin_task(eval_c
     assert (oracle["overall"]["score_sum"], oracle["overall"]["score_total"]) == (len(builtin), len(builtin))
     assert oracle["overall"]["score_mean"] == oracle["overall"]["ran_mean"] == 1.0
     assert (quitter["overall"]["score_mean"], quitter["overall"]["harness_errors"]) == (0.0, 0)
-    # OSWorld's layout: a result.txt per episode
-    results = sorted((tmp_path / "quit").glob("*/*/0/result.txt"))
+    # OSWorld's layout: a result.txt per episode, OUT/<domain>/<task id>/result.txt
+    results = sorted((tmp_path / "quit").glob("*/*/result.txt"))
     assert len(results) == len(builtin) and {p.read_text() for p in results} == {"0.0\n"}
 
 
@@ -120,6 +122,8 @@ async def test_interrupted_evaluation_resumes_to_the_uninterrupted_report(eval_c
 
 
 def test_command_counts_failed_setup_and_unloadable_tasks_and_view_shows_them(tiny_model, desktop_image, tmp_path):
+    """... and writes OSWorld's layout under --osworld-prefix, which OSWorld's own show_result.py (vendored
+    unchanged) and the leaderboard's rule read to the numbers of report.json (issue 50 item 2)."""
     tasks = tmp_path / "tasks" / "mixed"
     tasks.mkdir(parents=True)
     green = json.loads((BUILTIN_DIR / "grid4-green.json").read_text())
@@ -131,7 +135,8 @@ def test_command_counts_failed_setup_and_unloadable_tasks_and_view_shows_them(ti
     (tasks / "unloadable.json").write_text(json.dumps({**green, "id": "unloadable", "evaluator": {**green["evaluator"], "func": "no_such_metric"}}))
     out = tmp_path / "out"
     argv = ["eval", "--model", str(tiny_model), "--tasks", str(tasks.parent), "--desktops", "2", "--max-steps", "1",
-            "--out", str(out), "--set", f"actors.image={desktop_image!r}", "--set", "actors.setup_timeout_s=20"]
+            "--out", str(out), "--set", f"actors.image={desktop_image!r}", "--set", "actors.setup_timeout_s=20",
+            "--osworld-prefix", "pyautogui/screenshot/tiny"]
     code = arpo_main(argv)
     assert code == 0
     report = json.loads((out / "report.json").read_text())
@@ -140,8 +145,25 @@ def test_command_counts_failed_setup_and_unloadable_tasks_and_view_shows_them(ti
     assert set(errors) == {"setup-fails", "unloadable"}
     assert errors["setup-fails"]["outcome"] == "ENV_ERROR" and "TaskSetupError" in errors["setup-fails"]["error"]
     assert errors["unloadable"]["outcome"] == "TASK_ERROR" and "no_such_metric" in errors["unloadable"]["error"]
-    for task_id in ("ok", "setup-fails", "unloadable"):
-        assert (out / "mixed" / task_id / "0" / "result.txt").is_file()
+    root = out / "pyautogui" / "screenshot" / "tiny"  # OSWorld's results/<action_space>/<observation>/<model>/
+    assert (root / "mixed" / "ok" / "result.txt").is_file()
+    for task_id in ("setup-fails", "unloadable"):  # as OSWorld's run.py leaves an example that raised
+        assert not (root / "mixed" / task_id / "result.txt").exists()
+        last = (root / "mixed" / task_id / "traj.jsonl").read_text().splitlines()[-1]
+        assert "Error" in json.loads(last)
+    steps = [json.loads(line) for line in (root / "mixed" / "ok" / "traj.jsonl").read_text().splitlines()]
+    assert [s["step_num"] for s in steps] == [1]
+    assert re.fullmatch(r"\d{8}@\d{12}", steps[0]["action_timestamp"])
+    assert steps[0]["screenshot_file"] == f"step_1_{steps[0]['action_timestamp']}.png"
+    assert (root / "mixed" / "ok" / steps[0]["screenshot_file"]).is_file()  # the screen after the action
+    shown = show_result(out, ("pyautogui", "screenshot", "tiny"))
+    total, count = leaderboard_sum(root, {"mixed": ["ok", "setup-fails", "unloadable"]})
+    overall = report["overall"]
+    assert shown["ran"] == overall["ran_episodes"] == 1  # show_result.py leaves the errored two out
+    assert shown["sum"] == pytest.approx(overall["ran_mean"] * overall["ran_episodes"], abs=0.006)
+    assert shown["mean_pct"] == pytest.approx(100 * overall["ran_mean"], abs=0.006)
+    assert count == 3 and (overall["score_sum"], overall["score_total"]) == (pytest.approx(total), count)
+    assert overall["score_mean"] == pytest.approx(total / count)
     assert report["policy"]["weight_version"] == 0 and report["command"] == "arpo " + shlex.join(argv)
     md = (out / "report.md").read_text()
     assert "setup-fails" in md and "TaskSetupError" in md
@@ -182,7 +204,7 @@ def test_command_ctrl_c_writes_the_report_and_resume_runs_only_the_rest(tiny_mod
     cut = json.loads((out / "report.json").read_text())
     planned = cut["planned"]
     assert 2 <= cut["finished"] < planned and not cut["complete"]
-    before = {key: (out / f"{key[0]}/{key[1]}/{key[2]}/episode.json").stat().st_mtime_ns
+    before = {key: (out / f"repeat-{key[2] + 1}/{key[0]}/{key[1]}/episode.json").stat().st_mtime_ns
               for key in read_records(out)}
     done = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=600,
                           cwd=Path(__file__).parents[2], env={**os.environ})
@@ -190,7 +212,7 @@ def test_command_ctrl_c_writes_the_report_and_resume_runs_only_the_rest(tiny_mod
     final = json.loads((out / "report.json").read_text())
     assert final["complete"] and final["finished"] == planned
     for key, mtime in before.items():  # kept, not re-run
-        assert (out / f"{key[0]}/{key[1]}/{key[2]}/episode.json").stat().st_mtime_ns == mtime
+        assert (out / f"repeat-{key[2] + 1}/{key[0]}/{key[1]}/episode.json").stat().st_mtime_ns == mtime
     assert "| **overall** |" in done.stdout
 
 
@@ -217,9 +239,9 @@ def test_command_scores_an_openai_compatible_endpoint_end_to_end(tiny_serve, tin
     report = json.loads((out / "report.json").read_text())
     assert report["policy"]["kind"] == "openai" and report["policy"]["name"] == "tiny"
     assert report["planned"] == report["finished"] == 8 and report["errors"] == []
-    outcomes = {json.loads(p.read_text())["outcome"] for p in out.glob("*/*/0/episode.json")}
+    outcomes = {json.loads(p.read_text())["outcome"] for p in out.glob("*/*/episode.json")}
     assert outcomes <= {"SUCCESS", "TRUNCATED"}  # every reply parsed as a click, was performed and scored
-    steps = [json.loads(line) for p in out.glob("*/*/0/traj.jsonl") for line in p.read_text().splitlines()]
+    steps = [json.loads(line) for p in out.glob("*/*/traj.jsonl") for line in p.read_text().splitlines()]
     assert len(steps) == 8 and all(s["action"].startswith("click(") and s["screenshot_file"] for s in steps)
 
 
@@ -262,7 +284,6 @@ def test_oracle_records_demonstrations_the_learner_takes(tiny_model, desktop_ima
                              "learner.replay=false"])
     with pytest.raises(ConfigError, match="needs the success replay"):
         seed_demonstrations(off, make_replay("off"), ["settings-sound-mute"])
-
 
 
 def test_command_runs_a_task_listed_twice_in_a_split_once_and_names_its_step_budget(tiny_model, desktop_image,
