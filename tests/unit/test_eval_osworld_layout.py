@@ -219,3 +219,23 @@ def test_read_records_takes_a_record_only_where_a_layout_puts_it(tmp_path):
     (nested / "episode.json").write_text((good / "episode.json").read_text())
     assert list(read_records(tmp_path)) == [("os", "a", 0)]
     assert action_timestamp(T0) == "20250304@050607891011"
+
+
+@pytest.mark.parametrize("field, value, reason", [("final_screenshot", 9, "image_indices"),
+                                                  ("final_screenshot", -2, "image_indices"),
+                                                  ("acted_at", float("nan"), "timings"),
+                                                  ("acted_at", -1.0, "timings"), ("acted_at", 1e300, "timings")])
+def test_the_learner_refuses_a_trajectory_whose_new_fields_are_out_of_range(field, value, reason):
+    """Step.acted_at and Trajectory.final_screenshot travel to the learner (a few bytes; training keeps no final
+    screenshot): a peer's forged value is refused as any bad field is (arpo_async.validation)."""
+    from arpo_async.validation import InvalidMessage, check_trajectory
+
+    traj = episode(["click(1,1)", "click(2,2)"], final="black")
+    check_trajectory(traj, vocab_size=None, version=None)  # as the actors send it
+    if field == "acted_at":
+        traj.steps[1].acted_at = value
+    else:
+        traj.final_screenshot = value
+    with pytest.raises(InvalidMessage) as refused:
+        check_trajectory(traj, vocab_size=None, version=None)
+    assert refused.value.reason == reason and field in refused.value.detail
