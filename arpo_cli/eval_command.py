@@ -60,8 +60,11 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
         description="Run every task of a task set (x --repeats) with a policy on real desktops, write each "
                     "episode as OSWorld's runner does (OUT/<domain>/<task id>/result.txt, traj.jsonl, screenshots; "
                     "OUT/repeat-<k>/<domain>/<task id>/ with --repeats K > 1), which OSWorld's show_result.py "
-                    "reads, and report.json / report.md: success with a 95% interval, pass@k and mean "
-                    "steps, overall, per domain and per task. Errored episodes count as failures and are listed. "
+                    "reads, and report.json / report.md led by OSWorld's score (the mean score over the planned "
+                    "episodes, as sum/total and a percentage, with a 95% interval over tasks), then the mean over "
+                    "the episodes that ran (show_result.py's), the success rate at the threshold, pass@k and mean "
+                    "steps, overall, per domain and per task. Errored episodes score 0 and are listed, by cause "
+                    "(the harness could not run it / the agent's episode failed). "
                     + EXIT_STATUS + ".")
     policy = p.add_argument_group("policy (one of --model, --url, --openai-url, --oracle)")
     policy.add_argument("--model", type=Path, help="a Hugging Face folder, a run's weights/vN, or a run folder "
