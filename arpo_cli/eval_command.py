@@ -172,7 +172,7 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
     config = prepare(config, say)  # builds the desktop image and the tiny policy (the default tokenizer) if missing
     encoder = PromptEncoder(config.model_path)
     meta = {"policy": {"kind": policy_kind(args),
-                       "name": str(name), "weight_version": version},
+                       "name": str(name), "weight_version": version, **policy_location(args, tokenizer)},
             "command": "arpo " + shlex.join(args.argv)}
     claim_results(out, meta["policy"], EvalSettings(args.tasks, args.split, args.desktops, args.repeats,
                                                     args.max_steps, args.temperature, args.seed,
@@ -213,6 +213,15 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
         finally:
             await policy.aclose()
             progress.close()
+
+
+def policy_location(args: argparse.Namespace, weights: Path | None) -> dict:
+    """Where the policy is, for the report's provenance: ``{"weights": absolute folder}`` for ``--model``,
+    ``{"url": base URL}`` for ``--openai-url`` (its ``name`` is the model's), ``{}`` otherwise (the ``name`` of
+    ``--url`` is its URL; the oracle has none)."""
+    if args.model is not None and weights is not None:
+        return {"weights": str(Path(weights).resolve())}
+    return {"url": args.openai_url} if args.openai_url else {}
 
 
 def policy_kind(args: argparse.Namespace) -> str:

@@ -4,8 +4,9 @@ Owns ``OUT/arpo-eval.json`` (:data:`MANIFEST`), which marks a folder as one ``ar
 
     {"format": 2,
      "params": {...},                       what determines the results (:func:`run_params`); a resume must match
-     "episodes": ["[repeat-<k>/][<prefix>/]<domain>/<task id>", ...]}   every episode folder this evaluation
+     "episodes": ["[repeat-<k>/][<prefix>/]<domain>/<task id>", ...],   every episode folder this evaluation
                                             created, as its :class:`actors.eval.results.Layout` places it
+     "sessions": [{"date", "commit", "image_id", ...}]}  each run of it, the first first (actors.eval.provenance)
 
 Invariants:
 
@@ -283,6 +284,20 @@ class ResultsFolder:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+    def add_session(self, session: dict) -> list[dict]:
+        """Append ``session`` (this run's date, commit and desktop image id: :mod:`actors.eval.provenance`) to the
+        manifest's ``sessions`` and save it; returns every session, the first one first. A ``sessions`` that is not
+        a list of objects is started anew, with a warning. Raises OSError."""
+        with self._lock:
+            sessions = self._manifest.get("sessions", [])
+            if not isinstance(sessions, list) or not all(isinstance(s, dict) for s in sessions):
+                log.warning("%s: its sessions are not a list of objects; the list starts again here",
+                            self.out / MANIFEST)
+                sessions = []
+            self._manifest["sessions"] = [*sessions, session]
+            self._save()
+            return list(self._manifest["sessions"])
 
     def clear_unfinished(self) -> int:
         """Delete the listed episode folders that have no ``episode.json`` (cut short); returns how many.

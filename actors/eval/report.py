@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Iterable
 
 from actors.eval.causes import AGENT, HARNESS, error_cause
+from actors.eval.provenance import provenance_lines
 from actors.eval.results import EpisodeRecord
 from actors.eval.stats import cluster_bootstrap_interval, pass_at_k, wilson_interval
 from arpo_async.messages import Outcome
@@ -250,7 +251,7 @@ def render_markdown(report: dict) -> str:
              f"- tasks: `{report.get('tasks')}`" + (f", split `{report['split']}`" if report.get("split") else ""),
              f"- {report['finished']} of {report['planned']} episodes finished ({k} per task)"
              + ("" if report["complete"] else " - INCOMPLETE: unfinished episodes score 0; resume with --resume"),
-             f"- command: `{report.get('command', '')}`", "",
+             f"- command: `{report.get('command', '')}`", *provenance_lines(report), "",
              "## Overall and per domain", "",
              *_table([_row("**overall**", report["overall"], k)]
                      + [_row(d, s, k) for d, s in report["domains"].items()], k), "",

@@ -31,6 +31,7 @@ from actors.env_actor import EnvActor
 from actors.episode import EpisodeRunner
 from actors.eval.report import build_report, write_report
 from actors.eval.folder import ResultsFolder, run_params
+from actors.eval.provenance import attach_task_hashes, evaluation_provenance
 from actors.eval.results import ERROR_OUTCOMES, EpisodeRecord, parse_prefix
 from actors.osworld.downloads import run_download_cache
 from actors.policy import GenerateFn, Policy
@@ -293,13 +294,16 @@ async def evaluate(policy: Policy | GenerateFn, tasks: str | Path | None = None,
     plan = [(e, r) for e, r in planned if (e.domain, e.task_id, r) not in done]
     for entry, repeat in plan if folder is not None else []:
         folder.check_writable((entry.domain, entry.task_id, repeat))  # before any episode runs
+    provenance = await evaluation_provenance(folder, entries, config, repeats=settings.repeats, seed=settings.seed,
+                                             policy=(meta or {}).get("policy") or policy_identity(policy))
     records = dict(done)
     counts = Progress(len(entries) * settings.repeats, list(done.values()), settings.desktops)
     report_meta = {"tasks": str(settings.tasks or "builtin"), "split": None if settings.split is None
                    else str(settings.split), "settings": {
                        "desktops": settings.desktops, "repeats": settings.repeats, "max_steps": ac.max_steps,
                        "temperature": settings.temperature, "seed": settings.seed},
-                   "step_budget": step_budget(ac.max_steps), "deduplicated": deduplicated, **(meta or {})}
+                   "step_budget": step_budget(ac.max_steps), "deduplicated": deduplicated, **(meta or {}),
+                   "provenance": provenance}
 
     async def finish(record: EpisodeRecord, traj: Trajectory | None) -> None:
         if folder is not None:
@@ -321,6 +325,7 @@ async def evaluate(policy: Policy | GenerateFn, tasks: str | Path | None = None,
                               meta={**report_meta, "throughput": counts.throughput()},
                               tasks=[(e.domain, e.task_id) for e in entries],
                               threshold=config.learner.success_threshold)
+        attach_task_hashes(report)
         if out_path is not None:
             write_report(out_path, report)
     return report

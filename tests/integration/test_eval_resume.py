@@ -9,12 +9,15 @@ import json
 import logging
 import math
 import os
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from actors.eval import evaluate
 from actors.eval.folder import MANIFEST
+from actors.eval.provenance import source_commit
 from actors.oracle import OraclePolicy
 from arpo_async.config import load_config
 from arpo_async.inference_client import PolicyUnavailable
@@ -42,6 +45,16 @@ def test_resume_refuses_other_settings_reruns_forged_records_and_never_follows_a
     manifest = json.loads((out / MANIFEST).read_text())
     assert sorted(manifest["episodes"]) == ["repeat-1/grid4/grid4-green", "repeat-2/grid4/grid4-green"]
     assert json.loads((out / "report.json").read_text())["overall"]["successes"] == 2
+    # provenance (issue 50 item 4): this checkout's commit, the real id of the image the desktops ran, task hashes
+    provenance = json.loads((out / "report.json").read_text())["provenance"]
+    real_id = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", desktop_image], check=True,
+                             capture_output=True, text=True, timeout=60).stdout.strip()
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", real_id)
+    assert (provenance["image"], provenance["image_id"]) == (desktop_image, real_id)
+    assert provenance["commit"] == source_commit()[0] and re.fullmatch(r"[0-9a-f]{40}", provenance["commit"])
+    assert provenance["task_sha256"] == manifest["params"]["tasks"] and len(provenance["sessions"]) == 1
+    assert provenance["settings"]["actors.max_steps"] == MAX_STEPS and provenance["warnings"] == []
+    assert f"id `{real_id}`" in (out / "report.md").read_text()
     capsys.readouterr()
 
     # another policy, step budget, temperature or task set: one line naming the difference, exit 2, nothing changed
@@ -54,8 +67,13 @@ def test_resume_refuses_other_settings_reruns_forged_records_and_never_follows_a
         assert arpo_main(base + flags + ["--resume"]) == 2, flags
         err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("arpo eval:")]
         assert len(err) == 1 and words in err[0] and str(out) in err[0], (flags, err)
-    assert snapshot(out) == before
+    assert snapshot(out) == before  # a refused resume records no session either
 
+    # the image was rebuilt since the first session (its recorded id is another): the resume keeps the first
+    # session's date, commit and image id, appends its own, and says plainly that they differ
+    manifest = json.loads((out / MANIFEST).read_text())
+    manifest["sessions"][0]["image_id"] = "sha256:" + "0" * 64
+    (out / MANIFEST).write_text(json.dumps(manifest))
     # forged: success with a NaN score; damaged: result.txt contradicting episode.json. Both run again.
     first, second = out / "repeat-1/grid4/grid4-green", out / "repeat-2/grid4/grid4-green"
     record = json.loads((first / "episode.json").read_text())
@@ -72,6 +90,14 @@ def test_resume_refuses_other_settings_reruns_forged_records_and_never_follows_a
             "score"] == 1.0
     report = json.loads((out / "report.json").read_text())
     assert report["overall"]["successes"] == 2 and report["errors"] == [] and report["complete"]
+    started, resumed = report["provenance"]["sessions"]
+    assert started == {**provenance["sessions"][0], "image_id": "sha256:" + "0" * 64}
+    assert (report["provenance"]["date"], report["provenance"]["commit"]) == (provenance["date"],
+                                                                             provenance["commit"])
+    assert resumed["image_id"] == real_id and resumed["date"] >= started["date"]
+    assert "ran different desktop images" in caplog.text and "sha256:" + "0" * 64 in caplog.text  # on stderr
+    assert "**WARNING**: the sessions of this evaluation ran different desktop images" in (
+        out / "report.md").read_text()
 
     # a symlinked task folder inside OUT, pointing at the user's files: never followed, nothing deleted there
     victim = tmp_path / "photos"
@@ -87,6 +113,7 @@ def test_resume_refuses_other_settings_reruns_forged_records_and_never_follows_a
     assert f"arpo eval: {out / 'repeat-1' / 'grid4'} is a symbolic link" in capsys.readouterr().err
     assert (victim / "0" / "holiday.jpg").read_bytes() == b"\xff\xd8\xffJPEG"
     assert sorted(p.name for p in victim.rglob("*")) == ["0", "holiday.jpg"]
+    assert len(json.loads((out / MANIFEST).read_text())["sessions"]) == 2  # refused before it ran: no session
 
 
 class ServerDownThenUp:
@@ -119,3 +146,6 @@ async def test_errored_episodes_run_again_with_retry_errors_only(tiny_model, des
     assert policy.calls == 0 and len(kept["errors"]) == 2
     retried = await asyncio.wait_for(evaluate(policy, resume=True, retry_errors=True, **kwargs), 600)
     assert policy.calls >= 2 and retried["errors"] == [] and retried["overall"]["successes"] == 2
+    # each resume appends a session; the first one's date stays the report's date
+    assert [s["date"] for s in retried["provenance"]["sessions"]][0] == down["provenance"]["date"]
+    assert len(retried["provenance"]["sessions"]) == 3 and retried["provenance"]["warnings"] == []
