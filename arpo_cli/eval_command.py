@@ -20,6 +20,8 @@ folder or split or a refused results folder (actors.eval.folder), all found befo
 written (:func:`check_arguments`), 3 when every episode of the report errored (the report is written; e.g. the
 inference server is down), 130 after Ctrl-C or SIGTERM (the report of what finished is written, every desktop
 removed; ``--resume`` finishes it).
+
+``--compare A B`` runs nothing: it prints two reports side by side (:mod:`arpo_cli.eval_compare`).
 """
 from __future__ import annotations
 
@@ -109,6 +111,11 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--retry-errors", action="store_true",
                    help="with --resume, also run again the episodes that ended in an error (ENV_ERROR, TASK_ERROR, "
                         "ABORTED: e.g. the server was down)")
+    p.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"),
+                   help="run nothing: print two reports (results folders or report.json files) side by side, per "
+                        "task, with B - A and whether it exceeds the 95%% intervals, and the provenance that "
+                        "differs (commit, desktop image, task files, settings); exit 2 for a file that is not a "
+                        "readable arpo eval report")
     add_config_arguments(p, ("", "actors", "serve"))
 
 
@@ -319,6 +326,8 @@ def eval_main(args: argparse.Namespace, argv: list[str]) -> int:
     from arpo_cli.launcher import RunError, RunInputError, run_interruptible, sigterm_as_interrupt
 
     args.argv = argv
+    if args.compare is not None:
+        return compare_reports(args)
     problem = check_policy_args(args)
     if problem:
         print(f"arpo eval: {problem}", file=sys.stderr)
@@ -352,6 +361,18 @@ def eval_main(args: argparse.Namespace, argv: list[str]) -> int:
               f"first: {report['errors'][0]['error'][:300]}); exit status {EXIT_ALL_ERRORED}", file=sys.stderr)
         return EXIT_ALL_ERRORED
     return 0
+
+
+def compare_reports(args: argparse.Namespace) -> int:
+    """``arpo eval --compare A B`` (:mod:`arpo_cli.eval_compare`): 0, or 2 with one line when a report cannot be
+    read or a policy flag is given too (--compare runs nothing)."""
+    from arpo_cli.eval_compare import compare_main
+
+    if args.model or args.url or args.openai_url or args.oracle or args.resume:
+        print("arpo eval: --compare compares two reports and runs nothing; give it without --model, --url, "
+              "--openai-url, --oracle or --resume", file=sys.stderr)
+        return 2
+    return compare_main(*args.compare, sys.stdout, sys.stderr)
 
 
 async def _until_signal(signals, evaluation):

@@ -294,8 +294,8 @@ def _args(action: argparse.Action) -> str:
         return f"[{metavar} ...]"
     if nargs == "+":
         return f"{metavar} [{metavar} ...]"
-    if isinstance(nargs, int):
-        return " ".join([metavar] * nargs)
+    if isinstance(nargs, int):  # a tuple metavar names each argument already (argparse's usage line)
+        return metavar if isinstance(action.metavar, tuple) else " ".join([metavar] * nargs)
     return metavar
 
 
