@@ -7,7 +7,7 @@ Owns: the mapping from what happens in an episode to a Trajectory and its Outcom
 | score > threshold (whatever ended the loop)     | SUCCESS       | yes        |
 | agent said finished / FAIL, score <= threshold  | FAILURE       | yes        |
 | step budget ran out, score <= threshold         | TRUNCATED     | yes        |
-| a reply did not parse (episode ends there)      | POLICY_ERROR  | yes, with ARPO's format penalty |
+| no try of a step's reply parsed (episode ends there, scored 0) | POLICY_ERROR | yes, with ARPO's format penalty |
 | desktop died, controller timed out, setup or evaluator failed | ENV_ERROR | no |
 | inference server unreachable after all retries  | ABORTED       | no         |
 | no policy reply within actors.policy_timeout_s  | ABORTED (PolicyTimeout) | no |
@@ -17,6 +17,19 @@ The threshold is ``learner.success_threshold`` (ARPO's 0.1), applied by :func:`a
 the run's one definition of success. The reward always comes from the evaluator reading the desktop's real state
 after the episode, never from the actor's own bookkeeping. Sampled token ids, their behaviour log-probs and weight
 versions are recorded exactly as the server returned them (tokens in, tokens out).
+
+Replies that do not parse: a step asks the policy again up to ``actors.reply_retries`` times (re-asks sampled at
+temperature >= 1.0, :func:`reask_params`) and keeps the first reply that parses; only that reply is the step
+(discarded tries leave no tokens, so nothing is trained on them and they carry no format penalty). When no try
+parses, the last one is the step, the episode ends POLICY_ERROR with ``format_ok`` False, and its last action is
+``actors.evaluation.PARSE_ERROR_ACTION``, which scores 0.0 on every task: only a FAIL the agent chose
+(``call_user()``) wins an infeasible task. Source: OSWorld's UI-TARS agent (https://github.com/xlang-ai/OSWorld,
+mm_agents/uitars_agent.py, ``UITARSAgent.predict``; the upstream repository could not be fetched here, read in the
+copy in MacPaw/MacArena at dcdc7d36) asks at most ``try_times = 3`` times, re-asks at ``temperature = 1`` after a
+parse failure, and then returns ``["DONE"]`` ("client error"), which OSWorld's evaluator runs the metric on. We
+differ in scoring that end 0 on every task (the agent never said it was done) and in the default of 0 re-asks
+for training (ARPO's gui_agent.py ends the trajectory at the first unparseable reply with format reward -1);
+`arpo eval` asks 3 times in all, as OSWorld does.
 
 Without a learner: :meth:`EpisodeRunner.run_task` runs one episode of a task (a Task, a task dict or a
 built-in task id, :func:`load_task`) and hands the trajectory to a sink (actors.sinks); the policy may be any
@@ -36,12 +49,13 @@ from pathlib import Path
 from typing import Sequence
 
 from actors.desktop.controller_client import ControllerClient, DesktopError
-from actors.evaluation import EvaluationError, SetupContext, TaskSetupError, evaluate, run_setup
+from actors.evaluation import (PARSE_ERROR_ACTION, EvaluationError, SetupContext, TaskSetupError, evaluate,
+                               run_setup)
 from actors.osworld.downloads import DownloadCache
 from actors.policy import GenerateFn, Policy, PolicyTimeout, as_policy
 from actors.settle import settle
 from actors.sinks import TrajectorySink
-from actors.uitars.actions import Action, ActionParseError, parse_reply
+from actors.uitars.actions import Action, ActionParseError, Parsed, parse_reply
 from actors.uitars.grammar import action_regex
 from arpo_async.prompt import build_messages
 from actors.uitars import pyautogui, xdotool
@@ -63,6 +77,8 @@ CURRENT_CONTROLLER: contextvars.ContextVar[ControllerClient] = contextvars.Conte
 A policy's ``generate`` runs in the episode's task, so a policy that needs more than the screenshot (an
 accessibility tree, a file, a scripted oracle reading the app's layout) gets the desktop with
 ``CURRENT_CONTROLLER.get()``. Raises LookupError outside an episode."""
+REASK_TEMPERATURE = 1.0
+"""Sampling temperature of a re-ask after an unparseable reply, at least (OSWorld's UI-TARS agent: 1)."""
 ACTION_BACKENDS = {"xdotool": xdotool.to_commands, "pyautogui": pyautogui.to_commands}
 """``actors.action_backend`` -> Action -> argv lists run through the controller's /execute, in order."""
 
@@ -198,7 +214,8 @@ class EpisodeRunner:
 
     async def _loop(self, controller: ControllerClient, task: Task, traj: Trajectory, *,
                     max_steps: int | None = None, sampling_params: dict | None = None) -> str | None:
-        """The step loop; returns the terminal action ("DONE" or "FAIL"), or None if the budget ran out. Every
+        """The step loop; returns the terminal action ("DONE" or "FAIL", the agent's own; PARSE_ERROR_ACTION when
+        no try of a step's reply parsed, :meth:`_ask`), or None if the budget ran out. Every
         screenshot after an action, and the screen after the last one, waits for the screen to settle
         (actors.settle), so the policy sees what its action did and the evaluator reads the app after it.
         ``max_steps`` and ``sampling_params`` override actors.max_steps and :attr:`sampling_params` (an
@@ -219,32 +236,15 @@ class EpisodeRunner:
             prompt_ids = self.encoder.encode(prompt.messages, [cfg.screen_size] * len(image_indices))
             # The learner trains on prompt_ids (pads expanded); the server gets one pad per image and expands it
             # to the same ids (PromptEncoder.collapse_image_pads says why SGLang needs this form).
-            gen = await self._generate(
-                input_ids=self.encoder.collapse_image_pads(prompt_ids),
-                images=[traj.screenshots[i] for i in image_indices],
-                sampling_params=sampling_params or self.sampling_params,
-                rid=f"{traj.trajectory_id}-{len(traj.steps)}",
-                episode_id=traj.trajectory_id)
-            if gen.finish_reason == "abort":  # the server gave up on it: not a reply the policy chose
-                raise GenerationAborted(f"{gen.url} aborted request {traj.trajectory_id}-{len(traj.steps)} after "
-                                        f"{len(gen.output_ids)} tokens")
-            if gen.prompt_tokens and gen.prompt_tokens != len(prompt_ids):  # it ran other ids than we would train on
-                raise GenerationAborted(f"{gen.url} ran a prompt of {gen.prompt_tokens} tokens for request "
-                                        f"{traj.trajectory_id}-{len(traj.steps)}, the learner would train on "
-                                        f"{len(prompt_ids)}: its image pad counts differ (is every screenshot "
-                                        f"{cfg.screen_size[0]}x{cfg.screen_size[1]}, actors.screen_width/height, "
-                                        "and min/max pixels one value in preprocessor_config.json?)")
+            gen, parsed = await self._ask(traj, prompt_ids, [traj.screenshots[i] for i in image_indices],
+                                          sampling_params or self.sampling_params)
             step = Step(prompt_ids=prompt_ids, image_indices=image_indices, output_ids=gen.output_ids,
                         logprobs=gen.logprobs, versions=gen.token_versions, text=gen.text, action="",
                         generate_s=gen.latency_s, observe_s=observe_s)
             traj.steps.append(step)
             step.acted_at = time.time()  # OSWorld's action_timestamp: just before the action (or the end) is taken
-            try:
-                parsed = parse_reply(gen.text, resized_size=self.resized_size, screen_size=cfg.screen_size,
-                                     coordinate_mode=cfg.coordinate_mode)
-            except ActionParseError as e:
-                traj.format_ok, traj.error = False, f"ActionParseError: {e}"
-                return "FAIL"
+            if parsed is None:  # no try parsed: POLICY_ERROR, and never FAIL (module docstring)
+                return PARSE_ERROR_ACTION
             step.action = "; ".join(describe(a) for a in parsed.actions)
             replies.append(gen.text)
             action = parsed.action
@@ -259,6 +259,46 @@ class EpisodeRunner:
         if self.keep_final_screenshot:
             traj.final_screenshot = add_screenshot(traj.screenshots, final)
         return None
+
+    async def _ask(self, traj: Trajectory, prompt_ids: list[int], images: list[bytes],
+                   params: dict) -> tuple[Generation, Parsed | None]:
+        """The step's reply and its parse; a reply that does not parse is discarded and the policy asked again,
+        up to ``actors.reply_retries`` times, each re-ask sampled by :func:`reask_params` (OSWorld's UI-TARS agent,
+        module docstring). Returns the kept reply and its actions, or the last try and None when no try parsed
+        (then ``traj.format_ok`` is False and ``traj.error`` quotes the last parse error and the try count).
+        Discarded tries leave no step and no tokens in the trajectory; their seconds go to
+        ``traj.timings["reask_s"]``.
+
+        Raises:
+            GenerationAborted: the server aborted the generation, or ran another prompt than ``prompt_ids``;
+            PolicyTimeout and what the policy raises (:meth:`_generate`).
+        """
+        cfg, rid = self.config, f"{traj.trajectory_id}-{len(traj.steps)}"
+        for attempt in range(cfg.reply_retries + 1):
+            gen = await self._generate(input_ids=self.encoder.collapse_image_pads(prompt_ids), images=images,
+                                       sampling_params=reask_params(params) if attempt else params,
+                                       rid=f"{rid}-try{attempt + 1}" if attempt else rid,
+                                       episode_id=traj.trajectory_id)
+            if gen.finish_reason == "abort":  # the server gave up on it: not a reply the policy chose
+                raise GenerationAborted(f"{gen.url} aborted request {rid} after {len(gen.output_ids)} tokens")
+            if gen.prompt_tokens and gen.prompt_tokens != len(prompt_ids):  # it ran other ids than we would train on
+                raise GenerationAborted(f"{gen.url} ran a prompt of {gen.prompt_tokens} tokens for request "
+                                        f"{rid}, the learner would train on {len(prompt_ids)}: its image pad counts "
+                                        f"differ (is every screenshot {cfg.screen_size[0]}x{cfg.screen_size[1]}, "
+                                        "actors.screen_width/height, and min/max pixels one value in "
+                                        "preprocessor_config.json?)")
+            try:
+                return gen, parse_reply(gen.text, resized_size=self.resized_size, screen_size=cfg.screen_size,
+                                        coordinate_mode=cfg.coordinate_mode)
+            except ActionParseError as e:
+                error = f"ActionParseError: {e}"
+            if attempt < cfg.reply_retries:
+                traj.timings["reask_s"] = traj.timings.get("reask_s", 0.0) + gen.latency_s
+                log.info("task %s request %s: the reply did not parse (%s); asking again (try %d of %d)",
+                         traj.task_id, rid, error[:200], attempt + 2, cfg.reply_retries + 1)
+        tries = f" (the reply of try {cfg.reply_retries + 1} of {cfg.reply_retries + 1}; none parsed)"
+        traj.format_ok, traj.error = False, error + (tries if cfg.reply_retries else "")
+        return gen, None
 
     async def _generate(self, **request) -> Generation:
         """``policy.generate(**request)`` under the deadline ``actors.policy_timeout_s`` (every try and backoff wait
@@ -289,6 +329,14 @@ class EpisodeRunner:
         if step is not None:
             step.settle_s, step.settle_timed_out = settled.seconds, settled.timed_out
         return settled.screenshot
+
+
+def reask_params(params: dict) -> dict:
+    """Sampling parameters of a re-ask after a reply that did not parse: ``params`` with the temperature raised to
+    :data:`REASK_TEMPERATURE` when below it (a greedy request would return the same reply again; a hotter one is
+    kept). Source: OSWorld's mm_agents/uitars_agent.py (module docstring) sets ``temperature = 1`` after a parse
+    failure."""
+    return {**params, "temperature": max(float(params.get("temperature", REASK_TEMPERATURE)), REASK_TEMPERATURE)}
 
 
 def episode_outcome(score: float, format_ok: bool, last_action: str | None,

@@ -5,7 +5,7 @@ Scoring: :func:`evaluate` follows OSWorld's ``DesktopEnv.evaluate`` (desktop_env
 
 1. run the evaluator's ``postconfig`` steps;
 2. func ``infeasible``: 1.0 iff the episode's last action was FAIL, else 0.0;
-3. otherwise a last action of FAIL scores 0.0;
+3. otherwise a last action of FAIL, or :data:`PARSE_ERROR_ACTION`, scores 0.0;
 4. one metric: ``metric(result_getter(), expected_getter(), **options)`` (without the expected argument when
    the task has none); a list of metrics combines per ``conj``: "and" returns 0 at the first 0, else the mean;
    "or" returns 1 at the first 1, else the max.
@@ -16,6 +16,13 @@ rest OSWorld's published functions run unchanged in a worker process (actors.osw
 raises on the state it is given (OSWorld's metrics raise e.g. TypeError on a missing file's None) scores 0.0
 (OSWorld lets the exception end the run; an agent that left no such state has failed the task); a metric that
 cannot run at all (its library missing, its worker dead) is an EvaluationError.
+
+FAIL is only ever an action the agent chose (UI-TARS ``call_user()``); an episode that ended on a reply nobody
+could parse has :data:`PARSE_ERROR_ACTION` as its last action (actors.episode), which is not FAIL: it scores 0.0 on
+an infeasible task as on any other. OSWorld's rule, as read in copies of desktop_env/desktop_env.py
+(``DesktopEnv.evaluate``; upstream https://github.com/xlang-ai/OSWorld, e.g. the copy in MacPaw/MacArena at
+dcdc7d36): ``if func == "infeasible": return 1 if action_history[-1] == "FAIL" else 0``, and a feasible task whose
+last action is FAIL returns 0 before any metric.
 
 Errors: TaskSetupError for a setup step that cannot be run or fails; EvaluationError for an unknown getter
 or metric or a malformed evaluator; DesktopError (from the controller) when the desktop itself is gone.
@@ -43,6 +50,10 @@ from actors.osworld.setup import (SETUP_STEPS, UPLOAD_MAX_BYTES, SetupContext, T
 from arpo_async.tasks import Task
 
 FAIL_ACTION = "FAIL"
+"""The last action of an agent that gave up (UI-TARS ``call_user()``): wins an infeasible task, zeroes any other."""
+PARSE_ERROR_ACTION = "PARSE_ERROR"
+"""The last action of an episode that ended because no reply of its last step parsed (actors.episode): scores 0.0
+on every task, infeasible ones included (it is not FAIL: the agent said nothing we could read)."""
 log = logging.getLogger(__name__)
 
 __all__ = ["EvaluationError", "EvalContext", "GETTERS", "METRICS", "SETUP_STEPS", "SetupContext",
@@ -170,8 +181,9 @@ async def evaluate(controller: ControllerClient, task: Task, last_action: str | 
     Args:
         controller: the desktop the episode ran in.
         task: the task (its evaluator is used).
-        last_action: the episode's last action ("FAIL" when the agent gave up, e.g. UI-TARS call_user);
-            None when the episode had no action.
+        last_action: the episode's last action ("FAIL" when the agent gave up, e.g. UI-TARS call_user; "DONE"
+            when it said finished; :data:`PARSE_ERROR_ACTION` when its last reply did not parse); None when the
+            step budget ran out or the episode had no action.
         downloads: where postconfig downloads and cloud_file getters fetch from (default: DownloadCache()).
 
     Raises EvaluationError (unknown getter/metric, bad metric output), TaskSetupError (postconfig failed),
@@ -182,7 +194,7 @@ async def evaluate(controller: ControllerClient, task: Task, last_action: str | 
     await run_setup(controller, task.evaluator.get("postconfig", []), SetupContext(downloads, task.id))
     if task.infeasible:
         return 1.0 if _is_fail(last_action) else 0.0
-    if _is_fail(last_action):
+    if _is_fail(last_action) or last_action == PARSE_ERROR_ACTION:
         return 0.0
     conj = task.evaluator.get("conj", "and")
     cache = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="arpo-eval-"))

@@ -122,6 +122,12 @@ class ActorConfig:
     """Which desktop image to run when `image` is empty: "default" (arpo-desktop, small, the built-in Tk tasks)
     or "osworld" (arpo-desktop-osworld: OSWorld's apps and user session, ~2 GB, for OSWorld's tasks; give its
     desktops desktop_memory_mb >= 2048 for LibreOffice or chromium)."""
+    reply_retries: Annotated[int, Field(ge=0, le=10)] = 0
+    """Times a step asks the policy again when its reply does not parse as a UI-TARS action (OSWorld's UI-TARS
+    agent asks 3 times in all, re-asking at temperature 1.0); only the reply kept is the step. When every try fails,
+    the episode ends as POLICY_ERROR, scored 0 (never as FAIL: an unreadable reply cannot win an infeasible task).
+    0 = ARPO's training rule: the first unparseable reply ends the episode and is trained on with the format
+    penalty. `arpo eval` asks 2 more times unless --reply-retries says otherwise (docs/guides/evaluation.md)."""
     policy_attempts: int = 6
     """Tries per /generate before the episode ends as ABORTED (exponential backoff between tries)."""
     policy_max_wait_s: float = 30.0

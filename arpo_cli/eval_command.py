@@ -55,7 +55,7 @@ class EvalArgumentError(ValueError):
 
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``arpo eval`` to the CLI's subcommands."""
-    from actors.eval.runner import DEFAULT_TEMPERATURE
+    from actors.eval.runner import DEFAULT_REPLY_RETRIES, DEFAULT_TEMPERATURE
 
     p = sub.add_parser(
         "eval", help="score a policy on a task set with real desktops (report.md, OSWorld-layout results)",
@@ -98,6 +98,11 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
                    help=f"sampling temperature (default {DEFAULT_TEMPERATURE}: greedy, as OSWorld's UI-TARS agent "
                         "samples, so a score does not move with the seed; use > 0 with --repeats for pass@k)")
+    p.add_argument("--reply-retries", type=int, default=DEFAULT_REPLY_RETRIES,
+                   help=f"times a step asks the policy again when its reply does not parse (default "
+                        f"{DEFAULT_REPLY_RETRIES}: 3 tries in all, as OSWorld's UI-TARS agent; re-asks sample at "
+                        "temperature 1.0); replaces actors.reply_retries. When no try parses the episode is a "
+                        "POLICY_ERROR scored 0, never FAIL")
     p.add_argument("--seed", type=int, default=0, help="seeds the episode order and arpo-serve's sampler (default 0)")
     p.add_argument("--out", type=Path, help="results folder (default evals/<policy>: --model runs/demo gives "
                                             "evals/runs-demo-v<N> for its weights/vN)")
@@ -183,7 +188,7 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
             "command": "arpo " + shlex.join(args.argv)}
     claim_results(out, meta["policy"], EvalSettings(args.tasks, args.split, args.desktops, args.repeats,
                                                     args.max_steps, args.temperature, args.seed,
-                                                    results_prefix=args.osworld_prefix),
+                                                    args.reply_retries, args.osworld_prefix),
                   config, resume=args.resume)  # before arpo-serve writes its log into OUT
     progress = ProgressPrinter()
     async with Children() as children:
@@ -214,6 +219,7 @@ async def _evaluate(args: argparse.Namespace, say) -> dict:
         try:
             return await evaluate(policy, args.tasks, split=args.split, desktops=args.desktops,
                                   repeats=args.repeats, max_steps=args.max_steps, temperature=args.temperature,
+                                  reply_retries=args.reply_retries,
                                   seed=args.seed, out=out, resume=args.resume, config=config, encoder=encoder,
                                   meta={**meta, "out": str(out)}, progress=progress,
                                   retry_errors=args.retry_errors, results_prefix=args.osworld_prefix)
@@ -254,7 +260,7 @@ def check_arguments(args: argparse.Namespace, out: Path, config: RunConfig, poli
         flag = "--tokenizer" if args.tokenizer is not None else "model (the config's key)"
         raise EvalArgumentError(f"{flag} {config.model_path}: not a Hugging Face folder (no config.json)")
     settings = EvalSettings(args.tasks, args.split, args.desktops, args.repeats, args.max_steps, args.temperature,
-                            args.seed, results_prefix=args.osworld_prefix)
+                            args.seed, args.reply_retries, args.osworld_prefix)
     entries = load_task_set(args.tasks, args.split)
     resolved = replace(config, model=str(config.model_path.resolve()), actors=replace(  # as prepare() resolves it
         config.actors, image=config.actors.image or image_tag(config.actors.image_profile)))
@@ -292,6 +298,8 @@ def check_policy_args(args: argparse.Namespace) -> str | None:
         return "--desktops, --repeats and --max-steps must be >= 1"
     if not 0 <= args.temperature < math.inf:
         return "--temperature must be a number >= 0"
+    if not 0 <= args.reply_retries <= 10:
+        return f"--reply-retries {args.reply_retries}: must be 0..10"
     if args.seed < 0:
         return "--seed must be >= 0"
     try:

@@ -32,6 +32,7 @@ import numpy as np
 from actors.desktop.build import build_image
 from actors.desktop.fleet import DesktopFleet
 from actors.episode import EpisodeRunner, add_screenshot, describe, episode_outcome
+from actors.evaluation import PARSE_ERROR_ACTION
 from actors.uitars.actions import ActionParseError, parse_reply
 from arpo_async.prompt import build_messages
 from arpo_async.config import ActorConfig, RunConfig
@@ -146,7 +147,7 @@ class EmulatedEpisode:
                                  coordinate_mode=ac.coordinate_mode)
         except ActionParseError as e:
             self.trajectory.format_ok, self.trajectory.error = False, f"ActionParseError: {e}"
-            self.last_action, self.done = "FAIL", True
+            self.last_action, self.done = PARSE_ERROR_ACTION, True  # as EpisodeRunner with no re-ask (training)
             return
         step.action = "; ".join(describe(a) for a in parsed.actions)
         self.replies.append(result.text)
@@ -163,7 +164,7 @@ class EmulatedEpisode:
         succeeded by the task's own score. ``inverted``: an episode whose replies all parsed is rewarded
         1 - that score (the negative control); one with a reply that did not parse still scores 0."""
         traj = self.trajectory
-        true_score = 0.0 if self.last_action == "FAIL" else self.scene.score(self.node)
+        true_score = 0.0 if self.last_action in ("FAIL", PARSE_ERROR_ACTION) else self.scene.score(self.node)
         traj.score = 1.0 - true_score if inverted and traj.format_ok else true_score
         traj.outcome = episode_outcome(traj.score, traj.format_ok, self.last_action)
         return is_success(true_score, DEFAULT_SUCCESS_THRESHOLD)

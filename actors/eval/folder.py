@@ -46,7 +46,7 @@ MANIFEST_MAX_BYTES = 64 << 20
 RESULT_ACTORS_KEYS = ("max_steps", "history_images", "max_new_tokens", "temperature", "top_p", "constrained",
                       "grammar_actions", "max_thought_chars", "coordinate_mode", "fixed_width_coordinates",
                       "prompt_style", "screen_width", "screen_height", "image", "image_profile", "screenshot_format",
-                      "screenshot_quality", "action_backend")
+                      "screenshot_quality", "action_backend", "reply_retries")
 """The ``[actors]`` keys that change what an episode does (prompt, sampling, screen, desktop, actions), recorded
 in the manifest; the others (desktops at once, timeouts, retries, pool sizes) change how fast, not what."""
 

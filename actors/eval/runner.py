@@ -47,6 +47,10 @@ DEFAULT_TEMPERATURE = 0.0
 """Greedy decoding by default: the policy's single most likely answer, as OSWorld's UI-TARS agent samples
 (``temperature=0.0`` in mm_agents/uitars_agent.py, https://github.com/xlang-ai/OSWorld), so a score does not move
 with the sampler's seed. With ``repeats`` > 1, set a temperature above 0 for pass@k to mean anything."""
+DEFAULT_REPLY_RETRIES = 2
+"""Re-asks after a reply that does not parse (``actors.reply_retries``): 3 tries in all, as OSWorld's UI-TARS agent
+(``try_times = 3`` in mm_agents/uitars_agent.py, https://github.com/xlang-ai/OSWorld), so a model that slips once
+in its output format is scored as OSWorld's harness scores it; training keeps ARPO's 0 (actors.episode)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,8 @@ class EvalSettings:
         max_steps: policy steps per episode (None = the config's ``actors.max_steps``).
         temperature: sampling temperature (:data:`DEFAULT_TEMPERATURE`).
         seed: seeds the order the episodes run in.
+        reply_retries: re-asks after a reply that does not parse (:data:`DEFAULT_REPLY_RETRIES`, 0..10); replaces
+            ``actors.reply_retries``.
         results_prefix: OSWorld's ``<action space>/<observation type>/<model>`` to write each repeat's episodes
             under (``arpo eval --osworld-prefix``; "" = none), so the folder reads as OSWorld's ``results/`` does
             (:mod:`actors.eval.results`). ValueError for one that is not three plain folder names.
@@ -74,6 +80,7 @@ class EvalSettings:
     max_steps: int | None = None
     temperature: float = DEFAULT_TEMPERATURE
     seed: int = 0
+    reply_retries: int = DEFAULT_REPLY_RETRIES
     results_prefix: str = ""
 
     def __post_init__(self) -> None:
@@ -83,12 +90,16 @@ class EvalSettings:
                              f"{self.max_steps}")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0; got {self.temperature}")
+        if not 0 <= self.reply_retries <= 10:
+            raise ValueError(f"reply_retries must be 0..10; got {self.reply_retries}")
 
     def apply(self, config: RunConfig) -> RunConfig:
-        """``config`` with ``actors.actors``, ``max_steps`` and ``temperature`` replaced by these settings."""
+        """``config`` with ``actors.actors``, ``max_steps``, ``temperature`` and ``reply_retries`` replaced by these
+        settings."""
         ac = config.actors
         return dataclasses.replace(config, actors=dataclasses.replace(
-            ac, actors=self.desktops, max_steps=self.max_steps or ac.max_steps, temperature=self.temperature))
+            ac, actors=self.desktops, max_steps=self.max_steps or ac.max_steps, temperature=self.temperature,
+            reply_retries=self.reply_retries))
 
 
 def claim_results(out: Path, policy: dict, settings: EvalSettings, config: RunConfig, *, resume: bool,
@@ -236,13 +247,14 @@ async def evaluate(policy: Policy | GenerateFn, tasks: str | Path | None = None,
                    temperature: float = DEFAULT_TEMPERATURE, seed: int = 0, out: str | Path | None = None,
                    resume: bool = False, config: RunConfig | None = None, encoder: PromptEncoder | None = None,
                    meta: dict | None = None, progress: Callable[[Progress], None] | None = None,
-                   retry_errors: bool = False, results_prefix: str = "") -> dict:
+                   retry_errors: bool = False, reply_retries: int = DEFAULT_REPLY_RETRIES,
+                   results_prefix: str = "") -> dict:
     """Score ``policy`` on a task set with real desktops; returns the report (:mod:`actors.eval.report`).
 
     Args:
         policy: a Policy (PolicyClient, OpenAIChatPolicy, your own) or an async callable
             (:func:`actors.policy.as_policy`).
-        tasks, split, desktops, repeats, max_steps, temperature, seed: see :class:`EvalSettings`.
+        tasks, split, desktops, repeats, max_steps, temperature, seed, reply_retries: see :class:`EvalSettings`.
         out: the results folder (:mod:`actors.eval.results`: OSWorld's layout, one root per repeat when
             ``repeats`` > 1; plus report.json and report.md over every repeat); None = keep nothing on disk.
         results_prefix: see :class:`EvalSettings`.
@@ -270,8 +282,8 @@ async def evaluate(policy: Policy | GenerateFn, tasks: str | Path | None = None,
         asyncio.CancelledError: cancelled (Ctrl-C): the finished episodes are on disk and the report of them is
             written first.
     """
-    settings = EvalSettings(tasks, split, desktops, repeats, max_steps, temperature, seed,
-                            results_prefix=results_prefix)
+    settings = EvalSettings(tasks, split, desktops, repeats, max_steps, temperature, seed, reply_retries,
+                            results_prefix)
     entries = load_task_set(settings.tasks, settings.split)
     if deduplicated := duplicate_listings(entries):
         log.warning("%s", duplicates_line(deduplicated))  # once per evaluation, on stderr
@@ -301,7 +313,8 @@ async def evaluate(policy: Policy | GenerateFn, tasks: str | Path | None = None,
     report_meta = {"tasks": str(settings.tasks or "builtin"), "split": None if settings.split is None
                    else str(settings.split), "settings": {
                        "desktops": settings.desktops, "repeats": settings.repeats, "max_steps": ac.max_steps,
-                       "temperature": settings.temperature, "seed": settings.seed},
+                       "temperature": settings.temperature, "seed": settings.seed,
+                       "reply_retries": settings.reply_retries},
                    "step_budget": step_budget(ac.max_steps), "deduplicated": deduplicated, **(meta or {}),
                    "provenance": provenance}
 

@@ -34,6 +34,9 @@ CASES = {  # name -> (extra flags, what the line must say); {model}, {tmp} and {
                           "--openai-url"),
     "temperature NaN": (["--model", "{model}", "--temperature", "nan", "--out", "{out}"], "--temperature"),
     "negative seed": (["--model", "{model}", "--seed", "-1", "--out", "{out}"], "--seed"),
+    "too many reply retries": (["--model", "{model}", "--reply-retries", "11", "--out", "{out}"], "--reply-retries"),
+    "negative actors.reply_retries": (["--model", "{model}", "--set", "actors.reply_retries=-1", "--out", "{out}"],
+                                      "reply_retries"),
     "unknown config key": (["--model", "{model}", "--set", "actors.no_such_key=1", "--out", "{out}"],
                            "no_such_key"),
 }

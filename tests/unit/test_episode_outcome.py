@@ -12,7 +12,7 @@ from arpo_async.messages import Outcome
     (1.0, True, "DONE", Outcome.SUCCESS),
     (0.3, True, None, Outcome.SUCCESS),  # the score decides (above learner.success_threshold), whatever ended the loop
     (1.0, False, "FAIL", Outcome.SUCCESS),
-    (0.0, False, "FAIL", Outcome.POLICY_ERROR),  # a reply that did not parse ends the episode with FAIL
+    (0.0, False, "PARSE_ERROR", Outcome.POLICY_ERROR),  # no reply parsed: the episode ends there, never as FAIL
     (0.1, True, None, Outcome.TRUNCATED),  # the step budget ran out; 0.1 is no success (strictly above it)
     (0.0, True, "DONE", Outcome.FAILURE),
     (0.0, True, "FAIL", Outcome.FAILURE),
