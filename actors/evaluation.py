@@ -10,7 +10,7 @@ Scoring: :func:`evaluate` follows OSWorld's ``DesktopEnv.evaluate`` (desktop_env
    the task has none); a list of metrics combines per ``conj``: "and" returns 0 at the first 0, else the mean;
    "or" returns 1 at the first 1, else the max.
 
-Getters (:data:`GETTERS`, actors.osworld.getters) read the desktop's real state after the episode, so the reward
+Getters (:data:`GETTERS`, actors.osworld.getter_table) read the desktop's real state after the episode, so the reward
 is what the agent actually did. Metrics (:data:`METRICS`): a few of our own (actors.osworld.native_metrics), the
 rest OSWorld's published functions run unchanged in a worker process (actors.osworld.metrics). A metric that
 raises on the state it is given (OSWorld's metrics raise e.g. TypeError on a missing file's None) scores 0.0
@@ -41,7 +41,8 @@ from typing import Any
 
 from actors.desktop.controller_client import ControllerClient
 from actors.osworld.downloads import DownloadCache
-from actors.osworld.getters import GETTERS, EvalContext, GetterError
+from actors.osworld.getter_table import GETTERS
+from actors.osworld.getters import EvalContext, GetterError
 from actors.osworld.metric_env import MetricEnvError
 from actors.osworld.metrics import OSWORLD_METRICS, MetricError, call_metric
 from actors.osworld.native_metrics import NATIVE_METRICS, MetricOptionError
@@ -191,7 +192,8 @@ async def evaluate(controller: ControllerClient, task: Task, last_action: str | 
     """
     parts = [] if task.infeasible else _parts(task)  # fail fast on unknown names, before postconfig
     downloads = downloads or DownloadCache()
-    await run_setup(controller, task.evaluator.get("postconfig", []), SetupContext(downloads, task.id))
+    setup = SetupContext(downloads, task.id)
+    await run_setup(controller, task.evaluator.get("postconfig", []), setup)
     if task.infeasible:
         return 1.0 if _is_fail(last_action) else 0.0
     if _is_fail(last_action) or last_action == PARSE_ERROR_ACTION:
@@ -199,7 +201,7 @@ async def evaluate(controller: ControllerClient, task: Task, last_action: str | 
     conj = task.evaluator.get("conj", "and")
     cache = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="arpo-eval-"))
     try:
-        ctx = EvalContext(cache_dir=cache, downloads=downloads, task_id=task.id)
+        ctx = EvalContext(cache_dir=cache, downloads=downloads, task_id=task.id, outputs=setup.outputs)
         scores: list[float] = []
         for part in parts:
             s = await _score_part(controller, part, ctx)

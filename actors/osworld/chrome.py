@@ -84,7 +84,7 @@ elif req["op"] == "open":
         sys.exit(4)
     before = [t["id"] for t in pages()]
     for i, url in enumerate(req["urls"]):
-        call(port, "/json/new?" + urllib.parse.quote(url, safe=":/?&=%#@+,;~"), "PUT")
+        call(port, "/json/new?" + urllib.parse.quote(url, safe=""), "PUT")
         if i == 0:
             for tid in before:
                 call(port, "/json/close/" + tid)

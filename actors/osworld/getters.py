@@ -3,7 +3,7 @@ controller: what the desktop holds after the episode, in the shape OSWorld's get
 in the evaluation's cache folder for file getters, a string for command-line getters, dicts/lists for rules and
 app settings), so OSWorld's metrics can be applied to it unchanged.
 
-:data:`GETTERS` maps each type to an async ``(controller, config, EvalContext) -> value``. A getter that finds
+:data:`BASE_GETTERS` maps each type to an async ``(controller, config, EvalContext) -> value``. A getter that finds
 nothing returns what OSWorld's returns then (usually None; the Chrome preference getters return their
 defaults). Chrome's profile is the one the browser wrote (:func:`chrome_profile_dir`): ``~/.config/google-chrome``
 (OSWorld's path) or ``~/.config/chromium`` (Debian's Chromium, which the osworld image runs as google-chrome).
@@ -34,11 +34,13 @@ class GetterError(Exception):
 @dataclass
 class EvalContext:
     """Per-evaluation scratch space: ``cache_dir`` holds fetched files (removed afterwards); ``downloads`` serves
-    ``cloud_file``; ``task_id`` finds the task's files in the mirror."""
+    ``cloud_file``; ``task_id`` finds the task's files in the mirror; ``outputs`` has the postconfig steps'
+    named stdout/stderr texts ({file name: text}, SetupContext.outputs) that ``cache_file`` reads."""
 
     cache_dir: Path
     downloads: DownloadCache = field(default_factory=DownloadCache)
     task_id: str = ""
+    outputs: dict[str, str] = field(default_factory=dict)
 
 
 async def _save(ctx: EvalContext, dest: str, data: bytes) -> str:
@@ -346,7 +348,7 @@ async def get_active_tab_info(c, config, ctx) -> dict | None:
 
 
 Getter = Callable[[ControllerClient, dict, EvalContext], Awaitable[Any]]
-GETTERS: dict[str, Getter] = {
+BASE_GETTERS: dict[str, Getter] = {
     "vm_file": get_vm_file, "cloud_file": get_cloud_file, "vm_command_line": get_vm_command_line,
     "vm_command_error": get_vm_command_error, "vm_terminal_output": get_vm_terminal_output, "rule": get_rule,
     "vm_screen_size": get_vm_screen_size, "vm_window_size": get_vm_window_size, "vm_wallpaper": get_vm_wallpaper,
@@ -360,4 +362,5 @@ GETTERS: dict[str, Getter] = {
     "cookie_data": get_cookie_data, "shortcuts_on_desktop": get_shortcuts_on_desktop,
     "open_tabs_info": get_open_tabs_info, "active_tab_info": get_active_tab_info,
 }
-"""Getter type -> implementation (OSWorld's names)."""
+"""Getter type -> implementation (OSWorld's names) for this module's getters; actors.osworld.getter_table.GETTERS
+has every getter (these, getters_web's and getters_more's)."""

@@ -5,11 +5,11 @@ transformers 4.35, so it cannot share the training environment: :func:`ensure_en
 cache folder (default ``~/.cache/arpo/osworld-env``, or ``$ARPO_OSWORLD_ENV``), installs ``desktop-env`` there
 with ``--no-deps`` and only the pinned libraries in :data:`REQUIREMENTS` that the supported metric modules use
 (from PyPI), with :mod:`arpo_async.pinned_venv`. Libraries that the metric modules import but the supported
-metrics never call (audio, video, OCR, PDF rendering) are not installed: :mod:`actors.osworld.metric_worker` puts
+metrics never call (audio fingerprints, OCR, PDF rendering) are not installed: :mod:`actors.osworld.metric_worker` puts
 a placeholder module in their place (:data:`PLACEHOLDER_MODULES`) that raises a clear error if a metric does call
 into it.
 
-Build it ahead of time with ``python -m actors.osworld.metric_env`` (about a minute, ~150 MB); otherwise the first
+Build it ahead of time with ``python -m actors.osworld.metric_env`` (a few minutes, ~700 MB); otherwise the first
 evaluation that needs an OSWorld metric builds it. A marker file records what was installed; a changed
 :data:`REQUIREMENTS` rebuilds. Concurrent builders are serialised by a lock file.
 """
@@ -35,17 +35,20 @@ REQUIREMENTS: tuple[str, ...] = (
     "scipy==1.14.1", "scikit-image==0.24.0", "networkx==3.4.2", "imageio==2.36.0", "tifffile==2024.9.20",
     "lazy_loader==0.4", "packaging==24.2", "ImageHash==4.3.1", "PyWavelets==1.7.0", "PyMuPDF==1.24.14",
     "requests-toolbelt==1.0.0", "python-dotenv==1.0.1",
+    "librosa==0.10.2.post1", "fastdtw==0.3.4", "audioread==3.0.1", "decorator==5.1.1", "joblib==1.4.2",
+    "msgpack==1.1.0", "numba==0.60.0", "llvmlite==0.43.0", "soundfile==0.12.1", "cffi==1.17.1", "pycparser==2.22",
+    "pooch==1.8.2", "platformdirs==4.3.6", "soxr==0.5.0.post1", "scikit-learn==1.5.2", "threadpoolctl==3.5.0",
+    "opencv-python-headless==4.10.0.84",
 )
 """Pinned libraries (installed ``--no-deps``; wheels where PyPI has them, odfpy is a pure-Python sdist): what
 OSWorld's metric modules general, utils, basic_os, chrome, vlc, gimp, vscode, docs, slides, table, pdf,
 thunderbird and others import and the supported metrics use; requests-toolbelt and python-dotenv are what
-OSWorld's host-side SetupController (desktop_env/controllers/setup.py) imports besides those."""
+OSWorld's host-side SetupController (desktop_env/controllers/setup.py) imports besides those. librosa and fastdtw
+(with librosa's own dependencies: audioread ... threadpoolctl) run vlc.compare_audios; opencv-python-headless
+(``cv2``) runs vlc.compare_videos. fastdtw is a source distribution (pure Python when built without Cython)."""
 
 PLACEHOLDER_MODULES: dict[str, str] = {
-    "cv2": "OpenCV (image/video comparison metrics)",
-    "librosa": "librosa (audio comparison metrics)",
     "acoustid": "pyacoustid (audio fingerprint metrics)",
-    "fastdtw": "fastdtw (audio comparison metrics)",
     "borb": "borb (PDF comparison metrics)",
     "pdfplumber": "pdfplumber (PDF text metrics)",
     "easyocr": "EasyOCR (OCR-based document metrics)",

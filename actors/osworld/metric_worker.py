@@ -3,8 +3,10 @@
 Started as a script by :class:`actors.osworld.metrics.MetricWorker` with that venv's interpreter; imports only
 the standard library and the venv's packages, never arpo code. Protocol: one JSON object per line on stdin,
 ``{"module": "chrome", "func": "is_expected_bookmarks", "args": [...], "kwargs": {...}}``; one JSON line back per
-request on the original stdout: ``{"ok": true, "value": <the metric's return value>}`` or
-``{"ok": false, "error_type": str, "error": str}``. Whatever the metrics print goes to stderr.
+request on the original stdout (with ``"getter": true`` the function is OSWorld's getter
+``desktop_env.evaluators.getters.<module>.<func>``, called with a stand-in ``env`` built from ``"env"``:
+``{"cache_dir", "files": {desktop path: local path}}``, or None): ``{"ok": true, "value": <the metric's return
+value>}`` or ``{"ok": false, "error_type": str, "error": str}``. Whatever the metrics print goes to stderr.
 
 desktop_env's package ``__init__`` files import every provider, controller and metric module (torch, playwright,
 ...): the worker registers ``desktop_env``, ``desktop_env.evaluators`` and ``desktop_env.evaluators.metrics`` as
@@ -72,10 +74,34 @@ def _register_packages() -> None:
         raise SystemExit("metric_worker: desktop_env is not installed in this environment")
     root = list(spec.submodule_search_locations)[0]
     for name, folder in (("desktop_env", root), ("desktop_env.evaluators", os.path.join(root, "evaluators")),
-                         ("desktop_env.evaluators.metrics", os.path.join(root, "evaluators", "metrics"))):
+                         ("desktop_env.evaluators.metrics", os.path.join(root, "evaluators", "metrics")),
+                         ("desktop_env.evaluators.getters", os.path.join(root, "evaluators", "getters"))):
         mod = types.ModuleType(name)
         mod.__path__ = [folder]
         sys.modules[name] = mod
+
+
+class _LocalFiles:
+    """A stand-in for OSWorld's PythonController in a getter's ``env``: get_file(path) answers from files the
+    actor already fetched from the desktop ({desktop path: local path}); None for any other path."""
+
+    def __init__(self, files: dict) -> None:
+        self.files = files
+
+    def get_file(self, path: str):
+        local = self.files.get(path)
+        if local is None:
+            return None
+        with open(local, "rb") as f:
+            return f.read()
+
+
+def _env(spec):
+    """The ``env`` argument of an OSWorld getter: None, or cache_dir + controller (_LocalFiles)."""
+    if spec is None:
+        return None
+    return types.SimpleNamespace(cache_dir=spec["cache_dir"], vm_platform="Linux",
+                                 controller=_LocalFiles(spec.get("files", {})))
 
 
 def _answer(out, obj) -> None:
@@ -97,9 +123,11 @@ def main() -> None:
     for line in sys.stdin:
         try:
             req = json.loads(line)
-            module = importlib.import_module(f"desktop_env.evaluators.metrics.{req['module']}")
+            package = "getters" if req.get("getter") else "metrics"
+            module = importlib.import_module(f"desktop_env.evaluators.{package}.{req['module']}")
             func = getattr(module, req["func"])
-            value = func(*req.get("args", []), **req.get("kwargs", {}))
+            args = [_env(req.get("env")), *req.get("args", [])] if req.get("getter") else req.get("args", [])
+            value = func(*args, **req.get("kwargs", {}))
             _answer(out, {"ok": True, "value": value})
         except (Exception, MissingLibrary) as exc:  # every failure becomes an answer; the worker lives on
             _answer(out, {"ok": False, "error_type": type(exc).__name__, "error": str(exc)[:2000],

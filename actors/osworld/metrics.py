@@ -1,11 +1,10 @@
 """OSWorld's own metric functions, called unchanged through a worker process in the OSWorld metrics venv.
 
 :data:`OSWORLD_METRICS` maps each supported metric name to its module in OSWorld's published package
-(``desktop_env/evaluators/metrics/<module>.py``, desktop-env 1.0.2). It lists every metric OSWorld's task set
-uses whose code runs with the libraries :mod:`actors.osworld.metric_env` installs; metrics that need a library
-left out (audio: compare_audios; video: compare_videos; OCR: compare_image_text; HTML/PDF via borb or
-pdfplumber) are not listed, so tasks using them are rejected at load time with kind ``metric``. A unit test
-re-derives this from the package's source.
+(``desktop_env/evaluators/metrics/<module>.py``, desktop-env 1.0.2). It lists every metric OSWorld's 369 tasks
+use; all run with the libraries :mod:`actors.osworld.metric_env` installs (compare_audios with librosa and
+fastdtw, compare_videos with OpenCV) except those in :data:`LEFT_OUT_LIBRARY_METRICS` (compare_image_text: OCR),
+which fail when a task is evaluated, naming the library. A unit test re-derives this from the package's source.
 
 :class:`MetricWorker` owns one long-lived worker process (:mod:`actors.osworld.metric_worker`): requests go one
 at a time as JSON lines; a worker that dies or misses the deadline is killed and restarted on the next call.
@@ -44,7 +43,7 @@ OSWORLD_METRICS: dict[str, str] = {
     "check_global_key_play_pause": "vlc", "check_one_instance_when_started_from_file": "vlc",
     "check_qt_bgcone": "vlc", "check_qt_max_volume": "vlc", "check_qt_minimal_view": "vlc",
     "check_qt_slider_colours": "vlc", "compare_images": "vlc", "is_vlc_fullscreen": "vlc",
-    "is_vlc_playing": "vlc", "is_vlc_recordings_folder": "vlc",
+    "is_vlc_playing": "vlc", "is_vlc_recordings_folder": "vlc", "compare_audios": "vlc", "compare_videos": "vlc",
     # gimp.py
     "check_brightness_decrease_and_structure_sim": "gimp", "check_config_status": "gimp",
     "check_contrast_increase_and_structure_sim": "gimp", "check_file_exists_and_structure_sim": "gimp",
@@ -61,7 +60,8 @@ OSWORLD_METRICS: dict[str, str] = {
     "check_highlighted_words": "docs", "check_italic_font_size_14": "docs", "check_tabstops": "docs",
     "compare_contains_image": "docs", "compare_docx_files": "docs",
     "compare_docx_files_and_ignore_new_lines": "docs", "compare_docx_images": "docs", "compare_docx_lines": "docs",
-    "compare_docx_tables": "docs", "compare_font_names": "docs", "compare_line_spacing": "docs",
+    "compare_docx_tables": "docs", "compare_font_names": "docs", "compare_image_text": "docs",
+    "compare_line_spacing": "docs",
     "compare_references": "docs", "compare_subscript_contains": "docs", "contains_page_break": "docs",
     "evaluate_colored_words_in_tables": "docs", "evaluate_strike_through_last_paragraph": "docs",
     "find_default_font": "docs", "has_page_numbers_in_footers": "docs", "is_first_line_centered": "docs",
@@ -76,6 +76,11 @@ OSWORLD_METRICS: dict[str, str] = {
     "check_mp3_meta": "others", "compare_epub": "others",
 }
 """Metric name -> module under desktop_env/evaluators/metrics (OSWorld's names; see the module docstring)."""
+
+LEFT_OUT_LIBRARY_METRICS: dict[str, str] = {"compare_image_text": "easyocr"}
+"""Listed metrics whose library the metrics environment leaves out, -> that library. compare_image_text reads text
+from an image with EasyOCR, which needs torch and downloads its OCR models from the network on first use: a task
+using it loads, and its evaluation fails with the worker's ``MissingLibrary`` error naming EasyOCR."""
 
 WORKER_SCRIPT = Path(__file__).resolve().parent / "metric_worker.py"
 CALL_TIMEOUT_S = 120.0
@@ -135,13 +140,18 @@ class MetricWorker:
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line
 
-    def call(self, name: str, args: list, kwargs: dict, module: str | None = None) -> Any:
+    def call(self, name: str, args: list, kwargs: dict, module: str | None = None, *,
+             getter_env: dict | None = None) -> Any:
         """Run OSWorld's metric ``name`` (a key of OSWORLD_METRICS; or any function of ``module``) on JSON-able
-        ``args``/``kwargs`` and return its value. Raises KeyError for an unknown name; MetricError when the
-        metric raises (``error_type`` names its exception; ``MissingLibrary`` when it needs a library the venv
-        lacks), times out, or the worker dies twice; MetricEnvError when the venv cannot be built."""
+        ``args``/``kwargs`` and return its value. With ``getter_env`` ({"cache_dir", "files": {desktop path:
+        local path}}; {} for None) ``name`` is OSWorld's getter desktop_env.evaluators.getters.<module>.<name>,
+        called with a stand-in env first (see metric_worker). Raises KeyError for an unknown name; MetricError
+        when the function raises (``error_type`` names its exception; ``MissingLibrary`` when it needs a library
+        the venv lacks), times out, or the worker dies twice; MetricEnvError when the venv cannot be built."""
         module = module or OSWORLD_METRICS[name]
-        request = json.dumps({"module": module, "func": name, "args": args, "kwargs": kwargs}).encode() + b"\n"
+        getter = {"getter": True, "env": getter_env or None} if getter_env is not None else {}
+        request = json.dumps({"module": module, "func": name, "args": args, "kwargs": kwargs,
+                              **getter}).encode() + b"\n"
         with self._lock:
             for attempt in (1, 2):  # a worker found dead is replaced once and the request sent again
                 if self._proc is None or self._proc.poll() is not None:
@@ -196,3 +206,10 @@ def shared_worker() -> MetricWorker:
 async def call_metric(name: str, args: list, kwargs: dict, worker: MetricWorker | None = None) -> Any:
     """:meth:`MetricWorker.call` in a thread (default: :func:`shared_worker`)."""
     return await asyncio.to_thread((worker or shared_worker()).call, name, args, kwargs)
+
+
+async def call_osworld_getter(module: str, name: str, config: dict, env: dict | None = None) -> Any:
+    """OSWorld's own getter ``desktop_env.evaluators.getters.<module>.<name>(env, config)`` run in the shared
+    worker (a thread waits on it); ``env`` as in :meth:`MetricWorker.call`'s ``getter_env``. Raises MetricError
+    when it raises."""
+    return await asyncio.to_thread(shared_worker().call, name, [config], {}, module, getter_env=env or {})

@@ -68,11 +68,15 @@ class SetupContext:
         downloads: the download cache (mirror of OSWorld's files, cache folder, size cap, timeout).
         task_id: the task being set up (finds its files in the mirror).
         screen: (width, height) of the desktop, looked up on first need.
+        outputs: {file name: text} of execute/command steps that name a ``stdout``/``stderr`` file (OSWorld's
+            SetupController._execute_setup writes those into its cache folder, where the cache_file getter
+            reads them); the evaluation hands them to its getters.
     """
 
     downloads: DownloadCache = field(default_factory=DownloadCache)
     task_id: str = ""
     screen: tuple[int, int] | None = None
+    outputs: dict[str, str] = field(default_factory=dict)
 
 
 def _params(step: dict) -> dict:
@@ -139,12 +143,24 @@ async def _step_execute(c: ControllerClient, p: dict, ctx: SetupContext) -> None
             raise TaskSetupError(f"execute {command!r} failed: {why[-300:]}",
                                  "app_missing" if missing else "setup_failed")
         if not until or until_met(result, until):
+            _keep_outputs(p, result, ctx)
             return
         if time.monotonic() > deadline:
             break
         await asyncio.sleep(UNTIL_INTERVAL_S)
     raise TaskSetupError(f"execute {command!r}: condition {until} not met after {trial} tries; "
                          f"last returncode {result['returncode']}, stderr {result['error'][-300:]!r}")
+
+
+def _keep_outputs(p: dict, result: dict, ctx: SetupContext) -> None:
+    """OSWorld's ``stdout``/``stderr`` parameters: keep the command's output/error text under that file name."""
+    for key, field_name in (("stdout", "output"), ("stderr", "error")):
+        name = p.get(key)
+        if not name:
+            continue
+        if not isinstance(name, str) or "/" in name or "\\" in name or name in (".", ".."):
+            raise TaskSetupError(f"execute: {key} {name!r} must be a plain file name")
+        ctx.outputs[name] = result.get(field_name) or ""
 
 
 async def _step_sleep(c: ControllerClient, p: dict, ctx: SetupContext) -> None:
@@ -413,6 +429,20 @@ async def _step_update_browse_history(c: ControllerClient, p: dict, ctx: SetupCo
         await c.upload(f"{base.replace('~', home, 1)}/{CHROME_HISTORY_PATH}", data)
 
 
+async def _step_googledrive(c: ControllerClient, p: dict, ctx: SetupContext) -> None:
+    """OSWorld's googledrive step (SetupController._googledrive_setup) uploads files to the task author's
+    Google Drive with stored credentials: not possible here; TaskSetupError kind needs_network."""
+    raise TaskSetupError("googledrive: needs Google Drive (OSWorld's PyDrive client, its credentials and "
+                         "network); not supported here", "needs_network")
+
+
+async def _step_login(c: ControllerClient, p: dict, ctx: SetupContext) -> None:
+    """OSWorld's login step (SetupController._login_setup) signs in to a live website (e.g. Google Drive) with
+    stored credentials through playwright: not possible here; TaskSetupError kind needs_network."""
+    raise TaskSetupError(f"login: signs in to the live website {p.get('platform', '?')!r}; needs network and "
+                         f"the task author's credentials", "needs_network")
+
+
 SetupStep = Callable[[ControllerClient, dict, SetupContext], Awaitable[None]]
 SETUP_STEPS: dict[str, SetupStep] = {
     "launch": _step_launch,
@@ -427,6 +457,8 @@ SETUP_STEPS: dict[str, SetupStep] = {
     "chrome_open_tabs": _step_chrome_open_tabs,
     "chrome_close_tabs": _step_chrome_close_tabs,
     "update_browse_history": _step_update_browse_history,
+    "googledrive": _step_googledrive,
+    "login": _step_login,
 }
 
 

@@ -26,7 +26,8 @@ import pytest
 
 from actors.desktop.controller_client import ControllerClient
 from actors.evaluation import EvalContext, TaskSetupError, evaluate, run_setup
-from actors.osworld.getters import GETTERS, VIDEO_TYPES, chrome_profile_dir
+from actors.osworld.getter_table import GETTERS
+from actors.osworld.getters import VIDEO_TYPES, chrome_profile_dir
 from arpo_async.tasks import Task, load_task_file
 from tests.support import until
 
