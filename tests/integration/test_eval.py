@@ -57,8 +57,11 @@ def _running(proc: subprocess.Popen) -> None:
 
 
 def _comparable(report: dict) -> dict:
-    """A report without what differs between two evaluations of the same episodes (timings, folder)."""
-    return {k: v for k, v in report.items() if k not in ("throughput", "out")}
+    """A report without what differs between two evaluations of the same episodes (timings, folder, and the
+    provenance's sessions: their dates differ, and a resumed one has a session per run)."""
+    kept = {k: v for k, v in report.items() if k not in ("throughput", "out", "provenance")}
+    provenance = {k: v for k, v in report["provenance"].items() if k not in ("date", "sessions")}
+    return {**kept, "provenance": provenance}
 
 
 async def test_oracle_scores_one_and_a_quitter_zero_on_every_builtin_task(eval_config, encoder, tmp_path):
@@ -117,6 +120,8 @@ async def test_interrupted_evaluation_resumes_to_the_uninterrupted_report(eval_c
     resumed = await evaluate(policy, out=tmp_path / "cut", resume=True, **kwargs)
     assert len(set(ran)) == 8 - len(finished_before)  # only the missing episodes ran
     assert _comparable(resumed) == _comparable(whole)
+    first, *later = resumed["provenance"]["sessions"]  # the cut session's date stays first; the resume appends
+    assert resumed["provenance"]["date"] == first["date"] == cut["provenance"]["date"] and len(later) == 1
     for key, record in finished_before.items():  # the episodes from before the cut were kept, not re-run
         assert read_records(tmp_path / "cut")[key] == record
 
