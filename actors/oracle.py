@@ -6,7 +6,8 @@ its instruction in the decoded prompt, reads the desktop of its episode (``actor
 the app's layout file, ``/tmp/arpo/layout.json``, widget -> screen box) and answers one UI-TARS action per step in
 the run's coordinate mode (``actors.coordinate_mode``), as the episode loop parses them. Its plan comes from the
 task file itself (which app the task launches, what its evaluator expects), so new tasks of the same apps need no
-new code here; a task of another app (an OSWorld task) raises LookupError, which the episode records as a policy
+new code here. An OSWorld task with a stored reference solution (``actors.osworld.solutions``) is answered step by
+step from it; another task of an app it does not know raises LookupError, which the episode records as a policy
 error. Steps beyond the plan answer ``finished``.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ import shlex
 from collections import defaultdict
 
 from actors.episode import CURRENT_CONTROLLER
+from actors.osworld.solutions import Solution, load_solutions, reply_action, wait_for_window
 from arpo_async.config import ActorConfig
 from arpo_async.model.inputs import PromptEncoder
 from arpo_async.tasks import Task
@@ -127,6 +129,16 @@ class OraclePolicy:
         (sw, sh), (w, h), (dx, dy) = self.screen, self.scale, self.digits
         return f"({min(w - 1, round(x / sw * w)):0{dx}d},{min(h - 1, round(y / sh * h)):0{dy}d})"
 
+    async def _solution_reply(self, solution: Solution, index: int) -> str:
+        """Step ``index`` of a stored reference solution, after waiting for the window the step before opens."""
+        if index >= len(solution.steps):
+            return self._reply("done", "finished(content='done')")
+        window = solution.steps[index - 1].get("then_window") if index else None
+        if window:
+            await wait_for_window(CURRENT_CONTROLLER.get(), window)
+        (sw, sh), (w, h) = solution.screen, self.screen
+        return self._reply(*reply_action(solution.steps[index], lambda x, y: self._point(x * w / sw, y * h / sh)))
+
     def _reply(self, thought: str, action: str) -> str:
         return f"Thought: {thought[:self.thought_chars]}\nAction: {action}"
 
@@ -136,6 +148,9 @@ class OraclePolicy:
         task = self._task(list(input_ids))
         index = self.steps[episode_id]
         self.steps[episode_id] += 1
+        solution = load_solutions().get(task.id)
+        if solution is not None:
+            return text_generation(await self._solution_reply(solution, index))
         steps = plan(task)
         if index >= len(steps):
             return text_generation(self._reply("done", "finished(content='done')"))
