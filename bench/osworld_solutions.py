@@ -25,10 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 from bench._common import median, result_line
 
 SAMPLE = ("28cc3b7e-b194-4bc9-8353-d04c0f4d56d2", "9195653c-f4aa-453d-aa95-787f6ccfaae9",
