@@ -3,6 +3,8 @@
     python -m bench.osworld_coverage OSWorld/evaluation_examples/examples          # loading only
     python -m bench.osworld_coverage OSWorld/evaluation_examples/examples --desktops 2 --domains os,vlc --offline-only
     python -m bench.osworld_coverage OSWorld/evaluation_examples/examples --offline-split offline.json
+    python -m bench.osworld_coverage OSWorld/evaluation_examples/examples --split arpo-128 --desktops 2 \
+        --osworld-files MIRROR                           # with a (stand-in) mirror of OSWorld's files
     python -m bench.osworld_coverage --quick                 # smoke: our own OSWorld-format tasks, 1 desktop
 
 Prints the per-domain table and one line per task that did not pass (the reason: needs network, app missing,
@@ -46,6 +48,12 @@ def needs_download(path: str) -> bool:
         any(isinstance(g, dict) and g.get("type") == "cloud_file" for g in getters)
 
 
+def _split_pairs(split: str) -> set[tuple[str, str]]:
+    """The (domain, task id) pairs a split lists (arpo_async.task_sets.load_split: a file or a named split)."""
+    from arpo_async.task_sets import load_split
+    return {(domain, task_id) for domain, ids in load_split(split).items() for task_id in ids}
+
+
 def _image(profile: str) -> str:
     from actors.desktop.build import build_image
     return build_image(profile=profile) if profile != "default" else build_image()
@@ -64,7 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--offline-split", type=Path, metavar="FILE",
                         help="write the tasks that need no download as a split {domain: [task ids]} (for "
                              "`arpo eval --split FILE`) and exit")
-    parser.add_argument("--osworld-files", default="", help="local mirror of OSWorld's files (learner.osworld_files)")
+    parser.add_argument("--split", default="",
+                        help="keep only the tasks of this split (a file {domain: [task id, ...]} or a named split: "
+                             "arpo-128, osworld-369, osworld-361)")
+    parser.add_argument("--osworld-files", default="",
+                        help="local mirror of OSWorld's files (learner.osworld_files), e.g. a stand-in mirror "
+                             "from python -m actors.osworld.stand_in_mirror")
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke mode: {QUICK_DIR.relative_to(ROOT)} in 1 desktop of the default image")
     args = parser.parse_args(argv)
@@ -78,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.folder
     files = task_files(folder)
     domains = {d for d in args.domains.split(",") if d}
+    listed = _split_pairs(args.split) if args.split else None
     keep = {str(f) for f in files if (not domains or f.parent.name in domains)
+            and (listed is None or (f.parent.name, f.stem) in listed)
             and not (args.offline_only and needs_download(str(f)))}
     if args.offline_split:
         split: dict[str, list[str]] = {}
