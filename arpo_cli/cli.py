@@ -1,5 +1,6 @@
 """The `arpo` command: `arpo run`, `arpo launch`, `arpo config show`, `arpo curve`, `arpo view`, `arpo desktop build`,
-`arpo desktop clean`, `arpo tasks check`, `arpo init-model`, `arpo keys`.
+`arpo desktop clean`, `arpo tasks check`, `arpo osworld fetch`, `arpo init-model`,
+`arpo keys`.
 
 Role: the command-line layer on top of arpo_async, actors and learner (none of them imports it)."""
 
@@ -136,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_parser(sub)
     from arpo_cli.export_command import add_export_parser
     add_export_parser(sub)
+    from arpo_cli.osworld_fetch import add_osworld_parser
+    add_osworld_parser(sub)
 
     init_model.add_arguments(sub.add_parser("init-model", help="create a tiny random Qwen2.5-VL policy offline"))
     keys = sub.add_parser("keys", help="write a ZeroMQ CURVE key pair (the learner's, or an actor host's)")
@@ -234,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "export":
         from arpo_cli.export_command import export_main
         return export_main(args)
+    if args.command == "osworld" and args.osworld_command == "fetch":
+        from arpo_cli.osworld_fetch import fetch_main
+        return fetch_main(args)
     if args.command == "init-model":
         return init_model.run_from_args(args)
     return 2
