@@ -10,8 +10,10 @@
 Prints the per-domain table and one line per task that did not pass (the reason: needs network, app missing,
 getter or metric not implemented, setup failed with its error), then the key=value figures line:
 ``tasks``, ``load``, ``setup``, ``evaluate`` (counts), ``load_frac``, ``evaluate_frac_offline`` (of the tasks
-that need no download) and ``minutes``. The folder is OSWorld's ``evaluation_examples/examples`` from a clone of
-https://github.com/xlang-ai/OSWorld (369 Ubuntu tasks in 10 domain folders); without ``--quick`` it is required. ``--json FILE`` keeps every task's report. Built on
+that need no download), ``download_ok`` (tasks with a download that set up and evaluated untouched: they need
+the mirror), ``stand_in_files`` (written by ``--stand-in``, else 0) and ``minutes``. The folder is OSWorld's
+``evaluation_examples/examples`` from a clone of https://github.com/xlang-ai/OSWorld (369 Ubuntu tasks in 10
+domain folders); without ``--quick`` it is required. ``--json FILE`` keeps every task's report. Built on
 :mod:`actors.task_check` (the same code as ``arpo tasks check``).
 """
 from __future__ import annotations
@@ -54,6 +56,21 @@ def _split_pairs(split: str) -> set[tuple[str, str]]:
     return {(domain, task_id) for domain, ids in load_split(split).items() for task_id in ids}
 
 
+def _stand_in(folder: Path, split: str | None, args: argparse.Namespace) -> int:
+    """Write the stand-in mirror of the task set's files (runs/osworld-coverage/stand-in, this generator's own
+    folder: a rerun replaces its files), point ``args.osworld_files`` at it; the number of files written."""
+    from actors.osworld.stand_in_mirror import write_mirror
+    from actors.osworld.task_files import scan_task_files
+    from arpo_async.task_sets import load_task_set
+    mirror = ROOT / "runs" / "osworld-coverage" / "stand-in"
+    mirror.parent.mkdir(parents=True, exist_ok=True)
+    files, _ = scan_task_files(load_task_set(folder, split))
+    manifest = write_mirror(files, mirror, source={"tasks": str(folder), "split": split})
+    args.osworld_files = str(mirror)
+    print(f"stand-in mirror: {len(manifest['files'])} files in {mirror} ({len(manifest['left_out'])} left out)")
+    return len(manifest["files"])
+
+
 def _image(profile: str) -> str:
     from actors.desktop.build import build_image
     return build_image(profile=profile) if profile != "default" else build_image()
@@ -78,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--osworld-files", default="",
                         help="local mirror of OSWorld's files (learner.osworld_files), e.g. a stand-in mirror "
                              "from python -m actors.osworld.stand_in_mirror")
+    parser.add_argument("--stand-in", action="store_true",
+                        help="write a stand-in mirror of the tasks' files (actors.osworld.stand_in_mirror: valid "
+                             "files of the right type, not OSWorld's) under runs/osworld-coverage/stand-in and use "
+                             "it as --osworld-files")
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke mode: {QUICK_DIR.relative_to(ROOT)} in 1 desktop of the default image")
     args = parser.parse_args(argv)
@@ -103,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         args.offline_split.write_text(json.dumps(split, indent=1) + "\n", encoding="utf-8")
         print(f"{sum(map(len, split.values()))} tasks need no download: {args.offline_split}")
         return 0
+    stand_in_files = _stand_in(folder, args.split or None, args) if args.stand_in else 0
     image = _image(args.profile) if args.desktops > 0 else None
 
     def progress(r: TaskReport) -> None:
@@ -125,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         "evaluate": sum(r.stage == "ok" for r in reports),
         "load_frac": sum(r.loaded for r in reports) / max(1, len(reports)),
         "evaluate_frac_offline": sum(r.stage == "ok" for r in offline) / max(1, len(offline)),
-        "minutes": minutes}
+        "download_ok": sum(r.stage == "ok" and needs_download(r.path) for r in reports),
+        "stand_in_files": stand_in_files, "minutes": minutes}
     print(result_line(figures))
     return 0
 

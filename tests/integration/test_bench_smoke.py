@@ -165,10 +165,12 @@ def test_fuzz_wire_smoke():
 
 
 def test_osworld_coverage_quick():
-    """Our own OSWorld-format tasks in one default-image desktop: every one loads and gets a stage."""
-    figures = run_bench("osworld_coverage", "--quick", timeout=600)
+    """Our own OSWorld-format tasks in one default-image desktop: every one loads and gets a stage; with a
+    stand-in mirror (--stand-in) the task that downloads its file sets up from it and evaluates untouched."""
+    figures = run_bench("osworld_coverage", "--quick", "--stand-in", timeout=600)
     assert int(figures["tasks"]) >= 7 and figures["load"] == figures["tasks"]
     assert int(figures["evaluate"]) >= 1
+    assert figures["stand_in_files"] == "2" and int(figures["download_ok"]) >= 1  # arpo-os-download's two files
 
 
 def test_bench_learning_poses_a_multi_step_family_with_its_number_of_actions():
