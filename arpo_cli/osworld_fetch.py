@@ -119,7 +119,8 @@ def fetch_main(args: argparse.Namespace) -> int:
 
 
 async def _fetch_with_progress(files, mirror: Path, options, fetch_mirror, outcome_type):
-    """fetch_mirror with a rich progress bar on stderr (files done of all, bytes received); one line per failure."""
+    """fetch_mirror with a rich progress bar on stderr in a terminal (files done of all, bytes received) and one
+    short line per failure as it happens (the reasons follow on stdout at the end)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -137,8 +138,7 @@ async def _fetch_with_progress(files, mirror: Path, options, fetch_mirror, outco
         def on_result(result) -> None:
             progress.advance(count)
             if result.outcome is outcome_type.FAILED:
-                progress.console.print(f"failed: {result.file.relpath}: {result.error}", markup=False,
-                                       highlight=False)
+                print(f"failed: {result.file.relpath} [{result.kind}]", file=sys.stderr, flush=True)
 
         return await fetch_mirror(files, mirror, options, on_progress=on_progress,
                                   on_result=on_result)
