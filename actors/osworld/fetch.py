@@ -309,6 +309,8 @@ class _Run:
             return name, size, digest.hexdigest()
         except TimeoutError as exc:
             raise _Retryable(f"{url}: not complete within {self.options.timeout_s:g} s", "timeout") from exc
+        except aiohttp.InvalidURL as exc:  # a ClientError, but no retry mends it
+            raise _Failure(f"{url}: not a URL we can fetch: {exc}", "url") from exc
         except aiohttp.ClientError as exc:
             raise _Retryable(f"{url}: {type(exc).__name__}: {exc}", "network") from exc
         except ValueError as exc:  # yarl: a URL it cannot parse

@@ -301,3 +301,14 @@ def test_google_drive_links_fetched_only_in_the_direct_download_form():
     for url in ("https://drive.google.com/file/d/1AbC/view?usp=sharing", "https://drive.google.com/uc?export=download",
                 "https://drive.google.com/drive/folders/1AbC"):
         assert "not a direct download" in drive_link_problem(url)
+
+
+async def test_a_url_that_cannot_be_parsed_fails_at_once(tmp_path):
+    from actors.osworld.fetch import FetchOptions, Outcome, fetch_mirror
+    from actors.osworld.task_files import TaskFile
+
+    bad = TaskFile("os", "t", "a.txt", "http://exa mple.com:99999/x", "setup")
+    report = await asyncio.wait_for(fetch_mirror([bad], tmp_path / "m", FetchOptions(retries=5, backoff_s=60)),
+                                    DEADLINE_S / 3)  # with retries, the backoff alone would pass the deadline
+    assert [(r.outcome, r.kind) for r in report.results] == [(Outcome.FAILED, "url")]
+    assert manifest(tmp_path / "m")["failed"]["os/t/a.txt"]["kind"] == "url"
