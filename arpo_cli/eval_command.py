@@ -121,7 +121,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
                         "task, with B - A and whether it exceeds the 95%% intervals, and the provenance that "
                         "differs (commit, desktop image, task files, settings); exit 2 for a file that is not a "
                         "readable arpo eval report")
-    add_config_arguments(p, ("", "actors", "serve"))
+    add_config_arguments(p, ("", "learner", "actors", "serve"))  # learner.osworld_files, learner.success_threshold
 
 
 def resolve_model(path: Path) -> tuple[Path, int, Path | None]:

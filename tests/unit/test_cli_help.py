@@ -31,6 +31,12 @@ def test_no_help_text_names_a_path_outside_the_repository_or_a_package_index_nam
     assert "arpo_async/tasks_builtin" in " ".join(texts["arpo tasks check"].split())
 
 
+def test_eval_help_names_every_config_section_it_reads():
+    """`arpo eval` reads learner.osworld_files (the mirror of OSWorld's files its download steps use) and
+    learner.success_threshold besides [actors] and [serve]: its help must not say those two sections are all."""
+    flat = " ".join(_all_help(build_parser())["arpo eval"].split())
+    assert "reads the run file's top-level keys (run_dir, model, run_id), [learner], [actors], [serve]." in flat
+
 def test_init_model_names_the_flag_that_replaces_a_folder(tmp_path, capsys):
     out = tmp_path / "model"
     out.mkdir()
