@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     memory_mb = 2048 if args.profile == "osworld" else 512
     downloads = run_download_cache(ROOT / "runs" / "osworld-coverage", args.osworld_files)
     reports = asyncio.run(check_folder(folder, desktops=args.desktops, image=image, memory_mb=memory_mb,
-                                       run_id="osworld-coverage", progress=progress, keep=keep,
+                                       run_id=f"osworld-coverage-{secrets.token_hex(3)}", progress=progress, keep=keep,
                                        downloads=downloads))
     minutes = (time.monotonic() - t0) / 60
     print(format_report(reports, ran_desktops=args.desktops > 0))

@@ -352,7 +352,12 @@ class DesktopFleet:
                 return
             checks += 1
             if checks % 10 == 0:  # every ~0.5 s, see whether the container died
-                info = await container.show()
+                try:
+                    info = await container.show()
+                except DockerError as exc:  # removed from outside (another run's clean-up, `docker rm`)
+                    await desktop.controller.close()
+                    raise DesktopError(f"desktop {desktop.name} vanished before it was ready: "
+                                       f"{exc.status} {exc.message}") from exc
                 state = info.get("State", {})
                 if not state.get("Running", False):
                     await desktop.controller.close()

@@ -26,7 +26,7 @@ from actors.desktop.fleet import DESKTOP_CAPABILITIES, SOCKET_NAME, DesktopFleet
 from actors.evaluation import UPLOAD_MAX_BYTES, TaskSetupError, evaluate, run_setup
 from actors.osworld.setup import wait_for_window
 from arpo_async.tasks import Task, load_tasks
-from tests.support import until
+from tests.support import labelled, until
 
 pytestmark = pytest.mark.docker
 
@@ -429,6 +429,35 @@ async def test_start_fails_with_logs_when_image_is_broken(desktop_image):
     finally:
         await fleet.remove_all()
         await fleet.close()
+
+
+async def test_a_desktop_removed_from_outside_while_it_boots_is_a_desktop_error(desktop_image):
+    # A real container whose controller never answers, removed by someone else (another run's clean-up, `docker rm`)
+    # while start() waits for it: a DesktopError naming it, not Docker's own error escaping to the caller.
+    fleet = DesktopFleet(desktop_image, run_id=f"test-{secrets.token_hex(3)}", ready_timeout=60)
+    config = fleet._config
+
+    def never_ready(socket_dir):
+        cfg = config(socket_dir)
+        cfg["Entrypoint"] = ["sh", "-c", "exec sleep 600"]
+        return cfg
+
+    fleet._config = never_ready  # type: ignore[method-assign]
+    try:
+        start = asyncio.ensure_future(fleet.start())
+        ids = await until(lambda: labelled(fleet.run_id), timeout=30, what="the booting desktop's container")
+        async with aiodocker.Docker() as docker:
+            await until(lambda: _running(docker, ids[0]), timeout=30, what="the container running")
+            await (await docker.containers.get(ids[0])).delete(force=True)
+        with pytest.raises(DesktopError, match="vanished before it was ready"):
+            await asyncio.wait_for(start, 30)
+    finally:
+        await fleet.remove_all()
+        await fleet.close()
+
+
+async def _running(docker, container_id: str) -> bool:
+    return (await (await docker.containers.get(container_id)).show())["State"].get("Running", False)
 
 
 # ---- hardening: the controller's limits, the container's lockdown -----------------------------------------------
