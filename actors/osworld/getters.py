@@ -181,13 +181,26 @@ VIDEO_TYPES = ("3gp", "3gpp", "3gpp2", "avi", "divx", "dv", "fli", "flv", "mp2t"
 """The ``video/<type>`` names OSWorld's get_default_video_player queries (getters/vlc.py), in its order."""
 
 
+VIDEO_PLAYER_TIMEOUT_S = 300.0
+"""Deadline of the 43 ``xdg-mime`` queries of :func:`get_default_video_player` together: about 5 s on a quiet
+machine, 59 s on 2 cores at load 27 (a 60 s deadline there cut them off and scored the task 0)."""
+
+
 async def get_default_video_player(c: ControllerClient, config: dict, ctx: EvalContext) -> str:
     """OSWorld get_default_video_player: the most common ``xdg-mime query default video/<ext>`` answer over
-    OSWorld's list of video types; "unknown" when there is none."""
+    OSWorld's list of video types; "unknown" when there is none.
+
+    Raises:
+        GetterError: the queries did not finish within :data:`VIDEO_PLAYER_TIMEOUT_S` (or the shell failed),
+            so the evaluation is a harness error rather than a score of 0 for an answer nobody read.
+    """
     script = ("for e in " + " ".join(VIDEO_TYPES)
               + "; do printf '%s\\037' \"$(xdg-mime query default video/$e 2>/dev/null)\"; done")
-    r = await c.execute(script, shell=True, timeout=60)
-    out = (r.get("output") or "") if r["status"] == "success" else ""
+    r = await c.execute(script, shell=True, timeout=VIDEO_PLAYER_TIMEOUT_S)
+    if r["status"] != "success":
+        raise GetterError(f"default_video_player: xdg-mime queries failed or took over {VIDEO_PLAYER_TIMEOUT_S:g} s: "
+                          f"{(r.get('error') or r.get('output') or '').strip()[:200]}")
+    out = r.get("output") or ""
     apps = [a + "\n" for a in out.split("\x1f") if a.strip()]  # OSWorld keeps the command's newline
     return Counter(apps).most_common(1)[0][0] if apps else "unknown"
 

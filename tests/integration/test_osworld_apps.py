@@ -19,6 +19,7 @@ These task files are not in tests/data/tasks/osworld/ because that folder is the
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +167,31 @@ async def test_vlc_playing_info_window_size_and_default_player(desktop, tmp_path
     await sh(c, "xdg-mime default arpo-player.desktop " + " ".join(f"video/{v}" for v in VIDEO_TYPES))
     assert await getter(c, {"type": "default_video_player"}, tmp_path) == "arpo-player.desktop\n" != before
 
+
+
+async def test_default_video_player_past_its_deadline_is_a_harness_error(desktop, tmp_path, monkeypatch):
+    """The 43 xdg-mime queries outlasted the getter's deadline on a loaded machine and it answered "unknown", so
+    OSWorld's set-VLC-as-default task scored 0 in one arpo eval and 1.0 in the next for the same greedy episode.
+    A getter that does not finish is now a GetterError: the evaluation fails with its reason (a harness error,
+    scored 0 and listed), never a score read from an answer nobody gave."""
+    from actors import evaluation
+    from actors.osworld import getters
+    from actors.osworld.getters import GetterError
+
+    c = desktop
+    monkeypatch.setattr(getters, "VIDEO_PLAYER_TIMEOUT_S", 2.0)
+    await sh(c, "printf '#!/bin/sh\\nsleep 30\\n' > /usr/local/bin/xdg-mime && chmod +x /usr/local/bin/xdg-mime")
+    assert (await sh(c, "command -v xdg-mime")).strip() == "/usr/local/bin/xdg-mime"
+    with pytest.raises(GetterError, match="default_video_player: xdg-mime queries failed or took over 2 s"):
+        await getter(c, {"type": "default_video_player"}, tmp_path)
+    spec = tmp_path / "vlc-default.json"
+    spec.write_text(json.dumps({"id": "vlc-default", "instruction": "Set VLC as the default video player.",
+                                "config": [], "evaluator": {"func": "check_include_exclude",
+                                                            "result": {"type": "default_video_player"},
+                                                            "expected": {"type": "rule",
+                                                                         "rules": {"include": ["vlc.desktop"]}}}}))
+    with pytest.raises(evaluation.EvaluationError, match="getter: default_video_player"):
+        await evaluate(c, load_task_file(spec), "DONE")
 
 # ---- os ---------------------------------------------------------------------------------------------------------
 
