@@ -182,8 +182,8 @@ VIDEO_TYPES = ("3gp", "3gpp", "3gpp2", "avi", "divx", "dv", "fli", "flv", "mp2t"
 
 
 VIDEO_PLAYER_TIMEOUT_S = 300.0
-"""Deadline of the 43 ``xdg-mime`` queries of :func:`get_default_video_player` together: about 5 s on a quiet
-machine, 59 s on 2 cores at load 27 (a 60 s deadline there cut them off and scored the task 0)."""
+"""Deadline of the 43 ``xdg-mime`` queries of :func:`get_default_video_player` together: they took 59-73 s in an
+osworld desktop on 2 cores at load 22-28 (about 3.5 s of it CPU), where a 60 s deadline cut them off."""
 
 
 async def get_default_video_player(c: ControllerClient, config: dict, ctx: EvalContext) -> str:
