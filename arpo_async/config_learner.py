@@ -30,6 +30,10 @@ class LearnerConfig:
     """Local mirror of OSWorld's task files (its file cache's layout, <domain>/<task id>/<file name>, or files
     named by their Google Drive id), looked up before the network by `download` setup steps and `cloud_file`
     getters, so a user who has them runs OSWorld's tasks offline; empty = none (actors.osworld.downloads)."""
+    split: str = ""
+    """A split that cuts `tasks`: a split file ({domain: [task id, ...]}, OSWorld's test_all.json form) or a named
+    set (arpo-128: ARPO's training tasks, osworld-369, osworld-361; `arpo tasks splits`); every task it lists must
+    load. Empty = every task of `tasks`."""
     task_ids: Strings = ()
     """Restrict training to these task ids (or id prefixes, e.g. "grid4-"); empty = all tasks."""
     group_size: Annotated[int, Field(ge=2)] = 4

@@ -134,7 +134,8 @@ def load_task_set(tasks: str | Path | None = None, split: str | Path | None = No
     sorted by domain and id).
 
     Every file under the folder is loaded on its own: one that fails becomes an entry with its error. With a
-    split, an id the folder lacks becomes an entry with ``error = "not in <folder>"``.
+    split, an id the folder lacks becomes an entry with ``error = "not in <folder>"``. A task whose ``id`` field
+    repeats another's is named by its file (:func:`unique_ids`).
 
     Raises:
         TaskFormatError: the folder does not exist or holds no task file, the split cannot be read, or nothing
@@ -176,7 +177,7 @@ def load_task_set(tasks: str | Path | None = None, split: str | Path | None = No
     if not result:
         raise TaskFormatError(f"no task left in {tasks or 'the built-in suite'}"
                               + (f" after split {split}" if split is not None else ""))
-    return result
+    return unique_ids(result)
 
 
 def dedupe(entries: list[TaskEntry]) -> list[TaskEntry]:
@@ -222,16 +223,39 @@ def runnable_tasks(entries: list[TaskEntry]) -> list[Task]:
 
 def select_tasks(config: LearnerConfig) -> list[Task]:
     """The training task pool of ``config`` (the ``[learner]`` section): ``learner.tasks`` (a task folder or
-    file; empty = the built-in suite), loaded by :func:`arpo_async.tasks.load_tasks`, then cut to the tasks
-    whose id is one of ``learner.task_ids`` or starts with one.
+    file; empty = the built-in suite), loaded by :func:`arpo_async.tasks.load_tasks`, or with ``learner.split``
+    the tasks that split lists (:func:`load_task_set`, in split order, each once, ids unique), then cut to the
+    tasks whose id is one of ``learner.task_ids`` or starts with one.
 
     Raises:
         TaskFormatError: a task file that does not load (naming the file and field), a missing path, an empty
-            folder, a duplicate id, or a ``task_ids`` filter that leaves no task.
+            folder, a duplicate id, a split that cannot be read or lists a task that cannot run, or a ``task_ids``
+            filter that leaves no task.
     """
-    tasks = load_tasks(config.tasks or None)
+    if config.split:
+        tasks = runnable_tasks(load_task_set(config.tasks or None, config.split))
+    else:
+        tasks = load_tasks(config.tasks or None)
     if config.task_ids:
         tasks = [t for t in tasks if any(t.id == p or t.id.startswith(p) for p in config.task_ids)]
     if not tasks:
         raise TaskFormatError(f"no task matches learner.task_ids={list(config.task_ids)}")
     return tasks
+
+
+def unique_ids(entries: list[TaskEntry]) -> list[TaskEntry]:
+    """``entries`` with unique task ids: a task whose ``id`` field repeats an earlier entry's takes the name of its
+    file, its entry's ``task_id`` (``raw["id"]`` too, the id the actors rebuild it with and its files are found under
+    in a mirror, <domain>/<task id>/<name>). OSWorld's runner and splits name an example by its file
+    (``<domain>/<id>.json``), and two of OSWorld's files carry another task's ``id`` (thunderbird/a10b69e1-... and
+    thunderbird/dfac9ee8-... repeat chrome tasks' ids), which would make a training run take two tasks for one."""
+    seen: set[str] = set()
+    result = []
+    for entry in entries:
+        task = entry.task
+        if task is not None and task.id in seen and entry.task_id not in seen:
+            entry = replace(entry, task=replace(task, id=entry.task_id, raw={**task.raw, "id": entry.task_id}))
+        if entry.task is not None:
+            seen.add(entry.task.id)
+        result.append(entry)
+    return result

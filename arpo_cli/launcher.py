@@ -397,7 +397,8 @@ def check_tasks(config: RunConfig) -> tuple[int, int]:
     try:
         train = select_tasks(lc)
     except TaskFormatError as e:
-        where = f"learner.tasks = {lc.tasks!r}" + (f", learner.task_ids = {list(lc.task_ids)}" if lc.task_ids else "")
+        where = (f"learner.tasks = {lc.tasks!r}" + (f", learner.split = {lc.split!r}" if lc.split else "")
+                 + (f", learner.task_ids = {list(lc.task_ids)}" if lc.task_ids else ""))
         raise RunInputError(f"{where}: {e} (`arpo tasks check PATH` reports every task file)") from e
     try:
         evaluated = evaluation_tasks(config)
