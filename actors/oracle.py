@@ -130,12 +130,14 @@ class OraclePolicy:
         return f"({min(w - 1, round(x / sw * w)):0{dx}d},{min(h - 1, round(y / sh * h)):0{dy}d})"
 
     async def _solution_reply(self, solution: Solution, index: int) -> str:
-        """Step ``index`` of a stored reference solution, after waiting for the window the step before opens."""
+        """Step ``index`` of a stored reference solution (``finished`` past its end), once what the step before waits
+        for has happened (``then_window``, ``then_no_window``)."""
+        before = solution.steps[index - 1] if 0 < index <= len(solution.steps) else {}
+        for key, present in (("then_window", True), ("then_no_window", False)):
+            if before.get(key):
+                await wait_for_window(CURRENT_CONTROLLER.get(), before[key], present=present)
         if index >= len(solution.steps):
             return self._reply("done", "finished(content='done')")
-        window = solution.steps[index - 1].get("then_window") if index else None
-        if window:
-            await wait_for_window(CURRENT_CONTROLLER.get(), window)
         (sw, sh), (w, h) = solution.screen, self.screen
         return self._reply(*reply_action(solution.steps[index], lambda x, y: self._point(x * w / sw, y * h / sh)))
 

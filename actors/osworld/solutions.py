@@ -18,7 +18,8 @@ screen. A plan that does not end in ``call_user`` or ``finished`` gets ``finishe
 
 ``then_window`` (a regular expression, as ``xdotool search --name`` reads it) makes the oracle wait, before it
 answers the next step, until a visible window's title matches (at most :data:`WINDOW_WAIT_S`), as a person waits for
-the terminal they opened; the episode sees only the actions. Where a GUI route is impractical a solution opens a
+the terminal they opened; ``then_no_window`` until none matches (a terminal whose command ends in ``exit`` closes
+when the command is done). The episode sees only the actions. Where a GUI route is impractical a solution opens a
 terminal (Ctrl+Alt+T, as on OSWorld's Ubuntu and in the osworld image) and types a command: still real actions.
 
 Invariants: every stored file parses and every step is one known action with well-formed arguments (checked when
@@ -40,7 +41,7 @@ from actors.uitars.actions import SCROLL_DIRECTIONS, canonical_key
 log = logging.getLogger(__name__)
 
 SOLUTIONS_DIR = Path(__file__).resolve().parent / "reference_solutions"
-WINDOW_WAIT_S = 60.0
+WINDOW_WAIT_S = 120.0
 """Longest wait for a step's ``then_window`` (seconds); past it the oracle answers the next step anyway."""
 STILL_S, STILL_TIMEOUT_S = 0.5, 5.0
 """Once the window is there: the screen must stay unchanged this long (seconds), waited for at most this long."""
@@ -90,7 +91,7 @@ def check_step(step: object) -> str | None:
     if not isinstance(step, dict):
         return "is not an object"
     kinds = [k for k in step if k in KINDS]
-    extra = set(step) - set(KINDS) - {"then_window", "direction"}
+    extra = set(step) - set(KINDS) - {"then_window", "then_no_window", "direction"}
     if len(kinds) != 1 or extra:
         return f"needs exactly one action key of {list(KINDS)} (has {sorted(step)})"
     kind, value = kinds[0], step[kinds[0]]
@@ -110,9 +111,10 @@ def check_step(step: object) -> str | None:
                 canonical_key(key)
         except ValueError as exc:
             return str(exc)
-    window = step.get("then_window")
-    if window is not None and not (isinstance(window, str) and window and _compiles(window)):
-        return f"then_window needs a regular expression, got {window!r}"
+    for key in ("then_window", "then_no_window"):
+        window = step.get(key)
+        if window is not None and not (isinstance(window, str) and window and _compiles(window)):
+            return f"{key} needs a regular expression, got {window!r}"
     return None
 
 
@@ -201,20 +203,22 @@ def reply_action(step: dict, point) -> tuple[str, str]:
     return "done", f"finished(content='{_escape(value)}')"
 
 
-async def wait_for_window(controller, pattern: str, timeout_s: float = WINDOW_WAIT_S) -> bool:
+async def wait_for_window(controller, pattern: str, *, present: bool = True,
+                          timeout_s: float = WINDOW_WAIT_S) -> bool:
     """Wait until a visible window's title matches ``pattern`` (``xdotool search --onlyvisible --name``) in the
-    desktop of ``controller``, then until the screen stops changing for :data:`STILL_S` (the app has drawn itself:
-    a terminal shows its prompt, so typed keys reach the shell; at most :data:`STILL_TIMEOUT_S`); True when the
-    window came within ``timeout_s`` seconds, else False (logged)."""
+    desktop of ``controller`` (``present``), or until none does (not ``present``: a terminal told to ``exit`` once its
+    command is done has closed), then until the screen stops changing for :data:`STILL_S` (the app has drawn itself:
+    a terminal shows its prompt, so typed keys reach the shell; at most :data:`STILL_TIMEOUT_S`); True when that
+    happened within ``timeout_s`` seconds, else False (logged)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
         result = await controller.execute(["xdotool", "search", "--onlyvisible", "--name", pattern], timeout=10)
-        if result.get("returncode") == 0 and result.get("output", "").strip():
+        if (result.get("returncode") == 0 and bool(result.get("output", "").strip())) == present:
             await settled_screenshot(controller, interval_s=STILL_S, timeout_s=STILL_TIMEOUT_S)
             return True
         if loop.time() > deadline:
-            log.warning("no window named %r after %.0f s; answering the next step anyway", pattern, timeout_s)
+            log.warning("%s window named %r after %.0f s; answering the next step anyway", "no" if present else "a",
+                        pattern, timeout_s)
             return False
         await asyncio.sleep(0.2)
-
