@@ -22,6 +22,7 @@ report.json's ``deduplicated``). OSWorld's ids are unique across its domains (UU
 """
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -159,6 +160,7 @@ def load_task_set(tasks: str | Path | None = None, split: str | Path | None = No
             continue
         domain = _domain(file, root, task)
         entries[(domain, task_id)] = TaskEntry(domain, task_id, task, error)
+    entries = unique_ids(entries)
     if split is not None and root == BUILTIN_DIR and str(split) in NAMED_SPLITS:
         raise TaskFormatError(f"split {split} lists OSWorld's tasks, not built-in ones: give the folder of OSWorld's "
                               "evaluation_examples/examples as the tasks (--tasks, eval.tasks)")
@@ -177,7 +179,7 @@ def load_task_set(tasks: str | Path | None = None, split: str | Path | None = No
     if not result:
         raise TaskFormatError(f"no task left in {tasks or 'the built-in suite'}"
                               + (f" after split {split}" if split is not None else ""))
-    return unique_ids(result)
+    return result
 
 
 def dedupe(entries: list[TaskEntry]) -> list[TaskEntry]:
@@ -243,19 +245,18 @@ def select_tasks(config: LearnerConfig) -> list[Task]:
     return tasks
 
 
-def unique_ids(entries: list[TaskEntry]) -> list[TaskEntry]:
-    """``entries`` with unique task ids: a task whose ``id`` field repeats an earlier entry's takes the name of its
-    file, its entry's ``task_id`` (``raw["id"]`` too, the id the actors rebuild it with and its files are found under
-    in a mirror, <domain>/<task id>/<name>). OSWorld's runner and splits name an example by its file
-    (``<domain>/<id>.json``), and two of OSWorld's files carry another task's ``id`` (thunderbird/a10b69e1-... and
-    thunderbird/dfac9ee8-... repeat chrome tasks' ids), which would make a training run take two tasks for one."""
-    seen: set[str] = set()
-    result = []
-    for entry in entries:
+def unique_ids(entries: dict[tuple[str, str], TaskEntry]) -> dict[tuple[str, str], TaskEntry]:
+    """``entries`` (every file of a task folder) with unique task ids: a task whose ``id`` field is another task's
+    too and is not its own file's name takes its file's name, its entry's ``task_id`` (``raw["id"]`` too, the id the
+    actors rebuild it with and its files are found under in a mirror, <domain>/<task id>/<name>). Decided over the
+    whole folder, so a task has the same id whatever split cuts it. OSWorld's runner and splits name an example by
+    its file (``<domain>/<id>.json``), and two of OSWorld's files carry another task's ``id`` (thunderbird/a10b69e1-...
+    and thunderbird/dfac9ee8-... repeat chrome tasks' ids), which would make a training run take two tasks for one."""
+    counts = collections.Counter(e.task.id for e in entries.values() if e.task is not None)
+    result = {}
+    for key, entry in entries.items():
         task = entry.task
-        if task is not None and task.id in seen and entry.task_id not in seen:
+        if task is not None and counts[task.id] > 1 and task.id != entry.task_id:
             entry = replace(entry, task=replace(task, id=entry.task_id, raw={**task.raw, "id": entry.task_id}))
-        if entry.task is not None:
-            seen.add(entry.task.id)
-        result.append(entry)
+        result[key] = entry
     return result

@@ -62,7 +62,8 @@ def test_a_split_that_cannot_be_read_stops_the_run_naming_it(tmp_path):
 
 def test_a_task_file_repeating_another_ones_id_trains_under_its_file_name(tmp_path):
     """Two of ARPO's 128 (thunderbird/a10b69e1-..., dfac9ee8-...) carry chrome tasks' ``id`` fields: each is a task of
-    its own, named by its file as OSWorld's runner names it, in the learner and in the task the actors rebuild."""
+    its own, named by its file as OSWorld's runner names it, in the learner and in the task the actors rebuild, and
+    by that name whatever split cuts the folder (its files are looked up in the mirror under it)."""
     folder = tmp_path / "examples"
     (folder / "chrome").mkdir(parents=True)
     (folder / "thunderbird").mkdir()
@@ -76,6 +77,8 @@ def test_a_task_file_repeating_another_ones_id_trains_under_its_file_name(tmp_pa
         assert [t.id for t in tasks] == ["arpo-chrome-history", "twin-task"]
         assert tasks[1].instruction == twin["instruction"]
         assert Task.from_dict(tasks[1].to_dict()).id == "twin-task"  # what an actor rebuilds from the wire
+    alone = split_file(tmp_path, {"thunderbird": ["twin-task"]})  # the same name in a split without the other one
+    assert [t.id for t in select_tasks(run_config(folder, alone).learner)] == ["twin-task"]
     with pytest.raises(TaskFormatError, match="duplicate task id"):  # the whole folder, no split: as before
         select_tasks(load_config(None, [f'learner.tasks="{folder}"']).learner)
 
