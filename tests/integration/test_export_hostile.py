@@ -1,5 +1,5 @@
 """`arpo export` against hostile folders and checkpoints: real run folders, real checkpoints of the real Trainer, the
-real `arpo export` (its main function, or the command in a subprocess where a hang or the umask matters).
+real `arpo export` (its main function; in a subprocess with a deadline where a hang matters).
 
 - ``--overwrite`` replaces only an earlier export holding nothing but what it wrote: a folder of photos and source
   code, the run's checkpoints, another run's checkpoints with a forged marker, an export with a file added, and
@@ -68,12 +68,6 @@ def with_tensor(state: dict, key: str, *values: float) -> dict:
     tensor = state["model"][key].clone()
     tensor.view(-1)[:len(values)] = torch.tensor(values)
     return {**state, "model": {**state["model"], key: tensor}}
-
-
-def export_within_deadline(*args: str, umask: int = -1) -> subprocess.CompletedProcess:
-    """The real `arpo export` command; a hang fails the test at DEADLINE_S (subprocess.TimeoutExpired)."""
-    return subprocess.run([sys.executable, "-m", "arpo_cli.cli", "export", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=DEADLINE_S, umask=umask)
 
 
 def test_overwrite_replaces_only_an_earlier_export_never_photos_runs_or_symlinks(tiny_model, trainer_state, tmp_path,
@@ -171,7 +165,23 @@ def test_nan_or_infinite_weights_are_refused_naming_the_tensor(tiny_model, train
     assert arpo(["export", str(tmp_path / "overflow"), "--out", str(export), "--overwrite", "--dtype", "float32"]) == 0
 
 
+EXPORTS = """import contextlib, io, json, sys
+from arpo_cli.cli import main
+results = []
+for args in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["export", *args])
+    results.append([code, err.getvalue()])
+print(json.dumps(results))
+"""
+"""Runs `arpo export`'s main function once per argument list of argv[1] (JSON) in one process, so several
+refusals pay one import of torch; prints [exit code, stderr] per list as JSON."""
+
+
 def test_a_fifo_or_device_as_an_input_file_is_refused_at_once(tiny_model, trainer_state, tmp_path):
+    """Every case in one process (one torch import) within DEADLINE_S: a FIFO opened for reading would block it
+    for good, and /dev/zero would be read without end, so a regression still fails at the deadline."""
     base = tmp_path / "base"
     shutil.copytree(tiny_model, base)
     os.unlink(base / "config.json")
@@ -189,24 +199,27 @@ def test_a_fifo_or_device_as_an_input_file_is_refused_at_once(tiny_model, traine
     meta.unlink()
     os.mkfifo(meta)
     cases.append(([str(meta_run)], f"checkpoint file {meta} is a FIFO"))
-    cases.append(([str(meta_run), "--model", str(base)], f"base model file {base / 'config.json'} is a FIFO"))
-    for args, what in cases[:3]:
-        done = export_within_deadline(*args, "--out", str(tmp_path / "out"))
-        assert (done.returncode, done.stderr) == (1, f"arpo export: {what}, not a regular file; export reads "
-                                                     "regular files only\n")
-    (meta_run / "checkpoints" / "step-000001" / "meta.json").unlink()
-    args, what = cases[3]
-    done = export_within_deadline(*args, "--out", str(tmp_path / "out"))
-    assert (done.returncode, done.stderr) == (1, f"arpo export: {what}, not a regular file; export reads regular "
-                                                 "files only\n")
+    no_meta = make_run(tmp_path, "no-meta", tiny_model, trainer_state)  # its checkpoint readable: on to the base
+    (no_meta / "checkpoints" / "step-000001" / "meta.json").unlink()
+    cases.append(([str(no_meta), "--model", str(base)], f"base model file {base / 'config.json'} is a FIFO"))
+    out = str(tmp_path / "out")
+    done = subprocess.run([sys.executable, "-c", EXPORTS, json.dumps([[*args, "--out", out] for args, _ in cases])],
+                          cwd=ROOT, capture_output=True, text=True, timeout=DEADLINE_S)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr[-4000:]  # nothing but the refusals (below)
+    assert json.loads(done.stdout.splitlines()[-1]) == [
+        [1, f"arpo export: {what}, not a regular file; export reads regular files only\n"] for _, what in cases]
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077], ids=["umask-022", "umask-077"])
 def test_every_exported_file_has_the_same_mode(tiny_model, trainer_state, tmp_path, umask):
+    """The export's main function under ``umask`` (set in this process for the call, restored after)."""
     run = make_run(tmp_path, "run", tiny_model, trainer_state)
-    done = export_within_deadline(str(run), "--out", str(tmp_path / "out"), umask=umask)
-    assert done.returncode == 0, done.stderr[-4000:]
+    previous = os.umask(umask)
+    try:
+        assert arpo(["export", str(run), "--out", str(tmp_path / "out")]) == 0
+    finally:
+        os.umask(previous)
     modes = {p.name: oct(p.stat().st_mode & 0o777) for p in (tmp_path / "out").iterdir()}
     assert modes == dict.fromkeys(modes, oct(0o666 & ~umask))  # safetensors alone wrote 0600 before
     assert {"model.safetensors", "config.json", "tokenizer.json", "arpo-export.json"} <= modes.keys()
