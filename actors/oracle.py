@@ -19,7 +19,7 @@ import shlex
 from collections import defaultdict
 
 from actors.episode import CURRENT_CONTROLLER
-from actors.osworld.solutions import Solution, load_solutions, reply_action, wait_for_window
+from actors.osworld.solutions import Solution, load_solutions, reply_action, wait_for_command, wait_for_window
 from arpo_async.config import ActorConfig
 from arpo_async.model.inputs import PromptEncoder
 from arpo_async.tasks import Task
@@ -133,6 +133,8 @@ class OraclePolicy:
         """Step ``index`` of a stored reference solution (``finished`` past its end), once what the step before waits
         for has happened (``then_window``, ``then_no_window``)."""
         before = solution.steps[index - 1] if 0 < index <= len(solution.steps) else {}
+        if before.get("then_command"):
+            await wait_for_command(CURRENT_CONTROLLER.get(), before["then_command"])
         for key, present in (("then_window", True), ("then_no_window", False)):
             if before.get(key):
                 await wait_for_window(CURRENT_CONTROLLER.get(), before[key], present=present)

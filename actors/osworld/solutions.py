@@ -19,8 +19,9 @@ screen. A plan that does not end in ``call_user`` or ``finished`` gets ``finishe
 ``then_window`` (a regular expression, as ``xdotool search --name`` reads it) makes the oracle wait, before it
 answers the next step, until a visible window's title matches (at most :data:`WINDOW_WAIT_S`), as a person waits for
 the terminal they opened; ``then_no_window`` until none matches (a terminal whose command ends in ``exit`` closes
-when the command is done). The episode sees only the actions. Where a GUI route is impractical a solution opens a
-terminal (Ctrl+Alt+T, as on OSWorld's Ubuntu and in the osworld image) and types a command: still real actions.
+when the command is done); ``then_command`` until a shell command in the desktop exits 0 (the terminal's shell has
+started, so no typed key is lost). The episode sees only the actions. Where a GUI route is impractical a solution
+opens a terminal (Ctrl+Alt+T, as on OSWorld's Ubuntu and in the osworld image) and types a command: real actions.
 
 Invariants: every stored file parses and every step is one known action with well-formed arguments (checked when
 loaded: :class:`SolutionError` names the file, task and step); a solution's task id appears once over all files.
@@ -91,7 +92,7 @@ def check_step(step: object) -> str | None:
     if not isinstance(step, dict):
         return "is not an object"
     kinds = [k for k in step if k in KINDS]
-    extra = set(step) - set(KINDS) - {"then_window", "then_no_window", "direction"}
+    extra = set(step) - set(KINDS) - {"then_window", "then_no_window", "then_command", "direction"}
     if len(kinds) != 1 or extra:
         return f"needs exactly one action key of {list(KINDS)} (has {sorted(step)})"
     kind, value = kinds[0], step[kinds[0]]
@@ -111,6 +112,9 @@ def check_step(step: object) -> str | None:
                 canonical_key(key)
         except ValueError as exc:
             return str(exc)
+    command = step.get("then_command")
+    if command is not None and not (isinstance(command, str) and command.strip()):
+        return f"then_command needs a shell command, got {command!r}"
     for key in ("then_window", "then_no_window"):
         window = step.get(key)
         if window is not None and not (isinstance(window, str) and window and _compiles(window)):
@@ -222,3 +226,16 @@ async def wait_for_window(controller, pattern: str, *, present: bool = True,
                         pattern, timeout_s)
             return False
         await asyncio.sleep(0.2)
+
+
+async def wait_for_command(controller, command: str, timeout_s: float = WINDOW_WAIT_S) -> bool:
+    """Wait until ``command`` (a shell command run in the desktop of ``controller``) exits 0; True when it did within
+    ``timeout_s`` seconds, else False (logged)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while (await controller.execute(command, shell=True, timeout=10)).get("returncode") != 0:
+        if loop.time() > deadline:
+            log.warning("%r did not succeed in %.0f s; answering the next step anyway", command, timeout_s)
+            return False
+        await asyncio.sleep(0.2)
+    return True
