@@ -3,7 +3,7 @@ desktop, through the real episode loop and OSWorld's own evaluators, in real osw
 
     python -m bench.osworld_solutions OSWorld/evaluation_examples/examples                   # every solution
     python -m bench.osworld_solutions OSWorld/evaluation_examples/examples --domains os,vlc --desktops 2
-    python -m bench.osworld_solutions OSWorld/evaluation_examples/examples --smoke           # SAMPLE, 1 desktop
+    python -m bench.osworld_solutions --smoke        # SAMPLE: 3 of OSWorld's task files copied into tests/data
 
 Each task runs twice with ``actors.eval.evaluate`` (what ``arpo eval`` runs): with the oracle answering from the
 task's solution (``arpo eval --oracle``), and with a policy that answers ``finished`` at once (the untouched desktop:
@@ -27,6 +27,7 @@ from pathlib import Path
 
 from bench._common import median, result_line
 
+SMOKE_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "tasks" / "osworld_solved"
 SAMPLE = ("28cc3b7e-b194-4bc9-8353-d04c0f4d56d2", "9195653c-f4aa-453d-aa95-787f6ccfaae9",
           "fbb548ca-c2a6-4601-9204-e39a2efc507b")
 """The smoke mode's tasks (and the CI test's): os (a terminal command), vlc (its config, with VLC restarted by the
@@ -95,14 +96,18 @@ def main(argv: list[str] | None = None) -> int:
     from actors.osworld.solutions import load_solutions
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path, help="OSWorld's evaluation_examples/examples (a clone of "
-                                                  "https://github.com/xlang-ai/OSWorld)")
+    parser.add_argument("folder", type=Path, nargs="?", help="OSWorld's evaluation_examples/examples (a clone of "
+                        "https://github.com/xlang-ai/OSWorld); with --smoke, default tests/data/tasks/osworld_solved")
     parser.add_argument("--domains", default="", help="comma-separated domains to keep, e.g. os,vlc")
     parser.add_argument("--tasks", default="", help="comma-separated task ids (or their first 8 characters)")
     parser.add_argument("--desktops", type=int, default=1, help="desktops at a time (default 1)")
     parser.add_argument("--smoke", action="store_true", help=f"smoke mode: the {len(SAMPLE)} SAMPLE tasks only")
     parser.add_argument("--out", type=Path, help="keep the results folders here (a new or empty folder)")
     args = parser.parse_args(argv)
+    if args.folder is None and args.smoke:
+        args.folder = SMOKE_DIR
+    if args.folder is None:
+        parser.error("give the task folder: OSWorld's evaluation_examples/examples (or --smoke)")
     if not args.folder.is_dir():
         parser.error(f"{args.folder} is not a folder")
     domains = {d for d in args.domains.split(",") if d}
