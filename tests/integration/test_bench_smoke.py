@@ -44,17 +44,32 @@ def test_bench_prompt_prefix_quick():
 
 
 def test_bench_actor_loop_quick():
-    figures = run_bench("bench_actor_loop", "--quick", timeout=600)
+    """One configuration (128 actors, 0.5 s latency), with and without the PromptEncoder, and its reference run:
+    every part of the benchmark, not the default grid of four."""
+    figures = run_bench("bench_actor_loop", "--quick", "--actors", "128", "--latency", "0.5", timeout=600)
     ratios = [k for k in figures if k.startswith("ratio_")]
     assert ratios and all(f"settle_p50_{k[len('ratio_'):]}" in figures for k in ratios), figures
     # its stand-in desktop settles as a real one does (0.1-0.3 s): it no longer waits out the 2 s timeout every step
     assert min(float(v) for k, v in figures.items() if k.startswith("settle_p50_")) < 2.0, figures
 
 
-def test_bench_gpu_model_quick():
+@pytest.fixture(scope="module")
+def gpu_model_quick() -> subprocess.CompletedProcess:
+    """One `bench_gpu_model --quick` run of every schedule, with the sensitivity table's episode.action_s row (20 +
+    60 modelled seconds per run): the two tests below read its output (one start of the benchmark, not two)."""
+    proc = subprocess.run([sys.executable, "-m", "bench.bench_gpu_model", "--quick", "--sensitivity",
+                           "--sensitivity-params", "episode.action_s", "--sensitivity-window", "20", "60"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return proc
+
+
+def test_bench_gpu_model_quick(gpu_model_quick):
     """The GPU timing model through the real actors and learner, every schedule; the last line leads with the
     two figures the issue names."""
-    figures = run_bench("bench_gpu_model", "--quick", timeout=600)
+    last = gpu_model_quick.stdout.strip().splitlines()[-1]
+    figures = dict(item.split("=", 1) for item in last.split() if "=" in item)
+    assert figures and len(figures) == len(last.split()), f"last line is not key=value figures: {last!r}"
     assert list(figures)[:2] == ["async_over_lockstep", "achieved_over_ideal"]
     schedules = ("lockstep", "arpo", "eta1", "eta2", "eta4")
     assert {f"{s}_traj_per_min" for s in schedules} <= set(figures)
@@ -64,15 +79,11 @@ def test_bench_gpu_model_quick():
         float(figures[f"{figures['best']}_traj_per_min"]) / float(figures["arpo_traj_per_min"]), rel=0.01)
 
 
-def test_bench_gpu_model_sensitivity_compares_the_best_async_schedule_with_each_synchronous_one():
+def test_bench_gpu_model_sensitivity_compares_the_best_async_schedule_with_each_synchronous_one(gpu_model_quick):
     """--sensitivity with one parameter: a table row with the ratio at x0.5 and x2 against lockstep and arpo."""
-    proc = subprocess.run([sys.executable, "-m", "bench.bench_gpu_model", "--quick", "--schedules",
-                           "lockstep,arpo,eta2", "--warmup", "20", "--window", "60", "--sensitivity",
-                           "--sensitivity-params", "episode.action_s", "--sensitivity-window", "20", "60"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    lines = proc.stdout.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.startswith("sensitivity: eta2 / lockstep and arpo"))
+    lines = gpu_model_quick.stdout.splitlines()
+    best = gpu_model_quick.stdout.strip().splitlines()[-1].split(" best=")[1].split()[0]
+    header = next(i for i, line in enumerate(lines) if line.startswith(f"sensitivity: {best} / lockstep and arpo"))
     row = next(line for line in lines[header:] if line.startswith("episode.action_s")).split()
     assert len(row) == 5 and all(float(v) > 0 for v in row[1:])  # x0.5 and x2 against lockstep, then arpo
 
@@ -103,7 +114,10 @@ def test_bench_gpu_model_real_desktops(desktop_image):
 
 
 def test_bench_desktops_quick(desktop_image):
-    figures = run_bench("bench_desktops", "--quick", timeout=600)
+    """Every part of the benchmark once, at its smallest: 2 starts, 2 resets of each kind, 2 desktops in the
+    capacity probe (the live probe's bigger steps are test_bench_desktops_live_small's)."""
+    figures = run_bench("bench_desktops", "--quick", "--starts", "2", "--resets", "2", "--shots", "3",
+                        "--actions", "3", "--max-desktops", "2", timeout=600)
     assert {"start_p50_s", "reset_inplace_p50_s"} <= set(figures)
 
 
