@@ -79,7 +79,7 @@ def test_every_episode_errored_against_a_server_that_is_down_exits_3(tiny_model,
     test_eval.py::test_command_counts_failed_setup_and_unloadable_tasks_and_view_shows_them.)"""
     out = tmp_path / "out"
     code = arpo_main(["eval", "--url", f"http://127.0.0.1:{free_port()}", "--tokenizer", str(tiny_model),
-                      "--tasks", "grid4-green", "--repeats", "2", "--desktops", "2", "--max-steps", "1",
+                      "--tasks", "grid4-green", "--repeats", "2", "--desktops", "1", "--max-steps", "1",
                       "--out", str(out), "--set", f"actors.image={desktop_image!r}",
                       "--set", "actors.policy_attempts=2", "--set", "actors.policy_max_wait_s=0.1"])
     captured = capsys.readouterr()
@@ -115,7 +115,7 @@ async def test_a_never_answering_endpoint_ends_each_episode_at_the_policy_deadli
     async with catch_all_http_server(never_answers) as url:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "arpo_cli", "eval", "--openai-url", f"{url}/v1", "--openai-model", "m",
-            "--tokenizer", str(tiny_model), "--tasks", "grid4-green", "--repeats", "2", "--desktops", "2",
+            "--tokenizer", str(tiny_model), "--tasks", "grid4-green", "--repeats", "2", "--desktops", "1",
             "--max-steps", "3", "--out", str(out), "--set", f"actors.image={desktop_image!r}",
             "--set", "actors.policy_timeout_s=3", cwd=ROOT, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT)
