@@ -21,7 +21,7 @@ import json
 from typing import Any
 
 from actors.desktop.controller_client import ControllerClient
-from actors.osworld.chrome import DEVTOOLS_PORTS
+from actors.osworld.chrome import DEVTOOLS_PORTS, UNREACHABLE_FN
 
 CDP_SCRIPT = r'''
 import base64, ipaddress, json, os, socket, struct, sys, time, urllib.parse, urllib.request
@@ -104,19 +104,7 @@ class WS:
                 return answer.get("result", {})
 def norm(u):
     return urllib.parse.unquote(u).rstrip("/")
-def unreachable(u):
-    p = urllib.parse.urlsplit(u)
-    if p.scheme not in ("http", "https") or not p.hostname:
-        return None
-    try:
-        socket.create_connection((p.hostname, p.port or (443 if p.scheme == "https" else 80)), timeout=5).close()
-    except (OSError, ValueError) as exc:
-        try:
-            local = ipaddress.ip_address(p.hostname).is_loopback
-        except ValueError:
-            local = p.hostname == "localhost"
-        return ("failed" if local else "needs_network", "%s cannot be reached from the desktop: %s" % (u, exc))
-def evaluate(ws, expression):
+''' + UNREACHABLE_FN + r'''def evaluate(ws, expression):
     r = ws.send("Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True})
     if "exceptionDetails" in r:
         fail("javascript: %s" % r["exceptionDetails"].get("exception", {}).get("description", r["exceptionDetails"]))
@@ -132,7 +120,8 @@ try:
     else:
         bad = unreachable(req["new"])
         if bad:
-            fail(bad[1], bad[0])
+            fail(bad[1].replace(": ", " cannot be reached from the desktop: ", 1),
+                 "failed" if bad[0] == "setup_failed" else bad[0])
         target = created = call(port, "/json/new?" + urllib.parse.quote(req["new"], safe=""), "PUT")
     ws = WS(target["webSocketDebuggerUrl"])
     if created is not None:

@@ -31,9 +31,7 @@ google-chrome runs Chromium)."""
 DEVTOOLS_PORTS = (9222, 1337)
 """Ports tried in order: OSWorld's forwarded port, then the port its tasks launch Chrome with."""
 
-TABS_SCRIPT = r'''
-import ipaddress, json, socket, sys, time, urllib.parse, urllib.request
-req = json.loads(sys.argv[1])
+UNREACHABLE_FN = r'''
 def unreachable(u):
     p = urllib.parse.urlsplit(u)
     if p.scheme not in ("http", "https") or not p.hostname:
@@ -47,7 +45,15 @@ def unreachable(u):
         except ValueError:
             local = p.hostname == "localhost"
         return ("setup_failed" if local else "needs_network", "%s: %s" % (u, exc))
-def call(port, path, method="GET"):
+'''
+"""In-desktop Python (standard library only): ``unreachable(url)`` is None when a TCP connection to the URL's host
+opens within 5 s, else (kind, "url: reason"), kind ``needs_network`` for another host and ``setup_failed`` for
+the desktop's own (nothing listens there). Part of :data:`TABS_SCRIPT` and ``actors.osworld.cdp.CDP_SCRIPT``."""
+
+TABS_SCRIPT = r'''
+import ipaddress, json, socket, sys, time, urllib.parse, urllib.request
+req = json.loads(sys.argv[1])
+''' + UNREACHABLE_FN + r'''def call(port, path, method="GET"):
     r = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
     with urllib.request.urlopen(r, timeout=10) as resp:
         body = resp.read()
