@@ -45,6 +45,20 @@ def serve(tmp_path, *args: str) -> ServeProcess:
     return server
 
 
+@pytest.fixture(scope="module")
+def admin_server(tmp_path_factory):
+    """One arpo-serve with the generate key and an admin key, shared by the two tests that use both keys (the
+    first leaves it as it found it: every hostile request refused, the learner's session ended, generation
+    resumed); its policy has the trainer's initial weights (the same seed)."""
+    folder = tmp_path_factory.mktemp("admin-keys")
+    create_tiny_model(folder / "policy", seed=0)
+    server = serve(folder, "--api-key", GENERATE_KEY, "--admin-api-key", ADMIN_KEY)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def hostile_requests(group: str) -> list[tuple[str, str, dict | None]]:
     """(method, route, body) of every weight and control route, as a client that wants to end, open, squat, pause,
     re-version, flush, abort, check or join would send them (``group``: the learner's group name, as if guessed)."""
@@ -79,34 +93,31 @@ async def generate(session: aiohttp.ClientSession, url: str, key: str) -> tuple[
         return resp.status, await resp.json()
 
 
-async def test_the_generate_key_opens_no_weight_or_control_route(trainer, tmp_path):
+async def test_the_generate_key_opens_no_weight_or_control_route(admin_server):
     """With --admin-api-key set, the generate key (and no key, and a wrong key) gets 401 on every weight and control
     route, naming no session id or group; the learner's session and groups stay its own; /generate keeps taking
     the generate key only, and the server was neither paused nor re-versioned."""
-    server = serve(tmp_path, "--api-key", GENERATE_KEY, "--admin-api-key", ADMIN_KEY)
-    try:
-        async with PolicyClient([server.url], retry=RETRY, api_key=GENERATE_KEY, admin_api_key=ADMIN_KEY) as client:
-            learner = SGLangEngine(client, server.url, owner=OWNER)
-            assert (await learner.begin_weight_update()).ok  # a publication is under way: there is a rid to steal
-            answers = []
-            async with aiohttp.ClientSession() as s:
-                for key in (GENERATE_KEY, None, "wrong"):
-                    for method, route, body in hostile_requests("arpo-weights-0-guess"):
-                        answers.append((route, key, *await send(s, server.url, method, route, body, key)))
-                assert len(answers) == 51
-                assert [(route, key, status) for route, key, status, _ in answers if status != 401] == []
-                assert not [text for *_, text in answers if "run-secret" in text or "arpo-weights" in text]
-                assert all("admin API key" in text for *_, text in answers)
-                # /generate: the generate key, not the admin key (SGLang: admin routes and normal routes apart)
-                assert (await generate(s, server.url, ADMIN_KEY))[0] == 401
-                status, out = await generate(s, server.url, GENERATE_KEY)
-                assert status == 200 and out["meta_info"]["weight_version"] == "0", out
-            info = await learner.server_info()
-            assert info["weight_version"] == "0" and info["internal_states"][0]["paused"] is False
-            assert (await learner.end_weight_update()).ok  # the session stayed the learner's
-            assert (await learner.pause()).ok and (await learner.resume()).ok
-    finally:
-        server.stop()
+    server = admin_server  # the module's: admin_server stops it
+    async with PolicyClient([server.url], retry=RETRY, api_key=GENERATE_KEY, admin_api_key=ADMIN_KEY) as client:
+        learner = SGLangEngine(client, server.url, owner=OWNER)
+        assert (await learner.begin_weight_update()).ok  # a publication is under way: there is a rid to steal
+        answers = []
+        async with aiohttp.ClientSession() as s:
+            for key in (GENERATE_KEY, None, "wrong"):
+                for method, route, body in hostile_requests("arpo-weights-0-guess"):
+                    answers.append((route, key, *await send(s, server.url, method, route, body, key)))
+            assert len(answers) == 51
+            assert [(route, key, status) for route, key, status, _ in answers if status != 401] == []
+            assert not [text for *_, text in answers if "run-secret" in text or "arpo-weights" in text]
+            assert all("admin API key" in text for *_, text in answers)
+            # /generate: the generate key, not the admin key (SGLang: admin routes and normal routes apart)
+            assert (await generate(s, server.url, ADMIN_KEY))[0] == 401
+            status, out = await generate(s, server.url, GENERATE_KEY)
+            assert status == 200 and out["meta_info"]["weight_version"] == "0", out
+        info = await learner.server_info()
+        assert info["weight_version"] == "0" and info["internal_states"][0]["paused"] is False
+        assert (await learner.end_weight_update()).ok  # the session stayed the learner's
+        assert (await learner.pause()).ok and (await learner.resume()).ok
 
 
 async def hostile_loop(url: str, key: str, stop: asyncio.Event, statuses: list[int]) -> None:
@@ -119,10 +130,11 @@ async def hostile_loop(url: str, key: str, stop: asyncio.Event, statuses: list[i
                 statuses.append((await send(s, url, method, route, body, key))[0])
 
 
-async def test_the_learners_publication_goes_through_while_a_generate_key_client_attacks(trainer, tmp_path, caplog):
+async def test_the_learners_publication_goes_through_while_a_generate_key_client_attacks(trainer, admin_server,
+                                                                                         caplog):
     """The learner publishes twice (admin key, its own rid) while a client with the generate key loops over every
     weight and control route: both publications go through and check out, every hostile request got 401."""
-    server = serve(tmp_path, "--api-key", GENERATE_KEY, "--admin-api-key", ADMIN_KEY)
+    server = admin_server
     stop, statuses = asyncio.Event(), []
     try:
         async with PolicyClient([server.url], retry=RETRY, api_key=GENERATE_KEY, admin_api_key=ADMIN_KEY) as client:
@@ -139,7 +151,6 @@ async def test_the_learners_publication_goes_through_while_a_generate_key_client
             assert len(statuses) >= 16 and set(statuses) == {401}, statuses
     finally:
         stop.set()
-        server.stop()
 
 
 async def test_without_an_admin_key_no_refusal_names_the_learners_session_or_group(trainer, tmp_path):
