@@ -166,21 +166,27 @@ def read_manifest(root_fd: int, mirror: Path) -> dict:
 
 
 def write_manifest(root_fd: int, manifest: dict) -> None:
-    """Write ``manifest`` as the mirror's ``arpo-mirror.json``, atomically (a new temporary file in the mirror,
-    flushed, then renamed over the old one; a rename replaces a link, it never writes through one)."""
+    """Write ``manifest`` as the mirror's ``arpo-mirror.json``, atomically (:func:`replace_file`, flushed to disk)."""
     manifest["updated_at"] = now()
-    data = json.dumps(manifest, indent=1, sort_keys=True).encode()
-    tmp = f".{MANIFEST}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=root_fd)
+    replace_file(root_fd, MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode(), fsync=True)
+
+
+def replace_file(dir_fd: int, name: str, data: bytes, *, fsync: bool = False) -> None:
+    """Put ``data`` at ``name`` in the folder ``dir_fd`` atomically: a new temporary file there (O_EXCL|O_NOFOLLOW,
+    mode 0644; flushed to disk with ``fsync``), then renamed over ``name``. A rename replaces a symbolic link at
+    ``name``, it never writes through one; the temporary file is removed on any failure. Raises OSError."""
+    tmp = f".{name[:200]}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, MANIFEST, src_dir_fd=root_fd, dst_dir_fd=root_fd)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         try:
-            os.unlink(tmp, dir_fd=root_fd)
+            os.unlink(tmp, dir_fd=dir_fd)
         except OSError:
             pass
         raise

@@ -41,6 +41,7 @@ from pathlib import Path
 from arpo_async.task_sets import load_task_set
 from arpo_async.tasks import TaskFormatError
 
+from actors.osworld.mirror_fs import replace_file
 from actors.osworld.stand_in_formats import MARK, LeftOut, extension, stand_in
 from actors.osworld.task_files import TaskFile, scan_task_files
 
@@ -88,18 +89,7 @@ def _write(dir_fd: int, name: str, data: bytes, shown: str) -> None:
         if not stat.S_ISREG(st.st_mode):
             kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
             raise StandInError(f"{shown}: is {kind}; the stand-in mirror never writes through or over one")
-    tmp = f".{name[:200]}.part-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except FileNotFoundError:
-            pass
-        raise
+    replace_file(dir_fd, name, data)
 
 
 def _exists(dir_fd: int, name: str) -> bool:
