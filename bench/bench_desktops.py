@@ -23,7 +23,8 @@ begins ``live=N ram_mb_per_desktop=... start_per_s=... healthy=...`` (the larges
 ``--profile osworld`` measures the osworld image instead (arpo-desktop-osworld, built when missing; desktops
 of ``--memory-mb``, default 2048): image size; start to first screenshot; RAM of an idle desktop and with
 LibreOffice Calc open (its window mapped, then ``--settle-s`` seconds); reset in place (POST /reset + /health)
-after each of ``--resets`` episodes that opened LibreOffice Calc.
+after each of ``--resets`` episodes that opened LibreOffice Calc. ``--app vscode`` opens VS Code instead
+(``code /root``: code-server starts, its Chromium app window shows "root - Visual Studio Code").
 
 Every container carries this run's label and is removed in ``finally`` (also on Ctrl-C). Prints medians,
 then as its LAST line ``key=value`` figures. ``--quick`` runs a small smoke version (capacity cap 16).
@@ -151,16 +152,21 @@ async def desktop_memory_mb(fleet: DesktopFleet, d: Desktop) -> float:
 
 
 CALC_CLASS = "libreoffice-calc"  # WM_CLASS of LibreOffice Calc's document window (GTK3 UI)
+APPS = {"calc": ("LibreOffice Calc", "libreoffice --calc", f"--class {CALC_CLASS}"),
+        "vscode": ("VS Code", "code /root", '--name "root - Visual Studio Code"')}
+"""--app: (name, launch command, xdotool search arguments that find its window)."""
 
 
-async def open_calc(d: Desktop, deadline_s: float = 180.0) -> float:
-    """Launch ``libreoffice --calc`` and wait (xdotool search --sync) for its window; returns seconds."""
+async def open_app(d: Desktop, app: str = "calc", deadline_s: float = 180.0) -> float:
+    """Launch ``app`` (:data:`APPS`) and poll (xdotool search, every 0.1 s) for its window; returns seconds.
+    Not ``xdotool search --sync``: it can die of BadWindow while Chromium maps and drops windows."""
+    name, command, search = APPS[app]
     t0 = time.perf_counter()
-    await d.controller.launch("libreoffice --calc", shell=True)
-    r = await d.controller.execute(f"timeout {deadline_s:g} xdotool search --sync --onlyvisible --class "
-                                   f"{CALC_CLASS}", shell=True, timeout=deadline_s + 10)
+    await d.controller.launch(command, shell=True)
+    r = await d.controller.execute(f"timeout {deadline_s:g} sh -c 'until xdotool search --onlyvisible {search} "
+                                   f">/dev/null 2>&1; do sleep 0.1; done'", shell=True, timeout=deadline_s + 10)
     if r["returncode"] != 0:
-        raise RuntimeError(f"LibreOffice Calc showed no window within {deadline_s:g} s: {r}")
+        raise RuntimeError(f"{name} showed no window within {deadline_s:g} s: {r}")
     return time.perf_counter() - t0
 
 
@@ -175,25 +181,25 @@ async def bench_osworld(image: str, args: argparse.Namespace) -> dict:
         await d.controller.screenshot()
         await asyncio.sleep(args.settle_s)  # let the idle desktop's memory settle; not a synchronisation
         idle = await desktop_memory_mb(fleet, d)
-        calc_s = await open_calc(d)
+        app = APPS[args.app][0]
+        calc_s = await open_app(d, args.app)
         await asyncio.sleep(args.settle_s)
         calc = await desktop_memory_mb(fleet, d)
-        print(f"RAM: idle {idle:.0f} MiB, LibreOffice Calc open {calc:.0f} MiB (window after {calc_s:.1f} s)",
-              flush=True)
+        print(f"RAM: idle {idle:.0f} MiB, {app} open {calc:.0f} MiB (window after {calc_s:.1f} s)", flush=True)
         inplace = []
         for i in range(args.resets):
             if i:
-                await open_calc(d)
+                await open_app(d, args.app)
             t0 = time.perf_counter()
             await d.controller.reset()
             if not await d.controller.health():
                 raise RuntimeError(f"desktop {d.name} is not healthy after /reset")
             inplace.append(time.perf_counter() - t0)
-        print(f"reset in place after LibreOffice Calc (/reset + /health) p50 {median(inplace) * 1e3:.0f} ms "
+        print(f"reset in place after {app} (/reset + /health) p50 {median(inplace) * 1e3:.0f} ms "
               f"(n={len(inplace)})", flush=True)
         return {"image_mb": image_size_mb(image), "start_p50_s": median(start), "start_p95_s": p95(start),
                 "ram_idle_mb": idle, "ram_calc_mb": calc, "calc_window_s": calc_s,
-                "reset_inplace_p50_s": median(inplace)}
+                "reset_inplace_p50_s": median(inplace), "app": args.app}
     finally:
         removed = await fleet.remove_all()
         print(f"removed {removed} leftover containers of {fleet.run_id}", flush=True)
@@ -286,6 +292,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--image", default="", help="desktop image (default: build / reuse the profile's image)")
     p.add_argument("--profile", choices=("default", "osworld"), default="default",
                    help="which image to measure (osworld: image size, start, RAM with LibreOffice, reset)")
+    p.add_argument("--app", choices=sorted(APPS), default="calc",
+                   help="--profile osworld: the app opened for RAM and before each reset (calc or vscode)")
     p.add_argument("--memory-mb", type=int, default=2048, help="desktop memory limit for --profile osworld")
     p.add_argument("--settle-s", type=float, default=5.0,
                    help="seconds before a RAM sample in --profile osworld (idle, and after Calc's window)")

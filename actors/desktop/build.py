@@ -23,14 +23,16 @@ layers, so that editing the controller does not reinstall ~2 GB of apps:
   plus the profile's (chromium, LibreOffice calc/writer/impress, GIMP, VLC, Thunderbird, gnome-terminal, gedit,
   nautilus, ffmpeg, fonts, D-Bus + dconf + GNOME schemas, AT-SPI, pulseaudio, tools), the wheels, no recipe;
   built as above;
-* the final image, ``FROM`` the base, with the recipe at /opt/arpo and the profile at /opt/arpo-profile, made
+* VS Code's layer ``arpo-desktop-osworld-vscode:<hash>``, ``FROM`` the base: code-server and Node 24 from npm
+  and PyPI (:mod:`actors.desktop.vscode_layer`), built only when missing, as the base;
+* the final image, ``FROM`` VS Code's layer, with the recipe at /opt/arpo and the profile at /opt/arpo-profile, made
   by a small ``docker build --network none`` that runs setup.sh (home folders, /home/user, google-chrome,
-  dconf defaults); its tag hashes the recipe, the profile folder and the base tag. Same entrypoint,
-  controller, reset and hardening as the default image; HOME=/home/user and XDG_RUNTIME_DIR=/run/user/1000
-  (the session D-Bus at /run/user/1000/bus, OSWorld's address).
+  dconf defaults, the `code` launcher); its tag hashes the recipe, the profile folder and VS Code's layer's tag.
+  Same entrypoint, controller, reset and hardening as the default image; HOME=/home/user and
+  XDG_RUNTIME_DIR=/run/user/1000 (the session D-Bus at /run/user/1000/bus, OSWorld's address).
 
-No Debian package (so not in the osworld image): Google Chrome (Debian's chromium runs as ``google-chrome``,
-with --no-sandbox, see setup.sh) and VS Code (nothing runs as ``code``: the vs_code tasks cannot run).
+No Debian package: Google Chrome (Debian's chromium runs as ``google-chrome``, with --no-sandbox, see setup.sh)
+and VS Code (code-server, from npm, runs as ``code``: the profile's ``code`` script).
 
 Also tags the result ``<image name>:latest``. Wired as ``arpo desktop build [--force] [--profile P]`` (:func:`main`).
 """
@@ -47,6 +49,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from actors.desktop.vscode_layer import build_layer, layer_tag
 
 RECIPE_DIR = Path(__file__).resolve().parent / "image"
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -126,7 +130,7 @@ def image_tag(profile: str = "default") -> str:
     whenever any of them changes. DesktopBuildError for an unknown profile."""
     if image_name(profile) == IMAGE_NAME:
         return f"{IMAGE_NAME}:{recipe_hash()}"
-    h = hashlib.sha256(base_tag(profile).encode() + b"\0")
+    h = hashlib.sha256(layer_tag(base_tag(profile)).encode() + b"\0")
     _hash_folder(h, RECIPE_DIR)
     h.update(b"--profile--\0")
     _hash_folder(h, profile_dir(profile))
@@ -233,10 +237,10 @@ def apt_mirror() -> str:
 def build_image(*, force: bool = False, log: Callable[[str], None] = print, profile: str = "default") -> str:
     """Build ``profile``'s desktop image if missing (or always when ``force``) and return its tag.
 
-    For "osworld" the apps layer (:func:`base_tag`) is built only when missing, even with ``force`` (remove it
-    with ``docker rmi`` to rebuild it): ``force`` rebuilds the final layer. Raises DesktopBuildError for an
-    unknown profile, when docker or debootstrap is missing, the engine is not running, or a build step fails
-    (with the step's last output lines).
+    For "osworld" the apps layer (:func:`base_tag`) and VS Code's layer are built only when missing, even with
+    ``force`` (remove them with ``docker rmi`` to rebuild them): ``force`` rebuilds the final layer. Raises
+    DesktopBuildError for an unknown profile, when docker or debootstrap is missing, the engine is not running,
+    or a build step fails (with the step's last output lines).
     """
     check_engine()
     tag = image_tag(profile)
@@ -254,7 +258,14 @@ def build_image(*, force: bool = False, log: Callable[[str], None] = print, prof
             _build_rootfs_image(base, profile_packages(profile), log, recipe=False)
             log(f"built {base} ({image_size_mb(base):.0f} MB) in {time.monotonic() - t0:.0f} s")
         t1 = time.monotonic()
-        _build_profile_image(tag, base, profile, log)
+        vscode = layer_tag(base)
+        if image_exists(vscode):
+            log(f"VS Code layer {vscode} already exists")
+        else:
+            build_layer(base, log, _run_logged)
+            log(f"built {vscode} ({image_size_mb(vscode):.0f} MB) in {time.monotonic() - t1:.0f} s")
+        t1 = time.monotonic()
+        _build_profile_image(tag, vscode, profile, log)
         log(f"final layer built in {time.monotonic() - t1:.0f} s")
     subprocess.run([_docker(), "tag", tag, f"{image_name(profile)}:latest"], check=True)
     log(f"built {tag} ({image_size_mb(tag):.0f} MB) in {time.monotonic() - t0:.0f} s")

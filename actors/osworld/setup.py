@@ -42,9 +42,10 @@ UNTIL_INTERVAL_S = 0.3  # ... 0.3 s apart (OSWorld SetupController._execute_setu
 UNTIL_DEADLINE_S = 60.0  # ours: an `until` loop also stops after this many seconds in all
 CLIENT_PASSWORD = "password"
 """What ``{CLIENT_PASSWORD}`` becomes (OSWorld's default client password for its Ubuntu image)."""
-WINDOW_WAIT_S = 10.0
+WINDOW_WAIT_S = 30.0
 """activate_window / close_window wait this long for the window to appear (tasks launch an app and activate its
-window in the next step; OSWorld's server tries once and only logs a miss)."""
+window in the next step; OSWorld's server tries once and only logs a miss). VS Code's first window (code-server
+starting, then its workbench titling the window) took 13 s on a loaded 2-core machine."""
 OPEN_WAIT_S = 30.0
 """``open`` waits this long for a window whose title holds the file's name (OSWorld's server blocks too)."""
 

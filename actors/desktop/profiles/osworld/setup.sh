@@ -10,7 +10,9 @@
 # * sudo and vlc made to work for the root session (below);
 # * Ctrl+Alt+T opens gnome-terminal and plain text opens in gedit, as on Ubuntu (below);
 # * dconf system defaults: toolkit-accessibility on, so GTK apps join the AT-SPI tree;
-# * a sound sink at 50% volume and VLC's HTTP interface on, as in OSWorld's VM (below).
+# * a sound sink at 50% volume and VLC's HTTP interface on, as in OSWorld's VM (below);
+# * `code` runs VS Code (code-server from the image's VS Code layer in a Chromium app window; see the profile's
+#   `code` script and actors/desktop/vscode_layer.py).
 set -eu
 mkdir -p /root /home
 ln -sfn /root /home/user
@@ -103,3 +105,11 @@ extraintf=http
 [lua]
 http-password=password
 VLCRC
+
+# VS Code: the profile's `code` launcher, and code-server's config file (present, so code-server does not write
+# one with a generated password under ~/.config/code-server; the launcher passes every setting as a flag).
+install -m 0755 /opt/arpo-profile/code /usr/local/bin/code
+mkdir -p /etc/code-server
+printf 'auth: none\ncert: false\n' > /etc/code-server/config.yaml
+test -x /opt/node/bin/node
+test -f /opt/code-server/lib/node_modules/code-server/out/node/entry.js
