@@ -402,17 +402,24 @@ async def test_remove_all_leaves_no_container(desktop_image):
         await fleet.close()
 
 
-async def test_start_fails_with_logs_when_image_is_broken(desktop_image):
-    # A real container whose entrypoint exits at once: start() must fail fast with its log, not hang.
-    fleet = DesktopFleet(desktop_image, run_id=f"test-{secrets.token_hex(3)}", ready_timeout=20)
+def _fleet_running(image: str, shell: str, *, ready_timeout: float) -> DesktopFleet:
+    """A fleet whose containers run the shell command ``shell`` instead of the desktop's entrypoint (so the
+    controller never starts)."""
+    fleet = DesktopFleet(image, run_id=f"test-{secrets.token_hex(3)}", ready_timeout=ready_timeout)
     config = fleet._config
 
-    def broken(socket_dir):
+    def instead(socket_dir):
         cfg = config(socket_dir)
-        cfg["Entrypoint"] = ["sh", "-c", "echo controller-would-start-here; exit 7"]
+        cfg["Entrypoint"] = ["sh", "-c", shell]
         return cfg
 
-    fleet._config = broken  # type: ignore[method-assign]
+    fleet._config = instead  # type: ignore[method-assign]
+    return fleet
+
+
+async def test_start_fails_with_logs_when_image_is_broken(desktop_image):
+    # A real container whose entrypoint exits at once: start() must fail fast with its log, not hang.
+    fleet = _fleet_running(desktop_image, "echo controller-would-start-here; exit 7", ready_timeout=20)
     try:
         t0 = time.monotonic()
         with pytest.raises(DesktopError, match="controller-would-start-here"):
@@ -429,15 +436,7 @@ async def test_start_fails_with_logs_when_image_is_broken(desktop_image):
 async def test_a_desktop_removed_from_outside_while_it_boots_is_a_desktop_error(desktop_image):
     # A real container whose controller never answers, removed by someone else (another run's clean-up, `docker rm`)
     # while start() waits for it: a DesktopError naming it, not Docker's own error escaping to the caller.
-    fleet = DesktopFleet(desktop_image, run_id=f"test-{secrets.token_hex(3)}", ready_timeout=60)
-    config = fleet._config
-
-    def never_ready(socket_dir):
-        cfg = config(socket_dir)
-        cfg["Entrypoint"] = ["sh", "-c", "exec sleep 600"]
-        return cfg
-
-    fleet._config = never_ready  # type: ignore[method-assign]
+    fleet = _fleet_running(desktop_image, "exec sleep 600", ready_timeout=60)
     try:
         start = asyncio.ensure_future(fleet.start())
         ids = await until(lambda: labelled(fleet.run_id), timeout=30, what="the booting desktop's container")
