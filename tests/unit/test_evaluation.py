@@ -85,12 +85,12 @@ async def test_metric_without_expected_gets_options(nowhere):
 
 
 async def test_unknown_names_are_clear_errors(nowhere):
-    with pytest.raises(EvaluationError, match="unknown metric 'compare_videos'"):
-        await evaluate(nowhere, task("compare_videos", rule("x")), None)
-    with pytest.raises(EvaluationError, match="unknown getter 'googledrive_file'"):
-        await evaluate(nowhere, task("exact_match", {"type": "googledrive_file"}, rule({"expected": 1})), None)
-    with pytest.raises(TaskSetupError, match="unknown type 'googledrive'"):
-        await run_setup(nowhere, [{"type": "googledrive", "parameters": {}}])
+    with pytest.raises(EvaluationError, match="unknown metric 'compare_holograms'"):
+        await evaluate(nowhere, task("compare_holograms", rule("x")), None)
+    with pytest.raises(EvaluationError, match="unknown getter 'hologram_file'"):
+        await evaluate(nowhere, task("exact_match", {"type": "hologram_file"}, rule({"expected": 1})), None)
+    with pytest.raises(TaskSetupError, match="unknown type 'teleport'"):
+        await run_setup(nowhere, [{"type": "teleport", "parameters": {}}])
 
 
 async def test_an_unreachable_desktop_is_a_desktop_error(nowhere):

@@ -25,7 +25,7 @@ def test_each_file_gets_a_reason_kind_and_the_table_counts_by_domain(tmp_path):
     _write(tmp_path, "os", "ok", GOOD)
     _write(tmp_path, "os", "broken", "{not json")
     _write(tmp_path, "chrome", "drive", {**GOOD, "id": "t-drive",
-                                         "config": [{"type": "googledrive", "parameters": {}}]})
+                                         "config": [{"type": "teleport", "parameters": {}}]})
     _write(tmp_path, "chrome", "metric", {**GOOD, "id": "t-metric",
                                           "evaluator": {**GOOD["evaluator"], "func": "no_such_metric"}})
     _write(tmp_path, "vlc", "getter", {**GOOD, "id": "t-getter",
@@ -36,7 +36,7 @@ def test_each_file_gets_a_reason_kind_and_the_table_counts_by_domain(tmp_path):
     assert by_id["t-ok"].loaded and by_id["t-ok"].reason is None and str(tmp_path / "os" / "ok.json") in tasks
     assert (by_id["broken"].reason, by_id["t-drive"].reason, by_id["t-metric"].reason,
             by_id["t-getter"].reason) == ("format", "setup_type", "metric", "getter")
-    assert "googledrive" in by_id["t-drive"].detail and "no_such_metric" in by_id["t-metric"].detail
+    assert "teleport" in by_id["t-drive"].detail and "no_such_metric" in by_id["t-metric"].detail
     table = {row["domain"]: row for row in domain_table(reports, ran_desktops=False)}
     assert table["os"] == {"domain": "os", "tasks": 2, "load": 1}
     assert table["chrome"]["load"] == 0 and table["all"] == {"domain": "all", "tasks": 5, "load": 1}
