@@ -291,7 +291,9 @@ async def test_controller_api_shapes(fleet):
 
 async def test_setup_errors_are_task_setup_errors(fleet):
     c = (await fleet.start()).controller
-    with pytest.raises(TaskSetupError, match="unknown type 'googledrive'"):
+    with pytest.raises(TaskSetupError, match="unknown type 'teleport'"):
+        await run_setup(c, [{"type": "teleport", "parameters": {"settings_file": "x"}}])
+    with pytest.raises(TaskSetupError, match="googledrive: needs Google Drive"):
         await run_setup(c, [{"type": "googledrive", "parameters": {"settings_file": "x"}}])
     with pytest.raises(TaskSetupError, match="not met"):
         await run_setup(c, [{"type": "execute", "parameters": {"command": ["false"], "until": {"returncode": 0}}}])
