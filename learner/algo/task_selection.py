@@ -188,6 +188,7 @@ class TaskSelector(Generic[T]):
                                                                          for i in ids}
         """Task id -> its last ``window`` groups, each (successful rollouts, trainable rollouts), oldest first."""
         self._retired: set[str] = set()
+        self._frozen = False
         self._last_pick: dict[str, int] = {}
         self._counts: collections.Counter[str] = collections.Counter()
         self.task_error_limit = task_error_limit
@@ -200,6 +201,12 @@ class TaskSelector(Generic[T]):
     def active(self) -> list[str]:
         """Ids of active (neither retired nor set aside) tasks, in pool order."""
         return [i for i in self._ids if i not in self._retired and i not in self._set_aside]
+
+    def freeze(self) -> None:
+        """Stop recording groups: the run has stopped as solved, so groups still in flight (finishing during the
+        final evaluation and shutdown) neither reactivate a retired task nor retire one; ``retired`` stays the set
+        that stopped the run."""
+        self._frozen = True
 
     @property
     def retired(self) -> list[str]:
@@ -308,7 +315,7 @@ class TaskSelector(Generic[T]):
         if window is None:
             self._counts["unknown_groups"] += 1
             return False
-        if not scores:
+        if not scores or self._frozen:
             return True
         window.append((sum(is_success(s, self.success_threshold) for s in scores), len(scores)))
         if task_id in self._retired:

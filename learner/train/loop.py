@@ -358,6 +358,8 @@ class TrainingLoop:
         initial weights."""
         selector = self.service.selector
         self.stopped = selector.solved_reason() if selector is not None else "every task is solved"
+        if selector is not None:
+            selector.freeze()  # groups still in flight must not reactivate a task after the run said it is solved
         log.warning("%s", self.stopped)
         if self._last_record is None:
             return

@@ -372,3 +372,17 @@ def test_a_schema_1_state_loads_without_its_rollout_windows():
     bad = selector.state_dict() | {"windows": {"a": [[5, 3]]}}  # more successes than rollouts
     with pytest.raises(TaskSelectionError, match="malformed"):
         TaskSelector(POOL[:2]).load_state_dict(bad)
+
+
+def test_a_frozen_selector_keeps_the_tasks_that_stopped_the_run_solved():
+    # The run stops as solved, then groups still in flight finish during the final evaluation and shutdown: a failed
+    # one used to reactivate the task, so status.json said "solved: []" beside the solved line.
+    selector = TaskSelector(POOL, window=2, seed=0)
+    selector.record_group("a", SOLVED)
+    selector.record_group("a", SOLVED)
+    assert selector.retired == ["a"]
+    selector.freeze()
+    selector.record_group("a", [0.0] * len(SOLVED))
+    selector.record_group("b", SOLVED)
+    selector.record_group("b", SOLVED)
+    assert selector.retired == ["a"] and selector.stats()["reactivations"] == 0
