@@ -51,7 +51,8 @@ def test_the_demo_stops_by_itself_once_its_task_is_solved(tmp_path, desktop_imag
     assert records[0]["success_rate"] <= 0.5 and last["success_rate"] >= 0.7, [r["success_rate"] for r in records]
     status = json.loads((run_dir / "status.json").read_text())
     assert status["stopped"] == LINE and status["solved"] == ["grid4-green"]
-    assert status["drops"]["zero_variance"] >= 4 and status["totals"]["groups"] >= status["drops"]["zero_variance"]
+    # the solved window (4 groups, 3 of them all successful: zero variance) was dropped from training at least 3 times
+    assert status["drops"]["zero_variance"] >= 3 and status["totals"]["groups"] >= status["drops"]["zero_variance"]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["exit_code"], summary["steps"], summary["policy_version"]) == (0, last["step"],
                                                                                   last["policy_version"])
