@@ -248,3 +248,13 @@ def test_no_module_is_over_500_lines():
             if n > MAX_MODULE_LINES and path not in LONG_MODULES} == {}
     assert {path: lengths.get(path) for path in LONG_MODULES
             if lengths.get(path, 0) <= MAX_MODULE_LINES} == {}, "a listed module fits now: drop it from LONG_MODULES"
+
+
+def test_test_modules_have_unique_basenames():
+    # pytest's default import mode puts each test folder on sys.path and imports a test module by its basename, so two
+    # test_x.py in two folders without __init__.py stop the whole collection ("import file mismatch")
+    by_name: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if not (path.parent / "__init__.py").exists():
+            by_name.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in by_name.items() if len(paths) > 1} == {}
