@@ -1,4 +1,7 @@
-"""Adaptive learning rate from the policy's KL per rollout batch (``learner.target_kl``).
+"""The KL control of a rollout batch's update: the KL it caused sets the next learning rate (``learner.target_kl``)
+and bounds the update kept (``learner.max_kl``).
+
+Adaptive learning rate (:func:`adapt_lr`).
 
 With the gradient norm clipped (learner.grad_clip) and AdamW normalising every coordinate, each optimizer step
 moves the policy by about the same amount whatever the batch says, so a nearly solved family, whose only
@@ -10,21 +13,35 @@ is the PPO practice of sizing the step by the KL it causes: after each batch the
 the "adaptive" schedule of rsl_rl's and rl_games' PPO, whose factor 1.5 and thresholds 2x and 0.5x this
 keeps; the configured ``learner.lr`` is the ceiling here, not a starting point).
 
-Role: pure functions; learner.train.update_control measures the KL and applies the rate.
+Bounded update (:class:`UpdateControl`, ``learner.max_kl``): TRPO's backtracking line search (Schulman et al.,
+"Trust Region Policy Optimization", arXiv 1502.05477, section 6 and appendix C) applied to the step the optimizer
+took: an update whose KL is above ``max_kl`` is halved, parameters to the midpoint of the batch's start and where
+they are, and the batch scored again, until it is within the bound or :data:`MAX_HALVINGS` halvings have been made.
+The optimizer's moments keep the batch's gradients.
+
+Role: the whole KL control, in one place. :func:`batch_kl` and :func:`adapt_lr` are pure; :class:`UpdateControl`
+holds the batch's starting parameters and is driven by learner.train.trainer.Trainer.train_batch on every rank (the
+scoring pass is a collective under FSDP2, and every rank reaches the same KL, so the same rate and the same
+halvings). It takes the parameters and a scoring function as arguments, so nothing here imports the trainer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
+import torch
 
-__all__ = ["LR_FACTOR", "LR_FLOOR", "adapt_lr", "batch_kl"]
+from arpo_async.config import LearnerConfig
+
+__all__ = ["LR_FACTOR", "LR_FLOOR", "MAX_HALVINGS", "UpdateControl", "adapt_lr", "batch_kl"]
 
 LR_FACTOR = 1.5
 """The learning rate is divided or multiplied by this after a batch whose KL is out of band (rsl_rl, rl_games)."""
 LR_FLOOR = 0.01
 """The lowest learning rate, as a share of ``learner.lr``."""
+MAX_HALVINGS = 6
+"""learner.max_kl: at most this many halvings of a batch's update (down to 1/64 of it) before it is kept as is."""
 
 
 def batch_kl(before: Sequence[Sequence[float]], after: Sequence[Sequence[float]],
@@ -73,3 +90,40 @@ def adapt_lr(lr: float, kl: float, target: float, lr_max: float) -> float:
     elif kl < target / 2:
         lr *= LR_FACTOR
     return min(lr_max, max(LR_FLOOR * lr_max, lr))
+
+
+class UpdateControl:
+    """One batch's KL control: create it before the batch's optimizer steps, call :meth:`after` once they are done.
+
+    Args:
+        config: the learner section (target_kl, max_kl and lr, the rate's ceiling).
+        params: the trained parameters; with ``max_kl > 0`` a copy of them is kept (one model's float32 memory).
+        score: the log-probs of the batch's output tokens under the current weights, one list per sample
+            (Trainer.compute_logprobs on the batch).
+    """
+
+    def __init__(self, config: LearnerConfig, params: Sequence[torch.Tensor],
+                 score: Callable[[], list[list[float]]]) -> None:
+        self.config, self.params, self.score = config, list(params), score
+        self.start = [p.detach().clone() for p in self.params] if config.max_kl > 0 else None
+
+    def after(self, proximal: Sequence[Sequence[float]], masks: Sequence[Sequence[bool] | None],
+              lr: float) -> tuple[float, dict[str, float]]:
+        """The next batch's learning rate and ``{"policy_kl", "step_scale"}`` (the KL per trained token of the
+        update kept, nats; the share of the optimizer's update kept). ``proximal``: the batch's log-probs before
+        its steps; ``masks``: the samples' loss masks; ``lr``: the rate its steps used."""
+        kl = batch_kl(proximal, self.score(), masks)
+        next_lr = adapt_lr(lr, kl, self.config.target_kl, self.config.lr)
+        scale = 1.0
+        for _ in range(MAX_HALVINGS if self.start is not None else 0):
+            if kl <= self.config.max_kl:
+                break
+            self._halve()
+            scale /= 2
+            kl = batch_kl(proximal, self.score(), masks)
+        return next_lr, {"policy_kl": kl, "step_scale": scale}
+
+    @torch.no_grad()
+    def _halve(self) -> None:
+        for param, start in zip(self.params, self.start):
+            param.add_(start).mul_(0.5)

@@ -53,13 +53,13 @@ from arpo_async.config import LearnerConfig
 from arpo_async.model.checkpoint_names import tied_names
 from arpo_async.model.inputs import load_policy
 from learner.algo.grpo import corrected_token_loss
+from learner.algo.kl_schedule import UpdateControl
 from learner.algo.train_sample import TrainSample, sample_problem
 from learner.train import trainer_checkpoint, weights_export
 from learner.train.distributed import RankGroup, decoder_layers, shard_policy, vision_blocks
 from learner.train.microbatch import MicroBatchBudgetError, step_plan
 from learner.train.policy_forward import CompletionLogprobs, PixelCache, check_pad_id, collate, image_pad_problem
 from learner.train.trainer_errors import TrainerConfigError, TrainerError, TrainerInputError
-from learner.train.update_control import UpdateControl
 
 log = logging.getLogger("arpo.learner.trainer")
 
@@ -407,7 +407,7 @@ class Trainer:
         the last step the batch is scored again (one more forward pass): the KL between the two sets the
         learning rate of the next batch (learner.algo.kl_schedule). With ``learner.max_kl > 0`` (a copy of the
         parameters is kept for it) an update whose KL is above ``max_kl`` is halved, and the batch scored again,
-        until it is not (TRPO's backtracking line search: learner.train.update_control).
+        until it is not (TRPO's backtracking line search: learner.algo.kl_schedule.UpdateControl).
 
         Returns:
             The stats of :meth:`train_step`, token-weighted over the steps for means and fractions; ``loss`` the
@@ -456,7 +456,7 @@ class Trainer:
             optimizer_steps=float(minibatches),
             lr=lr,
         )
-        if control is not None:  # learner.train.update_control: the next rate, and the update kept
+        if control is not None:  # learner.algo.kl_schedule.UpdateControl: the next rate, and the update kept
             self.lr, kept = control.after(proximal, [s.loss_mask for s in samples], lr)
             result.update(kept)
         return result
