@@ -82,7 +82,7 @@ class TaskReport:
 
 def rejection_kind(exc: TaskFormatError) -> str:
     """The kind of a load-time rejection: ``format`` for a malformed file, else the missing part's kind
-    (``setup_type``, ``getter``, ``metric``: arpo_async.tasks.UnsupportedTask)."""
+    (``setup_type``, ``getter``, ``metric``: arpo_async.task_checks.UnsupportedTask)."""
     return getattr(exc, "kind", "format") or "format"
 
 

@@ -1,6 +1,6 @@
 """The names a task file may use that our actors implement: setup step types, getter types and metric funcs.
 
-Kept here, in arpo_async (which must not import actors), so that :mod:`arpo_async.tasks` can refuse a task
+Kept here, in arpo_async (which must not import actors), so that :mod:`arpo_async.task_checks` can refuse a task
 naming anything else when it is loaded; unit tests keep each set equal to the actors' tables
 (``actors.evaluation.SETUP_STEPS``, ``GETTERS``, ``METRICS``).
 """
@@ -13,7 +13,7 @@ SETUP_TYPES: frozenset[str] = frozenset({
 keys of ``actors.evaluation.SETUP_STEPS`` (a unit test keeps the two equal; arpo_async must not import
 actors). Every type OSWorld's 369 Ubuntu tasks use is here; googledrive and login are known but fail at setup
 with kind ``needs_network`` (Google Drive, live accounts). Other types are rejected at load time with
-:class:`~arpo_async.tasks.UnsupportedTask` kind ``setup_type``."""
+:class:`~arpo_async.task_checks.UnsupportedTask` kind ``setup_type``."""
 
 GETTER_TYPES: frozenset[str] = frozenset({
     "accessibility_tree", "active_tab_html_parse", "active_tab_info", "active_tab_url_parse",

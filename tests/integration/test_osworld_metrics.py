@@ -17,7 +17,8 @@ from actors.evaluation import METRICS, evaluate
 from actors.osworld import metric_env
 from actors.osworld.metrics import LEFT_OUT_LIBRARY_METRICS, OSWORLD_METRICS, MetricError, MetricWorker
 from actors.osworld.native_metrics import NATIVE_METRICS
-from arpo_async.tasks import METRIC_FUNCS, Task
+from arpo_async.task_names import METRIC_FUNCS
+from arpo_async.tasks import Task
 
 UTC = ("               Local time: Thu 2024-01-25 12:56:06 UTC\n           Universal time: Thu 2024-01-25 12:56:06 "
        "UTC\n                 RTC time: Thu 2024-01-25 12:56:05\n                Time zone: Etc/UTC (UTC, +0000)\n")

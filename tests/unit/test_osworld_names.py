@@ -18,8 +18,10 @@ from actors.osworld.getters_web import (get_googledrive_file, get_gotoRecreation
                                         html_parse_result, omnibox_text)
 from actors.osworld.metrics import LEFT_OUT_LIBRARY_METRICS, OSWORLD_METRICS
 from actors.osworld.setup import SetupContext, TaskSetupError, _keep_outputs, run_setup
+from arpo_async.task_checks import INFEASIBLE
+from arpo_async.task_names import GETTER_TYPES, METRIC_FUNCS, SETUP_TYPES
 from arpo_async.task_sets import load_split
-from arpo_async.tasks import GETTER_TYPES, INFEASIBLE, METRIC_FUNCS, SETUP_TYPES, load_task_file
+from arpo_async.tasks import load_task_file
 from tests.support import osworld_examples
 
 OSWORLD_EXAMPLES = osworld_examples()

@@ -11,7 +11,7 @@ from actors.evaluation import GETTERS, METRICS, SETUP_STEPS
 from actors.osworld.downloads import DownloadCache
 from actors.osworld.metric_env import PLACEHOLDER_MODULES, REQUIREMENTS
 from actors.osworld.setup import SetupContext, _opener_probe, _substitute, build_history_db, until_met
-from arpo_async.tasks import GETTER_TYPES, METRIC_FUNCS, SETUP_TYPES
+from arpo_async.task_names import GETTER_TYPES, METRIC_FUNCS, SETUP_TYPES
 
 
 def test_until_is_met_by_any_one_condition():

@@ -9,7 +9,8 @@ import pytest
 
 from actors.evaluation import GETTERS, METRICS, SETUP_STEPS
 from arpo_async.task_sets import load_task_set
-from arpo_async.tasks import Task, TaskFormatError, UnsupportedTask, load_task_file, load_tasks
+from arpo_async.task_checks import UnsupportedTask
+from arpo_async.tasks import Task, TaskFormatError, load_task_file, load_tasks
 
 
 def minimal(**over) -> dict:
@@ -149,17 +150,18 @@ def test_a_bad_file_in_a_folder_is_named(tmp_path):
 # ---------------------------------------------------------------------------------------------------------
 # hardening: any bytes give a TaskFormatError naming the file; only names our evaluator implements; caps
 
-from arpo_async.tasks import (  # noqa: E402
-    GETTER_TYPES, MAX_ID_CHARS, MAX_INSTRUCTION_CHARS, MAX_JSON_DEPTH, MAX_METRICS, MAX_RELATED_APPS, MAX_STEPS,
-    MAX_TASK_FILE_BYTES, METRIC_FUNCS, SETUP_TYPES, parse_task_json,
+from arpo_async.task_checks import (  # noqa: E402
+    MAX_ID_CHARS, MAX_INSTRUCTION_CHARS, MAX_JSON_DEPTH, MAX_METRICS, MAX_RELATED_APPS, MAX_STEPS,
 )
+from arpo_async.task_names import GETTER_TYPES, METRIC_FUNCS, SETUP_TYPES  # noqa: E402
+from arpo_async.tasks import MAX_TASK_FILE_BYTES, parse_task_json  # noqa: E402
 from tests.support import osworld_examples  # noqa: E402
 
 OSWORLD_EXAMPLES = osworld_examples()
 
 
 def test_supported_names_are_exactly_the_evaluator_registries():
-    # arpo_async may not import actors, so tasks.py keeps its own copy of the names; this keeps them equal
+    # arpo_async may not import actors, so task_names.py keeps its own copy of the names; this keeps them equal
     assert SETUP_TYPES == frozenset(SETUP_STEPS)
     assert GETTER_TYPES == frozenset(GETTERS)
     assert METRIC_FUNCS == frozenset(METRICS)
