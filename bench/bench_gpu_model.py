@@ -254,7 +254,7 @@ async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[byt
             lags.append(time.monotonic() - t0 - 0.01)
 
     def snapshot() -> dict[str, float]:
-        return {"t": time.monotonic(), "cpu": time.process_time(), "traj": service.totals["trajectories"],
+        return {"t": time.monotonic(), "cpu": time.process_time(), "traj": service.state.totals["trajectories"],
                 "busy": sum(s.busy_s for s in servers), "sat": sum(s.saturated_s for s in servers),
                 "episodes": pool.totals["episodes"], "action_s": pool.totals["action_s"],
                 "action_real_s": pool.totals["action_real_s"], "desktop_s": pool.totals["desktop_s"],

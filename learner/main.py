@@ -147,7 +147,8 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
                                                            disk_mb=lc.sample_disk_mb),
                                  message_counts=pump.message_counts,
                                  evaluation=EvaluationRounds(eval_tasks, config.eval, final_step=lc.steps,
-                                                             id_prefix=f"{learner_id[:6]}-") if eval_tasks else None,
+                                                             id_prefix=f"{learner_id[:6]}-", state=state)
+                                 if eval_tasks else None,
                                  ready_groups=lambda: loop.ready_groups())
         async with PolicyClient(list(config.actors.inference_urls), api_key=config.serve.api_key,
                                 admin_api_key=admin_api_key(config.serve.admin_api_key)) as client:
@@ -161,7 +162,7 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
             await loop.resume(run / "metrics.jsonl")
             log.info("learner %s on %s (%s): %d tasks, G=%d, B=%d, eta=%d, from step %d / version %d%s", learner_id,
                      config.transport.endpoint, lc.schedule, len(plan.pool), lc.group_size, lc.batch_trajectories,
-                     lc.max_staleness, state.step, state.version,
+                     lc.max_staleness, state.step, state.published_version,
                      f"; evaluating {len(eval_tasks)} tasks x {config.eval.repeats}" if eval_tasks else "")
             wandb = (WandbSettings(lc.wandb_project, config.resolved_run_id, run, to_dict(config))
                      if lc.wandb_project else None)

@@ -244,7 +244,7 @@ async def trained(service, step: int, version: int) -> None:
     """What the training loop's last stage does after a batch (learner.train.loop.TrainingLoop.train): the run
     state now holds ``step`` optimizer steps and policy ``version``; the service is told
     (LearnerService.on_trained: evaluation rounds, the version announced, more work admitted)."""
-    service.state.step, service.state.version = step, version
+    service.state.step, service.state.published_version = step, version
     await service.on_trained()
 
 

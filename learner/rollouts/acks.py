@@ -12,13 +12,13 @@ shutdown the service sends afterwards, so an actor sees a trajectory's Ack first
 from __future__ import annotations
 
 import asyncio
-import collections
 import hashlib
 
 import numpy as np
 
 from arpo_async.messages import Ack, Trajectory
 from arpo_async.transport import Outbox
+from learner.state import RunState
 
 ACK_BATCH = 64
 """Most trajectory ids held back for one Ack; then the held Acks go out at once."""
@@ -50,14 +50,14 @@ class HeldAcks:
 
     Args:
         outbox: where the Acks go (the ROUTER pump's outbox).
-        totals: ``totals["acked"]`` counts the trajectory ids acknowledged.
+        state: the run's state: ``state.totals["acked"]`` counts the trajectory ids acknowledged.
         delay_s: how long the Acks held at the end of a burst wait for more trajectories (0: sent at the burst's
             end).
     """
 
-    def __init__(self, outbox: Outbox, totals: collections.Counter[str], delay_s: float = ACK_DELAY_S) -> None:
+    def __init__(self, outbox: Outbox, state: RunState, delay_s: float = ACK_DELAY_S) -> None:
         self.outbox = outbox
-        self.totals = totals
+        self.state = state
         self.delay_s = delay_s
         self._by_peer: dict[str, list[str]] = {}
         self.held = 0
@@ -97,7 +97,7 @@ class HeldAcks:
         by_peer, self._by_peer, self.held = self._by_peer, {}, 0
         self.cancel()  # sent now: the delayed send has nothing left to do
         for peer, trajectory_ids in by_peer.items():
-            self.totals["acked"] += len(trajectory_ids)
+            self.state.totals["acked"] += len(trajectory_ids)
             await self.outbox.send(Ack(trajectory_ids), peer)
 
     def cancel(self) -> None:

@@ -47,6 +47,7 @@ from arpo_async.messages import Outcome, Trajectory
 from arpo_async.task_sets import builtin_split_names, load_task_set, runnable_tasks
 from arpo_async.tasks import Task, TaskFormatError
 from learner.rollouts.scheduler import Rollout
+from learner.state import RunState
 
 log = logging.getLogger(__name__)
 
@@ -117,15 +118,16 @@ class EvaluationRounds:
         id_prefix: prepended to every group id (the learner's id, as the scheduler's), so a restarted learner never
             takes its predecessor's episodes for its own.
         rollout_timeout_s: an episode handed out and not back after this long is handed out again.
-        totals: the run's counters (learner.rollouts.run_stats.RunStats.totals); this counts ``eval_rounds``,
-            ``eval_rounds_skipped``, ``eval_rounds_abandoned`` and ``eval_trajectories`` in it.
+        state: the run's state (learner.state.RunState; a new one when None): this counts ``eval_rounds``,
+            ``eval_rounds_skipped``, ``eval_rounds_abandoned``, ``eval_rounds_unrecorded`` and ``eval_trajectories``
+            in its ``totals``. The learner service takes the same state (it refuses rounds built with another).
 
     Raises:
         ValueError: no task.
     """
 
     def __init__(self, tasks: list[Task], config: EvalConfig, *, final_step: int = 0, id_prefix: str = "",
-                 rollout_timeout_s: float = 900.0, totals: collections.Counter[str] | None = None) -> None:
+                 rollout_timeout_s: float = 900.0, state: RunState | None = None) -> None:
         if not tasks:
             raise ValueError("an evaluation needs at least one task")
         self.tasks = list(tasks)
@@ -133,7 +135,7 @@ class EvaluationRounds:
         self.final_step = final_step
         self.id_prefix = id_prefix
         self.rollout_timeout_s = rollout_timeout_s
-        self.totals = totals if totals is not None else collections.Counter()
+        self.state = state if state is not None else RunState()
         self.round: EvalRound | None = None
         """The round in progress (None between rounds)."""
         self.results: list[dict[str, Any]] = []
@@ -166,7 +168,7 @@ class EvaluationRounds:
         it is skipped and counted). Returns whether a round started."""
         self._last_step = max(self._last_step, step)
         if self.round is not None:
-            self.totals["eval_rounds_skipped"] += 1
+            self.state.totals["eval_rounds_skipped"] += 1
             log.warning("evaluation due at step %d skipped: the round of step %d is still running (%d of %d "
                         "episodes back)", step, self.round.step, len(self.round.outcomes), len(self.round.slots))
             return False
@@ -174,7 +176,7 @@ class EvaluationRounds:
         slots = {(f"{self.id_prefix}e{number}-{t}-{task.id}", r): task
                  for t, task in enumerate(self.tasks) for r in range(self.config.repeats)}
         self.round = EvalRound(number, step, version, slots, waiting=collections.deque(slots))
-        self.totals["eval_rounds"] += 1
+        self.state.totals["eval_rounds"] += 1
         self._idle.clear()
         log.info("evaluation round %d: %d episodes (%d tasks x %d) at policy version %d (step %d)", number,
                  len(slots), len(self.tasks), self.config.repeats, version, step)
@@ -223,7 +225,7 @@ class EvaluationRounds:
         current = self.round
         if current is None:
             return
-        self.totals["eval_rounds_abandoned"] += 1
+        self.state.totals["eval_rounds_abandoned"] += 1
         log.warning("evaluation round %d (step %d) abandoned with %d of %d episodes back: %s", current.number,
                     current.step, len(current.outcomes), len(current.slots), why)
         self.round = None
@@ -279,7 +281,7 @@ class EvaluationRounds:
         current.scores[slot] = 0.0 if current.outcomes[slot] in ERROR_OUTCOMES else float(traj.score)
         current.version_max = max([current.version_max] + [int(s.versions.max()) for s in traj.steps
                                                            if len(s.versions)])
-        self.totals["eval_trajectories"] += 1
+        self.state.totals["eval_trajectories"] += 1
         if not current.complete:
             return None
         result = self.result_of(current)
@@ -330,7 +332,7 @@ class EvaluationRounds:
             return {}
         newest, older = self.results[-1], self.results[:-1]
         if older:
-            self.totals["eval_rounds_unrecorded"] += len(older)
+            self.state.totals["eval_rounds_unrecorded"] += len(older)
             log.warning("%d evaluation round(s) completed before a metrics record could carry them (steps %s); "
                         "their results are in this log only", len(older), [r["eval_step"] for r in older])
         self.results = []

@@ -50,6 +50,7 @@ from learner.rollouts.fair_share import fair_shares
 from learner.rollouts.holds import Admission, Hold, Receipt, SlotOwner, Waiting
 from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.sessions import SessionBook
+from learner.state import RunState
 
 log = logging.getLogger("learner.rollouts.service")
 
@@ -78,10 +79,10 @@ class Peers:
         outbox: the ROUTER pump's outbox.
         scheduler: hands out rollout slots.
         admission: the admission rule.
-        totals: the run's counters (learner.rollouts.run_stats.RunStats.totals); this counts ``silent_peers`` and
-            ``assignments_resent`` in it.
+        state: the run's state (learner.state.RunState): this counts ``silent_peers``, ``duplicates``, ``late``,
+            ``rollouts_reclaimed`` and ``assignments_resent`` in its ``totals``, and announces its published
+            version first (a resumed learner's comes from its checkpoint: :meth:`restore`).
         learner_id: announced in every LearnerStatus.
-        version: the policy version to announce first (a resumed learner's comes from its checkpoint).
         peer_timeout_s: a peer not heard from for this long (heartbeats come every transport.heartbeat_s) is
             forgotten.
         run_id: this run's id; a Hello or WorkRequest naming another run is refused (see :meth:`check_run`).
@@ -93,7 +94,7 @@ class Peers:
     """
 
     def __init__(self, outbox: Outbox, scheduler: GroupScheduler, admission: Admission,
-                 totals: collections.Counter[str], *, learner_id: str, version: int = 0,
+                 state: RunState, *, learner_id: str,
                  peer_timeout_s: float = 30.0, run_id: str = "", max_slots_per_peer: int = 1024,
                  evaluation: EvaluationRounds | None = None, starved_after_s: float = STARVED_AFTER_S) -> None:
         self.outbox = outbox
@@ -101,10 +102,11 @@ class Peers:
         self.run_id = run_id
         self.scheduler = scheduler
         self.admission = admission
-        self.totals = totals
+        self.state = state
         self.learner_id = learner_id
-        self.version = version
-        """The policy version as announced to actors (changed only by :meth:`announce` and :meth:`restore`)."""
+        self.announced_version = state.published_version
+        """The policy version last announced to actors (changed only by :meth:`announce` and :meth:`restore`);
+        never ahead of ``state.published_version``."""
         self.peer_timeout_s = peer_timeout_s
         self.actors: dict[str, float] = {}
         """Peer -> when it was last heard from (time.monotonic)."""
@@ -192,11 +194,11 @@ class Peers:
             if seen != digest:
                 return Receipt(problem=InvalidMessage("duplicate", f"trajectory id {traj.trajectory_id[:80]!r} was "
                                                                    "already received with other content"))
-            self.totals["duplicates"] += 1
+            self.state.totals["duplicates"] += 1
             return Receipt()
         if owner is None:
             remember(self._received, traj.trajectory_id, digest)
-            self.totals["late"] += 1  # its slot was re-issued after a timeout, or the learner restarted
+            self.state.totals["late"] += 1  # its slot was re-issued after a timeout, or the learner restarted
             return Receipt()
         if not owned:
             return Receipt(problem=InvalidMessage("owner", f"rollout {slot} belongs to another session"))
@@ -242,7 +244,7 @@ class Peers:
             self.peer_slots[peer] = hello.slots
         else:
             self.actor_queues[peer] = (hello.running, hello.waiting, hello.unacked, hello.outbox)
-        await self.outbox.send(LearnerStatus(self.learner_id, self.version), peer)
+        await self.outbox.send(LearnerStatus(self.learner_id, self.announced_version), peer)
 
     async def request(self, peer: str, request: WorkRequest, key: str = "") -> None:
         """Queue a (validated) work request of ``peer`` (CURVE key ``key``) and hand out what the admission rule
@@ -307,7 +309,7 @@ class Peers:
         """The active peers' (those with requests waiting or rollouts running) fair shares of the training
         rollouts the admission rule allows now: those running plus those it admits (learner.rollouts.fair_share)."""
         slots = {peer: min(self.peer_slots.get(peer, 0), self.max_slots_per_peer) for peer in self._outstanding}
-        return fair_shares(slots, self.admission.running + self.admission.capacity(self.version))
+        return fair_shares(slots, self.admission.running + self.admission.capacity(self.announced_version))
 
     def _next_peer(self, shares: dict[str, int] | None) -> str:
         """Whose turn it is: the first waiting peer (round-robin) below its share, else the first waiting peer."""
@@ -334,11 +336,11 @@ class Peers:
         self._release_hold(hold)
         for _ in range(self.scheduler.expire_slots([slot])):
             self.admission.on_finish(accepted=False)
-        self.totals["rollouts_reclaimed"] += 1
+        self.state.totals["rollouts_reclaimed"] += 1
         if not self._warnings.warning("%s waited %.0f s with no rollout while %s held %d (its fair share: %d); "
                                       "re-issued rollout %s", peer_name(starved), self.starved_after_s, peer_name(over),
                                       self._running[over] + 1, shares.get(over, 0), slot):
-            self.totals["warnings_suppressed"] += 1
+            self.state.totals["warnings_suppressed"] += 1
         return True
 
     async def dispatch(self) -> None:
@@ -353,7 +355,7 @@ class Peers:
                     return
                 if shares is None and len(self._outstanding) > 1:
                     shares = self.fair_shares()  # running + admissible is unchanged by handing one out
-                if not self.admission.can_admit(self.version) and not (shares and self._reclaim(shares)):
+                if not self.admission.can_admit(self.announced_version) and not (shares and self._reclaim(shares)):
                     return
             peer = self._next_peer(None if evaluation else shares)
             waiting = self._pop_request(peer)
@@ -365,7 +367,7 @@ class Peers:
                 self.admission.on_start()
                 self._running[peer] += 1
             assignment = Assignment(request.request_id, rollout.task.to_dict(), rollout.group_id,
-                                    rollout.rollout_index, self.version, **extra)
+                                    rollout.rollout_index, self.announced_version, **extra)
             self.assigned[(rollout.group_id, rollout.rollout_index)] = Hold(peer, request.session, waiting.key,
                                                                            not evaluation)
             if request.request_id in self._requests_seen:
@@ -384,19 +386,19 @@ class Peers:
             raise InvalidMessage("duplicate", f"request id {request.request_id[:80]!r} was sent under another "
                                               "session")
         if assignment is not None and self.is_running(assignment.group_id, assignment.rollout_index):
-            self.totals["assignments_resent"] += 1
+            self.state.totals["assignments_resent"] += 1
             await self.outbox.send(assignment, peer)
 
     async def announce(self, version: int) -> None:
         """Adopt a newly published policy ``version``: announce it to every known actor, admit more work."""
-        self.version = version
+        self.announced_version = version
         for peer in list(self.actors):
             await self.outbox.send(LearnerStatus(self.learner_id, version), peer)
         await self.dispatch()
 
     def restore(self, version: int) -> None:
         """Resume at a checkpoint's policy ``version`` (before any actor is served)."""
-        self.version = version
+        self.announced_version = version
 
     async def forget_silent_peers(self, now: float | None = None) -> int:
         """Drop the waiting requests of every peer silent for ``peer_timeout_s`` and re-issue its running
@@ -425,7 +427,7 @@ class Peers:
             self.actors.pop(peer, None)
             self.peer_slots.pop(peer, None)
             self.sessions.forget_peer(peer)
-        self.totals["silent_peers"] += len(silent)
+        self.state.totals["silent_peers"] += len(silent)
         log.warning("%d peer(s) silent for %.0f s (%s): dropped %d waiting requests, re-issued %d rollouts",
                     len(silent), self.peer_timeout_s, ", ".join(sorted(map(peer_name, silent)))[:200], dropped,
                     reissued)

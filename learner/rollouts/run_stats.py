@@ -70,14 +70,13 @@ class RunStats:
     """The run's counters, the outcome window and the stall check (see the module docstring).
 
     Args:
-        state: the run's state: ``totals`` are its counters; its zero-variance drop count feeds the stall rule.
+        state: the run's state: its zero-variance drop count feeds the stall rule (the run's counters are its
+            ``totals``; this class keeps only ``rejections`` and the window of its own).
     """
 
     def __init__(self, state: RunState) -> None:
         self._drops = state.drops
         self.window = WindowStats()
-        self.totals: collections.Counter[str] = state.totals
-        """Run-wide counts (trajectories, outcomes, duplicates, late, bad_messages, ...), checkpointed."""
         self.rejections: collections.Counter[str] = collections.Counter()
         """Messages rejected, by reason (``wire`` for ones the codec refused, ``handler`` for internal errors,
         else arpo_async.validation.InvalidMessage.reason)."""

@@ -37,7 +37,6 @@ acked and counted as "late", never trained on.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import uuid
 from typing import Any, Callable
@@ -71,13 +70,6 @@ class GroupQueue(asyncio.Queue):
         return [group for group in self._queue if group is not ROUND_END]
 
 
-def _number(value: Any) -> int | float:
-    """A counter value from a checkpoint (counts are ints, summed seconds floats). Raises TypeError otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"expected a number, got {type(value).__name__}")
-    return value
-
-
 class LearnerService:
     """Dispatches actor messages; see the module docstring.
 
@@ -86,7 +78,8 @@ class LearnerService:
         scheduler: hands out rollout slots and assembles groups.
         admission: the admission rule (StalenessManager or LockstepAdmission).
         groups: where complete training groups go (a new unbounded queue when None).
-        state: the run's state, shared with the training loop (a new one when None).
+        state: the run's state, shared with the training loop: its ``totals`` are the counters everything here
+            counts into (when None: the state ``evaluation`` counts into, else a new one).
         rounds: lockstep: :data:`ROUND_END` follows each rollout batch's groups on ``groups`` (:meth:`open_round`).
         learner_id: this learner's id, announced in LearnerStatus; a new random one when None.
         selector: the online task selector fed with every complete training group (None: none).
@@ -97,11 +90,14 @@ class LearnerService:
         max_slots_per_peer: see :class:`learner.rollouts.peers.Peers`.
         message_counts: the ROUTER pump's messages by type (arpo_async.transport.SocketPump.message_counts),
             reported in metrics and status.json as ``messages`` (None: left out).
-        evaluation: the held-out evaluation rounds (None: the run does not evaluate); its counters go in
-            ``totals``.
+        evaluation: the held-out evaluation rounds (None: the run does not evaluate); they must count into
+            ``state`` (built with it).
         ack_delay_s: how long the Acks held at a burst's end wait for more (learner.rollouts.acks.HeldAcks).
         ready_groups: how many complete groups wait to be trained on (queue depths ``ready_groups``; the
             groups on ``groups`` when None).
+
+    Raises:
+        ValueError: ``evaluation`` counts into another RunState than ``state``.
     """
 
     def __init__(self, outbox: Outbox, scheduler: GroupScheduler, admission: Admission,
@@ -118,7 +114,13 @@ class LearnerService:
         self.admission = admission
         self.groups: GroupQueue = groups if groups is not None else GroupQueue()
         """Complete training groups for the training loop (and :data:`ROUND_END` markers in lockstep)."""
-        self.state = state if state is not None else RunState()
+        if state is None:
+            state = evaluation.state if evaluation is not None else RunState()
+        if evaluation is not None and evaluation.state is not state:
+            raise ValueError("the evaluation rounds count into another RunState than the service's: build them with "
+                             "the run's state")
+        self.state = state
+        """The run's state (step, published version, counters), shared by argument; never replaced."""
         self.rounds = rounds
         self.selector = selector
         self.vocab_size = vocab_size
@@ -129,16 +131,14 @@ class LearnerService:
         self.stats = RunStats(self.state)
         self._ready_groups = ready_groups or (lambda: len(self.groups.pending()))
         self.evaluation = evaluation
-        if evaluation is not None:
-            evaluation.totals = self.stats.totals
-        self.peers = Peers(outbox, scheduler, admission, self.stats.totals, learner_id=self.learner_id,
-                           version=self.state.version, peer_timeout_s=peer_timeout_s, run_id=run_id,
+        self.peers = Peers(outbox, scheduler, admission, self.state, learner_id=self.learner_id,
+                           peer_timeout_s=peer_timeout_s, run_id=run_id,
                            max_slots_per_peer=max_slots_per_peer, evaluation=evaluation)
         self.baseline: BaselinePass | None = None
         """The baseline pass while it runs (its groups go to it, not to training)."""
         self._baseline_done = asyncio.Event()
         self._round_open = False
-        self.acks = HeldAcks(outbox, self.state.totals, ack_delay_s)
+        self.acks = HeldAcks(outbox, self.state, ack_delay_s)
         """The Acks of the current burst of messages (:meth:`handle`)."""
         self._inbox: asyncio.Queue[Envelope] | None = None
         """The inbox :meth:`serve` consumes (for its depth)."""
@@ -149,19 +149,10 @@ class LearnerService:
         """Rejections are logged within a budget (a flood of bad frames writes a few lines; every one is counted)."""
 
     @property
-    def version(self) -> int:
-        """The current policy version (as announced to actors)."""
-        return self.peers.version
-
-    @property
-    def step(self) -> int:
-        """Optimizer steps taken in this run, across restarts (``state.step``)."""
-        return self.state.step
-
-    @property
-    def totals(self) -> collections.Counter[str]:
-        """The run's counters (learner.rollouts.run_stats.RunStats.totals)."""
-        return self.stats.totals
+    def announced_version(self) -> int:
+        """The policy version last announced to actors (:attr:`learner.rollouts.peers.Peers.announced_version`);
+        the published one is ``state.published_version``."""
+        return self.peers.announced_version
 
     async def serve(self, inbox: asyncio.Queue[Envelope]) -> None:
         """Handle every message of the ROUTER pump's ``inbox``, in arrival order, until cancelled. A message
@@ -229,7 +220,7 @@ class LearnerService:
         """Count an invalid message by reason, log it with its peer, and tell the peer why (after the Acks held
         back, so a peer sees a trajectory's Ack before its Reject)."""
         await self.acks.send()
-        self.stats.totals["bad_messages"] += 1
+        self.state.totals["bad_messages"] += 1
         self.stats.rejections[invalid.reason] += 1
         self._warn_rejected(peer, invalid)
         await self.outbox.send(Reject(str(invalid)[:500]), peer)
@@ -238,7 +229,7 @@ class LearnerService:
         """A message from ``peer`` failed to decode (``kind`` "wire"), or its handler raised ("handler"): count
         it, tell the peer (waiting for room in the outbox), keep going."""
         await self.acks.send()
-        self.stats.totals["bad_messages"] += 1
+        self.state.totals["bad_messages"] += 1
         self.stats.rejections[kind] += 1
         self._warn_rejected(peer, reason)
         if peer is not None:
@@ -247,7 +238,7 @@ class LearnerService:
     def _warn_rejected(self, peer: str | None, why: object) -> None:
         """Log one rejection within the warning budget; one left out is counted in ``warnings_suppressed``."""
         if not self._warnings.warning("rejected a message from %s: %s", peer_name(peer or ""), why):
-            self.stats.totals["warnings_suppressed"] += 1
+            self.state.totals["warnings_suppressed"] += 1
 
     async def _on_trajectory(self, peer: str, traj: Trajectory, key: str = "") -> None:
         """One trajectory, through the rollouts room in one pass (each module once): validated
@@ -258,7 +249,7 @@ class LearnerService:
         rule and the task selector; the group it completes goes to the baseline pass while that runs, else on
         ``groups`` (lockstep: :data:`ROUND_END` after a rollout batch's last group)."""
         try:
-            check_trajectory(traj, vocab_size=self.vocab_size, version=self.version, limits=self.limits)
+            check_trajectory(traj, vocab_size=self.vocab_size, version=self.announced_version, limits=self.limits)
             problem = None
         except InvalidMessage as invalid:
             problem = invalid
@@ -271,7 +262,7 @@ class LearnerService:
             if taken is not None:
                 await self.peers.dispatch()
             return
-        totals = self.stats.totals
+        totals = self.state.totals
         totals["from_desktop"] += bool(taken.desktop)
         totals["desktop_busy_s"] += taken.timings.get("episode_s", 0.0)  # for desktop utilisation
         totals[taken.outcome] += 1
@@ -279,7 +270,7 @@ class LearnerService:
         self.stats.window.record(task, taken.outcome)
         self.stats.window.stages.add(taken)
         if self.sampler is not None:
-            await self.sampler.offer(taken, task, step=self.step, version=self.version)
+            await self.sampler.offer(taken, task, step=self.state.step, version=self.announced_version)
         self.admission.on_finish(accepted=Outcome(taken.outcome).trainable)
         if self.selector is not None and self.selector.record_rollout(task.id, taken.outcome == Outcome.TASK_ERROR):
             log.error("task %s set aside: its last %d rollouts ended in TASK_ERROR (the last: %s); it is not handed "
@@ -344,23 +335,23 @@ class LearnerService:
         is due (at that version), announce the version to every known actor, admit more work."""
         self.stats.on_step()
         if self.evaluation is not None:
-            self.evaluation.on_step(self.state.step, self.state.version)
-        await self.peers.announce(self.state.version)
+            self.evaluation.on_step(self.state.step, self.state.published_version)
+        await self.peers.announce(self.state.published_version)
 
     async def begin_evaluation(self) -> None:
         """Training starts (or resumes): a fresh run hands out its evaluation round of the initial weights now
         (learner.rollouts.evaluation_rounds.EvaluationRounds.begin); nothing without ``evaluation``."""
-        if self.evaluation is not None and self.evaluation.begin(self.step, self.version):
+        if self.evaluation is not None and self.evaluation.begin(self.state.step, self.state.published_version):
             await self.peers.dispatch()
 
     async def start_final_evaluation(self) -> bool:
         """The run stops before ``learner.steps`` (every task solved, learner.train.loop.TrainingLoop.stop_solved):
-        make the evaluation round of the current weights (``state.step``, ``state.version``) the final one and hand
-        its episodes out to the requests waiting (learner.rollouts.evaluation_rounds.EvaluationRounds.on_stop);
+        make the evaluation round of the current weights (``state.step``, ``state.published_version``) the final one
+        and hand its episodes out to the requests waiting (learner.rollouts.evaluation_rounds.EvaluationRounds.on_stop);
         the service keeps serving actors until they are told to shut down, so the round runs as any other. Returns
         whether a round started (False without ``evaluation``, with ``eval.final_timeout_s`` = 0, or when a round of
         these weights is already running or complete)."""
-        if self.evaluation is None or not self.evaluation.on_stop(self.state.step, self.state.version):
+        if self.evaluation is None or not self.evaluation.on_stop(self.state.step, self.state.published_version):
             return False
         await self.peers.dispatch()
         return True
@@ -383,7 +374,7 @@ class LearnerService:
 
     def on_unusable_batch(self) -> None:
         """The training loop got a batch with no usable sample (no optimizer step): count it."""
-        self.stats.totals["unusable_batches"] += 1
+        self.state.totals["unusable_batches"] += 1
 
     def queue_depths(self) -> dict[str, int]:
         """Queue depths now (metrics.jsonl ``queues``): the learner's ``inbox`` (messages received, not yet
@@ -402,7 +393,7 @@ class LearnerService:
         window of the loop-lag probe (``loop_lag_ms``) and of the queue peaks (``queues_max``), so each record
         covers the time since the previous one."""
         return {"task_selection": self.selector.stats() if self.selector is not None else {},
-                "drops": dict(self.state.drops), "totals": dict(self.stats.totals),
+                "drops": dict(self.state.drops), "totals": dict(self.state.totals),
                 "rejections": dict(self.stats.rejections), "queues": self.queue_depths(),
                 "queues_max": self.stats.take_peaks(), "loop_lag_ms": self.stats.lag.take(),
                 **({"messages": self.message_counts()} if self.message_counts is not None else {})}
@@ -410,11 +401,11 @@ class LearnerService:
     def status(self) -> dict:
         """A snapshot for progress displays (written to <run>/status.json by
         learner.rollouts.run_stats.write_status)."""
-        totals = self.stats.totals
-        return {"learner_id": self.learner_id, "policy_version": self.version, "stall": self.stats.stall,
+        totals = self.state.totals
+        return {"learner_id": self.learner_id, "policy_version": self.announced_version, "stall": self.stats.stall,
                 "trajectories": totals["trajectories"],
                 "from_desktop": totals["from_desktop"], "running": self.admission.running,
-                "step": self.step,
+                "step": self.state.step,
                 "waiting_requests": self.peers.waiting_count, "actors": len(self.peers.actors),
                 "outcomes": {k: v for k, v in totals.items() if k.isupper()},
                 "drops": dict(self.state.drops), "ready_groups": self._ready_groups(),
@@ -431,17 +422,18 @@ class LearnerService:
                                  "groups_planned": self.baseline.planned_groups}} if self.baseline else {})}
 
     def state_dict(self, waiting: int = 0) -> dict[str, Any]:
-        """The resumable state of the service and the run (``state``): version, step, totals, drop counters,
-        scheduler state, and the admission's accepted count less what a restart loses (groups still open, and
-        ``waiting``: trajectories of complete groups the training loop holds, scored or not, but has not trained)."""
+        """The service's resumable state (the run's own, step, version and counters, is ``state``'s:
+        learner.state.RunState.state_dict): the scheduler's state, and the admission's accepted count less what a
+        restart loses (groups still open, and ``waiting``: trajectories of complete groups the training loop
+        holds, scored or not, but has not trained)."""
         queued = sum(len(g.trajectories()) for g in self.groups.pending())
         lost = self.scheduler.pending_trainable() + queued + waiting
-        return {"schema": 1, "version": self.version, "step": self.step, "totals": dict(self.stats.totals),
-                "drops": dict(self.state.drops), "accepted": max(0, self.admission.accepted - lost),
+        return {"schema": 1, "accepted": max(0, self.admission.accepted - lost),
                 "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output (before any actor is served).
+        """Restore :meth:`state_dict`'s output (before any actor is served), after the run's state was restored
+        (learner.train.checkpoint.restore): the announced version starts at the restored published one.
 
         Raises:
             ValueError: unknown schema or malformed state.
@@ -449,19 +441,13 @@ class LearnerService:
         if state.get("schema") != 1:
             raise ValueError(f"unsupported learner service state schema {state.get('schema')!r}")
         try:
-            version, step, accepted = int(state["version"]), int(state["step"]), int(state["accepted"])
-            totals = collections.Counter({str(k): _number(v) for k, v in state["totals"].items()})
-            drops = collections.Counter({str(k): int(v) for k, v in state["drops"].items()})
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            accepted = int(state["accepted"])
+        except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"malformed learner service state: {type(error).__name__}: {error}") from error
         self.scheduler.load_state_dict(state["scheduler"])
-        self.peers.restore(version)
-        self.state.step, self.state.version, self.admission.accepted = step, version, accepted
-        self.stats.totals.clear()
-        self.stats.totals.update(totals)
-        self.state.drops.clear()
-        self.state.drops.update(drops)
-        self.stats.zero_variance_at_step = drops.get("zero_variance", 0)  # counted from the resumed step on
+        self.peers.restore(self.state.published_version)
+        self.admission.accepted = accepted
+        self.stats.zero_variance_at_step = self.state.drops.get("zero_variance", 0)  # counted from the resumed step
 
     async def shutdown_actors(self, reason: str) -> None:
         """Tell every known actor the run is over, after the Acks held back (:meth:`handle`): an actor learns that

@@ -142,8 +142,9 @@ def capture(service: LearnerService, replay: Replay, extra: Mapping[str, Statefu
     trajectories are taken by reference and encoded when saved (:func:`encode_snapshot`): encoding a full buffer
     (256 OSWorld-length trajectories) on the event loop would hold it for ~0.3 s at every checkpoint. ``waiting``:
     trajectories the training loop holds in scored groups not yet trained (a restart loses them; see
-    learner.rollouts.service.LearnerService.state_dict)."""
-    return {"schema": SCHEMA, "service": service.state_dict(waiting),
+    learner.rollouts.service.LearnerService.state_dict). The run's state (learner.state.RunState: step, version,
+    counters) is saved with the service's, under ``service``, as checkpoints of older runs hold it."""
+    return {"schema": SCHEMA, "service": {**service.state_dict(waiting), **service.state.state_dict()},
             "replay": replay.state_dict(encode=_Unencoded),
             "extra": {name: component.state_dict() for name, component in extra.items()},
             "rng": rng_state()}
@@ -162,6 +163,7 @@ def restore(state: Mapping[str, Any], service: LearnerService, replay: Replay,
     missing = set(extra) - set(state["extra"])
     if missing:
         raise CheckpointError(f"the checkpoint has no state for {sorted(missing)}")
+    service.state.load_state_dict(state["service"])  # the run's state first: the service announces its version
     service.load_state_dict(state["service"])
     replay.load_state_dict(state["replay"], decode=decode_trajectory)
     for name, component in extra.items():

@@ -165,12 +165,12 @@ class TrainingLoop:
         self.wall_offset_s = float(meta.get("wall_s", 0.0))
         state = self.state
         moved = reconcile_metrics(metrics_path, state.step, meta.get("records", []))
-        self._resumed = {"checkpoint": folder.name, "step": state.step, "policy_version": state.version,
+        self._resumed = {"checkpoint": folder.name, "step": state.step, "policy_version": state.published_version,
                          "trainer_steps": self.trainer.steps, "replay": self.replay.stats(),
                          "rolled_back_records": moved}
-        await self.publisher.publish_from(self.trainer, state.version)
+        await self.publisher.publish_from(self.trainer, state.published_version)
         log.warning("resumed from %s: step %d, policy version %d, %d trainer steps, replay %s%s", folder,
-                    state.step, state.version, self.trainer.steps, self.replay.stats(),
+                    state.step, state.published_version, self.trainer.steps, self.replay.stats(),
                     f"; {moved} metrics records after it moved to metrics.rolled_back.jsonl" if moved else "")
 
     async def run(self, metrics: MetricsWriter) -> None:
@@ -183,7 +183,7 @@ class TrainingLoop:
             SyncRejected, WeightsMismatch: a publication or a catch-up failed (the learner stops).
         """
         self.metrics = metrics
-        if self.state.version == 0:  # a new run: keep the weights it starts from (weights/v0, never pruned)
+        if self.state.published_version == 0:  # a new run: keep the weights it starts from (weights/v0, never pruned)
             await self.publisher.keep_initial(self.trainer)
         training = asyncio.ensure_future(self.run_lockstep() if self.lc.schedule == "lockstep" else self.run_async())
         helpers = [asyncio.create_task(self.collect())]
@@ -219,7 +219,7 @@ class TrainingLoop:
                 accepted = sum(Outcome(t.outcome).trainable for t in group.trajectories())
                 try:
                     # 1-3. score, replay, advantages (a custom advantage function off the event loop)
-                    scored = await self.batcher.add_group_async(group, self.state.version)
+                    scored = await self.batcher.add_group_async(group, self.state.published_version)
                 except AdvantageFunctionError:
                     raise  # every later group would fail alike: the learner stops
                 except Exception as error:  # noqa: BLE001 - one group that cannot be scored never stops training
@@ -251,12 +251,12 @@ class TrainingLoop:
         """
         while True:
             await asyncio.sleep(self.lc.resync_interval_s)
-            version = self.state.version
+            version = self.state.published_version
             behind = await self.publisher.behind(version) if version > 0 else []
             if not behind and not self.publisher.paused:
                 continue
             async with self._weights:
-                if self.state.version == version:
+                if self.state.published_version == version:
                     await self.publisher.catch_up(self.trainer, version, behind)
 
     async def run_async(self) -> None:
@@ -301,7 +301,7 @@ class TrainingLoop:
                 service.on_unusable_batch()
                 log.error("rollout batch %d: no usable sample (%s); no optimizer step", self.rollout_batches, error)
                 return
-            version = state.version + 1
+            version = state.published_version + 1
             publish_s = await self.publisher.publish_from(self.trainer, version)  # 6. publish
             state.advance(updates, version)  # 7. advance the state
             await service.on_trained()
@@ -330,7 +330,7 @@ class TrainingLoop:
         ``record`` is the metrics record of the batch just trained (kept in the checkpoint's meta.json)."""
         waiting = sum(len(group.trajectories) for group in self.batcher.ready)
         state = capture(self.service, self.replay, self.extra_state, waiting=waiting)
-        meta = {"policy_version": self.state.version, "wall_s": record["wall_s"],
+        meta = {"policy_version": self.state.published_version, "wall_s": record["wall_s"],
                 "rollout_batches": self.rollout_batches, "skipped_batches": self.skipped_batches,
                 "replay": self.replay.stats(), "totals": dict(self.state.totals), "records": [record]}
         started = time.perf_counter()
@@ -387,7 +387,7 @@ class TrainingLoop:
         result = service.evaluation.take_result()
         if not result:
             return
-        record = evaluation_record(self.state.step, self.state.version, result, self.wall_s)
+        record = evaluation_record(self.state.step, self.state.published_version, result, self.wall_s)
         self.metrics.write(record)
         log.info("evaluation record after step %d (version %d): held-out success %.2f on the weights of step %d",
                  record["step"], record["policy_version"], record["eval_success"], record["eval_step"])

@@ -92,7 +92,7 @@ async def test_work_flows_and_admission_holds_requests_back(transport):
             await link.submit(trajectory(first))
             await link.submit(trajectory(second, "FAILURE", 0.0))
             assert await link.wait_acked(5)
-            assert service.totals["trajectories"] == 2 and service.groups.qsize() == 1  # for the training loop
+            assert service.state.totals["trajectories"] == 2 and service.groups.qsize() == 1  # for the training loop
             await trained(service, 0, 1)
             assignment = await asyncio.wait_for(third, 5)
             assert assignment.policy_version == 1 and link.policy_version == 1
@@ -109,8 +109,8 @@ async def test_duplicates_are_acked_but_counted_once(transport):
             await link.submit(traj)
             await link.submit(traj)
             assert await link.wait_acked(5)
-            await until(lambda: service.totals["duplicates"] == 1)
-            assert service.totals["trajectories"] == 1
+            await until(lambda: service.state.totals["duplicates"] == 1)
+            assert service.state.totals["trajectories"] == 1
     finally:
         ctx.destroy(linger=0)
 
@@ -127,7 +127,7 @@ async def test_learner_restart_gets_held_trajectories_again(transport):
             async with learner(ctx, transport) as new:
                 await until(lambda: link.learner_id == new.learner_id != old_id)
                 assert await link.wait_acked(5)
-                await until(lambda: new.totals["late"] == 1)  # received and acked; its group was the old learner's
+                await until(lambda: new.state.totals["late"] == 1)  # received and acked; its group was the old learner's
     finally:
         ctx.destroy(linger=0)
 
@@ -145,8 +145,8 @@ async def test_a_trajectory_that_cannot_be_encoded_ends_alone_and_the_actor_goes
             bad.error = "controller said \ud800"
             await link.submit(bad)
             assert await link.wait_acked(5)
-            await until(lambda: service.totals[Outcome.ENV_ERROR] == 1)
-            assert service.totals["trajectories"] == 1 and service.totals[Outcome.SUCCESS] == 0
+            await until(lambda: service.state.totals[Outcome.ENV_ERROR] == 1)
+            assert service.state.totals["trajectories"] == 1 and service.state.totals[Outcome.SUCCESS] == 0
             assert link.unencodable == 1
             hopeless = trajectory(second)
             hopeless.rollout_index = 2**70
@@ -155,8 +155,8 @@ async def test_a_trajectory_that_cannot_be_encoded_ends_alone_and_the_actor_goes
             assert link.unencodable == 2
             await link.submit(trajectory(third))
             assert await link.wait_acked(5)
-            await until(lambda: service.totals[Outcome.SUCCESS] == 1)
-            assert service.totals["trajectories"] == 2
+            await until(lambda: service.state.totals[Outcome.SUCCESS] == 1)
+            assert service.state.totals["trajectories"] == 2
             assert any("could not be encoded" in r.getMessage() for r in caplog.records)
     finally:
         ctx.destroy(linger=0)
@@ -172,7 +172,7 @@ async def test_hostile_frames_are_rejected_and_the_learner_keeps_serving(transpo
             for frames in ([b"\xc1\xc1"], [b"\x81\xa4type\xa6pickle"], [b"x" * 10, b"y"], huge_table(100_000),
                            huge_table(4097)):  # issue 39 item 7: refused from their lengths, rows never built
                 await raw.send_multipart(frames)
-            await until(lambda: service.totals["bad_messages"] == 5)
+            await until(lambda: service.state.totals["bad_messages"] == 5)
             reply = codec.decode(await asyncio.wait_for(raw.recv_multipart(), 5), max_bytes=1 << 20)
             assert isinstance(reply, Reject) and "msgpack" in reply.reason
             assert (await asyncio.wait_for(link.request_work(), 5)).task["id"] == "grid4-red"
@@ -197,7 +197,7 @@ async def test_a_repeated_request_gets_the_same_assignment_again(transport):
             await raw.send_multipart(request)  # as if `first` had been lost
             again = codec.decode(await asyncio.wait_for(raw.recv_multipart(), 5), max_bytes=1 << 20)
             assert (again.group_id, again.rollout_index) == (first.group_id, first.rollout_index)
-            assert service.admission.running == 1 and service.totals["assignments_resent"] == 1
+            assert service.admission.running == 1 and service.state.totals["assignments_resent"] == 1
     finally:
         raw.close(0)
         ctx.destroy(linger=0)
@@ -252,8 +252,8 @@ async def test_a_flood_of_rejected_messages_writes_a_few_log_lines_and_counts_ev
             await until(lambda: service.stats.rejections["slots"] == 1000, 30, "1,000 rejections")
             logged = [r for r in caplog.records if r.getMessage().startswith("rejected a message from flooder")]
             assert 1 <= len(logged) <= 20
-            assert service.totals["warnings_suppressed"] == 1000 - len(logged)
-            assert service.totals["bad_messages"] == 1000
+            assert service.state.totals["warnings_suppressed"] == 1000 - len(logged)
+            assert service.state.totals["bad_messages"] == 1000
     finally:
         raw.close(0)
         ctx.destroy(linger=0)
@@ -279,9 +279,9 @@ async def test_a_task_whose_rollouts_end_in_task_error_is_set_aside_and_named(tr
                 traj = trajectory(assignment, "TASK_ERROR" if broken else "FAILURE", 0.0)
                 traj.error = "TypeError: 'int' object is not iterable" if broken else ""
                 await link.submit(traj)
-                await until(lambda: service.totals["trajectories"] == len(handed), 5, "the trajectory")
+                await until(lambda: service.state.totals["trajectories"] == len(handed), 5, "the trajectory")
                 assert len(handed) < 20
-            assert service.totals["TASK_ERROR"] == 2 and service.counters()["task_selection"]["set_aside"] == [
+            assert service.state.totals["TASK_ERROR"] == 2 and service.counters()["task_selection"]["set_aside"] == [
                 "grid4-red"]
             later = [(await asyncio.wait_for(link.request_work(), 5)).task["id"] for _ in range(2)]
             assert "grid4-red" not in later[-1:]  # after the group open when it was set aside, only grid4-blue
@@ -318,15 +318,15 @@ async def test_a_rollout_slot_takes_trajectories_only_from_its_owner_with_its_ta
             reused = trajectory(first, "FAILURE", 0.0)
             reused.trajectory_id = honest.trajectory_id
             await link.submit(honest)
-            await until(lambda: service.totals["trajectories"] == 1, 5, "the honest trajectory")
-            assert service.totals["late"] == 0
+            await until(lambda: service.state.totals["trajectories"] == 1, 5, "the honest trajectory")
+            assert service.state.totals["late"] == 0
             assert await forge(reused) == ["Ack", "Reject"]  # its id again, other content
-            assert service.stats.rejections["duplicate"] == 1 and service.totals["duplicates"] == 0
+            assert service.stats.rejections["duplicate"] == 1 and service.state.totals["duplicates"] == 0
             wrong_task = trajectory(second, "SUCCESS", 1.0)
             wrong_task.task_id = "grid4-blue"
             await link.submit(wrong_task)
             await until(lambda: service.stats.rejections["task"] == 1, 5, "the task rejection")
-            assert service.totals["ABORTED"] == 1  # the slot ended as ABORTED: handed out again
+            assert service.state.totals["ABORTED"] == 1  # the slot ended as ABORTED: handed out again
             again = await asyncio.wait_for(link.request_work(), 5)
             assert (again.group_id, again.rollout_index) == (second.group_id, second.rollout_index)
     finally:
@@ -432,7 +432,7 @@ async def test_an_honest_actor_gets_work_beside_a_hog_or_a_storm_that_holds_ever
             async with actor(ctx, transport) as link:
                 assignment = await asyncio.wait_for(link.request_work(), 5)
             assert assignment.task["id"] == "grid4-red" and time.monotonic() - started < 5
-            assert service.totals["rollouts_reclaimed"] == 1 and service.admission.running == 320
+            assert service.state.totals["rollouts_reclaimed"] == 1 and service.admission.running == 320
             holders = collections.Counter(peer_name(hold.peer) for hold in service.peers.assigned.values())
             assert holders["actor-1"] == 1 and sum(holders.values()) == 320
             assert max(holders.values()) == (319 if attack == "hog" else 20)
@@ -469,8 +469,8 @@ async def test_a_peer_that_copies_an_actors_routing_id_cannot_submit_for_its_rol
             impostor.close(0)
             await link.submit(trajectory(first, "FAILURE", 0.0))
             assert await link.wait_acked(10)
-            assert service.totals["trajectories"] == 1 and service.totals[Outcome.FAILURE] == 1
-            assert service.totals[Outcome.SUCCESS] == 0
+            assert service.state.totals["trajectories"] == 1 and service.state.totals[Outcome.FAILURE] == 1
+            assert service.state.totals[Outcome.SUCCESS] == 0
     finally:
         impostor.close(0)
         ctx.destroy(linger=0)
@@ -501,11 +501,11 @@ async def test_a_captured_session_sent_from_another_routing_id_is_refused(transp
             await thieves[0].send_multipart(codec.encode(WorkRequest("t-r0", "thief", session=link.session)))
             await until(lambda: service.stats.rejections["owner"] == 2 and service.stats.rejections["session"] == 1,
                         10, "the captured session refused")
-            assert service.totals["trajectories"] == 0
+            assert service.state.totals["trajectories"] == 0
             assert (first.group_id, first.rollout_index) in service.peers.assigned  # still the honest actor's
             await link.submit(trajectory(first, "FAILURE", 0.0))
             assert await link.wait_acked(10)
-            assert service.totals[Outcome.FAILURE] == 1 and service.totals[Outcome.SUCCESS] == 0
+            assert service.state.totals[Outcome.FAILURE] == 1 and service.state.totals[Outcome.SUCCESS] == 0
     finally:
         for thief in thieves:
             thief.close(0)
@@ -585,7 +585,7 @@ async def test_over_curve_a_session_is_bound_to_the_key_that_opened_it(transport
                         10, "the stolen session refused")
             await link.submit(trajectory(first, "FAILURE", 0.0))
             assert await link.wait_acked(10)
-            assert service.totals[Outcome.FAILURE] == 1 and service.totals[Outcome.SUCCESS] == 0
+            assert service.state.totals[Outcome.FAILURE] == 1 and service.state.totals[Outcome.SUCCESS] == 0
     finally:
         thief.close(0)
         authenticator.stop()

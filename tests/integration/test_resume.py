@@ -358,9 +358,9 @@ def test_capture_and_restore_round_trip_through_a_checkpoint(tmp_path, tiny_mode
         admission.on_start()
         scheduler.on_trajectory(finished(open_rollout, "SUCCESS", 1.0))
         admission.on_finish(accepted=True)  # 1 accepted in an incomplete group
-        service.peers.restore(5)
+        service.state.published_version = 5
         service.state.step = 7
-        service.totals.update({"trajectories": 3, "late": 2, "desktop_busy_s": 12.5})
+        service.state.totals.update({"trajectories": 3, "late": 2, "desktop_busy_s": 12.5})
         service.state.drops["stale"] += 4
         expected_order = scheduler.state_dict()["order"]
         stored = replay.stored(group[0].task.id)
@@ -377,8 +377,8 @@ def test_capture_and_restore_round_trip_through_a_checkpoint(tmp_path, tiny_mode
         loaded, state, meta = Checkpointer(tmp_path / "ck").load_latest(fresh_trainer)
         restore(state, fresh, fresh_replay)
         assert loaded == folder and meta["policy_version"] == 5 and meta["trainer_steps"] == 7
-        assert (fresh.version, fresh.step, fresh_trainer.steps) == (5, 7, 7)
-        assert fresh.totals == service.totals and fresh.state.drops == service.state.drops
+        assert (fresh.announced_version, fresh.state.step, fresh_trainer.steps) == (5, 7, 7)
+        assert fresh.state.totals == service.state.totals and fresh.state.drops == service.state.drops
         assert fresh.admission.accepted == 0  # 3 accepted, all lost with the learner (2 untrained + 1 open)
         assert fresh.scheduler.state_dict()["order"] == expected_order
         assert fresh.scheduler.task_stats == scheduler.task_stats

@@ -94,7 +94,7 @@ async def test_a_round_completes_counting_errors_as_failures_and_trains_on_nothi
     assert service.evaluation.take_result() == {}  # one record carries it
     assert service.evaluation.round is None and not service.evaluation.has_work  # no error was handed out again
     # nothing that trains saw them: the window, the scheduler, the groups for training, the selector
-    totals = service.totals
+    totals = service.state.totals
     assert totals["trajectories"] == 0 and totals["eval_trajectories"] == 4 and totals["duplicates"] == 1
     assert not any(totals[o] for o in ("SUCCESS", "FAILURE", "ENV_ERROR", "TASK_ERROR"))
     assert service.stats.window.take().outcomes == collections.Counter()
@@ -116,13 +116,13 @@ async def test_rounds_come_due_at_multiples_skip_while_one_runs_and_the_final_on
     handed = await ask(service, 1)
     assert handed[0].evaluation and handed[0].policy_version == 2
     await trained(service, 8, 3)  # due again while the round of step 5 runs: skipped
-    assert evaluation.round.step == 5 and service.totals["eval_rounds_skipped"] == 1
+    assert evaluation.round.step == 5 and service.state.totals["eval_rounds_skipped"] == 1
     await trained(service, 12, 4)  # the final step: an older round gives way to the final one
     assert evaluation.round.step == 12 and evaluation.round.version == 4
-    assert service.totals["eval_rounds_abandoned"] == 1
+    assert service.state.totals["eval_rounds_abandoned"] == 1
     late = handed[0]
     await service.handle(trajectory(service, late, "SUCCESS"))  # its round is gone: acked, counted late, never recorded
-    assert service.totals["late"] == 1 and evaluation.results == []
+    assert service.state.totals["late"] == 1 and evaluation.results == []
     final = [a for a in await ask(service, 4, first=1) if a.evaluation]
     assert len(final) == 2 and {a.policy_version for a in final} == {4}
     assert not await service.finish_evaluation(0.01)  # still out: the wait is bounded
@@ -145,7 +145,7 @@ async def test_a_run_stopping_as_solved_makes_the_round_of_its_last_weights_the_
     assert [a.evaluation for a in await ask(service, 3)] == [True, True]  # its 2 episodes; the third request waits
     await trained(service, 6, 3)  # the run stops as solved after step 6: the round of step 4 gives way
     assert await service.start_final_evaluation() is True
-    assert (evaluation.round.step, evaluation.round.version) == (6, 3) and service.totals["eval_rounds_abandoned"] == 1
+    assert (evaluation.round.step, evaluation.round.version) == (6, 3) and service.state.totals["eval_rounds_abandoned"] == 1
     handed = [m for m in sent(service) if isinstance(m, Assignment)]
     assert [(a.evaluation, a.policy_version) for a in handed] == [(True, 3)]  # to the request that waited
     handed += await ask(service, 1, first=10)

@@ -104,8 +104,8 @@ async def test_a_starved_peer_takes_a_rollout_back_only_with_a_share():
     await ask("hog", 3)  # holds both rollouts, one more waiting
     assert holders() == {"hog": 2}
     await ask("b", 1)
-    assert holders() == {"hog": 1, "b": 1} and service.totals["rollouts_reclaimed"] == 1
+    assert holders() == {"hog": 1, "b": 1} and service.state.totals["rollouts_reclaimed"] == 1
     await ask("a", 1)
     assert service.peers.fair_shares() == {"a": 0, "b": 1, "hog": 1}
-    assert holders() == {"hog": 1, "b": 1} and service.totals["rollouts_reclaimed"] == 1
+    assert holders() == {"hog": 1, "b": 1} and service.state.totals["rollouts_reclaimed"] == 1
     assert service.peers.waiting_count == 2  # the hog's third request and a's

@@ -36,7 +36,7 @@ def group(group_id: str, scores: list[float], outcomes: list[str] | None = None)
 def loop(tmp_path, advantage_function=None) -> tuple[TrainingLoop, list[int]]:
     """A training loop whose collect stage runs for real (nothing here trains or publishes); it reports discards
     into the returned list."""
-    state, groups, discarded = RunState(version=3), GroupQueue(), []
+    state, groups, discarded = RunState(published_version=3), GroupQueue(), []
     kwargs = {"advantage_function": advantage_function} if advantage_function else {}
     batcher = Batcher(make_replay("off"), max_staleness=1, groups_per_step=2, drops=state.drops, **kwargs)
     lc = load_config(None, []).learner

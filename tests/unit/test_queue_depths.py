@@ -72,7 +72,7 @@ async def test_peaks_outlive_the_queue_and_each_record_takes_its_window():
                                                          [b"png"], session=session), "a"))
             while not service.groups.empty():  # the training loop takes the complete groups
                 service.groups.get_nowait()
-            await trained(service, service.step + 1, service.version + 1)  # a new version admits more
+            await trained(service, service.state.step + 1, service.state.published_version + 1)  # a new version admits more
             handed = [m for m in sent(service) if isinstance(m, Assignment)]
         await until(lambda: service.queue_depths()["waiting_requests"] == 0)
         counters = service.counters()

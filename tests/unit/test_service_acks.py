@@ -40,7 +40,7 @@ async def test_a_burst_is_acked_by_one_ack_at_its_end():
     assert sent(service) == []  # held back while the burst goes on
     await service.handle(trajectory("t2"))
     assert sent(service) == [("a", Ack(["t0", "t1", "t2"]))]
-    assert service.totals["acked"] == 3 and service.totals["late"] == 3
+    assert service.state.totals["acked"] == 3 and service.state.totals["late"] == 3
 
 
 async def test_serve_acks_what_the_inbox_held_at_once():
@@ -68,7 +68,7 @@ async def test_held_acks_go_out_before_a_reject_and_never_beyond_ack_batch():
     assert out == [("a", Ack([f"u{i}" for i in range(ACK_BATCH)]))]  # the last one is still held
     await service.handle(trajectory("v"))
     assert sent(service) == [("a", Ack([f"u{ACK_BATCH}", "v"]))]
-    assert service.totals["acked"] == ACK_BATCH + 4
+    assert service.state.totals["acked"] == ACK_BATCH + 4
 
 
 async def test_trajectories_arriving_one_at_a_time_share_one_ack_sent_after_the_delay():
@@ -81,7 +81,7 @@ async def test_trajectories_arriving_one_at_a_time_share_one_ack_sent_after_the_
     await service.handle(trajectory("t2"))  # a later one waits for its own delay
     assert sent(service) == []
     assert await asyncio.wait_for(service.outbox.get(), 5) == ("a", Ack(["t2"]))
-    assert service.totals["acked"] == 3
+    assert service.state.totals["acked"] == 3
 
 
 async def test_a_delayed_ack_is_sent_at_once_when_a_reject_follows():

@@ -112,7 +112,7 @@ def evaluating(tmp_path, tiny_model) -> TrainingLoop:
     selector = TaskSelector([TASK], window=lc.task_solved_groups, solved_rate=lc.task_solved_rate,
                             retire=lc.task_retire)
     evaluation = EvaluationRounds([HELD_A], EvalConfig(tasks="x", repeats=2, final_timeout_s=60.0),
-                                  final_step=lc.steps, id_prefix="L-")
+                                  final_step=lc.steps, id_prefix="L-", state=state)
     service = LearnerService(Outbox(routed=True), GroupScheduler([TASK], 2, pick_task=selector.pick_task),
                              StalenessManager(8, 1), state=state, selector=selector, evaluation=evaluation,
                              ack_delay_s=0.0)
@@ -149,7 +149,8 @@ async def test_a_run_that_stops_as_solved_evaluates_its_final_weights_in_a_recor
         g = real_group(encoder, "g0", [1.0, 0.0])  # a reward difference: one optimizer step, version 1
         service.selector.record_group(g.task.id, trainable_scores(g))
         loop.groups.put_nowait(g)
-        await until(lambda: loop.state.version == 1 and len(read_metrics(tmp_path / "metrics.jsonl")) == 1, 120,
+        await until(lambda: loop.state.published_version == 1
+                    and len(read_metrics(tmp_path / "metrics.jsonl")) == 1, 120,
                     "the first optimizer step and its record")
         assert evaluation.round is None and not run.done()
         for n in range(4):  # every rollout of the task's last 4 groups succeeds: solved
@@ -174,4 +175,4 @@ async def test_a_run_that_stops_as_solved_evaluates_its_final_weights_in_a_recor
     assert last["eval_success"] == 0.5 and last["wall_s"] >= trained["wall_s"]
     newest = checkpoint_folders(tmp_path / "ck")[-1]  # checkpointed again with the solved windows
     assert json.loads((newest / "meta.json").read_text())["step"] == 1
-    assert service.totals["eval_rounds"] == 1 and "eval_rounds_abandoned" not in service.totals
+    assert service.state.totals["eval_rounds"] == 1 and "eval_rounds_abandoned" not in service.state.totals

@@ -132,7 +132,7 @@ async def test_tensorboard_holds_every_number_of_metrics_jsonl(service, tmp_path
     for n, scale in ((1, 1.0), (2, 3.0)):
         await one_window(service, n, scale)
         while not service.groups.empty():  # the training loop's per-group stages (TrainingLoop.collect)
-            batcher.add_group(service.groups.get_nowait(), service.version)
+            batcher.add_group(service.groups.get_nowait(), service.state.published_version)
         writer.write(step_record(n, n, batch, {"loss": 0.1 * n, "grad_norm": float("nan")}, service.stats.window.take(),
                                  loop_counters(service), 0.25, 10.0 * n))
     writer.close()
