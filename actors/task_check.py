@@ -26,7 +26,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from arpo_async.tasks import Task, TaskFormatError, read_task_json
@@ -117,8 +117,29 @@ def task_files(path: str | Path) -> list[Path]:
     return files
 
 
-def check_load(files: Iterable[Path]) -> tuple[list[TaskReport], dict[str, Task]]:
-    """Load every file; return one report per file (in order) and the loaded tasks by report path."""
+def repeated_ids(files: Iterable[Path]) -> frozenset[str]:
+    """The ``id`` fields more than one of ``files`` carries (files that do not parse, or carry no string id, are
+    skipped). In OSWorld's examples 11 thunderbird files repeat chrome tasks' ids (4 of them in ARPO's 128:
+    thunderbird/3f28fe4f-..., a10b69e1-..., a1af9f1c-..., dfac9ee8-...)."""
+    counts = Counter()
+    for path in files:
+        try:
+            data = read_task_json(path)
+        except TaskFormatError:
+            continue
+        if isinstance(data, dict) and isinstance(data.get("id"), str):
+            counts[data["id"]] += 1
+    return frozenset(i for i, n in counts.items() if n > 1)
+
+
+def check_load(files: Iterable[Path], repeated: frozenset[str] = frozenset()) -> tuple[list[TaskReport],
+                                                                                        dict[str, Task]]:
+    """Load every file; return one report per file (in order) and the loaded tasks by report path.
+
+    A task whose ``id`` is one of ``repeated`` (:func:`repeated_ids` over the whole folder) and is not its file's
+    name is named by its file, task id and ``raw["id"]`` alike, by the rule training, ``arpo eval`` and the
+    mirror generators apply (:func:`arpo_async.task_sets.unique_ids`), so its setup looks its files up in a
+    mirror where those put them (``<domain>/<file name>/<name>``)."""
     reports: list[TaskReport] = []
     tasks: dict[str, Task] = {}
     for path in files:
@@ -126,8 +147,10 @@ def check_load(files: Iterable[Path]) -> tuple[list[TaskReport], dict[str, Task]
         try:
             data = read_task_json(path)  # the loader's own bounded, hardened parse: never raises anything else
             if isinstance(data, dict) and isinstance(data.get("id"), str) and data["id"]:
-                report.task_id = data["id"]  # named by its id even when the task is refused
+                report.task_id = path.stem if data["id"] in repeated else data["id"]  # even when refused
             task = Task.from_dict(data, source=str(path), check_names=True, folder=path.parent)
+            if task.id in repeated and task.id != path.stem:
+                task = replace(task, id=path.stem, raw={**task.raw, "id": path.stem})
         except TaskFormatError as exc:
             report.reason, report.detail = rejection_kind(exc), str(exc)
         else:
@@ -250,7 +273,8 @@ async def check_folder(path: str | Path, *, desktops: int = 0, image: str | None
     Raises FileNotFoundError / ValueError for a missing path or an empty folder; ValueError when desktops > 0 and
     no image is given. A desktop that cannot start is reported per task (``desktop_failed``).
     """
-    reports, tasks = check_load(f for f in task_files(path) if keep is None or str(f) in keep)
+    files = task_files(path)
+    reports, tasks = check_load((f for f in files if keep is None or str(f) in keep), repeated_ids(files))
     if desktops > 0:
         if not image:
             raise ValueError("an image is needed to run tasks in desktops")

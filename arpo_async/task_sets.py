@@ -250,8 +250,8 @@ def unique_ids(entries: dict[tuple[str, str], TaskEntry]) -> dict[tuple[str, str
     too and is not its own file's name takes its file's name, its entry's ``task_id`` (``raw["id"]`` too, the id the
     actors rebuild it with and its files are found under in a mirror, <domain>/<task id>/<name>). Decided over the
     whole folder, so a task has the same id whatever split cuts it. OSWorld's runner and splits name an example by
-    its file (``<domain>/<id>.json``), and two of OSWorld's files carry another task's ``id`` (thunderbird/a10b69e1-...
-    and thunderbird/dfac9ee8-... repeat chrome tasks' ids), which would make a training run take two tasks for one."""
+    its file (``<domain>/<id>.json``), and 11 of OSWorld's files carry another task's ``id`` (thunderbird/a10b69e1-...,
+    dfac9ee8-... and 9 more repeat chrome tasks' ids), which would make a training run take two tasks for one."""
     counts = collections.Counter(e.task.id for e in entries.values() if e.task is not None)
     result = {}
     for key, entry in entries.items():

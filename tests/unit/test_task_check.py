@@ -156,3 +156,42 @@ def test_the_builtin_tasks_all_load():
 
     reports, tasks = check_load(task_files(BUILTIN_DIR))
     assert reports and all(r.loaded for r in reports) and len(tasks) == len(reports)
+
+
+def _download(url: str) -> list[dict]:
+    return [{"type": "download", "parameters": {"files": [{"url": url, "path": "/home/user/profile.tar.gz"}]}}]
+
+
+async def test_a_task_repeating_anothers_id_finds_its_own_file_in_the_stand_in_mirror(tmp_path):
+    """OSWorld's thunderbird/3f28fe4f-... carries chrome/6766f2b8-...'s id (11 thunderbird files repeat chrome
+    ids). Training and the mirror generators name such a task by its file (arpo_async.task_sets.unique_ids) and put
+    its files under thunderbird/<file name>/; the coverage check named it by the repeated id, so its download
+    looked under */<chrome id>/ and missed the mirror (4 of ARPO's 128 set up as needs_network), or, had the
+    chrome task named a file of the same name, took the chrome task's file. The check now names it as training
+    does, and its setup gets its own file from the mirror."""
+    from actors.osworld.downloads import DownloadCache
+    from actors.osworld.stand_in_mirror import write_mirror
+    from actors.osworld.task_files import scan_task_files
+    from actors.task_check import check_folder
+    from arpo_async.task_sets import load_task_set
+
+    folder = tmp_path / "examples"
+    _write(folder, "chrome", "c-1", {**GOOD, "id": "c-1", "config": _download("https://files.example/chrome")})
+    _write(folder, "thunderbird", "t-2", {**GOOD, "id": "c-1", "config": _download("https://files.example/tb")})
+    _write(folder, "os", "ok", GOOD)
+    files, problems = scan_task_files(load_task_set(folder))
+    assert problems == [] and sorted(f.relpath.as_posix() for f in files) == [
+        "chrome/c-1/profile.tar.gz", "thunderbird/t-2/profile.tar.gz"]
+    write_mirror(files, tmp_path / "mirror")
+    cache = DownloadCache(cache_dir=tmp_path / "cache", mirror=tmp_path / "mirror")
+    for keep in (None, {str(folder / "thunderbird" / "t-2.json")}):  # the whole folder, or a split of one task
+        reports = await check_folder(folder, keep=keep)
+        by_path = {Path(r.path).relative_to(folder).as_posix(): r for r in reports}
+        assert by_path["thunderbird/t-2.json"].task_id == "t-2"
+        if keep is None:
+            assert (by_path["chrome/c-1.json"].task_id, by_path["os/ok.json"].task_id) == ("c-1", "t-ok")
+    _, tasks = check_load(task_files(folder), frozenset({"c-1"}))
+    tb = tasks[str(folder / "thunderbird" / "t-2.json")]
+    assert (tb.id, tb.raw["id"], tasks[str(folder / "chrome" / "c-1.json")].id) == ("t-2", "t-2", "c-1")
+    got = await cache.fetch("https://files.example/tb", "profile.tar.gz", tb.id)
+    assert got == tmp_path / "mirror" / "thunderbird" / "t-2" / "profile.tar.gz"
