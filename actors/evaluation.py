@@ -3,7 +3,8 @@
 Setup: :func:`run_setup` (actors.osworld.setup) runs OSWorld setup steps (``{"type", "parameters"}``) in order.
 Scoring: :func:`evaluate` follows OSWorld's ``DesktopEnv.evaluate`` (desktop_env/desktop_env.py):
 
-1. run the evaluator's ``postconfig`` steps;
+1. run the evaluator's ``postconfig`` steps (an activate/close_window whose window is gone is skipped, as
+   OSWorld's SetupController only logs it: actors.osworld.setup.SetupContext.postconfig);
 2. func ``infeasible``: 1.0 iff the episode's last action was FAIL, else 0.0;
 3. otherwise a last action of FAIL, or :data:`PARSE_ERROR_ACTION`, scores 0.0;
 4. one metric: ``metric(result_getter(), expected_getter(), **options)`` (without the expected argument when
@@ -192,7 +193,7 @@ async def evaluate(controller: ControllerClient, task: Task, last_action: str | 
     """
     parts = [] if task.infeasible else _parts(task)  # fail fast on unknown names, before postconfig
     downloads = downloads or DownloadCache()
-    setup = SetupContext(downloads, task.id)
+    setup = SetupContext(downloads, task.id, postconfig=True)
     await run_setup(controller, task.evaluator.get("postconfig", []), setup)
     if task.infeasible:
         return 1.0 if _is_fail(last_action) else 0.0

@@ -6,7 +6,8 @@ launch, execute/command, sleep, activate_window, close_window, open, upload_file
 chrome_close_tabs, update_browse_history. Departures from OSWorld, each stricter or needed without a VM:
 
 - a step that fails raises :class:`TaskSetupError` (OSWorld logs and goes on for launch/activate/close/
-  chrome steps); an ``until`` never met raises after :data:`UNTIL_TRIALS` tries (OSWorld loops until met);
+  chrome steps), except a window step of an evaluator's ``postconfig`` (:attr:`SetupContext.postconfig`);
+  an ``until`` never met raises after :data:`UNTIL_TRIALS` tries (OSWorld loops until met);
 - ``open`` uses xdg-open where the image has it, else the first installed app of :data:`OPENERS` for the file's
   extension (OSWorld's server runs xdg-open);
 - ``download`` fetches on the actor host through :class:`actors.osworld.downloads.DownloadCache` (mirror,
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
 import os
 import posixpath
 import sqlite3
@@ -72,12 +74,17 @@ class SetupContext:
         outputs: {file name: text} of execute/command steps that name a ``stdout``/``stderr`` file (OSWorld's
             SetupController._execute_setup writes those into its cache folder, where the cache_file getter
             reads them); the evaluation hands them to its getters.
+        postconfig: the steps are an evaluator's ``postconfig``, run after the episode: an activate_window or
+            close_window whose window does not show within :data:`WINDOW_WAIT_S` (the agent closed it or never
+            opened it) is logged and skipped, as OSWorld's SetupController does, so the episode is scored (an
+            untouched multi_apps/3a93cae4 scores 0) rather than ending as a harness error.
     """
 
     downloads: DownloadCache = field(default_factory=DownloadCache)
     task_id: str = ""
     screen: tuple[int, int] | None = None
     outputs: dict[str, str] = field(default_factory=dict)
+    postconfig: bool = False
 
 
 def _params(step: dict) -> dict:
@@ -199,21 +206,27 @@ async def wait_for_window(c: ControllerClient, name: str, *, strict: bool = Fals
         await asyncio.sleep(0.25)
 
 
-async def _window_step(c: ControllerClient, p: dict, verb: str) -> None:
-    """activate_window / close_window: OSWorld's ``window_name``, ``strict`` and ``by_class``."""
+async def _window_step(c: ControllerClient, p: dict, verb: str, ctx: SetupContext) -> None:
+    """activate_window / close_window: OSWorld's ``window_name``, ``strict`` and ``by_class``; in a postconfig a
+    window that does not show is logged and skipped (:attr:`SetupContext.postconfig`)."""
     name = p.get("window_name")
     if not name:
         raise TaskSetupError(f"{verb}_window: parameters need 'window_name'")
-    await wait_for_window(c, str(name), strict=bool(p.get("strict", False)), by_class=bool(p.get("by_class", False)),
-                          verb=verb)
+    try:
+        await wait_for_window(c, str(name), strict=bool(p.get("strict", False)),
+                              by_class=bool(p.get("by_class", False)), verb=verb, deadline_s=WINDOW_WAIT_S)
+    except TaskSetupError as exc:
+        if not ctx.postconfig:
+            raise
+        logging.getLogger(__name__).info("postconfig of task %s: %s; going on, as OSWorld does", ctx.task_id, exc)
 
 
 async def _step_activate_window(c: ControllerClient, p: dict, ctx: SetupContext) -> None:
-    await _window_step(c, p, "activate")
+    await _window_step(c, p, "activate", ctx)
 
 
 async def _step_close_window(c: ControllerClient, p: dict, ctx: SetupContext) -> None:
-    await _window_step(c, p, "close")
+    await _window_step(c, p, "close", ctx)
 
 
 OPENERS: dict[tuple[str, ...], tuple[str, ...]] = {

@@ -111,3 +111,31 @@ async def test_missing_app_and_late_window(fleet):
     with pytest.raises(TaskSetupError, match="no visible window") as err:
         await run_setup(c, [{"type": "close_window", "parameters": {"window_name": "Never There"}}])
     assert err.value.kind == "setup_failed"
+
+
+async def test_a_postconfig_window_that_is_gone_is_skipped_and_the_episode_scored(fleet, monkeypatch):
+    """An evaluator's postconfig activates or closes a window the agent may have closed or never opened (an
+    untouched multi_apps/3a93cae4 never opens 'Course Timetable.xlsx', 510f64c8's VS Code is for the agent to
+    start). OSWorld's SetupController logs the miss and goes on to score; ours ended such an episode as a harness
+    error (ENV_ERROR, never trained on), so a failure there never scored 0. Now the postconfig goes on (its later
+    steps run and the metric scores), while the same step in a task's setup still fails it."""
+    from actors.osworld import setup
+
+    monkeypatch.setattr(setup, "WINDOW_WAIT_S", 3.0)  # the wait for a window that never comes, shortened
+    c = (await fleet.start()).controller
+    gone = [{"type": "close_window", "parameters": {"window_name": "Mail.thunderbird", "strict": True,
+                                                    "by_class": True}},
+            {"type": "activate_window", "parameters": {"window_name": "Never There.xlsx - LibreOffice Calc",
+                                                       "strict": True}}]
+    task = Task.from_dict({
+        "id": "arpo-postconfig-gone", "instruction": "x", "config": [],
+        "evaluator": {"postconfig": [*gone, {"type": "execute", "parameters": {"command": "touch /tmp/arpo-after",
+                                                                                "shell": True}}],
+                      "func": "check_include_exclude",
+                      "result": {"type": "vm_command_line", "command": "ls /tmp/arpo-after && echo ran",
+                                 "shell": True},
+                      "expected": {"type": "rule", "rules": {"include": ["ran"]}}}})
+    assert await evaluate(c, task, None) == 1.0  # both window steps skipped, the step after them ran
+    for step in gone:
+        with pytest.raises(TaskSetupError, match="no visible window .* within 3 s"):
+            await run_setup(c, [step])
