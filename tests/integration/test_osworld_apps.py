@@ -193,6 +193,50 @@ async def test_default_video_player_past_its_deadline_is_a_harness_error(desktop
     with pytest.raises(evaluation.EvaluationError, match="getter: default_video_player"):
         await evaluate(c, load_task_file(spec), "DONE")
 
+def _evaluator_task(task_id: str, config: list, evaluator: dict) -> Task:
+    return Task.from_dict({"id": task_id, "instruction": "x", "config": config, "evaluator": evaluator})
+
+
+async def test_where_osworlds_vm_differs_untouched_tasks_score_zero_and_solved_ones_one(desktop, tmp_path):
+    """Three ways the osworld image differed from OSWorld's Ubuntu, each found by an untouched OSWorld task in the
+    coverage run (bench.osworld_coverage), each with OSWorld's own evaluator here:
+
+    * VLC was the only video app, so the default player for every video type: multi_apps/937087b6 ("set VLC as
+      the default video player") scored 1 untouched. Now the types other than video/mp4 default to Chromium
+      (OSWorld's VM: GNOME's Videos), mp4 still opens in VLC (multi_apps/9f3bb592 waits for VLC's window);
+    * VLC's window was maximised and undecorated, as large as the screen: vlc/8d9fd4e2's is_vlc_fullscreen
+      scored 1 untouched. VLC keeps its title bar now; only full screen fills the screen;
+    * Thunderbird 140's WM_CLASS was "Mail.thunderbird-default": the postconfig close_window 'Mail.thunderbird'
+      (strict, by class) of six thunderbird tasks never found it. It is "Mail.thunderbird" now."""
+    c = desktop
+    default_player = {"func": "check_include_exclude", "result": {"type": "default_video_player"},
+                      "expected": {"type": "rule", "rules": {"include": ["vlc.desktop"]}}}  # 937087b6's evaluator
+    assert await getter(c, {"type": "default_video_player"}, tmp_path) == "chromium.desktop\n"
+    assert (await sh(c, "xdg-mime query default video/mp4")).strip() == "vlc.desktop"
+    assert await evaluate(c, _evaluator_task("937087b6", [], default_player), None) == 0.0
+    await sh(c, "xdg-mime default vlc.desktop " + " ".join(f"video/{v}" for v in VIDEO_TYPES))
+    assert await evaluate(c, _evaluator_task("937087b6", [], default_player), "DONE") == 1.0
+
+    fullscreen = _evaluator_task("8d9fd4e2", [{"type": "launch", "parameters": {"command": ["vlc"]}}],
+                                 {"func": "is_vlc_fullscreen", "expected": {"type": "vm_window_size",
+                                                                            "app_class_name": "vlc"},
+                                  "result": {"type": "vm_screen_size"}})  # 8d9fd4e2's evaluator
+    await run_setup(c, [*fullscreen.config, {"type": "activate_window", "parameters": {"window_name": "VLC media "
+                                                                                        "player"}}])
+    assert await evaluate(c, fullscreen, None) == 0.0
+    await sh(c, "wmctrl -x -r vlc.vlc -b add,fullscreen")  # what VLC asks of the window manager in full screen
+    await until(lambda: evaluate(c, fullscreen, "DONE"), DEADLINE_S, "VLC in full screen", ok=lambda s: s == 1.0,
+                every_s=POLL_S)
+
+    await c.launch(["/usr/bin/thunderbird"])  # OSWorld's thunderbird tasks launch it so
+    await until(lambda: c.activate_window("Mail.thunderbird", strict=True, by_class=True), 120.0,
+                "a window of class Mail.thunderbird", every_s=POLL_S)
+    await run_setup(c, [{"type": "close_window", "parameters": {"window_name": "Mail.thunderbird", "strict": True,
+                                                                "by_class": True}}])  # their postconfig, strict
+    await until(lambda: sh(c, "pgrep -x thunderbird; wmctrl -lx | grep -i thunderbird; true"), DEADLINE_S,
+                "Thunderbird closed", ok=lambda out: out.strip() == "", every_s=POLL_S)
+
+
 # ---- os ---------------------------------------------------------------------------------------------------------
 
 async def test_terminal_output_after_typing_with_pyautogui(desktop, tmp_path):

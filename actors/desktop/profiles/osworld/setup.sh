@@ -8,7 +8,8 @@
 #   refuses to run as root without it, and its namespace sandbox cannot start under the container's seccomp
 #   profile without CAP_SYS_ADMIN; /dev/shm is 64 MiB, so it keeps shared memory in /tmp;
 # * sudo and vlc made to work for the root session (below);
-# * Ctrl+Alt+T opens gnome-terminal and plain text opens in gedit, as on Ubuntu (below);
+# * Ctrl+Alt+T opens gnome-terminal and plain text opens in gedit, as on Ubuntu; VLC is not the default video
+#   player; Thunderbird's WM_CLASS is Mail.thunderbird; VLC's windows are decorated (below);
 # * dconf system defaults: toolkit-accessibility on, so GTK apps join the AT-SPI tree;
 # * a sound sink at 50% volume and VLC's HTTP interface on, as in OSWorld's VM (below);
 # * `code` runs VS Code (code-server from the image's VS Code layer in a Chromium app window; see the profile's
@@ -74,7 +75,36 @@ grep -q 'key="C-A-t"' /opt/arpo/openbox-rc.xml
 
 # Plain text opens in gedit, as on OSWorld's Ubuntu (otherwise xdg-open picks LibreOffice Writer, listed first
 # for text/plain in mimeinfo.cache).
-printf '[Default Applications]\ntext/plain=org.gnome.gedit.desktop\n' > /etc/xdg/mimeapps.list
+# Video: VLC is not the default player, as on OSWorld's Ubuntu, where most video types open in GNOME's Videos
+# (Totem) and an untouched multi_apps/937087b6 ("set VLC as the default video player": the most common
+# `xdg-mime query default video/<type>` answer over 43 types) scores 0; VLC was the only video app in
+# mimeinfo.cache here, so it scored 1. Totem is not in this image, so the other types go to Chromium, which plays
+# video; video/mp4 stays VLC's, as OSWorld's multi_apps/9f3bb592 opens a .mp4 and waits for VLC's window.
+# A user's ~/.config/mimeapps.list (what `xdg-mime default` writes) comes first.
+{
+    printf '[Default Applications]\ntext/plain=org.gnome.gedit.desktop\n'
+    for t in 3gp 3gpp 3gpp2 avi divx dv fli flv mp2t mp4v-es mpeg mpeg-system msvideo ogg quicktime vnd.divx \
+             vnd.mpegurl vnd.rn-realvideo webm x-anim x-avi x-flc x-fli x-flv x-m4v x-matroska x-mpeg \
+             x-mpeg-system x-mpeg2 x-ms-asf x-ms-asf-plugin x-ms-asx x-ms-wm x-ms-wmv x-ms-wmx x-ms-wvx x-msvideo \
+             x-nsv x-ogm x-ogm+ogg x-theora x-theora+ogg; do
+        printf 'video/%s=chromium.desktop\n' "$t"
+    done
+} > /etc/xdg/mimeapps.list
+test -f /usr/share/applications/chromium.desktop
+
+# Thunderbird's windows have the WM_CLASS of OSWorld's Ubuntu, "Mail.thunderbird": Debian's Thunderbird 140 names
+# its class after its remoting name, thunderbird-default ("Mail.thunderbird-default"), so OSWorld's postconfig
+# close_window 'Mail.thunderbird' (strict, by class) never found the window. MOZ_APP_REMOTINGNAME sets that name.
+sed -i '2i export MOZ_APP_REMOTINGNAME="${MOZ_APP_REMOTINGNAME:-thunderbird}"' /usr/bin/thunderbird
+sed -i 's/^StartupWMClass=thunderbird-default$/StartupWMClass=thunderbird/' /usr/share/applications/thunderbird.desktop
+grep -q '^export MOZ_APP_REMOTINGNAME=' /usr/bin/thunderbird
+
+# VLC's windows keep openbox's title bar (other apps' are undecorated): on OSWorld's GNOME a maximised window is
+# smaller than the screen, so OSWorld's is_vlc_fullscreen (VLC's window size == the screen's) is 1 only in full
+# screen; with every window maximised and undecorated here an untouched vlc/8d9fd4e2 scored 1.
+vlc_rule='<application class="vlc"><decor>yes</decor></application>'
+sed -i "s#</applications>#  $vlc_rule\n  </applications>#" /opt/arpo/openbox-rc.xml
+grep -q 'application class="vlc"' /opt/arpo/openbox-rc.xml
 
 mkdir -p /etc/dconf/profile /etc/dconf/db/local.d
 printf 'user-db:user\nsystem-db:local\n' > /etc/dconf/profile/user
