@@ -9,6 +9,7 @@ Owns: the mapping from what happens in an episode to a Trajectory and its Outcom
 | step budget ran out, score <= threshold         | TRUNCATED     | yes        |
 | no try of a step's reply parsed (episode ends there, scored 0) | POLICY_ERROR | yes, with ARPO's format penalty |
 | desktop died, controller timed out, setup or evaluator failed | ENV_ERROR | no |
+| a setup or evaluator step needs a program the desktop image lacks (kind app_missing) | TASK_ERROR | no |
 | inference server unreachable after all retries  | ABORTED       | no         |
 | no policy reply within actors.policy_timeout_s  | ABORTED (PolicyTimeout) | no |
 | the server aborted a generation (finish_reason abort) | ABORTED | no         |
@@ -170,7 +171,11 @@ class EpisodeRunner:
             traj.timings["evaluate_s"] = time.perf_counter() - t0
             traj.outcome = episode_outcome(traj.score, traj.format_ok, last_action, self.success_threshold)
         except (DesktopError, TaskSetupError, EvaluationError, TimeoutError) as e:
-            traj.outcome, traj.error = Outcome.ENV_ERROR, f"{type(e).__name__}: {e or 'deadline passed'}"
+            # a program the image lacks fails every episode of the task alike: the task's fault, set aside after
+            # learner.task_error_limit, not the desktop's (an ENV_ERROR is retried on a fresh desktop)
+            missing = getattr(e, "kind", "") == "app_missing"
+            traj.outcome = Outcome.TASK_ERROR if missing else Outcome.ENV_ERROR
+            traj.error = f"{type(e).__name__}: {e or 'deadline passed'}"
         except (PolicyUnavailable, PolicyRequestError, GenerationAborted) as e:
             traj.outcome, traj.error = Outcome.ABORTED, f"{type(e).__name__}: {e}"
         except Exception as e:  # noqa: BLE001 - the episode's boundary: the task's fault stays in its episode

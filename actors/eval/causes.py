@@ -5,8 +5,8 @@ episode failed). One table, one function; the report (:mod:`actors.eval.report`)
 |----------------|--------------------|-----------|------------------------------------------------------------------|
 | TASK_ERROR     | yes                | harness   | the task did not load, or a setup step, getter or metric raised  |
 |                |                    |           | (a getter or app we lack, a task-file field of the wrong type)   |
-| ENV_ERROR      | yes                | harness   | the desktop died or timed out, setup failed (no network, an app  |
-|                |                    |           | missing), no desktop could be started                            |
+| ENV_ERROR      | yes                | harness   | the desktop died or timed out, setup failed (no network, a step  |
+|                |                    |           | that failed), no desktop could be started                        |
 | ABORTED        | yes                | agent     | the policy server stayed unreachable, no reply within            |
 |                |                    |           | ``actors.policy_timeout_s``, the server aborted a generation, or |
 |                |                    |           | the evaluation was cut short mid-episode                         |

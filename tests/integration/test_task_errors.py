@@ -244,3 +244,25 @@ async def test_an_inference_servers_bad_answers_abort_the_episode_and_are_counte
     finally:
         await fleet.remove(desktop)
         await web_runner.cleanup()
+
+
+@pytest.mark.docker
+async def test_a_program_the_image_lacks_is_the_tasks_fault_and_the_desktop_stays(fleet, tiny_model):
+    """A vs_code task in an image without VS Code ended ENV_ERROR ('not installed in this desktop image'): each
+    rollout was handed out again learner.rollout_retries times on a fresh desktop and never counted towards
+    learner.task_error_limit, though every episode of the task fails alike. A setup step (launch, execute) or a
+    postconfig step whose program the image lacks (TaskSetupError kind app_missing) is now TASK_ERROR; a setup
+    step that fails otherwise stays ENV_ERROR, and the desktop serves the next episode."""
+    green = load_task("grid4-green").to_dict()
+    tasks = [{**green, "config": [{"type": "launch", "parameters": {"command": ["no-such-app-arpo", "/tmp"]}}]},
+             {**green, "config": [{"type": "execute", "parameters": {"command": ["no-such-app-arpo", "--x"]}}]},
+             {**green, "evaluator": {**green["evaluator"], "postconfig": [
+                 {"type": "execute", "parameters": {"command": ["no-such-app-arpo"]}}]}},
+             {**green, "config": [{"type": "execute", "parameters": {"command": "exit 3", "shell": True,
+                                                                     "until": {"returncode": 0}}}]},
+             green]
+    desktop = await fleet.start()
+    results = await run_all(runner(tiny_model), desktop.controller, tasks)
+    got = [(r.outcome, r.error) for r in results]
+    assert [r.outcome for r in results] == [Outcome.TASK_ERROR] * 3 + [Outcome.ENV_ERROR, Outcome.FAILURE], got
+    assert all("TaskSetupError" in r.error and "no-such-app-arpo" in r.error for r in results[:3]), got
