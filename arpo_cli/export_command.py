@@ -4,7 +4,7 @@ The folder holds ``model.safetensors`` (the trained policy), ``config.json``, ``
 tokenizer, chat-template and processor files, so ``transformers`` (``AutoModelForImageTextToText``,
 ``AutoProcessor``), arpo-serve and SGLang load it. It is made from the checkpoint alone
 (``RUN_DIR/checkpoints/step-N/trainer.pt``, or ``trainer.dcp`` when the learner ran on several ranks: every rank's
-shards are joined in this one process, learner.train.trainer_checkpoint.read_model_weights), so it works for a run with
+shards are joined in this one process, learner.train.train_state.read_model_weights), so it works for a run with
 ``learner.weight_sync = "distributed"``, which writes no ``weights/vN`` folders. The model's config and processor
 files come from the model the run started from: the ``model`` of ``RUN_DIR/config.toml``, or ``--model DIR``.
 
@@ -95,7 +95,7 @@ def export_checkpoint(run_dir: Path, out: Path, *, overwrite: bool = False, step
                       model: Path | None = None, dtype: str = "auto") -> Exported:
     """Write the policy of a run's newest checkpoint (or checkpoint ``step``) as a Hugging Face folder ``out``.
 
-    The weights are read with learner.train.trainer_checkpoint.read_model_weights (``trainer.pt``, or a sharded
+    The weights are read with learner.train.train_state.read_model_weights (``trainer.pt``, or a sharded
     ``trainer.dcp`` joined in this process), put into the base model's architecture (built from its
     ``config.json`` without loading its weights; every weight must fit, none may be missing) and written by
     learner.train.weights_export.write_folder (atomically: a temporary sibling renamed into place) with the
@@ -118,7 +118,7 @@ def export_checkpoint(run_dir: Path, out: Path, *, overwrite: bool = False, step
             that do not fit the model or are NaN or infinite, or a write failure (code 1).
     """
     from learner.train.checkpoint import checkpoint_folders
-    from learner.train.trainer_checkpoint import read_model_weights
+    from learner.train.train_state import read_model_weights
     from learner.train.trainer_errors import TrainerError
 
     run_dir, out = Path(run_dir), Path(out)

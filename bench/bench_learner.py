@@ -140,7 +140,8 @@ def rank_worker(model: Path, repeats: int, device: str, threads: int) -> int:
     import torch.distributed as dist
 
     from arpo_async.config import LearnerConfig
-    from learner.train.distributed import LeadTrainer, follow, init_ranks, leave
+    from learner.train.distributed import init_ranks, leave
+    from learner.train.lead_trainer import LeadTrainer, follow
     from learner.train.trainer import Trainer, resolve_device
 
     group = init_ranks(resolve_device(device), timeout_s=300)

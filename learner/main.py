@@ -60,10 +60,12 @@ from learner.rollouts.staleness import LockstepAdmission, StalenessManager
 from learner.rollouts.trajectory_sample import TrajectorySampler
 from learner.state import RunState
 from learner.train.checkpoint import Checkpointer, checkpoint_folders
-from learner.train.distributed import LeadTrainer, RankGroupError, follow, init_ranks, leave, torchrun_world
+from learner.train.distributed import RankGroupError, init_ranks, leave, torchrun_world
+from learner.train.lead_trainer import LeadTrainer, follow
 from learner.train.loop import TrainingLoop, keep_ranks_alive
 from learner.train.publish_dtype import PublishDtypes
 from learner.train.publisher import DistributedPublisher, WeightPublisher
+from learner.train.train_engine import TrainEngine
 from learner.train.trainer import Trainer, resolve_device
 
 log = logging.getLogger("arpo.learner")
@@ -107,7 +109,7 @@ def seed_demonstrations(config: RunConfig, replay: ReplayBuffer, task_ids: list[
     return count
 
 
-async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None = None) -> None:
+async def run_learner(config: RunConfig, trainer: TrainEngine | None = None) -> None:
     """Build and connect the learner's components, resume from a checkpoint if there is one, run the baseline
     pass if one is due, train until ``learner.steps`` steps in all, then stop the actors.
 
@@ -120,7 +122,7 @@ async def run_learner(config: RunConfig, trainer: Trainer | LeadTrainer | None =
         seed_demonstrations(config, replay, [task.id for task in tasks])  # unusable demonstrations stop here too
     if trainer is None:
         trainer = await asyncio.to_thread(Trainer, config.model_path, lc)
-    vocab_size = trainer.model.config.text_config.vocab_size
+    vocab_size = trainer.vocab_size
     plan = plan_tasks(tasks, lc, run, resuming=resuming)
     scheduler = GroupScheduler(plan.pool, lc.group_size, max_retries=lc.rollout_retries, seed=lc.seed,
                                group_budget=0 if plan.baseline or lockstep else None, id_prefix=f"{learner_id[:6]}-",

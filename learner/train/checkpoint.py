@@ -3,7 +3,7 @@
 Owns the layout of ``<run>/checkpoints/``. One checkpoint is one folder ``step-<NNNNNN>`` (the optimizer step
 it was taken after) holding:
 
-- ``trainer.pt``: model + AdamW state + the trainer's step count (learner.train.trainer_checkpoint);
+- ``trainer.pt``: model + AdamW state + the trainer's step count (learner.train.train_state.TrainState);
   with several ranks ``trainer.dcp`` instead, a torch.distributed.checkpoint folder of every rank's shards;
 - ``learner.pt``: ``torch.save`` of plain data and Outcome members (loaded with ``weights_only=True`` and only
   :class:`~arpo_async.messages.Outcome` allowed besides, never unpickled code):
@@ -43,8 +43,7 @@ from arpo_async.messages import Outcome, Trajectory
 from arpo_async.metrics import MetricsWriter, read_metrics
 from learner.rollouts.service import LearnerService
 from learner.train.frames_file import FramesWriter, externalize, internalize, read_frames
-from learner.train.trainer import Trainer
-from learner.train.trainer_checkpoint import checkpoint_name
+from learner.train.train_engine import TrainEngine
 
 log = logging.getLogger(__name__)
 
@@ -185,12 +184,12 @@ class Checkpointer:
         self.root = Path(root)
         self.keep = keep
 
-    def save(self, step: int, trainer: Trainer, state: dict[str, Any], meta: dict[str, Any]) -> Path:
+    def save(self, step: int, trainer: TrainEngine, state: dict[str, Any], meta: dict[str, Any]) -> Path:
         """Write checkpoint ``step`` atomically (blocking: call in a thread) and prune old ones.
 
         Args:
             step: the optimizer step just taken (names the folder).
-            trainer: saved with :meth:`Trainer.save_checkpoint`; must not train meanwhile.
+            trainer: saved with its ``save_checkpoint`` (TrainEngine); must not train meanwhile.
             state: :func:`capture`'s snapshot (its trajectories are encoded here).
             meta: JSON-able summary; ``step`` and ``trainer_steps`` are added.
 
@@ -202,7 +201,7 @@ class Checkpointer:
         tmp = self.root / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
-            trainer.save_checkpoint(tmp / checkpoint_name(trainer))
+            trainer.save_checkpoint(tmp / trainer.checkpoint_name)
             with (tmp / FRAMES_FILE).open("wb") as frames:
                 plain = encode_snapshot(state, FramesWriter(frames))
             torch.save(plain, tmp / "learner.pt")
@@ -223,7 +222,7 @@ class Checkpointer:
         for stale in self.root.glob(f".{PREFIX}*.tmp-*"):  # left by a learner killed while saving
             shutil.rmtree(stale, ignore_errors=True)
 
-    def load_latest(self, trainer: Trainer) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
+    def load_latest(self, trainer: TrainEngine) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
         """Load the newest readable checkpoint into ``trainer`` (blocking: call in a thread).
 
         Returns:
@@ -242,7 +241,7 @@ class Checkpointer:
                     raise CheckpointError(f"schema {state.get('schema')!r}, expected {SCHEMA}")
                 if (folder / FRAMES_FILE).exists():  # checkpoints before it held the frames in learner.pt
                     state = internalize(state, read_frames(folder / FRAMES_FILE, _MAX_TRAJECTORY_BYTES))
-                trainer.load_checkpoint(folder / checkpoint_name(trainer))
+                trainer.load_checkpoint(folder / trainer.checkpoint_name)
                 return folder, state, meta
             except Exception as error:  # noqa: BLE001 - torch/pickle/json raise many types; listed below
                 errors.append(f"{folder.name}: {type(error).__name__}: {error}")

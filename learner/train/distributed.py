@@ -1,4 +1,5 @@
-"""Sharded data-parallel training: ranks under torchrun, FSDP2 sharding, and rank 0 leading the others.
+"""Sharded data-parallel training: ranks under torchrun and FSDP2 sharding (rank 0 leads the others through
+learner.train.lead_trainer).
 
 Layout of a run with N ranks (``torchrun --nproc-per-node N -m learner.main --config run.toml``; across nodes
 with torchrun's usual ``--nnodes``/``--rdzv-endpoint`` flags):
@@ -6,18 +7,17 @@ with torchrun's usual ``--nnodes``/``--rdzv-endpoint`` flags):
 - every rank loads the policy and shards it with FSDP2 (:func:`shard_policy`: ``fully_shard`` on each decoder
   layer, then on the root): parameters, gradients and AdamW state are split across ranks;
 - rank 0 alone runs the learner (ZeroMQ socket, scheduler, batcher, replay buffer, publisher, checkpointer,
-  metrics). It drives the trainer through :class:`LeadTrainer`, which first tells every other rank what to do
-  (one ``broadcast_object_list`` per call: the method name and its arguments, the step's samples included),
-  then does its own share;
-- ranks 1..N-1 run :func:`follow`: wait for the next command, run it on their :class:`~learner.train.trainer.Trainer`,
-  repeat until rank 0 says stop. Each picks its share of the step's samples itself (learner.train.microbatch plans
-  from token counts alone, so all ranks agree without talking), and FSDP's collectives keep them in step.
+  metrics). It drives the trainer through learner.train.lead_trainer.LeadTrainer, which first tells every other
+  rank what to do (one ``broadcast_object_list`` per call: a command holding the call's arguments, the step's
+  samples included), then does its own share;
+- ranks 1..N-1 run learner.train.lead_trainer.follow: wait for the next command, run it on their
+  learner.train.trainer.Trainer, repeat until rank 0 says stop. Each picks its share of the step's samples
+  itself (learner.train.microbatch plans from token counts alone, so all ranks agree without talking), and FSDP's
+  collectives keep them in step.
 
-Failure: a rank that dies breaks the collectives. The survivors' next collective fails (gloo reports the closed
-connection at once; at the latest after ``learner.dist_timeout_s``), they log which rank and command, and exit
-non-zero; torchrun then stops the others and exits non-zero too. Rank 0 sends a no-op command when the trainer
-has been idle for a third of the timeout (waiting for rollouts), so a slow rollout phase never trips it. A
-restart resumes from the newest checkpoint (torch.distributed.checkpoint, written by all ranks).
+Failure: a rank that dies breaks the collectives; the survivors log it and exit non-zero, torchrun stops the
+others (learner.train.lead_trainer). A restart resumes from the newest checkpoint (torch.distributed.checkpoint,
+written by all ranks).
 
 Backend: "gloo" on CPU, "nccl" on CUDA (``learner.device``).
 """
@@ -28,17 +28,15 @@ import datetime
 import logging
 import os
 import sys
-import threading
-import time
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
 
 log = logging.getLogger("arpo.learner.dist")
 
-__all__ = ["LeadTrainer", "RankGroup", "follow", "init_one_rank_fsdp", "init_ranks", "leave", "shard_policy"]
+__all__ = ["RankGroup", "RankGroupError", "init_one_rank_fsdp", "init_ranks", "leave", "shard_policy"]
 
 
 class RankGroupError(RuntimeError):
@@ -165,60 +163,6 @@ def vision_blocks(policy) -> list[torch.nn.Module]:
     return list(getattr(visual, "blocks", []))
 
 
-class LeadTrainer:
-    """Rank 0's handle on the trainer: each call is sent to every rank, then run here.
-
-    Exposes the :class:`~learner.train.trainer.Trainer` methods the learner uses (``train_batch``, ``train_step``,
-    ``compute_logprobs``, ``save_weights``, ``full_state_dict``, ``checkpoint_state_dict``, ``save_checkpoint``,
-    ``load_checkpoint``) and forwards attribute
-    reads (``steps``, ``model``, ``group``...) to the local trainer. Calls are serialised (a lock), as
-    the collectives of two calls must not interleave.
-
-    Raises (from any call): RankGroupError when another rank is gone (the command and the error are named).
-    """
-
-    COMMANDS = ("train_batch", "train_step", "compute_logprobs", "save_weights", "full_state_dict",
-                "checkpoint_state_dict", "save_checkpoint", "load_checkpoint", "ping")
-
-    def __init__(self, trainer, group: RankGroup, timeout_s: float) -> None:
-        self._trainer = trainer
-        self._group = group
-        self._lock = threading.Lock()
-        self._last = time.monotonic()
-        self.keepalive_s = timeout_s / 3
-
-    def __getattr__(self, name: str) -> Any:
-        if name in self.COMMANDS:
-            return lambda *args, **kwargs: self._call(name, args, kwargs)
-        return getattr(self._trainer, name)
-
-    def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
-        with self._lock:
-            try:
-                dist.broadcast_object_list([(name, args, kwargs)], src=0)
-                result = None if name == "ping" else getattr(self._trainer, name)(*args, **kwargs)
-            except (RuntimeError, dist.DistError) as error:
-                if isinstance(error, dist.DistError) or "gloo" in str(error).lower() or "nccl" in str(error).lower():
-                    raise RankGroupError(f"{name}: a rank of the training group failed ({error})") from error
-                raise
-            self._last = time.monotonic()
-            return result
-
-    def ping_if_idle(self) -> None:
-        """Send a no-op to every rank when no command went out for ``keepalive_s`` (blocking: call in a thread)."""
-        if time.monotonic() - self._last >= self.keepalive_s:
-            self._call("ping", (), {})
-
-    def stop(self) -> None:
-        """Tell every rank to leave :func:`follow` (best effort: a dead group is only logged)."""
-        with self._lock:
-            try:
-                dist.broadcast_object_list([("stop", (), {})], src=0)
-                dist.barrier()  # every rank got it before any tears the group down
-            except (RuntimeError, dist.DistError) as error:
-                log.warning("could not tell the other ranks to stop: %s", error)
-
-
 def leave(code: int) -> NoReturn:
     """End a rank's process with ``code`` once its work is done and the group destroyed: flush logs and stdio,
     then ``os._exit``. A plain interpreter exit after a gloo group aborts now and then ("terminate called without
@@ -228,30 +172,3 @@ def leave(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def follow(trainer, group: RankGroup) -> int:
-    """Ranks 1..N-1: run rank 0's commands on ``trainer`` until it says stop; returns the exit code.
-
-    0 after "stop"; 1 when a collective fails (rank 0 or another rank died or timed out: logged with the
-    command that was running).
-    """
-    command = "waiting for the first command"
-    try:
-        while True:
-            box: list[Any] = [None]
-            dist.broadcast_object_list(box, src=0)
-            command, args, kwargs = box[0]
-            if command == "stop":
-                dist.barrier()
-                log.info("rank %d: rank 0 said stop", group.rank)
-                return 0
-            if command != "ping":
-                try:
-                    getattr(trainer, command)(*args, **kwargs)
-                except ValueError as error:  # bad input: rank 0 got the same error from the same samples
-                    log.warning("rank %d: %s failed on its input: %s", group.rank, command, error)
-    except (RuntimeError, dist.DistError) as error:
-        log.error("rank %d: the training group failed during %s (a rank died or timed out): %s",
-                  group.rank, command, error)
-        return 1

@@ -60,10 +60,11 @@ from learner.algo.replay import ReplayBuffer
 from learner.rollouts.service import ROUND_END, GroupQueue, LearnerService
 from learner.state import RunState
 from learner.train.checkpoint import Checkpointer, capture, reconcile_metrics, restore
-from learner.train.distributed import LeadTrainer
+from learner.train.lead_trainer import LeadTrainer
 from learner.train.publisher import DistributedPublisher, WeightPublisher
 from learner.train.records import evaluation_record, step_record
-from learner.train.trainer import Trainer, TrainerInputError
+from learner.train.train_engine import TrainEngine
+from learner.train.trainer_errors import TrainerInputError
 
 log = logging.getLogger("arpo.learner")
 
@@ -91,7 +92,7 @@ class TrainingLoop:
     batcher: Batcher
     """The per-group stages (score, replay, advantages) and the scored groups waiting for a batch."""
     state: RunState
-    trainer: Trainer | LeadTrainer
+    trainer: TrainEngine
     publisher: WeightPublisher | DistributedPublisher
     checkpointer: Checkpointer
     lc: LearnerConfig

@@ -39,7 +39,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
@@ -50,6 +50,7 @@ from arpo_async.weight_sync import (FLATTENED_BUCKET, WeightGroup, WeightGroupEr
 from learner.train.publish_dtype import PublishDtypes, tensor_bytes
 from learner.train.publish_errors import CannotCheck, PublishError, SyncRejected, WeightsMismatch
 from learner.train.server_book import CHECK_TIMEOUT_S, ServerBook, servers_behind
+from learner.train.train_engine import TrainEngine
 from learner.train.weight_check import verify_or_resync, verify_server
 
 log = logging.getLogger("arpo.learner.publish")
@@ -87,7 +88,7 @@ class WeightPublisher(ServerBook):
         self.loaded: list[InferenceEngine] = []
         """The servers that loaded the last publication."""
 
-    async def publish_from(self, trainer: Any, version: int) -> float:
+    async def publish_from(self, trainer: TrainEngine, version: int) -> float:
         """Write the trainer's weights to ``folder(version)`` in the servers' dtype (every rank takes part in
         gathering them), then :meth:`publish` them; returns the seconds :meth:`publish` took. Every
         ``verify_every``-th publication, compares the checksums of each server that loaded them with the trainer's
@@ -104,14 +105,14 @@ class WeightPublisher(ServerBook):
                 self.verified += await verify_or_resync(engine, tensors, trainer, version, self.catch_up)
         return seconds
 
-    async def keep_initial(self, trainer: Any) -> Path:
+    async def keep_initial(self, trainer: TrainEngine) -> Path:
         """Write the trainer's weights, before any step, as ``folder(0)`` in the servers' dtype (every rank takes
         part, as in :meth:`publish_from`); returns the folder. Nothing is sent to the servers: they serve these
         weights already, as version 0. ``v0`` is never pruned, so ``arpo eval --model RUN/weights/v0`` scores the
         policy the run started from, whatever ``keep``."""
         return await self._save(trainer, 0)
 
-    async def _save(self, trainer: Any, version: int) -> Path:
+    async def _save(self, trainer: TrainEngine, version: int) -> Path:
         dtype = await self.dtypes.common(self.engines, Path(trainer.model_dir))
         folder = self.folder(version)
         await asyncio.to_thread(trainer.save_weights, folder, overwrite=True,  # float32: the master weights as they are
@@ -144,7 +145,7 @@ class WeightPublisher(ServerBook):
         self._prune(version)
         return time.perf_counter() - started
 
-    async def catch_up(self, trainer: Any, version: int,
+    async def catch_up(self, trainer: TrainEngine, version: int,
                        behind: Sequence[InferenceEngine] | None = None) -> list[str]:
         """Resume the servers a publication left paused, then load ``folder(version)`` (the current weights, already
         on disk) on every server behind ``version`` (``behind``, or :meth:`behind` when None); returns the URLs
@@ -265,11 +266,11 @@ class DistributedPublisher(ServerBook):
         self.verified = 0
         """Server checksum comparisons that agreed."""
 
-    async def keep_initial(self, trainer: Any) -> None:
+    async def keep_initial(self, trainer: TrainEngine) -> None:
         """Nothing: with distributed sync no weights folder is written; the run's base model (``model``) holds the
         weights it started from."""
 
-    async def publish_from(self, trainer: Any, version: int) -> float:
+    async def publish_from(self, trainer: TrainEngine, version: int) -> float:
         """Gather the full weights (every rank takes part), then sync each server; returns the seconds the
         syncs took. Raises only :class:`SyncRejected` and :class:`WeightsMismatch` (see the class docstring)."""
         tensors = await asyncio.to_thread(trainer.checkpoint_state_dict)
@@ -283,7 +284,7 @@ class DistributedPublisher(ServerBook):
                 self.verified += await verify_or_resync(engine, sent, trainer, version, self.catch_up)
         return time.perf_counter() - started
 
-    async def _in_served_dtype(self, engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: Any,
+    async def _in_served_dtype(self, engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: TrainEngine,
                                casts: dict[torch.dtype | None, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """``tensors`` in the dtype ``engine`` serves (cast once per dtype and publication, in a thread)."""
         dtype = await self.dtypes.of(engine, Path(trainer.model_dir))
@@ -291,7 +292,7 @@ class DistributedPublisher(ServerBook):
             casts[dtype] = await asyncio.to_thread(cast_floating, tensors, dtype)
         return casts[dtype]
 
-    async def catch_up(self, trainer: Any, version: int,
+    async def catch_up(self, trainer: TrainEngine, version: int,
                        behind: Sequence[InferenceEngine] | None = None) -> list[str]:
         """Resume the servers a publication left paused, then send the trainer's current weights, as ``version``, to
         every server behind it (``behind``, or :meth:`behind` when None) over a new group; returns the URLs that got

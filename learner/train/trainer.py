@@ -1,9 +1,9 @@
-"""GRPO trainer: owns the policy being trained and its AdamW optimizer; one call = one optimizer step.
+"""GRPO trainer: the optimizer step on the trainer's state; one call = one optimizer step.
 
-Owns the torch model (loaded with :func:`arpo_async.model.inputs.load_policy`), the optimizer and the count of
-optimizer steps taken. Everything here is synchronous, blocking torch work: the learner process calls
-:meth:`Trainer.train_step` and :meth:`Trainer.save_weights` through ``asyncio.to_thread``, one call at a time
-(the trainer is not thread-safe).
+Owns the loss, the micro-batches and the step; the policy, its AdamW optimizer and the count of optimizer steps are
+the state it extends (learner.train.train_state.TrainState, which also reads and writes them). Everything here is
+synchronous, blocking torch work: the learner process calls :meth:`Trainer.train_step` and
+:meth:`Trainer.save_weights` through ``asyncio.to_thread``, one call at a time (the trainer is not thread-safe).
 
 Loss (ARPO, arXiv 2505.16282; AReaL's decoupled PPO, arXiv 2505.24298; ARPO / EasyR1 ``compute_policy_loss``;
 DAPO token-level averaging, arXiv 2503.14476):
@@ -29,10 +29,9 @@ and no clip where we keep the clip; ARPO's own replay keeps the log-probs record
 Invariants: the loss is computed only on tokens the policy generated (``output_ids``), on exactly the ids the
 sampler produced; the policy runs without dropout (eval mode) so its log-probs are comparable to the sampler's.
 
-Not here: exporting the weights for inference servers (learner.train.weights_export) and the trainer's checkpoint
-files (learner.train.trainer_checkpoint); the Trainer keeps one-line methods for the calls that must reach every rank
-(see the end of :class:`Trainer`). The error types (learner.train.trainer_errors) and the sample type
-(learner.algo.train_sample) are re-exported here.
+The Trainer and the lead of several ranks (learner.train.lead_trainer.LeadTrainer) are the two
+implementations of the training-engine seam (learner.train.train_engine.TrainEngine). The error types
+(learner.train.trainer_errors) and the sample type (learner.algo.train_sample) are re-exported here.
 """
 
 from __future__ import annotations
@@ -50,15 +49,13 @@ import torch
 import torch.distributed as dist
 
 from arpo_async.config import LearnerConfig
-from arpo_async.model.checkpoint_names import tied_names
-from arpo_async.model.inputs import load_policy
 from learner.algo.grpo import corrected_token_loss
 from learner.algo.kl_schedule import UpdateControl
 from learner.algo.train_sample import TrainSample, sample_problem
-from learner.train import trainer_checkpoint, weights_export
-from learner.train.distributed import RankGroup, decoder_layers, shard_policy, vision_blocks
+from learner.train.distributed import RankGroup
 from learner.train.microbatch import MicroBatchBudgetError, step_plan
-from learner.train.policy_forward import CompletionLogprobs, PixelCache, check_pad_id, collate, image_pad_problem
+from learner.train.policy_forward import PixelCache, check_pad_id, collate, image_pad_problem
+from learner.train.train_state import TrainState
 from learner.train.trainer_errors import TrainerConfigError, TrainerError, TrainerInputError
 
 log = logging.getLogger("arpo.learner.trainer")
@@ -91,8 +88,10 @@ _SUMMED_STATS = ("clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl", "is_w
                  "behaviour_kl", "entropy")
 
 
-class Trainer:
-    """Policy + AdamW; :meth:`train_step` takes one optimizer step on a batch of TrainSamples.
+class Trainer(TrainState):
+    """The trainer's state (policy, AdamW, step count: :class:`~learner.train.train_state.TrainState`) and the
+    GRPO step on it: :meth:`train_step` takes one optimizer step on a batch of TrainSamples. Implements
+    learner.train.train_engine.TrainEngine on one rank, and each rank's share of it on several.
 
     Args:
         model_dir: a Hugging Face checkpoint folder (Qwen2-VL / Qwen2.5-VL layout: weights, config, tokenizer,
@@ -103,7 +102,7 @@ class Trainer:
             torch_threads, gradient_checkpointing, max_tokens_per_microbatch, logprob_chunk_tokens).
         group: this process's rank in a sharded run (learner.train.distributed); None = one rank. With several ranks
             the policy is sharded with FSDP2, every rank must make the same calls with the same samples (rank 0
-            drives the others through ``learner.train.distributed.LeadTrainer``), and each computes its share.
+            drives the others through ``learner.train.lead_trainer.LeadTrainer``), and each computes its share.
 
     Sets ``torch.set_num_threads(config.torch_threads)`` for the whole process. The weights stay float32 (the
     master copy the optimizer updates); ``dtype = "bfloat16"`` computes in bf16 (autocast on one rank,
@@ -115,37 +114,9 @@ class Trainer:
     """
 
     def __init__(self, model_dir: Path, config: LearnerConfig, group: RankGroup | None = None) -> None:
-        self.model_dir = Path(model_dir)
-        self.config = config
-        self.group = group or RankGroup(device=resolve_device(config.device))
-        self.device = self.group.device
-        torch.set_num_threads(config.torch_threads)
-        self.model, self.image_processor = load_policy(self.model_dir)
-        self.model.to(self.device)
-        self.model.eval()  # no dropout: log-probs must be comparable with the sampler's
-        if config.gradient_checkpointing:
-            if hasattr(self.model, "activation_checkpointing_enable"):  # transformers >= 5.x
-                self.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            # transformers checkpoints only modules in train mode: the decoder layers and the vision blocks (five
-            # 1280x720 screenshots keep ~1 GB of activations per vision block of the 3B model otherwise). Neither
-            # has dropout (Qwen2.5-VL's attention_dropout is 0, its vision attention has none), so this is exact.
-            for layer in [*decoder_layers(self.model), *vision_blocks(self.model)]:
-                layer.train()
-        self.tied = tied_names(self.model)
-        """Names of weights tied to another one (left out of exported weights, as save_pretrained does)."""
-        self.module = CompletionLogprobs(self.model, config.logprob_chunk_tokens)
-        self.bf16 = config.dtype == "bfloat16"
-        if self.group.sharded:
-            shard_policy(self.module, self.model, bf16=self.bf16)
+        super().__init__(model_dir, config, group or RankGroup(device=resolve_device(config.device)))
         self.pad_id = check_pad_id(self.model)
         self.pixels = PixelCache(self.image_processor)
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.module.parameters() if p.requires_grad], lr=config.lr, weight_decay=config.weight_decay
-        )
-        self.steps = 0
-        """Optimizer steps taken (restored by load_checkpoint)."""
 
     # ------------------------------------------------------------------ log-probs
 
@@ -460,39 +431,3 @@ class Trainer:
             self.lr, kept = control.after(proximal, [s.loss_mask for s in samples], lr)
             result.update(kept)
         return result
-
-    @property
-    def lr(self) -> float:
-        """The optimizer's learning rate now (``learner.lr``, or where ``learner.target_kl`` has moved it; saved
-        and restored with the optimizer's state in the trainer's checkpoint)."""
-        return float(self.optimizer.param_groups[0]["lr"])
-
-    @lr.setter
-    def lr(self, value: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = value
-
-    # ------------------------------------------------------------------ weight export and checkpoint I/O
-    # Implemented in learner.train.weights_export and learner.train.trainer_checkpoint. They stay callable as methods
-    # because each is a collective under torchrun and learner.train.distributed.LeadTrainer forwards a call to every
-    # rank by method name (its COMMANDS); the learner holds a Trainer or a LeadTrainer and calls both the same way.
-
-    def save_weights(self, out_dir: Path, *, overwrite: bool = False, dtype: str | None = None) -> Path:
-        """:func:`learner.train.weights_export.save_weights` on this trainer."""
-        return weights_export.save_weights(self, out_dir, overwrite=overwrite, dtype=dtype)
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """:func:`learner.train.weights_export.full_state_dict` on this trainer."""
-        return weights_export.full_state_dict(self)
-
-    def checkpoint_state_dict(self) -> dict[str, torch.Tensor]:
-        """:func:`learner.train.weights_export.checkpoint_state_dict` on this trainer."""
-        return weights_export.checkpoint_state_dict(self)
-
-    def save_checkpoint(self, path: Path) -> Path:
-        """:func:`learner.train.trainer_checkpoint.save_checkpoint` on this trainer."""
-        return trainer_checkpoint.save_checkpoint(self, path)
-
-    def load_checkpoint(self, path: Path) -> None:
-        """:func:`learner.train.trainer_checkpoint.load_checkpoint` on this trainer."""
-        trainer_checkpoint.load_checkpoint(self, path)

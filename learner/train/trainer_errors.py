@@ -1,6 +1,5 @@
-"""The trainer's error types, in a module of their own so that learner.train.trainer, learner.train.weights_export and
-learner.train.trainer_checkpoint can all raise them without importing one another
-(learner.train.trainer re-exports them).
+"""The trainer's error types, in a module of their own so that learner.train.trainer, learner.train.train_state and
+``arpo export`` can all raise and catch them without importing one another (learner.train.trainer re-exports them).
 
 Owns nothing else. Invariant: every error the trainer and its weight and checkpoint I/O raise on purpose is a
 :class:`TrainerError`.

@@ -24,7 +24,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, Sequence
 
 import torch
 
@@ -32,6 +32,7 @@ from arpo_async.engine import InferenceEngine
 from arpo_async.inference_client import PolicyRequestError, PolicyUnavailable
 from arpo_async.weight_sync import DTYPE_NAMES, dtype_from_name, tensor_checksum
 from learner.train.publish_errors import CannotCheck, PublishError, WeightsMismatch
+from learner.train.train_engine import TrainEngine
 
 __all__ = ["WeightCheck", "compare_checksums", "expected_checksums", "served_dtype", "verify_or_resync",
            "verify_server"]
@@ -132,7 +133,7 @@ def compare_checksums(served: dict[str, str], tensors: dict[str, torch.Tensor], 
     return WeightCheck(compared, sorted(mismatched), skipped)
 
 
-async def verify_server(engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: Any) -> WeightCheck:
+async def verify_server(engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: TrainEngine) -> WeightCheck:
     """Compare ``engine``'s checksums (``weights_checksums``) with ``tensors`` (checkpoint names, the weights just
     published), cast to the dtype it serves (``trainer.model_dir``'s config resolves "auto").
 
@@ -168,13 +169,13 @@ async def verify_server(engine: InferenceEngine, tensors: dict[str, torch.Tensor
     return check
 
 
-Resync = Callable[[Any, int, Sequence[InferenceEngine]], Awaitable[list[str]]]
+Resync = Callable[[TrainEngine, int, Sequence[InferenceEngine]], Awaitable[list[str]]]
 """A publisher's ``catch_up(trainer, version, behind)``: sends the whole weights of ``version`` to ``behind`` and
 returns the URLs that took them."""
 
 
-async def verify_or_resync(engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: Any, version: int,
-                           resync: Resync) -> bool:
+async def verify_or_resync(engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: TrainEngine,
+                           version: int, resync: Resync) -> bool:
     """Check ``engine`` after the publication of ``version`` (:func:`verify_server`); when it cannot check or its
     checksums differ, send it the whole weights again (``resync``) and check once more. One WARNING line per step.
 
@@ -205,7 +206,8 @@ async def verify_or_resync(engine: InferenceEngine, tensors: dict[str, torch.Ten
         return False
 
 
-async def _verified(engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: Any, version: int) -> bool:
+async def _verified(engine: InferenceEngine, tensors: dict[str, torch.Tensor], trainer: TrainEngine,
+                    version: int) -> bool:
     """:func:`verify_server`: True when the checksums agree, False (one WARNING line) when the server does not
     answer; raises as :func:`verify_server` otherwise."""
     try:

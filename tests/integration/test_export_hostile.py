@@ -25,7 +25,6 @@ import torch
 from arpo_async.config import LearnerConfig, dump_toml, load_config
 from arpo_cli.cli import main as arpo
 from learner.train.trainer import Trainer
-from learner.train.trainer_checkpoint import state_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 240  # a refusal takes seconds (importing torch); a hang on a FIFO would take forever
@@ -36,7 +35,7 @@ NO_MARKER = ("is not empty and is not an earlier arpo export (no arpo-export.jso
 @pytest.fixture(scope="module")
 def trainer_state(tiny_model):
     """What the real Trainer writes as ``trainer.pt`` (one rank) for the tiny model."""
-    return state_dict(Trainer(tiny_model, LearnerConfig(lr=1e-3, correction="decoupled", torch_threads=1)))
+    return Trainer(tiny_model, LearnerConfig(lr=1e-3, correction="decoupled", torch_threads=1)).state_dict()
 
 
 def make_run(root: Path, name: str, model: Path, state: dict) -> Path:

@@ -28,13 +28,53 @@ def model(tmp_path_factory) -> Path:
     return create_tiny_model(tmp_path_factory.mktemp("ranks") / "policy", seed=0)
 
 
-def drive(model: Path, out: Path, *args: str, ranks: int = 1) -> dict[int, float]:
+def run_driver(model: Path, out: Path, *args: str, ranks: int = 1) -> subprocess.CompletedProcess:
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--standalone"]
                 if ranks > 1 else [sys.executable])
     proc = subprocess.run([*launcher, str(DRIVER), str(model), str(out), *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def drive(model: Path, out: Path, *args: str, ranks: int = 1) -> dict[int, float]:
+    run_driver(model, out, *args, ranks=ranks)
     return {int(k): v for k, v in json.loads((out / "losses.json").read_text()).items()}
+
+
+def test_trainer_and_lead_trainer_answer_every_train_engine_call_alike(model, tmp_path):
+    """Issue 52 item 4: the one-rank Trainer and rank 0's LeadTrainer (2 ranks, gloo, FSDP2) both satisfy
+    learner.train.train_engine.TrainEngine, and each of its calls gives the same answer through both: the lead's
+    typed commands reach the other rank (the collectives would hang or fail otherwise) and run the same method."""
+    one_dir, two_dir = tmp_path / "one", tmp_path / "two"
+    run_driver(model, one_dir, "--every-call")
+    two_proc = run_driver(model, two_dir, "--every-call", ranks=2)
+    one, two = (json.loads((d / "calls.json").read_text()) for d in (one_dir, two_dir))
+    config = json.loads((model / "config.json").read_text())
+    for calls, name in ((one, "trainer.pt"), (two, "trainer.dcp")):
+        assert calls["is_engine"] and calls["steps_before"] == 0
+        assert calls["model_dir"] == str(model)
+        assert calls["vocab_size"] == config.get("text_config", config)["vocab_size"]
+        assert calls["checkpoint_name"] == name
+        assert "minibatches must be in [1, 1], got 2" in calls["refused"]
+        assert calls["train_batch"]["optimizer_steps"] == 2.0
+        assert calls["steps_saved"] == 3 and calls["steps_trained_on"] == 4 and calls["steps_loaded"] == 3
+        assert calls["full_loaded_equal"]
+        assert calls["logprobs_loaded"] != calls["logprobs"]  # 3 steps at lr 1e-3 moved them, and the load kept that
+    # rank 1 ran the refused call too, logged it, and took the next command
+    assert "rank 1: train_batch failed on its input: minibatches must be in [1, 1]" in two_proc.stderr
+    for key in ("logprobs", "logprobs_loaded"):
+        for a, b in zip(one[key], two[key], strict=True):
+            assert b == pytest.approx(a, rel=1e-4, abs=1e-5)
+    assert two["train_batch"]["loss"] == pytest.approx(one["train_batch"]["loss"], rel=1e-4, abs=1e-7)
+    assert two["train_step_loss"] == pytest.approx(one["train_step_loss"], rel=1e-4, abs=1e-7)
+    assert one["full"] == two["full"] and one["full"]  # rank 0 gathered every weight, shapes and names alike
+    assert one["checkpoint_names"] == two["checkpoint_names"] and one["checkpoint_names"]
+    for calls in (one, two):
+        written = load_file(Path(calls["weights"]) / "model.safetensors")
+        assert {str(t.dtype) for t in written.values()} == {"torch.bfloat16"}
+    assert (two_dir / "ckpt" / "trainer.dcp" / "trainer.json").is_file()
+    assert (one_dir / "ckpt" / "trainer.pt").is_file()
 
 
 def test_two_ranks_train_like_one_and_resume_from_a_sharded_checkpoint(model, tmp_path):

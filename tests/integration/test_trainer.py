@@ -13,7 +13,6 @@ from PIL import Image, ImageDraw
 from arpo_async.config import LearnerConfig
 from arpo_async.model.init_model import create_tiny_model
 from arpo_async.model.inputs import PromptEncoder, load_policy
-from learner.train import trainer_checkpoint
 from learner.algo.kl_schedule import batch_kl
 from learner.train.trainer import (
     Trainer,
@@ -267,7 +266,7 @@ def test_fresh_optimizer_state_differs_from_restored(model_dir, samples, tmp_pat
     config = LearnerConfig(lr=1e-3)
     trainer = Trainer(model_dir, config)
     trainer.train_step(samples)
-    state = trainer_checkpoint.state_dict(trainer)
+    state = trainer.state_dict()
     other = Trainer(model_dir, config)
     other.model.load_state_dict(state["model"])
     trainer.train_step(samples)
