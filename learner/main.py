@@ -1,21 +1,21 @@
-"""arpo-learner: the learner process. `run_learner` wires every component in one visible function.
+"""arpo-learner: the learner process. `run_learner` wires every component in one visible function; the run it
+builds (learner.run.Run) owns the run's state and drives its phases.
 
-Rooms: learner.rollouts (the conversation with actors), learner.algo (the RL algorithm, no torch trainer),
-learner.train (the loop, the trainer, publication, checkpoints), learner.state (RunState, shared by argument).
+Rooms, from the bottom up: learner.state (RunState), learner.algo (the RL algorithm, no torch trainer),
+learner.rollouts (the conversation with actors), learner.train (the loop, the trainer, publication, checkpoints),
+learner.run (the run's phases), and this module (validation and wiring).
 Dataflow (every queue and task is made in `run_learner`): ROUTER SocketPump -> inbox -> LearnerService.serve
 (admission, dedup, acks, replies on the outbox) -> GroupScheduler (complete groups) -> ``groups`` ->
 TrainingLoop (learner.train.loop: score -> replay -> advantages per group (learner.algo.batcher), then per batch
 samples -> optimizer steps in a thread -> WeightPublisher -> RunState.advance -> ``service.on_trained()``
 announces the version -> checkpoint -> metrics.jsonl via learner.train.records).
-Stops after ``learner.steps`` optimizer steps in all (0 = until SIGINT/SIGTERM), or earlier when every task is
-solved (``learner.stop_when_solved``, learner.train.loop; the line saying so is logged and kept in status.json as
-``stopped``), then tells the actors to shut down. Schedules: learner.train.loop. Baseline pass
-(``learner.baseline_k`` > 0): learner.algo.baseline, run before training starts. Held-out evaluation (``[eval]``):
-learner.rollouts.evaluation_rounds, a round before the first step, every ``eval.every_steps`` and on the final
-weights, of a run that reaches ``learner.steps`` or stops as solved (waited for before the actors are told to
-stop). Observability
-tasks: the event-loop lag probe (arpo_async.loop_lag) and the queue-depth peaks
-(learner.rollouts.run_stats.RunStats.watch_depths), both in every metrics record and in status.json.
+Phases (learner.run): resume, the first held-out evaluation, the task pre-pass (``learner.baseline_k`` > 0,
+learner.algo.prepass), training until ``learner.steps`` optimizer steps in all (0 = until SIGINT/SIGTERM) or every
+task solved (``learner.stop_when_solved``; the line saying so is logged and kept in status.json as ``stopped``),
+the final evaluation, then the actors are told to shut down.
+
+Validation: ``main`` builds the run's inputs (:func:`load_inputs`: tasks, evaluation tasks, the replay with its
+demonstrations, the advantage function, the task plan) once, before the model loads, and the run uses them.
 
 Ranks: ``torchrun --nproc-per-node N -m learner.main --config run.toml`` trains with N ranks (FSDP2); rank 0
 runs everything above and drives the other ranks' trainers (learner.train.distributed, :func:`run_ranks`).
@@ -31,33 +31,36 @@ import argparse
 import asyncio
 import logging
 import sys
+import functools
 import uuid
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from arpo_async.config import ConfigError, LearnerConfig, RunConfig, load_config, to_dict
+from arpo_async.config import ConfigError, LearnerConfig, RunConfig, load_config
 from arpo_async.config_doc import add_config_arguments
 from arpo_async.demos import DemonstrationError, load_demonstrations
 from arpo_async.engine import InferenceEngine
 from arpo_async.inference_client import PolicyClient, admin_api_key
-from arpo_async.metrics import MetricsWriter, WandbSettings, import_wandb
+from arpo_async.metrics import import_wandb
 from arpo_async.model.inputs import PromptEncoder
 from arpo_async.process import run_until_signal, setup_logging
 from arpo_async.sglang_engine import sglang_engines
 from arpo_async.task_sets import select_tasks
+from arpo_async.tasks import Task, TaskFormatError
 from arpo_async.transport import INBOX_SIZE, Envelope, Outbox, SocketPump, learner_socket
-from learner.algo.advantages import load_advantage_function
-from learner.algo.baseline import plan_tasks
+from learner.algo.advantages import AdvantageFunction, load_advantage_function
 from learner.algo.batcher import Batcher
 from learner.algo.forced_tokens import ForcedTokens
+from learner.algo.prepass import TaskPlan, plan_tasks
 from learner.algo.replay import ReplayBuffer, ReplayError, make_replay
 from learner.rollouts.evaluation_rounds import EvaluationRounds, evaluation_tasks
-from learner.rollouts.run_stats import write_status, write_status_now
 from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.service import GroupQueue, LearnerService
 from learner.rollouts.staleness import LockstepAdmission, StalenessManager
 from learner.rollouts.trajectory_sample import TrajectorySampler
+from learner.run import Run
 from learner.state import RunState
 from learner.train.checkpoint import Checkpointer, checkpoint_folders
 from learner.train.distributed import RankGroupError, init_ranks, leave, torchrun_world
@@ -109,88 +112,97 @@ def seed_demonstrations(config: RunConfig, replay: ReplayBuffer, task_ids: list[
     return count
 
 
-async def run_learner(config: RunConfig, trainer: TrainEngine | None = None) -> None:
-    """Build and connect the learner's components, resume from a checkpoint if there is one, run the baseline
-    pass if one is due, train until ``learner.steps`` steps in all, then stop the actors.
+@dataclass
+class RunInputs:
+    """What a run is built from besides the model, loaded and checked once, before the model loads
+    (:func:`load_inputs`; ``main`` validates a configuration by building this, and the run uses the same object).
 
-    ``trainer``: the trainer to drive (under torchrun, rank 0's :class:`LeadTrainer`); None = load one here."""
-    lc, run, learner_id = config.learner, config.run_path, uuid.uuid4().hex[:12]
-    lockstep, tasks = lc.schedule == "lockstep", select_tasks(lc)  # a bad task filter stops before the model loads
-    eval_tasks = evaluation_tasks(config)  # so does a bad [eval] task set (ConfigError)
+    Attributes:
+        tasks: the training task set (``learner.tasks``, ``learner.task_ids``).
+        eval_tasks: the held-out evaluation task set (``[eval]``; empty: the run does not evaluate).
+        replay: the success replay buffer, holding ``learner.replay_demos``'s demonstrations on a fresh run.
+        advantage_function: ``learner.advantage_function`` loaded (learner.algo.advantages).
+        plan: where the run's tasks come from: a task pre-pass first, or training at once (learner.algo.prepass).
+        resuming: the run folder holds a checkpoint (the run continues from it).
+    """
+
+    tasks: list[Task]
+    eval_tasks: list[Task]
+    replay: ReplayBuffer
+    advantage_function: AdvantageFunction
+    plan: TaskPlan
+    resuming: bool
+
+
+def load_inputs(config: RunConfig) -> RunInputs:
+    """Load and check everything a run needs but the model: a bad task filter, ``[eval]`` task set, advantage
+    function, demonstration folder or <run>/baseline.json stops here, before the model loads.
+
+    Raises:
+        ConfigError: a bad task set, ``[eval]`` section or demonstration (one line naming it).
+        ValueError: a bad advantage function path, or a malformed <run>/baseline.json (names the file).
+    """
+    lc, run = config.learner, config.run_path
+    tasks, eval_tasks = select_tasks(lc), evaluation_tasks(config)
+    advantage_function = load_advantage_function(lc.advantage_function)
     replay, resuming = replay_buffer(lc), bool(checkpoint_folders(run / "checkpoints"))
     if not resuming:  # a checkpoint holds the replay, demonstrations included
-        seed_demonstrations(config, replay, [task.id for task in tasks])  # unusable demonstrations stop here too
+        seed_demonstrations(config, replay, [task.id for task in tasks])
+    return RunInputs(tasks, eval_tasks, replay, advantage_function, plan_tasks(tasks, lc, run, resuming=resuming),
+                     resuming)
+
+
+async def run_learner(config: RunConfig, trainer: TrainEngine | None = None, inputs: RunInputs | None = None) -> None:
+    """Wire the learner's components into a :class:`learner.run.Run` and run it (the run's phases and state live
+    there): every queue, socket and component of the process is made here, and handed to what uses it.
+
+    ``trainer``: the trainer to drive (under torchrun, rank 0's LeadTrainer); None = load one here. ``inputs``:
+    :func:`load_inputs`'s result (None = load them here)."""
+    lc, run, learner_id = config.learner, config.run_path, uuid.uuid4().hex[:12]
+    inputs = inputs if inputs is not None else load_inputs(config)
+    lockstep, plan, prefix = lc.schedule == "lockstep", inputs.plan, f"{learner_id[:6]}-"
     if trainer is None:
         trainer = await asyncio.to_thread(Trainer, config.model_path, lc)
-    vocab_size = trainer.vocab_size
-    plan = plan_tasks(tasks, lc, run, resuming=resuming)
+    state = RunState()  # the run's step, published version and counters: every component below counts into it
     scheduler = GroupScheduler(plan.pool, lc.group_size, max_retries=lc.rollout_retries, seed=lc.seed,
-                               group_budget=0 if plan.baseline or lockstep else None, id_prefix=f"{learner_id[:6]}-",
+                               group_budget=0 if plan.prepass or lockstep else None, id_prefix=prefix,
                                pick_task=plan.pick_task)
     admission = (LockstepAdmission(lc.batch_trajectories) if lockstep
                  else StalenessManager(lc.batch_trajectories, lc.max_staleness))
-    state = RunState()  # step, policy version, counters: shared by the service and the training loop
     # the grammar's view of the tokens: the forced-token loss mask, and demonstrations tokenized as sampled
-    tokens = ForcedTokens(config.model_path, vocab_size) if lc.mask_forced_tokens or lc.replay_demos else None
-    batcher = Batcher(replay, max_staleness=lc.max_staleness, groups_per_step=lc.groups_per_step,
+    tokens = ForcedTokens(config.model_path, trainer.vocab_size) if lc.mask_forced_tokens or lc.replay_demos else None
+    batcher = Batcher(inputs.replay, max_staleness=lc.max_staleness, groups_per_step=lc.groups_per_step,
                       format_reward_weight=lc.format_reward_weight, success_threshold=lc.success_threshold,
-                      stratified=lc.stratified, advantage_function=load_advantage_function(lc.advantage_function),
+                      stratified=lc.stratified, advantage_function=inputs.advantage_function,
                       drops=state.drops, sampled_as=tokens.as_sampled if tokens else None)
+    evaluation = (EvaluationRounds(inputs.eval_tasks, config.eval, final_step=lc.steps, id_prefix=prefix, state=state)
+                  if inputs.eval_tasks else None)
     inbox: asyncio.Queue[Envelope] = asyncio.Queue(INBOX_SIZE)  # ROUTER pump -> service
     outbox = Outbox(routed=True)  # service -> ROUTER pump
     groups = GroupQueue()  # service -> training loop: complete groups
     with learner_socket(config.transport) as socket:
         pump = SocketPump(socket, inbox=inbox, outbox=outbox, max_bytes=config.transport.max_message_bytes)
         service = LearnerService(outbox, scheduler, admission, groups, state=state, rounds=lockstep,
-                                 learner_id=learner_id, selector=plan.selector, vocab_size=vocab_size,
+                                 learner_id=learner_id, selector=plan.selector, vocab_size=trainer.vocab_size,
                                  peer_timeout_s=config.transport.peer_timeout_s, run_id=config.resolved_run_id,
                                  max_slots_per_peer=config.transport.max_slots_per_peer,
                                  sampler=TrajectorySampler(run / "trajectories", rate=lc.sample_trajectories,
                                                            disk_mb=lc.sample_disk_mb),
-                                 message_counts=pump.message_counts,
-                                 evaluation=EvaluationRounds(eval_tasks, config.eval, final_step=lc.steps,
-                                                             id_prefix=f"{learner_id[:6]}-", state=state)
-                                 if eval_tasks else None,
-                                 ready_groups=lambda: loop.ready_groups())
+                                 message_counts=pump.message_counts, evaluation=evaluation,
+                                 ready_groups=lambda: len(batcher.ready) + len(groups.pending()))
         async with PolicyClient(list(config.actors.inference_urls), api_key=config.serve.api_key,
                                 admin_api_key=admin_api_key(config.serve.admin_api_key)) as client:
             # the inference engine (arpo_async.engine; another is chosen here); the run owns its weight sessions
             engines = sglang_engines(client, owner=f"arpo-learner-{config.resolved_run_id}")
             loop = TrainingLoop(service, groups, batcher, state, trainer, weight_publisher(config, engines),
                                 Checkpointer(run / "checkpoints", keep=lc.keep_checkpoints), lc,
-                                on_discard=admission.on_discard,
-                                forced=tokens if lc.mask_forced_tokens else None,
+                                on_discard=admission.on_discard, forced=tokens if lc.mask_forced_tokens else None,
                                 final_eval_timeout_s=config.eval.final_timeout_s)
-            await loop.resume(run / "metrics.jsonl")
-            log.info("learner %s on %s (%s): %d tasks, G=%d, B=%d, eta=%d, from step %d / version %d%s", learner_id,
-                     config.transport.endpoint, lc.schedule, len(plan.pool), lc.group_size, lc.batch_trajectories,
-                     lc.max_staleness, state.step, state.published_version,
-                     f"; evaluating {len(eval_tasks)} tasks x {config.eval.repeats}" if eval_tasks else "")
-            wandb = (WandbSettings(lc.wandb_project, config.resolved_run_id, run, to_dict(config))
-                     if lc.wandb_project else None)
-            with MetricsWriter(run / "metrics.jsonl", tensorboard=run / "tb" if lc.tensorboard else None,
-                               wandb=wandb) as metrics:
-                async with asyncio.TaskGroup() as tg:
-                    background = [tg.create_task(pump.run()), tg.create_task(service.serve(inbox)),
-                                  tg.create_task(service.peers.expire_loop()),
-                                  tg.create_task(write_status(run / "status.json", service.status)),
-                                  tg.create_task(service.stats.watch_stall(lc.stall_warning_s, lc.stall_timeout_s)),
-                                  tg.create_task(service.stats.lag.run()),
-                                  tg.create_task(service.stats.watch_depths(service.queue_depths))]
-                    if isinstance(trainer, LeadTrainer):
-                        background.append(tg.create_task(keep_ranks_alive(trainer)))
-                    await service.begin_evaluation()
-                    await plan.run_baseline(service, lc, 0 if lockstep else None)
-                    await loop.run(metrics)
-                    service.stopped = loop.stopped
-                    write_status_now(run / "status.json", service.status)  # `arpo run` says why it stopped
-                    await service.shutdown_actors(loop.stopped or "training finished")
-                    await outbox.flush()
-                    for task in background:
-                        task.cancel()
+            ranks = functools.partial(keep_ranks_alive, trainer) if isinstance(trainer, LeadTrainer) else None
+            await Run(config, state, plan, pump, inbox, outbox, service, loop, ranks).run()
 
 
-def run_ranks(config: RunConfig) -> int:
+def run_ranks(config: RunConfig, inputs: RunInputs | None) -> int:
     """Under torchrun (WORLD_SIZE > 1): join the process group, load and shard the policy on every rank, then
     rank 0 runs the learner (driving the others through :class:`LeadTrainer`) and the others follow it.
     Returns this rank's exit code (learner.train.distributed describes what happens when a rank dies)."""
@@ -205,7 +217,7 @@ def run_ranks(config: RunConfig) -> int:
         finished: list[bool] = []
 
         async def learn() -> None:
-            await run_learner(config, lead)
+            await run_learner(config, lead, inputs)
             finished.append(True)
 
         code = run_until_signal(learn(), "arpo-learner")
@@ -263,15 +275,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         log.error("%s", e)
         return 2
-    try:
+    try:  # everything but the model, built once: a bad input stops here, before the model loads
         resolve_device(config.learner.device)
         if config.learner.weight_sync == "distributed":
             sync_backend(config.learner)
-        evaluation_tasks(config)
-        load_advantage_function(config.learner.advantage_function)  # a bad path stops before the model loads
-        if config.learner.replay_demos and not checkpoint_folders(config.run_path / "checkpoints"):
-            seed_demonstrations(config, replay_buffer(config.learner),  # so do unusable demonstrations
-                                [task.id for task in select_tasks(config.learner)])
+        try:
+            inputs: RunInputs | None = load_inputs(config)
+        except TaskFormatError:  # a task filter naming no task stays the run's own error: exit 1 with its
+            inputs = None  # traceback, which `arpo run`'s crash excerpt quotes (run_learner loads the inputs)
         if config.learner.wandb_project:
             import_wandb(config.learner.wandb_project)  # before the model loads, not after
     except (ConfigError, RuntimeError, ValueError) as e:  # TrainerConfigError too; wandb missing; advantage_function
@@ -279,12 +290,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if torchrun_world() > 1:
         try:
-            code = run_ranks(config)
+            code = run_ranks(config, inputs)
         except RankGroupError as e:
             log.error("%s", e)
             code = 1
         leave(code)
-    return run_until_signal(run_learner(config), "arpo-learner")
+    return run_until_signal(run_learner(config, inputs=inputs), "arpo-learner")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Task selection: online selection with retirement of solved tasks and revisits (the baseline pass before
-training is learner.algo.baseline).
+"""Task selection: online selection with retirement of solved tasks and revisits (the task pre-pass before
+training is learner.algo.prepass).
 
 Owns: which task the next group of G rollouts is for during training, and whether every task is solved. Pure and
 seeded; no I/O, no clock.
@@ -9,7 +9,7 @@ seeded; no I/O, no clock.
   those groups had every rollout succeed. Such groups have no reward difference: DAPO's dynamic sampling (Yu et
   al. 2025, arXiv:2503.14476, section 3.2) drops them and samples more, as learner.algo.batcher does, so a solved
   task costs desktop time and gives no gradient. Retiring it online is ARPO's task filter (Lu et al. 2025,
-  arXiv:2505.16282: its baseline pass sets aside tasks the policy always solves, learner.algo.baseline) applied to
+  arXiv:2505.16282: its pre-pass sets aside tasks the policy always solves, learner.algo.prepass) applied to
   the policy as it learns. Retired tasks are revisited now and then (every ``revisit_every``-th pick and/or with
   probability ``revisit_prob``): one group, and a revisit that leaves the window no longer solved reactivates the
   task. Otherwise picks go to active tasks by shuffled round-robin or by uncertainty p(1 - p). :attr:`solved`
@@ -84,7 +84,8 @@ def check_pool(tasks: Sequence[T], task_id: Callable[[T], str]) -> list[str]:
 
 def trainable_scores(group: Any) -> list[float]:
     """Evaluator scores of a complete :class:`learner.rollouts.scheduler.Group`'s trainable trajectories (ENV_ERROR and
-    ABORTED left out): what :meth:`TaskSelector.record_group` and :meth:`BaselinePass.record_group` take."""
+    ABORTED left out): what :meth:`TaskSelector.record_group` and
+    :meth:`learner.algo.prepass.TaskPrepass.record_group` take."""
     return [float(t.score) for t in group.trajectories() if t.outcome.trainable]
 
 

@@ -22,7 +22,7 @@ earlier versions stays: an episode is a success iff its outcome is SUCCESS (scor
 ``learner.success_threshold``); every other outcome, errors included, counts as a failure in the denominator and
 errors are counted apart (``eval_errors``). A slot whose trajectory never comes back (its actor died,
 or the rollout timed out) is handed out again; nothing else is. Evaluation trajectories are acked like any other
-and reach nothing but this module: not the scheduler, batcher, replay buffer, task selector, baseline pass,
+and reach nothing but this module: not the scheduler, batcher, replay buffer, task selector, task pre-pass,
 outcome window or the sample kept for `arpo view`.
 
 Results: a complete round becomes the fields :data:`RESULT_KEYS` (``eval_score``, ``eval_task_score``,

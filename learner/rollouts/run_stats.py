@@ -82,13 +82,13 @@ class RunStats:
         else arpo_async.validation.InvalidMessage.reason)."""
         self.started = time.monotonic()
         self.last_step_at = self.started
-        """When the last optimizer step finished (or training started, after a baseline pass)."""
+        """When the last optimizer step finished (or training started, after a task pre-pass)."""
         self.zero_variance_at_step = 0
         """The zero-variance drop count at the last optimizer step."""
         self.stall: str | None = None
         """Why no optimizer step is happening, while that lasts (shown in status.json and the progress line)."""
-        self.evaluating = False
-        """True while the baseline pass runs (set by LearnerService.evaluate): the stall check is quiet then."""
+        self.prepass_running = False
+        """True while the task pre-pass runs (set by LearnerService.run_prepass): the stall check is quiet then."""
         self.lag = LoopLag()
         """The learner's event-loop lag (its :meth:`LoopLag.run` is one of the learner's tasks)."""
         self.peak_depths: collections.Counter[str] = collections.Counter()
@@ -107,16 +107,16 @@ class RunStats:
         return self._drops.get("zero_variance", 0) - self.zero_variance_at_step
 
     def training_starts(self) -> None:
-        """Training starts now (after the baseline pass): restart the stall clock."""
+        """Training starts now (after the task pre-pass): restart the stall clock."""
         self.last_step_at = time.monotonic()
 
     def stall_reason(self, now: float | None = None, *, after_s: float) -> str | None:
         """Why the run makes no progress, when no optimizer step happened for ``after_s`` seconds although
-        groups came back, every one without a reward difference; else None (also while the baseline pass runs)."""
+        groups came back, every one without a reward difference; else None (also while the task pre-pass runs)."""
         now = time.monotonic() if now is None else now
         idle = now - self.last_step_at
         flat = self._drops.get("zero_variance", 0) - self.zero_variance_at_step
-        if after_s <= 0 or idle < after_s or self.evaluating or flat <= 0:
+        if after_s <= 0 or idle < after_s or self.prepass_running or flat <= 0:
             return None
         trajectories = sum(self.window.outcomes.values())
         successes = self.window.outcomes.get(Outcome.SUCCESS.value, 0)
@@ -126,7 +126,7 @@ class RunStats:
 
     async def watch_stall(self, warning_s: float, timeout_s: float, period_s: float = 5.0) -> None:
         """Say why no optimizer step happens (every ``warning_s``; also kept in ``stall``), and raise StalledRun
-        after ``timeout_s`` without one (0: never); quiet while the baseline pass runs.
+        after ``timeout_s`` without one (0: never); quiet while the task pre-pass runs.
 
         Raises:
             StalledRun: no optimizer step for ``timeout_s`` while groups keep coming back without a reward

@@ -116,8 +116,8 @@ class GroupScheduler:
         self._budget += groups
 
     def set_task_source(self, pick_task: Callable[[], Task] | None, group_budget: int | None) -> None:
-        """Switch where new groups' tasks come from and the group budget (None = unlimited), e.g. from the baseline
-        pass to training; groups already open keep their task.
+        """Switch where new groups' tasks come from and the group budget (None = unlimited), e.g. from the task
+        pre-pass to training; groups already open keep their task.
 
         Raises:
             ValueError: a negative budget.

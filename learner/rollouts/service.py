@@ -1,7 +1,7 @@
 """Learner service: the learner's side of the conversation with actors, and the message dispatch.
 
 Role: takes each message from the ROUTER pump's inbox (:meth:`LearnerService.serve`) and routes it; owns the
-baseline pass while it runs and the hand-off of complete groups. Its halves: :class:`learner.rollouts.peers.Peers`
+task pre-pass while it runs and the hand-off of complete groups. Its halves: :class:`learner.rollouts.peers.Peers`
 (known actors, waiting requests, running rollouts, de-duplication, the announced policy version),
 :class:`learner.rollouts.acks.HeldAcks` (Acks held for a burst) and :class:`learner.rollouts.run_stats.RunStats`
 (counters, the outcome window, the stall check). Channels (made by the wiring function, learner.main): the pump's
@@ -23,7 +23,7 @@ loop reports each step back through one call, :meth:`LearnerService.on_trained`.
   :data:`ROUND_END` follows its groups);
 - an evaluation episode's trajectory (learner.rollouts.evaluation_rounds) is acked, validated and de-duplicated the same
   way, then goes to the evaluation rounds only: never to the scheduler, ``groups``, the task selector,
-  baseline pass, outcome window or trajectory sample; a round comes due in :meth:`LearnerService.on_trained`, and
+  task pre-pass, outcome window or trajectory sample; a round comes due in :meth:`LearnerService.on_trained`, and
   the final one of a run that stops as solved in :meth:`LearnerService.start_final_evaluation`;
 - a message that failed to decode, or whose handling raised, is counted in ``rejections`` and answered with a
   Reject; the service goes on.
@@ -45,7 +45,7 @@ from arpo_async.messages import Heartbeat, Hello, Outcome, Reject, Trajectory, W
 from arpo_async.process import WarningBudget
 from arpo_async.transport import Envelope, Outbox, Undecodable, peer_name
 from arpo_async.validation import InvalidMessage, WireLimits, check_hello, check_trajectory, check_work_request
-from learner.algo.baseline import BaselinePass
+from learner.algo.prepass import TaskPrepass
 from learner.algo.task_selection import NoTaskLeft, TaskSelector, trainable_scores
 from learner.rollouts.acks import ACK_DELAY_S, HeldAcks
 from learner.rollouts.evaluation_rounds import EvaluationRounds
@@ -134,9 +134,9 @@ class LearnerService:
         self.peers = Peers(outbox, scheduler, admission, self.state, learner_id=self.learner_id,
                            peer_timeout_s=peer_timeout_s, run_id=run_id,
                            max_slots_per_peer=max_slots_per_peer, evaluation=evaluation)
-        self.baseline: BaselinePass | None = None
-        """The baseline pass while it runs (its groups go to it, not to training)."""
-        self._baseline_done = asyncio.Event()
+        self.prepass: TaskPrepass | None = None
+        """The task pre-pass while it runs (its groups go to it, not to training)."""
+        self._prepass_done = asyncio.Event()
         self._round_open = False
         self.acks = HeldAcks(outbox, self.state, ack_delay_s)
         """The Acks of the current burst of messages (:meth:`handle`)."""
@@ -246,7 +246,7 @@ class LearnerService:
         slot or not (:meth:`learner.rollouts.peers.Peers.receive`, which hands a taken one to the scheduler or the
         evaluation rounds); a Reject when it says so. A training rollout taken is then counted (the statistics
         window, learner.rollouts.run_stats), offered to the sample kept for `arpo view`, reported to the admission
-        rule and the task selector; the group it completes goes to the baseline pass while that runs, else on
+        rule and the task selector; the group it completes goes to the task pre-pass while that runs, else on
         ``groups`` (lockstep: :data:`ROUND_END` after a rollout batch's last group)."""
         try:
             check_trajectory(traj, vocab_size=self.vocab_size, version=self.announced_version, limits=self.limits)
@@ -275,11 +275,11 @@ class LearnerService:
         if self.selector is not None and self.selector.record_rollout(task.id, taken.outcome == Outcome.TASK_ERROR):
             log.error("task %s set aside: its last %d rollouts ended in TASK_ERROR (the last: %s); it is not handed "
                       "out again in this run", task.id, self.selector.task_error_limit, taken.error[:300])
-        if group is not None and self.baseline is not None:
-            self.baseline.record_group(group.task.id, trainable_scores(group))
+        if group is not None and self.prepass is not None:
+            self.prepass.record_group(group.task.id, trainable_scores(group))
             self.admission.on_discard(sum(Outcome(t.outcome).trainable for t in group.trajectories()))  # never trained
-            if self.baseline.done:
-                self._baseline_done.set()
+            if self.prepass.done:
+                self._prepass_done.set()
         elif group is not None:
             if self.selector is not None:
                 self.selector.record_group(group.task.id, trainable_scores(group))
@@ -289,23 +289,23 @@ class LearnerService:
                 self.groups.put_nowait(ROUND_END)
         await self.peers.dispatch()
 
-    async def evaluate(self, baseline: BaselinePass) -> None:
-        """ARPO's baseline pass (learner.algo.baseline): hand out ``baseline``'s groups (k rollouts of every task with
-        the current policy) and wait until every one has come back. The groups are recorded in ``baseline`` and
+    async def run_prepass(self, prepass: TaskPrepass) -> None:
+        """ARPO's task pre-pass (learner.algo.prepass): hand out ``prepass``'s groups (k rollouts of every task with
+        the current policy) and wait until every one has come back. The groups are recorded in ``prepass`` and
         never trained on; the outcome window is reset afterwards, so the first training step's success rate is
-        training's own. The scores are in ``baseline.results`` when this returns.
+        training's own. The scores are in ``prepass.results`` when this returns.
 
-        The scheduler must have been built (or switched with ``set_task_source``) with ``baseline.pick_task``
+        The scheduler must have been built (or switched with ``set_task_source``) with ``prepass.pick_task``
         and a group budget of 0; this adds the pass's groups to the budget.
         """
-        self.baseline, self.stats.evaluating = baseline, True
-        self._baseline_done.clear()
-        self.scheduler.add_group_budget(baseline.planned_groups)
+        self.prepass, self.stats.prepass_running = prepass, True
+        self._prepass_done.clear()
+        self.scheduler.add_group_budget(prepass.planned_groups)
         await self.peers.dispatch()
         try:
-            await self._baseline_done.wait()
+            await self._prepass_done.wait()
         finally:
-            self.baseline, self.stats.evaluating = None, False
+            self.prepass, self.stats.prepass_running = None, False
         self.stats.window.take()
 
     async def open_round(self, groups: int) -> None:
@@ -323,7 +323,7 @@ class LearnerService:
         await self.peers.dispatch()
 
     async def start_training(self, selector: TaskSelector, group_budget: int | None) -> None:
-        """After the baseline pass: pick training tasks with ``selector`` (None budget: open groups without
+        """After the task pre-pass: pick training tasks with ``selector`` (None budget: open groups without
         limit; 0: only what :meth:`open_round` adds), restart the stall clock and hand out work."""
         self.selector = selector
         self.scheduler.set_task_source(selector.pick_task, group_budget)
@@ -418,8 +418,9 @@ class LearnerService:
                 "zero_variance_since_step": self.stats.zero_variance_since_step,
                 **({"stopped": self.stopped} if self.stopped else {}),
                 **({"evaluation": self.evaluation.status()} if self.evaluation is not None else {}),
-                **({"baseline": {"groups_recorded": self.baseline.recorded_groups,
-                                 "groups_planned": self.baseline.planned_groups}} if self.baseline else {})}
+                # the task pre-pass's progress keeps its status.json key from when it was the "baseline pass"
+                **({"baseline": {"groups_recorded": self.prepass.recorded_groups,
+                                 "groups_planned": self.prepass.planned_groups}} if self.prepass else {})}
 
     def state_dict(self, waiting: int = 0) -> dict[str, Any]:
         """The service's resumable state (the run's own, step, version and counters, is ``state``'s:

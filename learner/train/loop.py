@@ -141,7 +141,7 @@ class TrainingLoop:
     @property
     def solved(self) -> bool:
         """Whether the run should end as solved: ``learner.stop_when_solved`` and every task the selector holds is
-        retired (learner.algo.task_selection.TaskSelector.solved; never during a baseline pass)."""
+        retired (learner.algo.task_selection.TaskSelector.solved; never during a task pre-pass)."""
         selector = self.service.selector
         return self.lc.stop_when_solved and selector is not None and selector.solved
 

@@ -24,11 +24,12 @@ from arpo_async.config import LearnerConfig, TransportConfig
 from arpo_async.messages import Hello, Outcome, Reject, Step, Trajectory, WorkRequest
 from arpo_async.tasks import Task
 from arpo_async.transport import INBOX_SIZE, Outbox, SocketPump, dealer_socket, peer_name, router_socket
-from learner.algo.baseline import BASELINE_FILE, plan_tasks
+from learner.algo.prepass import PREPASS_FILE, plan_tasks
 from learner.algo.task_selection import TaskSelector
 from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.service import LearnerService
 from learner.rollouts.staleness import StalenessManager
+from learner.run import run_prepass
 from tests.support import free_port, hello_over, huge_table, trained, until
 
 TASK = Task.from_dict({"id": "grid4-red", "instruction": "click red", "config": [],
@@ -127,7 +128,7 @@ async def test_learner_restart_gets_held_trajectories_again(transport):
             async with learner(ctx, transport) as new:
                 await until(lambda: link.learner_id == new.learner_id != old_id)
                 assert await link.wait_acked(5)
-                await until(lambda: new.state.totals["late"] == 1)  # received and acked; its group was the old learner's
+                await until(lambda: new.state.totals["late"] == 1)  # received, acked; its group was the old learner's
     finally:
         ctx.destroy(linger=0)
 
@@ -207,30 +208,30 @@ async def test_baseline_pass_keeps_valuable_tasks_and_trains_on_none_of_it(trans
     other = Task.from_dict({**TASK.to_dict(), "id": "grid4-blue", "instruction": "click blue"})
     lc = LearnerConfig(baseline_k=2, group_size=2, task_retire=False)  # one group of 2 per task
     plan = plan_tasks([TASK, other], lc, tmp_path, resuming=False)
-    assert plan.baseline is not None and plan.selector is None
+    assert plan.prepass is not None and plan.selector is None
     scheduler = GroupScheduler(plan.pool, group_size=2, group_budget=0, pick_task=plan.pick_task)
     scores = {"grid4-red": [("SUCCESS", 1.0), ("FAILURE", 0.0)], "grid4-blue": [("FAILURE", 0.0)] * 2}
     ctx = zmq.asyncio.Context()
     try:
         async with learner(ctx, transport, batch=4, eta=1, scheduler=scheduler) as service, \
                 actor(ctx, transport) as link:
-            passing = asyncio.create_task(plan.run_baseline(service, lc, None))
+            passing = asyncio.create_task(run_prepass(plan, service, lc))
             for _ in range(4):
                 assignment = await asyncio.wait_for(link.request_work(), 5)
-                assert "baseline" in service.status() and service.stats.evaluating
+                assert "baseline" in service.status() and service.stats.prepass_running
                 outcome, score = scores[assignment.task["id"]][assignment.rollout_index]
                 await link.submit(trajectory(assignment, outcome, score))
             await asyncio.wait_for(passing, 5)
-            assert plan.baseline.results == {"grid4-red": [1.0, 0.0], "grid4-blue": [0.0, 0.0]}
+            assert plan.prepass.results == {"grid4-red": [1.0, 0.0], "grid4-blue": [0.0, 0.0]}
             assert [t.id for t in plan.pool] == ["grid4-red"] and plan.selector is service.selector
-            assert json.loads((tmp_path / BASELINE_FILE).read_text())["valuable"] == ["grid4-red"]
+            assert json.loads((tmp_path / PREPASS_FILE).read_text())["valuable"] == ["grid4-red"]
             assert service.groups.empty()  # nothing to train on
             assert service.admission.accepted == 0 and service.stats.window.take().outcomes == {}
-            assert "baseline" not in service.status() and not service.stats.evaluating
+            assert "baseline" not in service.status() and not service.stats.prepass_running
             # training hands out only the valuable task
             assert (await asyncio.wait_for(link.request_work(), 5)).task["id"] == "grid4-red"
         restarted = plan_tasks([TASK, other], lc, tmp_path, resuming=True)  # a restart reuses the finished pass
-        assert restarted.baseline is None and [t.id for t in restarted.pool] == ["grid4-red"]
+        assert restarted.prepass is None and [t.id for t in restarted.pool] == ["grid4-red"]
     finally:
         ctx.destroy(linger=0)
 

@@ -195,7 +195,7 @@ def test_learner_has_no_import_circles():
     assert import_circles(module_imports(ROOT, "learner")) == []
 
 
-ROOMS = ("learner.state", "learner.algo", "learner.rollouts", "learner.train", "learner.main")
+ROOMS = ("learner.state", "learner.algo", "learner.rollouts", "learner.train", "learner.run", "learner.main")
 """learner/'s rooms from the bottom up: a module may import its own room and the rooms below it, never one above
 (the algorithm imports neither the conversation with actors nor the trainer; the run's state imports nothing)."""
 

@@ -19,7 +19,7 @@ from arpo_async.messages import Outcome, Step, Trajectory
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
 from arpo_async.task_sets import TaskEntry
 from arpo_async.tasks import Task
-from learner.algo.baseline import BaselinePass, save_baseline, task_selector
+from learner.algo.prepass import TaskPrepass, save_prepass, task_selector
 from learner.algo.batcher import Batcher
 from learner.main import replay_buffer
 from learner.rollouts.run_stats import WindowStats
@@ -61,10 +61,10 @@ def verdicts(score: float, lc: LearnerConfig, tmp_path: Path) -> dict[str, bool]
     selector = task_selector([TASK], lc)
     selector.record_group(TASK.id, [score])
     found["task selection"] = selector.success_estimate(TASK.id) == 2 / 3  # (1 + 1) / (1 + 2), Laplace
-    baseline = BaselinePass([TASK], 1, 1)
+    baseline = TaskPrepass([TASK], 1, 1)
     baseline.record_group(TASK.id, [score])
     try:
-        found["baseline pass"] = save_baseline(tmp_path / "baseline.json", baseline, lc) == [TASK.id]
+        found["baseline pass"] = save_prepass(tmp_path / "baseline.json", baseline, lc) == [TASK.id]
     except ValueError:  # no task had a success
         found["baseline pass"] = False
     window = WindowStats()

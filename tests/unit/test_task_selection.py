@@ -8,7 +8,7 @@ import msgpack
 import pytest
 
 from arpo_async.tasks import Task
-from learner.algo.baseline import BaselineExhausted, BaselinePass, baseline_plan, valuable_tasks
+from learner.algo.prepass import PrepassExhausted, TaskPrepass, prepass_plan, valuable_tasks
 from learner.algo.task_selection import TaskSelectionError, TaskSelector, trainable_scores
 from learner.rollouts.scheduler import GroupScheduler
 
@@ -32,25 +32,25 @@ def ids(picks: list[Task]) -> list[str]:
 
 
 def test_baseline_plan_and_valuable_tasks():
-    assert [(t.id, k) for t, k in baseline_plan(POOL, 8)] == [("a", 8), ("b", 8), ("c", 8), ("d", 8)]
+    assert [(t.id, k) for t, k in prepass_plan(POOL, 8)] == [("a", 8), ("b", 8), ("c", 8), ("d", 8)]
     results = {"a": [0, 0, 1, 0], "b": [0, 0.1, 0.05, 0], "c": [1, 1, 1, 1], "d": [], "e": [0.05, 0.6, 0.3, 1.0]}
     assert valuable_tasks(results) == ["a", "c", "e"]  # "d" has no result, "b" no score above 0.1 (e: 3 of 4)
     assert valuable_tasks(results, drop_solved=True) == ["a", "e"]  # "c" solved 4/4
     assert valuable_tasks(results, min_success=2) == ["c", "e"]
     with pytest.raises(TaskSelectionError):
-        baseline_plan(POOL, 0)
+        prepass_plan(POOL, 0)
     with pytest.raises(TaskSelectionError, match="duplicate"):
-        baseline_plan([task("a"), task("a")], 2)
+        prepass_plan([task("a"), task("a")], 2)
     with pytest.raises(TaskSelectionError):
         valuable_tasks(results, min_success=0)
 
 
 def test_baseline_pass_as_a_scheduler_task_source():
-    baseline = BaselinePass(POOL[:3], k=6, group_size=4)  # ceil(6 / 4) = 2 groups per task
+    baseline = TaskPrepass(POOL[:3], k=6, group_size=4)  # ceil(6 / 4) = 2 groups per task
     picks = [baseline.pick_task() for _ in range(6)]
     assert ids(picks) == ["a", "b", "c", "a", "b", "c"]
     assert baseline.exhausted and not baseline.done
-    with pytest.raises(BaselineExhausted):
+    with pytest.raises(PrepassExhausted):
         baseline.pick_task()
     for task_id, scores in [("a", FAILED), ("b", FAILED), ("c", SOLVED), ("a", [0, 1, 0, 0]), ("b", FAILED),
                             ("c", SOLVED)]:
@@ -201,20 +201,20 @@ def test_bad_parameters_are_rejected(kwargs):
 
 def test_learner_baseline_file_is_written_reused_and_checked(tmp_path):
     from arpo_async.config import LearnerConfig
-    from learner.algo.baseline import load_baseline, plan_baseline, save_baseline, valuable_pool
+    from learner.algo.prepass import load_prepass, plan_prepass, save_prepass, valuable_pool
 
     lc = LearnerConfig(baseline_k=2, group_size=2)
     path = tmp_path / "baseline.json"
-    baseline = plan_baseline(POOL, lc, path, resuming=False)
+    baseline = plan_prepass(POOL, lc, path, resuming=False)
     assert baseline is not None and baseline.planned_groups == 4
-    assert plan_baseline(POOL, LearnerConfig(), path, resuming=False) is None  # baseline_k = 0: no pass
-    assert plan_baseline(POOL, lc, path, resuming=True) is None  # a run that trained without one
+    assert plan_prepass(POOL, LearnerConfig(), path, resuming=False) is None  # baseline_k = 0: no pass
+    assert plan_prepass(POOL, lc, path, resuming=True) is None  # a run that trained without one
     for t in POOL:
         baseline.pick_task()
         baseline.record_group(t.id, [1.0, 0.0] if t.id in ("b", "d") else [0.0, 0.0])
-    assert save_baseline(path, baseline, lc) == ["b", "d"]
-    assert load_baseline(path) == ["b", "d"]
-    assert plan_baseline(POOL, lc, path, resuming=False) is None  # a restart reuses the finished pass
+    assert save_prepass(path, baseline, lc) == ["b", "d"]
+    assert load_prepass(path) == ["b", "d"]
+    assert plan_prepass(POOL, lc, path, resuming=False) is None  # a restart reuses the finished pass
     assert [t.id for t in valuable_pool(POOL, ["d", "b"])] == ["b", "d"]
     with pytest.raises(ValueError, match="none of the baseline pass's valuable tasks"):
         valuable_pool(POOL, ["zz"])
@@ -222,27 +222,27 @@ def test_learner_baseline_file_is_written_reused_and_checked(tmp_path):
 
 def test_learner_baseline_with_no_valuable_task_is_a_clear_error(tmp_path):
     from arpo_async.config import LearnerConfig
-    from learner.algo.baseline import save_baseline
+    from learner.algo.prepass import save_prepass
 
     lc = LearnerConfig(baseline_k=2, group_size=2)
-    baseline = BaselinePass(POOL[:2], k=2, group_size=2)
+    baseline = TaskPrepass(POOL[:2], k=2, group_size=2)
     for t in POOL[:2]:
         baseline.pick_task()
         baseline.record_group(t.id, [0.0, 0.0])
     with pytest.raises(ValueError, match=r"no task with >= 1 successes in 2 rollouts .*'a': '0/2'"):
-        save_baseline(tmp_path / "baseline.json", baseline, lc)
+        save_prepass(tmp_path / "baseline.json", baseline, lc)
     assert not (tmp_path / "baseline.json").exists()
 
 
 @pytest.mark.parametrize("text", ["{not json", '{"k": 2}', '{"valuable": []}', '{"valuable": "b"}', "[1]",
                                   '{"valuable": [1, 2]}'])
 def test_a_damaged_baseline_file_is_a_clear_error(tmp_path, text):
-    from learner.algo.baseline import load_baseline
+    from learner.algo.prepass import load_prepass
 
     path = tmp_path / "baseline.json"
     path.write_text(text)
     with pytest.raises(ValueError, match="baseline.json.*remove it to run the pass again"):
-        load_baseline(path)
+        load_prepass(path)
 
 
 def test_a_task_with_task_errors_in_a_row_is_set_aside_and_never_picked_again():

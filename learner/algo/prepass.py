@@ -1,4 +1,4 @@
-"""The baseline pass (ARPO's "valuable tasks") and the task pool training starts from.
+"""The task pre-pass (ARPO's "valuable tasks") and the task pool training starts from.
 
 Role: before training, k rollouts of every task with the initial policy (rounded up to whole groups), evaluated
 and never trained on; training then uses only the tasks with at least ``learner.baseline_min_success`` successes
@@ -6,11 +6,12 @@ and never trained on; training then uses only the tasks with at least ``learner.
 selection),
 optionally dropping tasks already solved k times out of k (they would only give zero-variance groups).
 
-Owns: :class:`BaselinePass` (the pass as a task source for the GroupScheduler, and its results), the pure rule
+Owns: :class:`TaskPrepass` (the pass as a task source for the GroupScheduler, and its results), the pure rule
 :func:`valuable_tasks`, ``<run>/baseline.json`` (written once the pass is over; a restarted learner reuses it
 instead of running the pass again), and :class:`TaskPlan` (made by :func:`plan_tasks`): where the learner's tasks
-come from as it starts, and :meth:`TaskPlan.run_baseline`, which drives the pass through the learner service and
-switches it to training.
+come from as it starts, and :meth:`TaskPlan.finish_prepass`, which saves a finished pass and switches the plan to
+the tasks it kept. The run (learner.run.run_prepass) drives the pass through the learner service; nothing here
+calls the service.
 
 Invariants: the pass's groups are never trained on (the service routes them to the pass); a run that trained
 without a pass never starts one on resume; when no task qualifies the learner stops with an error that lists the
@@ -26,7 +27,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 from arpo_async.config import LearnerConfig
 from arpo_async.success import DEFAULT_SUCCESS_THRESHOLD, is_success
@@ -37,12 +38,12 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-class BaselineExhausted(LookupError):
-    """:meth:`BaselinePass.pick_task` was called after every planned group had been handed out."""
+class PrepassExhausted(LookupError):
+    """:meth:`TaskPrepass.pick_task` was called after every planned group had been handed out."""
 
 
-def baseline_plan(tasks: Sequence[T], k: int) -> list[tuple[T, int]]:
-    """The baseline pass: ``(task, k)`` for every task, in pool order: run k rollouts of each with the initial policy.
+def prepass_plan(tasks: Sequence[T], k: int) -> list[tuple[T, int]]:
+    """the task pre-pass: ``(task, k)`` for every task, in pool order: run k rollouts of each with the initial policy.
 
     Args:
         tasks: the candidate pool (objects with an ``id``), non-empty, unique ids.
@@ -64,14 +65,14 @@ def valuable_tasks(
     drop_solved: bool = False,
     success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
 ) -> list[str]:
-    """ARPO's valuable tasks: the ids whose baseline results hold at least ``min_success`` successes.
+    """ARPO's valuable tasks: the ids whose pre-pass results hold at least ``min_success`` successes.
 
     A result is a success when its evaluator score is above ``success_threshold``
     (:func:`arpo_async.success.is_success`). A task with no result (every rollout of it failed to run) is
     dropped: nothing shows it can be solved.
 
     Args:
-        results: task id -> evaluator scores of its baseline rollouts (trainable outcomes only).
+        results: task id -> evaluator scores of its pre-pass rollouts (trainable outcomes only).
         min_success: successes needed to keep a task (>= 1; ARPO: 1).
         drop_solved: also drop tasks solved in every one of their rollouts (k out of k).
         success_threshold: a rollout scored above this is a success (``learner.success_threshold``).
@@ -97,8 +98,8 @@ def valuable_tasks(
     return kept
 
 
-class BaselinePass(Generic[T]):
-    """The baseline pass as a task source for the GroupScheduler: ``ceil(k / group_size)`` groups per task.
+class TaskPrepass(Generic[T]):
+    """the task pre-pass as a task source for the GroupScheduler: ``ceil(k / group_size)`` groups per task.
 
     Hand it to the scheduler as ``pick_task``; stop handing out new groups once :attr:`exhausted`; feed every
     complete group to :meth:`record_group`; when :attr:`done`, :meth:`valuable` gives the tasks to train on.
@@ -148,13 +149,13 @@ class BaselinePass(Generic[T]):
         return self._recorded >= self._expected
 
     def pick_task(self) -> T:
-        """The task of the next baseline group (pool order, one round per group of each task).
+        """The task of the next pre-pass group (pool order, one round per group of each task).
 
         Raises:
-            BaselineExhausted: every planned group was already handed out.
+            PrepassExhausted: every planned group was already handed out.
         """
         if not self._plan:
-            raise BaselineExhausted("the baseline pass has handed out all its groups")
+            raise PrepassExhausted("the task pre-pass has handed out all its groups")
         return self._plan.popleft()
 
     def record_group(self, task_id: str, scores: Sequence[float]) -> bool:
@@ -172,12 +173,15 @@ class BaselinePass(Generic[T]):
                               success_threshold=success_threshold)
 
 
-BASELINE_FILE = "baseline.json"
-"""The baseline pass's results in the run folder: {"k", "results": {task id: scores}, "valuable": [ids]}."""
+PREPASS_FILE = "baseline.json"
+"""The task pre-pass's results in the run folder: {"k", "results": {task id: scores}, "valuable": [ids]}. The file
+keeps the name it had when the pass was called the baseline pass: run folders written then resume as they are, and
+the config keys that set the pass are still ``learner.baseline_k``, ``baseline_min_success`` and
+``baseline_drop_solved``."""
 
 
-def plan_baseline(tasks: list[Task], lc: LearnerConfig, path: Path, *, resuming: bool) -> BaselinePass | None:
-    """The baseline pass to run before training, or None: when ``baseline_k`` is 0, when ``path`` holds a
+def plan_prepass(tasks: list[Task], lc: LearnerConfig, path: Path, *, resuming: bool) -> TaskPrepass | None:
+    """The task pre-pass to run before training, or None: when ``baseline_k`` is 0, when ``path`` holds a
     finished pass of this run (a restart reuses it), or when resuming a run that trained without one."""
     if not lc.baseline_k or path.exists():
         return None
@@ -185,17 +189,17 @@ def plan_baseline(tasks: list[Task], lc: LearnerConfig, path: Path, *, resuming:
         log.warning("learner.baseline_k=%d but this run already trained without a baseline pass; not running one",
                     lc.baseline_k)
         return None
-    return BaselinePass(tasks, lc.baseline_k, lc.group_size)
+    return TaskPrepass(tasks, lc.baseline_k, lc.group_size)
 
 
-def save_baseline(path: Path, baseline: BaselinePass, lc: LearnerConfig) -> list[str]:
-    """Write the finished baseline pass to ``path`` (atomically) and return the valuable task ids.
+def save_prepass(path: Path, prepass: TaskPrepass, lc: LearnerConfig) -> list[str]:
+    """Write the finished task pre-pass to ``path`` (atomically) and return the valuable task ids.
 
     Raises:
         ValueError: no task met ``baseline_min_success`` (nothing to train on; the message lists the results).
     """
-    results = baseline.results
-    kept = baseline.valuable(lc.baseline_min_success, drop_solved=lc.baseline_drop_solved,
+    results = prepass.results
+    kept = prepass.valuable(lc.baseline_min_success, drop_solved=lc.baseline_drop_solved,
                              success_threshold=lc.success_threshold)
     summary = {task_id: f"{sum(is_success(s, lc.success_threshold) for s in scores)}/{len(scores)}"
                for task_id, scores in results.items()}
@@ -210,8 +214,8 @@ def save_baseline(path: Path, baseline: BaselinePass, lc: LearnerConfig) -> list
     return kept
 
 
-def load_baseline(path: Path) -> list[str]:
-    """The valuable task ids of a finished baseline pass saved by :func:`save_baseline`.
+def load_prepass(path: Path) -> list[str]:
+    """The valuable task ids of a finished task pre-pass saved by :func:`save_prepass`.
 
     Raises:
         ValueError: the file is not JSON or has no non-empty list of ids under "valuable" (names the file).
@@ -236,7 +240,7 @@ def valuable_pool(tasks: list[Task], kept: list[str]) -> list[Task]:
     pool = [t for t in tasks if t.id in set(kept)]
     if not pool:
         raise ValueError(f"none of the baseline pass's valuable tasks {kept} is in the task pool; remove "
-                         f"{BASELINE_FILE} from the run folder to run the pass again")
+                         f"{PREPASS_FILE} from the run folder to run the pass again")
     return pool
 
 
@@ -253,64 +257,51 @@ def training_pool(tasks: list[Task], lc: LearnerConfig, path: Path) -> list[Task
     (with ``learner.baseline_k`` set), else all of ``tasks``.
 
     Raises:
-        ValueError: ``path`` is malformed or names no task of the pool (see :func:`load_baseline`).
+        ValueError: ``path`` is malformed or names no task of the pool (see :func:`load_prepass`).
     """
     if lc.baseline_k and path.exists():
-        return valuable_pool(tasks, load_baseline(path))
+        return valuable_pool(tasks, load_prepass(path))
     return tasks
-
-
-class PassRunner(Protocol):
-    """What :meth:`TaskPlan.run_baseline` drives: the learner service (learner.rollouts.service.LearnerService), typed
-    here rather than imported because the service imports :class:`BaselinePass`."""
-
-    async def evaluate(self, baseline: BaselinePass) -> None:
-        """Hand out ``baseline``'s groups and return when every one has come back."""
-
-    async def start_training(self, selector: TaskSelector, group_budget: int | None) -> None:
-        """Switch to training on the tasks ``selector`` picks."""
 
 
 @dataclass
 class TaskPlan:
-    """Where the learner's tasks come from as it starts: a baseline pass over every task first (``baseline`` set,
+    """Where the learner's tasks come from as it starts: a task pre-pass over every task first (``prepass`` set,
     ``selector`` None until the pass is over), or training at once on ``pool`` with ``selector``.
 
     Attributes:
         tasks: every candidate task (learner.tasks / task_ids).
         pool: the tasks the scheduler starts with: all of them for a pass, else the valuable ones of a finished
             pass (a restart) or all of them (no pass).
-        baseline: the pass to run before training, or None.
+        prepass: the pass to run before training, or None.
         selector: the online task selector over ``pool``, or None while a pass is due.
         path: <run>/baseline.json.
     """
 
     tasks: list[Task]
     pool: list[Task]
-    baseline: BaselinePass | None
+    prepass: TaskPrepass | None
     selector: TaskSelector | None
     path: Path
 
     @property
     def pick_task(self) -> Callable[[], Task]:
         """The scheduler's task source now: the pass's while one is due, else the selector's."""
-        return (self.baseline or self.selector).pick_task
+        return (self.prepass or self.selector).pick_task
 
-    async def run_baseline(self, service: PassRunner, lc: LearnerConfig, group_budget: int | None) -> None:
-        """Run the pass through ``service`` until every group came back, save it to ``path``, then switch the
-        service to training on the valuable tasks (``group_budget``: None for the async schedule, 0 for lockstep).
-        Does nothing when no pass is due.
+    def finish_prepass(self, lc: LearnerConfig) -> TaskSelector:
+        """The pre-pass came back in full: save it to ``path``, switch the plan to training on the tasks it kept
+        (``pool``, ``selector``) and return the selector (the run hands it to the service, learner.run.run_prepass).
 
         Raises:
-            ValueError: no task met ``learner.baseline_min_success`` (see :func:`save_baseline`).
+            ValueError: no task met ``learner.baseline_min_success`` (see :func:`save_prepass`).
         """
-        if self.baseline is None:
-            return
-        await service.evaluate(self.baseline)
-        kept = save_baseline(self.path, self.baseline, lc)
+        if self.prepass is None:
+            raise RuntimeError("finish_prepass without a pre-pass")
+        kept = save_prepass(self.path, self.prepass, lc)
         self.pool = valuable_pool(self.tasks, kept)
         self.selector = task_selector(self.pool, lc)
-        await service.start_training(self.selector, group_budget)
+        return self.selector
 
 
 def plan_tasks(tasks: list[Task], lc: LearnerConfig, run: Path, *, resuming: bool) -> TaskPlan:
@@ -319,9 +310,9 @@ def plan_tasks(tasks: list[Task], lc: LearnerConfig, run: Path, *, resuming: boo
     Raises:
         ValueError: a finished pass's <run>/baseline.json is malformed or names no task of ``tasks``.
     """
-    path = run / BASELINE_FILE
-    baseline = plan_baseline(tasks, lc, path, resuming=resuming)
-    if baseline is not None:
-        return TaskPlan(tasks, tasks, baseline, None, path)
+    path = run / PREPASS_FILE
+    prepass = plan_prepass(tasks, lc, path, resuming=resuming)
+    if prepass is not None:
+        return TaskPlan(tasks, tasks, prepass, None, path)
     pool = training_pool(tasks, lc, path)
     return TaskPlan(tasks, pool, None, task_selector(pool, lc), path)
