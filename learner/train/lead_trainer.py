@@ -43,7 +43,7 @@ __all__ = ["LeadTrainer", "follow"]
 
 @dataclass(frozen=True)
 class TrainBatch:
-    """:meth:`TrainEngine.train_batch` on every rank."""
+    """learner.train.train_engine.TrainEngine.train_batch on every rank."""
 
     name: ClassVar[str] = "train_batch"
     samples: Sequence[TrainSample]
@@ -55,7 +55,7 @@ class TrainBatch:
 
 @dataclass(frozen=True)
 class TrainStep:
-    """:meth:`TrainEngine.train_step` on every rank."""
+    """learner.train.train_engine.TrainEngine.train_step on every rank."""
 
     name: ClassVar[str] = "train_step"
     samples: Sequence[TrainSample]
@@ -67,7 +67,7 @@ class TrainStep:
 
 @dataclass(frozen=True)
 class ComputeLogprobs:
-    """:meth:`TrainEngine.compute_logprobs` on every rank."""
+    """learner.train.train_engine.TrainEngine.compute_logprobs on every rank."""
 
     name: ClassVar[str] = "compute_logprobs"
     samples: Sequence[TrainSample]
@@ -78,7 +78,7 @@ class ComputeLogprobs:
 
 @dataclass(frozen=True)
 class SaveWeights:
-    """:meth:`TrainEngine.save_weights` on every rank (all gather, rank 0 writes)."""
+    """learner.train.train_engine.TrainEngine.save_weights on every rank (all gather, rank 0 writes)."""
 
     name: ClassVar[str] = "save_weights"
     out_dir: Path
@@ -91,7 +91,7 @@ class SaveWeights:
 
 @dataclass(frozen=True)
 class FullStateDict:
-    """:meth:`TrainEngine.full_state_dict` on every rank (rank 0 gets the tensors)."""
+    """learner.train.train_engine.TrainEngine.full_state_dict on every rank (rank 0 gets the tensors)."""
 
     name: ClassVar[str] = "full_state_dict"
 
@@ -101,7 +101,7 @@ class FullStateDict:
 
 @dataclass(frozen=True)
 class CheckpointStateDict:
-    """:meth:`TrainEngine.checkpoint_state_dict` on every rank (rank 0 gets the tensors)."""
+    """learner.train.train_engine.TrainEngine.checkpoint_state_dict on every rank (rank 0 gets the tensors)."""
 
     name: ClassVar[str] = "checkpoint_state_dict"
 
@@ -111,7 +111,7 @@ class CheckpointStateDict:
 
 @dataclass(frozen=True)
 class SaveCheckpoint:
-    """:meth:`TrainEngine.save_checkpoint` on every rank (each writes its shards)."""
+    """learner.train.train_engine.TrainEngine.save_checkpoint on every rank (each writes its shards)."""
 
     name: ClassVar[str] = "save_checkpoint"
     path: Path
@@ -122,7 +122,7 @@ class SaveCheckpoint:
 
 @dataclass(frozen=True)
 class LoadCheckpoint:
-    """:meth:`TrainEngine.load_checkpoint` on every rank (each reads its shards)."""
+    """learner.train.train_engine.TrainEngine.load_checkpoint on every rank (each reads its shards)."""
 
     name: ClassVar[str] = "load_checkpoint"
     path: Path
