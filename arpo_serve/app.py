@@ -12,8 +12,12 @@ GET /health_generate, POST /pause_generation, POST /continue_generation, GET|POS
 POST /abort_request; and OpenAI's POST /v1/chat/completions and GET /v1/models (arpo_serve.openai_api).
 
 Keys (SGLang's --api-key and --admin-api-key, python/sglang/srt/utils/auth.py): the weight and control routes
-(marked with :func:`admin_only`, SGLang's ``AuthLevel.ADMIN_OPTIONAL``) take only the admin key when one is set;
-every other route but GET /health takes only the API key when one is set.
+(marked with :func:`~arpo_serve.route_helpers.admin_only`, SGLang's ``AuthLevel.ADMIN_OPTIONAL``) take only the
+admin key when one is set; every other route but GET /health takes only the API key when one is set.
+
+Arrows run one way: this module registers the route modules (arpo_serve.openai_api, arpo_serve.weight_routes),
+and all of them take the app's keys from arpo_serve.app_keys and the shared request helpers from
+arpo_serve.route_helpers; neither of those imports a route module.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
 import logging
 import time
 from pathlib import Path
@@ -30,7 +33,7 @@ from aiohttp import web
 
 import arpo_async
 from arpo_async.model.inputs import ModelInputError
-from arpo_serve.engine import Engine, GenerationResult, PreparedRequest, RequestError, SamplingParams
+from arpo_serve.engine import Engine, PreparedRequest, RequestError, SamplingParams
 from arpo_async.grammar import GrammarBusy, GrammarError
 from arpo_serve.protocol import (
     GenerateInput,
@@ -41,25 +44,14 @@ from arpo_serve.protocol import (
 )
 from arpo_serve.scheduler import EngineFailure, Scheduler
 from arpo_async.weight_sync import overall_checksum
+from arpo_serve.app_keys import (ENGINE_KEY, GROUP_OWNERS_KEY, GROUPS_KEY, IMAGE_ROOT_KEY, JOINS_KEY,
+                                 SCHEDULER_KEY, SESSION_KEY, WEIGHTS_ROOT_KEY)
+from arpo_serve.openai_api import add_openai_routes
+from arpo_serve.route_helpers import (ClientGone, admin_only, answer, compiled_grammars, json_body, request_rid,
+                                      run_while_connected)
+from arpo_serve.weight_routes import FLUSH_REFUSED, add_weight_routes, weight_selector
 
 log = logging.getLogger(__name__)
-
-ENGINE_KEY = web.AppKey("engine", Engine)
-SCHEDULER_KEY = web.AppKey("scheduler", Scheduler)
-GROUPS_KEY = web.AppKey("weight_groups", dict)
-JOINS_KEY = web.AppKey("weight_group_joins", list)
-GROUP_OWNERS_KEY = web.AppKey("weight_group_owners", dict)
-SESSION_KEY = web.AppKey("weight_session", dict)
-WEIGHTS_ROOT_KEY = web.AppKey("weights_root", object)
-IMAGE_ROOT_KEY = web.AppKey("image_root", object)
-DISCONNECT_POLL_S = 0.5
-"""How often /generate checks whether its client is still connected (SGLang checks ``is_disconnected`` every 4 s
-while a request runs)."""
-
-
-class ClientGone(Exception):
-    """The client of a /generate request disconnected before its answer; its requests were aborted."""
-
 
 def _error(message: str, status: int = 400) -> web.Response:
     return web.json_response(error_body(message), status=status)
@@ -83,29 +75,6 @@ async def _errors(request: web.Request, handler):
         return _error(f"internal error: {type(e).__name__}: {e}", 500)
 
 
-def _no_constant(name: str) -> float:
-    """json.loads' hook for ``Infinity``, ``-Infinity`` and ``NaN``, which are not JSON: a 400, as for other
-    malformed JSON."""
-    raise RequestError(f"malformed JSON: {name} is not a JSON number")
-
-
-async def _json_body(request: web.Request, *, required: bool = True) -> dict:
-    raw = await request.read()
-    if not raw.strip():
-        if required:
-            raise RequestError("the request body is empty; a JSON object is required")
-        return {}
-    try:
-        body = json.loads(raw, parse_constant=_no_constant)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RequestError(f"malformed JSON: {e}") from e
-    except RecursionError:
-        raise RequestError("malformed JSON: nested too deeply") from None
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
-    return body
-
-
 def _prepare(engine: Engine, inp: GenerateInput, image_root: Path | None, compiled=None) -> PreparedRequest:
     """Blocking: tokenize text, decode images, compute pixels, make the grammar's matcher (``compiled``: from
     `compiled_grammars`)."""
@@ -116,52 +85,18 @@ def _prepare(engine: Engine, inp: GenerateInput, image_root: Path | None, compil
                           return_text_in_logprobs=inp.return_text_in_logprobs, compiled=compiled)
 
 
-async def compiled_grammars(request: web.Request, params: list[SamplingParams]) -> list:
-    """The compiled grammar (or None) of each request's sampling params, waited for on the event loop, so that
-    requests waiting for compiles hold none of the worker threads that prepare and decode the others. The client,
-    for the grammar backend's per-client compile bound, is the peer's IP address (``request.remote``): every
-    process behind one address counts as one client, whatever key it sends. Raises GrammarBusy or GrammarError."""
-    grammars, client = request.app[ENGINE_KEY].grammars, request.remote or ""
-    return list(await asyncio.gather(*(grammars.compile_async(p.grammar, client) if p.grammar is not None
-                                       else asyncio.sleep(0) for p in params)))
-
-
-def _connected(request: web.Request) -> bool:
-    transport = request.transport  # aiohttp sets it to None when the connection is lost
-    return transport is not None and not transport.is_closing()
-
-
-async def _run_while_connected(request: web.Request, scheduler: Scheduler,
-                               prepared: list[PreparedRequest]) -> list[GenerationResult]:
-    """Submit ``prepared`` and wait for the results; when the client disconnects first, abort them (cancelling
-    ``Scheduler.submit`` aborts its request, queued or running) and raise ClientGone, as SGLang aborts the request
-    of a client that left. Raises EngineFailure when the engine failed on a batch."""
-    try:
-        async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(scheduler.submit(p)) for p in prepared]
-            while not all(task.done() for task in tasks):
-                if not _connected(request):
-                    raise ClientGone(f"client left; aborted {[p.rid for p in prepared]}")
-                await asyncio.wait(tasks, timeout=DISCONNECT_POLL_S)
-    except* EngineFailure as group:
-        raise group.exceptions[0] from None
-    except* ClientGone as group:
-        raise group.exceptions[0] from None
-    return [task.result() for task in tasks]
-
-
 async def generate(request: web.Request) -> web.Response:
     """POST /generate: SGLang's GenerateReqInput -> response map (or a list for a batch body). A client that
     disconnects aborts its requests (their batch goes on without them)."""
     engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
-    inputs, is_batch = parse_generate(await _json_body(request))
+    inputs, is_batch = parse_generate(await json_body(request))
     started = time.monotonic()
     image_root = request.app[IMAGE_ROOT_KEY]
     compiled = await compiled_grammars(request, [inp.sampling_params for inp in inputs])
     prepared = await asyncio.to_thread(lambda: [_prepare(engine, inp, image_root, c)
                                                 for inp, c in zip(inputs, compiled)])
     try:
-        results = await _run_while_connected(request, scheduler, prepared)
+        results = await run_while_connected(request, scheduler, prepared)
     except ClientGone as e:
         log.info("%s", e)
         return web.Response(status=499)  # nobody reads it
@@ -170,23 +105,6 @@ async def generate(request: web.Request) -> web.Response:
     out = [generate_response(inp, result, p.input_ids, latency, decode_token)
            for inp, p, result in zip(inputs, prepared, results)]
     return web.json_response(out if is_batch else out[0])
-
-
-def admin_only(handler):
-    """Mark ``handler`` as a weight or control route, as SGLang marks its own with
-    ``@auth_level(AuthLevel.ADMIN_OPTIONAL)`` (srt/utils/auth.py): with an admin key set only that key opens it;
-    with only an API key, that key; with neither, anyone."""
-    handler.admin_only = True
-    return handler
-
-
-def request_rid(body: dict) -> str | None:
-    """The body's ``rid`` (SGLang's request-id field: a string of at most 256 characters, or None); RequestError
-    (400) otherwise."""
-    rid = body.get("rid")
-    if rid is not None and (not isinstance(rid, str) or len(rid) > 256):
-        raise RequestError("rid must be a string of at most 256 characters")
-    return rid
 
 
 FOREIGN_SESSION = "a weight-update session of another client is open; only its owner may change the weights now"
@@ -208,7 +126,7 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     (default true) meets queued requests while generation is not paused (the weights are loaded then, as in
     SGLang 0.5.23)."""
     engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
-    body = await _json_body(request)
+    body = await json_body(request)
     model_path = body.get("model_path")
     if not isinstance(model_path, str) or not model_path:
         raise RequestError("model_path (string) is required")
@@ -237,25 +155,6 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     return web.json_response(content, status=200 if ok else 400)
 
 
-FLUSH_REFUSED = ("Weights were updated, but the cache was not flushed because requests are still running or "
-                 "queued. Retract or finish them, then call /flush_cache.")
-"""SGLang 0.5.23's answer when an update's flush_cache meets running or queued requests (generation not paused)."""
-
-SELECTORS = ("target", "draft", "all")
-
-
-def _answer(ok: bool, message: str, **extra) -> web.Response:
-    """SGLang's weight-route answer: {success, message} with 200, or 400 when success is false."""
-    return web.json_response({"success": ok, "message": message, **extra}, status=200 if ok else 400)
-
-
-def _selector(body: dict) -> str:
-    selector = body.get("selector", "all")
-    if selector not in SELECTORS:
-        raise RequestError(f"selector must be one of {SELECTORS}, got {selector!r}")
-    return selector
-
-
 @admin_only
 async def weights_checker(request: web.Request) -> web.Response:
     """GET|POST /weights_checker {action: "checksum", skip_tensor_list?, selector?} -> {success, message, ranks:
@@ -264,21 +163,22 @@ async def weights_checker(request: web.Request) -> web.Response:
     arpo_async.weight_sync.tensor_checksum). Names are checkpoint names (SGLang keys its own parameter names,
     with q/k/v and gate/up fused). Only the "checksum" action exists here; others answer success=false."""
     engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
-    body = await _json_body(request, required=False)
+    body = await json_body(request, required=False)
     action = body.get("action", "checksum")
     skip = body.get("skip_tensor_list") or []
-    _selector(body)
+    weight_selector(body)
     if not isinstance(skip, list) or not all(isinstance(x, str) for x in skip):
         raise RequestError("skip_tensor_list must be a list of strings")
     if action != "checksum":
-        return _answer(False, f"Unsupported action={action!r}: arpo-serve answers 'checksum' only")
+        return answer(False, f"Unsupported action={action!r}: arpo-serve answers 'checksum' only")
     checksums = await scheduler.exclusive(engine.checksums)
     checksums = {k: v for k, v in checksums.items() if not any(pattern in k for pattern in skip)}
     per_gpu = overall_checksum(checksums)
     place = {"role": "target", "tp_rank": 0, "tp_size": 1, "dp_rank": 0, "dp_size": 1, "pp_rank": 0, "pp_size": 1,
              "rank": 0, "size": 1}
     ranks = [{"checksums": checksums, "per_gpu_checksum": per_gpu, "parallelism_info": [place]}]
-    return _answer(True, "Success.", ranks=ranks, per_engine_checksum=hashlib.sha256(per_gpu.encode()).hexdigest())
+    return answer(True, "Success.", ranks=ranks,
+                  per_engine_checksum=hashlib.sha256(per_gpu.encode()).hexdigest())
 
 
 @admin_only
@@ -286,11 +186,11 @@ async def update_weight_version(request: web.Request) -> web.Response:
     """POST /update_weight_version {new_version, abort_all_requests?, rid?}; refused (400) while another client's
     weight-update session is open."""
     engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
-    body = await _json_body(request)
+    body = await json_body(request)
     if body.get("new_version") is None:
         raise RequestError("new_version is required")
     if foreign_session(request, body):
-        return _answer(False, FOREIGN_SESSION)
+        return answer(False, FOREIGN_SESSION)
     version = str(body["new_version"])
 
     def set_version() -> None:
@@ -355,7 +255,7 @@ async def health_generate(request: web.Request) -> web.Response:
 @admin_only
 async def pause_generation(request: web.Request) -> web.Response:
     """POST /pause_generation {mode: abort|retract|in_place} (SGLang's default: abort)."""
-    body = await _json_body(request, required=False)
+    body = await json_body(request, required=False)
     mode = body.get("mode", "abort")
     try:
         await request.app[SCHEDULER_KEY].pause(mode)
@@ -385,7 +285,7 @@ async def flush_cache(request: web.Request) -> web.Response:
 @admin_only
 async def abort_request(request: web.Request) -> web.Response:
     """POST /abort_request {rid?, abort_all?}."""
-    body = await _json_body(request)
+    body = await json_body(request)
     rid = body.get("rid")
     if rid is not None and not isinstance(rid, str):
         raise RequestError("rid must be a string")
@@ -451,9 +351,6 @@ def build_app(engine: Engine, scheduler: Scheduler, *, api_key: str = "", admin_
     r.add_get("/flush_cache", flush_cache)
     r.add_post("/flush_cache", flush_cache)
     r.add_post("/abort_request", abort_request)
-    from arpo_serve.openai_api import add_openai_routes  # here: these modules import this one
-    from arpo_serve.weight_routes import add_weight_routes
-
     add_weight_routes(r)
     add_openai_routes(r)
     return app

@@ -24,9 +24,10 @@ from typing import Any
 
 from aiohttp import web
 
-from arpo_serve.app import ENGINE_KEY, SCHEDULER_KEY, ClientGone, _json_body, _run_while_connected, compiled_grammars
+from arpo_serve.app_keys import ENGINE_KEY, SCHEDULER_KEY
 from arpo_serve.engine import Engine, GenerationResult, PreparedRequest, RequestError, SamplingParams
 from arpo_serve.protocol import decode_image_data
+from arpo_serve.route_helpers import ClientGone, compiled_grammars, json_body, run_while_connected
 
 log = logging.getLogger(__name__)
 
@@ -140,11 +141,11 @@ async def chat_completions(request: web.Request) -> web.Response:
     ``model`` is not checked (SGLang serves its one model whatever the name). A client that disconnects aborts
     its request, as on /generate."""
     engine = request.app[ENGINE_KEY]
-    body = await _json_body(request)
+    body = await json_body(request)
     [compiled] = await compiled_grammars(request, [sampling_params(body)])  # waits holding no thread
     prepared = await asyncio.to_thread(prepare_chat, engine, body, compiled)
     try:
-        [result] = await _run_while_connected(request, request.app[SCHEDULER_KEY], [prepared])
+        [result] = await run_while_connected(request, request.app[SCHEDULER_KEY], [prepared])
     except ClientGone as e:
         log.info("%s", e)
         return web.Response(status=499)  # nobody reads it

@@ -5,11 +5,11 @@ Routes: POST /init_weights_update_group, POST /begin_weight_update, POST /update
 POST /end_weight_update, POST /destroy_weights_update_group (arpo_async.weight_sync builds the group as SGLang does).
 Bad requests get HTTP 400; SGLang's answers {success, message} are 400 when success is false.
 
-Who may do what: every route here is :func:`~arpo_serve.app.admin_only` (with ``--admin-api-key`` set, the only
-key that opens them). Within that, a body's ``rid`` (SGLang's request-id field) names its client: a session opened
-with a rid is used and ended only with that rid, a group joined with a rid is used and destroyed only with it, and
-no refusal names another client's rid or group. Joins are bounded per client (:data:`JOINS_PER_CLIENT`) and in all
-(:data:`JOINS_AT_ONCE`, beyond which only the client that last opened a session may still join), so another
+Who may do what: every route here is :func:`~arpo_serve.route_helpers.admin_only` (with ``--admin-api-key`` set, the
+only key that opens them). Within that, a body's ``rid`` (SGLang's request-id field) names its client: a session
+opened with a rid is used and ended only with that rid, a group joined with a rid is used and destroyed only with
+it, and no refusal names another client's rid or group. Joins are bounded per client (:data:`JOINS_PER_CLIENT`) and
+in all (:data:`JOINS_AT_ONCE`, beyond which only the client that last opened a session may still join), so another
 client's joins never hold up the learner's. A session left idle for :data:`SESSION_IDLE_S` is closed by the next
 begin, so a client that went away does not block updates for good.
 """
@@ -33,9 +33,9 @@ from arpo_async.weight_sync import (
     in_daemon_thread,
     unflatten_bucket,
 )
-from arpo_serve.app import (ENGINE_KEY, FLUSH_REFUSED, GROUP_OWNERS_KEY, GROUPS_KEY, JOINS_KEY, SCHEDULER_KEY,
-                            SESSION_KEY, _answer, _json_body, _selector, admin_only, request_rid)
+from arpo_serve.app_keys import ENGINE_KEY, GROUP_OWNERS_KEY, GROUPS_KEY, JOINS_KEY, SCHEDULER_KEY, SESSION_KEY
 from arpo_serve.engine import RequestError
+from arpo_serve.route_helpers import admin_only, json_body, request_rid, answer
 
 log = logging.getLogger("arpo_serve.app")
 
@@ -58,6 +58,22 @@ configuration error and stops, a 503 only skips that server for one publication.
 SESSION_IDLE_S = 2 * WEIGHT_GROUP_TIMEOUT_S + 60
 """Seconds a weight-update session may stay open with nothing received in it; after that the next
 begin_weight_update closes it and opens its own (longer than any one bucket's broadcast may take)."""
+
+FLUSH_REFUSED = ("Weights were updated, but the cache was not flushed because requests are still running or "
+                 "queued. Retract or finish them, then call /flush_cache.")
+"""SGLang 0.5.23's answer when an update's flush_cache meets running or queued requests (generation not paused)."""
+
+SELECTORS = ("target", "draft", "all")
+"""The weight selectors SGLang 0.5.23 accepts (its speculative decoding's target and draft models, or both)."""
+
+
+def weight_selector(body: dict) -> str:
+    """The body's ``selector`` (default "all"); RequestError (400) when it is not one of :data:`SELECTORS`."""
+    selector = body.get("selector", "all")
+    if selector not in SELECTORS:
+        raise RequestError(f"selector must be one of {SELECTORS}, got {selector!r}")
+    return selector
+
 
 NO_GROUP = "Failed to receive weights: no weight group of that name for this client. Please call " \
            "`init_weights_update_group` first."
@@ -110,7 +126,7 @@ async def init_weights_update_group(request: web.Request) -> web.Response:
     (``serve.device``); nccl on a CPU server is refused with a message). A name already in use here is refused, as
     torch refuses it in SGLang: the learner destroys the old group or picks a new name. 400 when the rendezvous
     fails; 503 when joins are already in progress (:func:`_join_refusal`). The group belongs to ``rid``."""
-    body = await _json_body(request)
+    body = await json_body(request)
     rid = request_rid(body)
     try:
         address, name = str(body["master_address"]), str(body.get("group_name", "weight_update_group"))
@@ -124,13 +140,13 @@ async def init_weights_update_group(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     usable = ("gloo", "nccl") if engine.device.type == "cuda" else ("gloo",)
     if backend not in usable:
-        return _answer(False, f"arpo-serve runs on {engine.device.type} and joins weight groups with "
-                       f"{' or '.join(usable)}; backend {backend!r} is not available here")
+        return answer(False, f"arpo-serve runs on {engine.device.type} and joins weight groups with "
+                      f"{' or '.join(usable)}; backend {backend!r} is not available here")
     if not 0 < rank < world:
         raise RequestError(f"rank_offset {rank} must be in [1, world_size={world})")
     if name in _groups(request):
-        return _answer(False, f"Failed to initialize custom process group: the group name {name!r} has already "
-                       "been created, please use a different group name.")
+        return answer(False, f"Failed to initialize custom process group: the group name {name!r} has already "
+                      "been created, please use a different group name.")
     busy = _join_refusal(request, rid)
     if busy is not None:
         return web.json_response({"success": False, "message": f"Failed to initialize custom process group: {busy}; "
@@ -142,19 +158,19 @@ async def init_weights_update_group(request: web.Request) -> web.Response:
             group = await in_daemon_thread(WeightGroup.join, address, port, rank, world, name,
                                            WEIGHT_GROUP_TIMEOUT_S, backend)
     except TimeoutError:
-        return _answer(False, f"Failed to initialize custom process group: the rendezvous at {address}:{port} did "
-                       f"not complete within {WEIGHT_GROUP_TIMEOUT_S:g} s.")
+        return answer(False, f"Failed to initialize custom process group: the rendezvous at {address}:{port} did "
+                      f"not complete within {WEIGHT_GROUP_TIMEOUT_S:g} s.")
     except (WeightGroupError, ValueError, OverflowError, RuntimeError) as e:
-        return _answer(False, f"Failed to initialize custom process group: {e}.")
+        return answer(False, f"Failed to initialize custom process group: {e}.")
     finally:
         joins.remove(rid)
     if name in _groups(request):  # another join of this name finished first
         group.destroy()
-        return _answer(False, f"Failed to initialize custom process group: the group name {name!r} has already "
-                       "been created, please use a different group name.")
+        return answer(False, f"Failed to initialize custom process group: the group name {name!r} has already "
+                      "been created, please use a different group name.")
     _groups(request)[name] = group
     request.app[GROUP_OWNERS_KEY][name] = rid
-    return _answer(True, "Succeeded to initialize custom process group.")
+    return answer(True, "Succeeded to initialize custom process group.")
 
 
 @admin_only
@@ -164,19 +180,19 @@ async def begin_weight_update(request: web.Request) -> web.Response:
     ``rid`` (SGLang's request-id field, which every one of its request bodies has) makes its sender the session's
     owner: only a body with the same rid may use or end it. A session idle for SESSION_IDLE_S is closed by the next
     begin (its owner went away)."""
-    body = await _json_body(request, required=False)
-    selector = _selector(body)
+    body = await json_body(request, required=False)
+    selector = weight_selector(body)
     rid = request_rid(body)
     session = request.app[SESSION_KEY]
     if session.get("open"):
         idle = time.monotonic() - session["active"]
         if session["receiving"] or idle < SESSION_IDLE_S:
-            return _answer(False, "a weight-update session is already open; call end_weight_update() first")
+            return answer(False, "a weight-update session is already open; call end_weight_update() first")
         log.warning("closing a weight-update session idle for %.0f s (more than %.0f s)", idle, SESSION_IDLE_S)
     session.update(open=True, selector=selector, loaded=False, owner=rid, active=time.monotonic(), receiving=0)
     if rid is not None:
         session["last_owner"] = rid
-    return _answer(True, "Success")
+    return answer(True, "Success")
 
 
 @admin_only
@@ -184,16 +200,16 @@ async def end_weight_update(request: web.Request) -> web.Response:
     """POST /end_weight_update {rid?} -> {success, message}: close the session (success=false, 400, when none is
     open, or when it was opened with a ``rid`` and this body names another: one client cannot end another's
     session, nor learn its rid from the refusal)."""
-    body = await _json_body(request, required=False)
+    body = await json_body(request, required=False)
     session = request.app[SESSION_KEY]
     if not session.get("open"):
-        return _answer(False, "no weight-update session is open; call begin_weight_update() first")
+        return answer(False, "no weight-update session is open; call begin_weight_update() first")
     owner = session.get("owner")
     if owner is not None and request_rid(body) != owner:
-        return _answer(False, NOT_OWNER)
+        return answer(False, NOT_OWNER)
     for key in ("open", "selector", "loaded", "owner", "active", "receiving"):
         session.pop(key, None)
-    return _answer(True, "Success")
+    return answer(True, "Success")
 
 
 def _receive_buffers(body: dict) -> tuple[list[str], list[torch.Tensor], torch.Tensor | None]:
@@ -233,19 +249,19 @@ async def update_weights_from_distributed(request: web.Request) -> web.Response:
       not paused, as SGLang's cache flush does;
     - a broadcast that fails drops the group (the learner re-creates it). 400 whenever success is false."""
     engine, scheduler = request.app[ENGINE_KEY], request.app[SCHEDULER_KEY]
-    body = await _json_body(request)
+    body = await json_body(request)
     names, buffers, flat = _receive_buffers(body)
-    _selector(body)
+    weight_selector(body)
     session, rid = request.app[SESSION_KEY], request_rid(body)
     if not session.get("open"):
-        return _answer(False, "update_weights_from_distributed must run between begin_weight_update() and "
-                       "end_weight_update()")
+        return answer(False, "update_weights_from_distributed must run between begin_weight_update() and "
+                      "end_weight_update()")
     if session.get("owner") is not None and rid != session["owner"]:
-        return _answer(False, NOT_OWNER)
+        return answer(False, NOT_OWNER)
     name = str(body.get("group_name", "weight_update_group"))
     group = _owned_group(request, name, rid)
     if group is None:
-        return _answer(False, NO_GROUP)
+        return answer(False, NO_GROUP)
     version = body.get("weight_version")
 
     def receive_and_load() -> tuple[bool, str]:  # while no batch runs: weights and version change together
@@ -267,7 +283,7 @@ async def update_weights_from_distributed(request: web.Request) -> web.Response:
     except WeightGroupError as e:
         request.app[GROUP_OWNERS_KEY].pop(name, None)
         _groups(request).pop(name).destroy()
-        return _answer(False, f"Failed to receive weights: {e}")
+        return answer(False, f"Failed to receive weights: {e}")
     finally:
         session["receiving"] = session.get("receiving", 1) - 1
         session["active"] = time.monotonic()
@@ -276,21 +292,21 @@ async def update_weights_from_distributed(request: web.Request) -> web.Response:
         if version is not None:
             scheduler.stats.weight_updates += 1
     log.info("weight bucket of %d tensors from group %s: %s", len(names), name, message)
-    return _answer(ok, message)
+    return answer(ok, message)
 
 
 @admin_only
 async def destroy_weights_update_group(request: web.Request) -> web.Response:
     """POST /destroy_weights_update_group {group_name, rid?} -> {success, message}; a group joined with a rid is
     destroyed only with that rid (another client is answered as if it did not exist)."""
-    body = await _json_body(request, required=False)
+    body = await json_body(request, required=False)
     name = str(body.get("group_name", "weight_update_group"))
     if _owned_group(request, name, request_rid(body)) is None:
-        return _answer(False, "The group to be destroyed does not exist.")
+        return answer(False, "The group to be destroyed does not exist.")
     request.app[GROUP_OWNERS_KEY].pop(name, None)
     group = _groups(request).pop(name)
     group.destroy()
-    return _answer(True, "Succeeded to destroy custom process group.")
+    return answer(True, "Succeeded to destroy custom process group.")
 
 
 def add_weight_routes(router: web.UrlDispatcher) -> None:

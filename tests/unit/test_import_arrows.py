@@ -122,18 +122,24 @@ def test_bench_imports_only_the_helper_modules_of_tests():
     assert {path: bad for path, bad in found.items() if bad} == {}
 
 
-# ------------------------------------------------------------------ no import circles in learner/, no long modules
+# ------------------------------------------------------------------ no import circles anywhere, no long modules
+
+PACKAGES = ("arpo_async", "arpo_serve", "learner", "actors", "arpo_cli", "bench")
+"""Every package of the tree whose imports the circle check reads (tests/ is the product's user, not part of it)."""
 
 
-def module_imports(root: Path, package: str) -> dict[str, dict[str, int]]:
-    """``{module: {imported module of the same package: line}}`` for every module under ``root / package``, from
-    every import (inside functions and ``if TYPE_CHECKING:`` included): ``import p.a``, ``from p.a import x``,
-    ``from p import a`` (a module, else the package) and relative imports."""
+def module_imports(root: Path, *packages: str) -> dict[str, dict[str, int]]:
+    """``{module: {imported module of the same packages: line}}`` for every module under ``root / package`` of each
+    of ``packages``, from every import (inside functions and ``if TYPE_CHECKING:`` included): ``import p.a``,
+    ``from p.a import x``, ``from p import a`` (a module, else the package) and relative imports. In a folder that
+    is no package (no ``__init__.py``: scripts run with their own folder on ``sys.path``, as the desktop image's
+    controller), ``import b`` of a sibling file ``b.py`` names that sibling."""
     files = {".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): path
-             for path in sorted((root / package).rglob("*.py"))}
+             for package in packages for path in sorted((root / package).rglob("*.py"))}
     graph: dict[str, dict[str, int]] = {}
     for name, path in files.items():
         here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        script_folder = None if (path.parent / "__init__.py").exists() else name.rpartition(".")[0]
         edges = graph.setdefault(name, {})
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
@@ -146,6 +152,8 @@ def module_imports(root: Path, package: str) -> dict[str, dict[str, int]]:
             else:
                 continue
             for target in targets:
+                if target not in files and script_folder and not getattr(node, "level", 0):
+                    target = f"{script_folder}.{target}"
                 if target in files and target != name:
                     edges.setdefault(target, node.lineno)
     return graph
@@ -190,9 +198,25 @@ def test_the_circle_finder_sees_lazy_and_relative_imports(tmp_path):
     assert import_circles(graph) == [["pkg.a:1 -> pkg.b", "pkg.b:2 -> pkg.a"]]
 
 
-def test_learner_has_no_import_circles():
-    # module-level, lazy and type-checking imports all count: a circle hidden in a function is still a circle
-    assert import_circles(module_imports(ROOT, "learner")) == []
+def test_the_circle_finder_sees_circles_across_packages_and_script_folders(tmp_path):
+    # a circle through two packages, and one between two scripts of a folder without __init__.py
+    for folder in ("p", "q", "p/image"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "p" / "__init__.py").write_text("")
+    (tmp_path / "q" / "__init__.py").write_text("")
+    (tmp_path / "p" / "a.py").write_text("import q.b\n")
+    (tmp_path / "q" / "b.py").write_text("def f():\n    from p.a import x\n")
+    (tmp_path / "p" / "image" / "server.py").write_text("import routes\n")
+    (tmp_path / "p" / "image" / "routes.py").write_text("from server import App\n")
+    assert sorted(import_circles(module_imports(tmp_path, "p", "q"))) == [
+        ["p.a:1 -> q.b", "q.b:2 -> p.a"],
+        ["p.image.routes:1 -> p.image.server", "p.image.server:1 -> p.image.routes"]]
+
+
+def test_no_package_has_import_circles():
+    # module-level, lazy and type-checking imports all count: a circle hidden in a function is still a circle; one
+    # graph over every package, so a circle through two packages is found too
+    assert import_circles(module_imports(ROOT, *PACKAGES)) == []
 
 
 ROOMS = ("learner.state", "learner.algo", "learner.rollouts", "learner.train", "learner.run", "learner.main")
