@@ -7,10 +7,11 @@ One engine object stands for one server: a weight update must reach every server
 Implementations:
 
 - :class:`arpo_async.sglang_engine.SGLangEngine`: SGLang 0.5.23's HTTP API (and arpo-serve, which answers the same
-  routes); the one the learner builds (learner.main ``inference_engines``).
+  routes); the one the learner builds (``arpo_async.sglang_engine.sglang_engines``, one per server).
 
 A new engine (vLLM, TensorRT-LLM, ...) is one new module beside ``arpo_async/sglang_engine.py`` holding a class
-with these methods, chosen in ``learner.main.inference_engines``; nothing in learner/ changes.
+with these methods and a builder like ``arpo_async.sglang_engine.sglang_engines`` (one engine per server), which the
+learner calls instead; nothing else in learner/ changes.
 
 Errors every implementation raises the same way: ``arpo_async.inference_client.PolicyUnavailable`` when the
 server cannot be reached (the publisher skips it for this version and catches it up later),

@@ -114,8 +114,8 @@ class SGLangEngine:
         return parse_version((await self.model_info()).get("weight_version", "default"))
 
     async def pause(self, mode: str = "retract") -> EngineReply:
-        """POST /pause_generation {mode} (modes: :meth:`InferenceEngine.pause`; ``retract`` lets the following
-        update flush the cache). Raises ValueError for another mode."""
+        """POST /pause_generation {mode} (modes: :meth:`~arpo_async.engine.InferenceEngine.pause`; ``retract`` lets
+        the following update flush the cache). Raises ValueError for another mode."""
         if mode not in PAUSE_MODES:
             raise ValueError(f"pause mode must be abort, retract or in_place, got {mode!r}")
         return _reply(await self.client.post_json(self._at("pause_generation"), {"mode": mode}), unsaid=True)

@@ -43,7 +43,7 @@ class SlotOwner(Protocol):
 
 @dataclass
 class Receipt:
-    """What :meth:`Peers.receive` made of one trajectory.
+    """What :meth:`learner.rollouts.peers.Peers.receive` made of one trajectory.
 
     Attributes:
         taken: what went into its slot: the trajectory, or an ABORTED one in place of an invalid one from the
@@ -63,7 +63,7 @@ class Receipt:
 
 class Admission(Protocol):
     """What the service needs from an admission rule (learner.rollouts.staleness.StalenessManager,
-    learner.rollouts.scheduler.LockstepAdmission)."""
+    learner.rollouts.staleness.LockstepAdmission)."""
 
     accepted: int
     running: int
