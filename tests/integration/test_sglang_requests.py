@@ -1,5 +1,5 @@
 """Every request our code sends, and every response arpo-serve sends, checked against SGLang 0.5.23's own types
-(run in the SGLang test environment: ``tests/sglang_receiver.py check``, see tests/sglang_env.py).
+(run in the SGLang test environment: tests/sglang_contract.py, see tests/sglang_env.py).
 
 - requests: PolicyClient's and SGLangEngine's bodies, recorded by a local aiohttp server, decode into SGLang's request types with
   no unknown, missing or mistyped field: /generate through SGLang's HTTP contract gate, GenerateReqInput and
@@ -28,12 +28,12 @@ from arpo_async.sglang_engine import SGLangEngine
 from tests.rank_driver import screenshot
 from tests.support import catch_all_http_server
 
-RECEIVER = Path(__file__).resolve().parents[1] / "sglang_receiver.py"
+CONTRACT = Path(__file__).resolve().parents[1] / "sglang_contract.py"
 
 
 def sglang_check(python: Path, exchanges: list[dict]) -> list[dict]:
     """Run SGLang's checks on ``exchanges`` in the SGLang environment; one result (with ``problems``) each."""
-    proc = subprocess.run([str(python), str(RECEIVER), "check"], input=json.dumps(exchanges), capture_output=True,
+    proc = subprocess.run([str(python), str(CONTRACT)], input=json.dumps(exchanges), capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
