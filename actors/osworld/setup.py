@@ -74,10 +74,9 @@ class SetupContext:
         outputs: {file name: text} of execute/command steps that name a ``stdout``/``stderr`` file (OSWorld's
             SetupController._execute_setup writes those into its cache folder, where the cache_file getter
             reads them); the evaluation hands them to its getters.
-        postconfig: the steps are an evaluator's ``postconfig``, run after the episode: an activate_window or
-            close_window whose window does not show within :data:`WINDOW_WAIT_S` (the agent closed it or never
-            opened it) is logged and skipped, as OSWorld's SetupController does, so the episode is scored (an
-            untouched multi_apps/3a93cae4 scores 0) rather than ending as a harness error.
+        postconfig: the steps are an evaluator's ``postconfig`` (run after the episode): an activate_window or
+            close_window whose window is not there within WINDOW_WAIT_S / 4 (the agent closed or never opened it)
+            is logged and skipped, as OSWorld's SetupController does, so the episode is scored, not an error.
     """
 
     downloads: DownloadCache = field(default_factory=DownloadCache)
@@ -214,7 +213,8 @@ async def _window_step(c: ControllerClient, p: dict, verb: str, ctx: SetupContex
         raise TaskSetupError(f"{verb}_window: parameters need 'window_name'")
     try:
         await wait_for_window(c, str(name), strict=bool(p.get("strict", False)),
-                              by_class=bool(p.get("by_class", False)), verb=verb, deadline_s=WINDOW_WAIT_S)
+                              by_class=bool(p.get("by_class", False)), verb=verb,
+                              deadline_s=WINDOW_WAIT_S / 4 if ctx.postconfig else WINDOW_WAIT_S)
     except TaskSetupError as exc:
         if not ctx.postconfig:
             raise
