@@ -186,7 +186,7 @@ async def test_inference_outage_aborts_then_actor_recovers(tiny_model, encoder, 
 async def test_env_error_desktop_is_never_reused_and_good_ones_are(tiny_serve, encoder, desktop_image, transport):
     good = TASKS[0]
     broken = Task.from_dict({**good.to_dict(), "id": "grid4-red-broken", "config": list(good.config) + [
-        {"type": "activate_window", "parameters": {"window_name": "No Such Window", "strict": True}}]})
+        {"type": "open", "parameters": {"path": "/root/no-such-file.txt"}}]})  # fails at once (no window wait)
     fleet = DesktopFleet(desktop_image, run_id=f"test-ff-{secrets.token_hex(3)}")
     policy = PolicyClient([tiny_serve.url], retry=RetryPolicy(attempts=3, base_delay_s=0.2, max_delay_s=1.0))
     runner = EpisodeRunner(encoder, policy, actor_config())
