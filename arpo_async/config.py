@@ -20,7 +20,8 @@ TOML layout (every section and key optional)::
 
 CLI overrides use dotted keys: ``--set learner.lr=1e-3 --set actors.max_steps=5``; a value is read by its key's
 type (a str key takes the text as written, ``--set run_id=2024``; any other a TOML value). An unknown key is
-refused with the key it probably meant (``lr`` -> "did you mean learner.lr?").
+refused with the key it probably meant (``lr`` -> "did you mean learner.lr?"). A renamed key
+(:data:`RENAMED_KEYS`) is still read under its old name, with one warning line naming the new one.
 Every field needs an attribute docstring (the string right below it): `arpo config show` prints it as the key's
 documentation (arpo_async.config_doc reads them from the classes' source) and tests/unit/test_config_show.py fails
 without one.
@@ -34,6 +35,7 @@ re-exports the classes, ConfigError and SECTION_TYPES, so ``from arpo_async.conf
 from __future__ import annotations
 
 import dataclasses
+import logging
 import tomllib
 import typing
 from pathlib import Path
@@ -46,17 +48,28 @@ from arpo_async.config_learner import LearnerConfig
 from arpo_async.config_sections import (SECTION_TYPES, ActorConfig, ClusterConfig, EvalConfig, RunConfig, ServeConfig,
                                         TransportConfig)
 
-__all__ = ["SECTION_TYPES", "ActorConfig", "ClusterConfig", "ConfigError", "EvalConfig", "LearnerConfig", "RunConfig",
-           "ServeConfig", "TransportConfig", "dotted_keys", "dump_toml", "load_config", "suggest_keys", "to_dict",
-           "toml_value"]
+__all__ = ["RENAMED_KEYS", "SECTION_TYPES", "ActorConfig", "ClusterConfig", "ConfigError", "EvalConfig",
+           "LearnerConfig", "RunConfig", "ServeConfig", "TransportConfig", "dotted_keys", "dump_toml", "load_config",
+           "suggest_keys", "to_dict", "toml_value"]
+
+
+log = logging.getLogger(__name__)
+
+RENAMED_KEYS: dict[str, str] = {"learner.baseline_k": "learner.prepass_k",
+                                "learner.baseline_min_success": "learner.prepass_min_success",
+                                "learner.baseline_drop_solved": "learner.prepass_drop_solved"}
+"""Old dotted key -> its new name. A config file or override with the old name is read as the new one, with a
+warning; a file that gives both is refused. ARPO's task pre-pass was called the "baseline pass" here, a name that
+reads as a value baseline (issue 52)."""
 
 
 def load_config(path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -> RunConfig:
     """Build a RunConfig from an optional TOML file plus ``section.key=value`` overrides.
 
     Raises:
-        ConfigError: unreadable TOML, an unknown section or key, a value of the wrong type, or a value
-            that fails validation. The message names the key.
+        ConfigError: unreadable TOML, an unknown section or key, a value of the wrong type, a value that fails
+            validation, or a key given under both its old and its new name (:data:`RENAMED_KEYS`). The message
+            names the key.
     """
     data: dict[str, Any] = {}
     if path is not None:
@@ -69,11 +82,16 @@ def load_config(path: str | Path | None = None, overrides: typing.Iterable[str] 
             raise ConfigError(f"cannot read config {path}: nested too deeply") from None
         except (OSError, ValueError) as e:  # tomllib.TOMLDecodeError is a ValueError
             raise ConfigError(f"cannot read config {path}: {e}") from e
+        _rename_old_keys(data, f"config {path}")
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep:
             raise ConfigError(f"override {item!r} must look like section.key=value")
-        _set_dotted(data, key.strip(), _parse_override(key.strip(), raw.strip()))
+        key = key.strip()
+        if key in RENAMED_KEYS:
+            log.warning("override %s: the key is now called %s; read as %s", key, RENAMED_KEYS[key], RENAMED_KEYS[key])
+            key = RENAMED_KEYS[key]
+        _set_dotted(data, key, _parse_override(key, raw.strip()))
     known = {f.name for f in dataclasses.fields(RunConfig)}
     problems = [unknown_key(k, is_section=isinstance(v, dict)) for k, v in data.items() if k not in known]
     for name, cls in SECTION_TYPES.items():  # every section's problems at once, not the first section's only
@@ -88,6 +106,26 @@ def load_config(path: str | Path | None = None, overrides: typing.Iterable[str] 
     if problems:
         raise ConfigError("; ".join(problems))
     return RunConfig(**data)
+
+
+def _rename_old_keys(data: dict[str, Any], source: str) -> None:
+    """Move each old key of :data:`RENAMED_KEYS` in the parsed file ``data`` to its new name, with one warning
+    line each (``source`` names the file).
+
+    Raises:
+        ConfigError: the file gives a key under both names (which one is meant is unclear).
+    """
+    for old, new in RENAMED_KEYS.items():
+        section, _, old_name = old.rpartition(".")
+        new_name = new.rpartition(".")[2]
+        table = data.get(section) if section else data
+        if not isinstance(table, dict) or old_name not in table:
+            continue
+        if new_name in table:
+            raise ConfigError(f"{source}: both {old} and {new} are given; {old} is the old name of {new}, "
+                              f"keep only {new}")
+        log.warning("%s: %s is now called %s; read as %s (rename it in the file)", source, old, new, new)
+        table[new_name] = table.pop(old_name)
 
 
 def _parse_scalar(raw: str) -> Any:

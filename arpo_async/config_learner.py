@@ -106,13 +106,16 @@ class LearnerConfig:
     """"decoupled": tokens with pi_prox / pi_behav above this are left out of the loss (AReaL examples: 5.0)."""
     tis_cap: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 2.0
     """"tis": pi_prox / pi_behav is truncated at this (slime --tis-clip default: 2.0)."""
-    baseline_k: NonNegativeInt = 0
-    """Baseline pass: rollouts per task with the initial policy before training, keeping tasks with a success
-    (ARPO's valuable tasks); 0 = no baseline pass."""
-    baseline_min_success: PositiveInt = 1
-    """Baseline pass: successes a task needs to be kept (ARPO: 1)."""
-    baseline_drop_solved: bool = False
-    """Baseline pass: also drop tasks solved in all k rollouts (they give only zero-variance groups)."""
+    prepass_k: NonNegativeInt = 0
+    """Task pre-pass: rollouts per task with the initial policy before training, never trained on, keeping tasks
+    with a success (ARPO's valuable tasks); 0 = no pre-pass. Formerly ``baseline_k``: a config file or ``--set``
+    with the old name is still read, with a warning."""
+    prepass_min_success: PositiveInt = 1
+    """Task pre-pass: successes a task needs to be kept (ARPO: 1). Formerly ``baseline_min_success`` (still read,
+    with a warning)."""
+    prepass_drop_solved: bool = False
+    """Task pre-pass: also drop tasks solved in all k rollouts (they give only zero-variance groups). Formerly
+    ``baseline_drop_solved`` (still read, with a warning)."""
     task_strategy: Literal["round_robin", "uncertainty"] = "round_robin"
     """Online task choice among active tasks: "round_robin" (shuffled, seeded) or "uncertainty" (weight p(1-p))."""
     task_solved_groups: PositiveInt = 4
@@ -140,7 +143,7 @@ class LearnerConfig:
     """reward = score + weight x format reward (format reward -1 when a reply does not parse; ARPO: 0.5)."""
     success_threshold: Annotated[float, Field(ge=0, lt=1)] = DEFAULT_SUCCESS_THRESHOLD
     """An episode is a success when its evaluator score is strictly above this (arpo_async.success.is_success), for
-    every count: the actors' Outcome.SUCCESS, success rates, replay, task selection and the baseline pass. Default
+    every count: the actors' Outcome.SUCCESS, success rates, replay, task selection and the task pre-pass. Default
     ARPO's replay rule, score > 0.1 (github.com/dvlab-research/ARPO); actors read it too, so give them the same file."""
     rollout_retries: NonNegativeInt = 2
     """A rollout that ends in ENV_ERROR or ABORTED is handed out again this many times before its group goes on

@@ -120,9 +120,9 @@ def progress_line(config: RunConfig, started: float, rate: TrajectoryRate | None
     per_min = f" ({rate.add(now, trajectories):.1f}/min)" if rate is not None else ""
     busy = status.get("queues", {}).get("actor_running", status.get("running", 0))
     outcomes = " ".join(f"{k.lower()}={v}" for k, v in sorted(status.get("outcomes", {}).items()))
-    baseline = status.get("baseline")
-    phase = (f"baseline pass {baseline['groups_recorded']}/{baseline['groups_planned']} groups | "
-             if baseline else "")
+    prepass = status.get("prepass") or status.get("baseline")  # "baseline": a status.json of a run before issue 52
+    phase = (f"task pre-pass {prepass['groups_recorded']}/{prepass['groups_planned']} groups | "
+             if prepass else "")
     step = int(last.get("step") or len(records))  # optimizer steps: a record covers updates_per_batch of them
     evaluating = status.get("evaluation") or {}
     newest = everything[-1] if everything else {}  # the last record, the evaluation record of a solved run too

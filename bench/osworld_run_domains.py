@@ -4,7 +4,7 @@ many were scored (and of those, how many succeeded), from the run's kept traject
     python -m bench.osworld_run_domains RUN --tasks OSWorld/evaluation_examples/examples [--split arpo-128]
 
 Reads ``RUN/trajectories/*/record.json`` (learner.rollouts.trajectory_sample: one per kept training trajectory,
-baseline-pass rollouts included, evaluation rounds not), so run with ``--set learner.sample_trajectories=1.0`` (and a
+task pre-pass rollouts included, evaluation rounds not), so run with ``--set learner.sample_trajectories=1.0`` (and a
 ``learner.sample_disk_mb`` large enough that none is deleted) for a count of every episode; the figures line says how
 many records it read. A task's domain is the folder its file sits in under ``--tasks`` (``--split`` cuts it as
 ``learner.split`` did; arpo_async.task_sets.load_task_set names each task as the run did). An episode is scored when

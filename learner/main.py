@@ -9,7 +9,7 @@ Dataflow (every queue and task is made in `run_learner`): ROUTER SocketPump -> i
 TrainingLoop (learner.train.loop: score -> replay -> advantages per group (learner.algo.batcher), then per batch
 samples -> optimizer steps in a thread -> WeightPublisher -> RunState.advance -> ``service.on_trained()``
 announces the version -> checkpoint -> metrics.jsonl via learner.train.records).
-Phases (learner.run): resume, the first held-out evaluation, the task pre-pass (``learner.baseline_k`` > 0,
+Phases (learner.run): resume, the first held-out evaluation, the task pre-pass (``learner.prepass_k`` > 0,
 learner.algo.prepass), training until ``learner.steps`` optimizer steps in all (0 = until SIGINT/SIGTERM) or every
 task solved (``learner.stop_when_solved``; the line saying so is logged and kept in status.json as ``stopped``),
 the final evaluation, then the actors are told to shut down.
@@ -136,11 +136,11 @@ class RunInputs:
 
 def load_inputs(config: RunConfig) -> RunInputs:
     """Load and check everything a run needs but the model: a bad task filter, ``[eval]`` task set, advantage
-    function, demonstration folder or <run>/baseline.json stops here, before the model loads.
+    function, demonstration folder or <run>/prepass.json stops here, before the model loads.
 
     Raises:
         ConfigError: a bad task set, ``[eval]`` section or demonstration (one line naming it).
-        ValueError: a bad advantage function path, or a malformed <run>/baseline.json (names the file).
+        ValueError: a bad advantage function path, or a malformed <run>/prepass.json (names the file).
     """
     lc, run = config.learner, config.run_path
     tasks, eval_tasks = select_tasks(lc), evaluation_tasks(config)

@@ -6,7 +6,7 @@ and restored with every checkpoint) and drives the phases of a run in one functi
 1. resume: continue from the newest checkpoint of ``<run>/checkpoints`` when there is one (learner.train.loop);
 2. first evaluation: a fresh run hands out the held-out evaluation round of its initial weights (``[eval]``,
    learner.rollouts.evaluation_rounds); its episodes go out ahead of other work and run beside the next phases;
-3. task pre-pass: ARPO's pass over every task with the initial policy, when ``learner.baseline_k`` > 0 and the run
+3. task pre-pass: ARPO's pass over every task with the initial policy, when ``learner.prepass_k`` > 0 and the run
    folder holds no finished one (learner.algo.prepass); then training switches to the tasks it kept;
 4. training: the training loop until ``learner.steps`` optimizer steps in all, or every task solved
    (learner.train.loop.TrainingLoop.run);
@@ -149,12 +149,12 @@ class Run:
 
 async def run_prepass(plan: TaskPlan, service: LearnerService, lc: LearnerConfig) -> None:
     """The task pre-pass, when ``plan`` has one due: hand out its groups through ``service`` until every one came
-    back (learner.rollouts.service.LearnerService.run_prepass), save it (<run>/baseline.json), then switch the
+    back (learner.rollouts.service.LearnerService.run_prepass), save it (<run>/prepass.json), then switch the
     service to training on the tasks it kept (lockstep: only the rounds the training loop opens). Nothing when none
     is due.
 
     Raises:
-        ValueError: no task met ``learner.baseline_min_success`` (learner.algo.prepass.save_prepass).
+        ValueError: no task met ``learner.prepass_min_success`` (learner.algo.prepass.save_prepass).
     """
     if plan.prepass is None:
         return

@@ -1,17 +1,17 @@
 """The task pre-pass (ARPO's "valuable tasks") and the task pool training starts from.
 
 Role: before training, k rollouts of every task with the initial policy (rounded up to whole groups), evaluated
-and never trained on; training then uses only the tasks with at least ``learner.baseline_min_success`` successes
+and never trained on; training then uses only the tasks with at least ``learner.prepass_min_success`` successes
 (ARPO trains on the 128 of OSWorld's 369 tasks its base agent solved at least once; arXiv 2505.16282, task
 selection),
 optionally dropping tasks already solved k times out of k (they would only give zero-variance groups).
 
 Owns: :class:`TaskPrepass` (the pass as a task source for the GroupScheduler, and its results), the pure rule
-:func:`valuable_tasks`, ``<run>/baseline.json`` (written once the pass is over; a restarted learner reuses it
-instead of running the pass again), and :class:`TaskPlan` (made by :func:`plan_tasks`): where the learner's tasks
-come from as it starts, and :meth:`TaskPlan.finish_prepass`, which saves a finished pass and switches the plan to
-the tasks it kept. The run (learner.run.run_prepass) drives the pass through the learner service; nothing here
-calls the service.
+:func:`valuable_tasks`, ``<run>/prepass.json`` (written once the pass is over; a restarted learner reuses it
+instead of running the pass again; a run folder from before the rename holds ``baseline.json``, still read), and
+:class:`TaskPlan` (made by :func:`plan_tasks`): where the learner's tasks come from as it starts, and
+:meth:`TaskPlan.finish_prepass`, which saves a finished pass and switches the plan to the tasks it kept. The run
+(learner.run.run_prepass) drives the pass through the learner service; nothing here calls the service.
 
 Invariants: the pass's groups are never trained on (the service routes them to the pass); a run that trained
 without a pass never starts one on resume; when no task qualifies the learner stops with an error that lists the
@@ -173,44 +173,51 @@ class TaskPrepass(Generic[T]):
                               success_threshold=success_threshold)
 
 
-PREPASS_FILE = "baseline.json"
-"""The task pre-pass's results in the run folder: {"k", "results": {task id: scores}, "valuable": [ids]}. The file
-keeps the name it had when the pass was called the baseline pass: run folders written then resume as they are, and
-the config keys that set the pass are still ``learner.baseline_k``, ``baseline_min_success`` and
-``baseline_drop_solved``."""
+PREPASS_FILE = "prepass.json"
+"""The task pre-pass's results in the run folder: {"k", "results": {task id: scores}, "valuable": [ids]}."""
+OLD_PREPASS_FILE = "baseline.json"
+"""The same file in a run folder written when the pass was called the "baseline pass" (before issue 52): such a
+run resumes from it (:func:`prepass_path`); nothing writes it any more."""
+
+
+def prepass_path(run: Path) -> Path:
+    """Where the task pre-pass's results of the run folder ``run`` are: ``<run>/prepass.json``, or
+    ``<run>/baseline.json`` when only that exists (an older run being resumed)."""
+    path, old = run / PREPASS_FILE, run / OLD_PREPASS_FILE
+    return old if old.exists() and not path.exists() else path
 
 
 def plan_prepass(tasks: list[Task], lc: LearnerConfig, path: Path, *, resuming: bool) -> TaskPrepass | None:
-    """The task pre-pass to run before training, or None: when ``baseline_k`` is 0, when ``path`` holds a
+    """The task pre-pass to run before training, or None: when ``prepass_k`` is 0, when ``path`` holds a
     finished pass of this run (a restart reuses it), or when resuming a run that trained without one."""
-    if not lc.baseline_k or path.exists():
+    if not lc.prepass_k or path.exists():
         return None
     if resuming:
-        log.warning("learner.baseline_k=%d but this run already trained without a baseline pass; not running one",
-                    lc.baseline_k)
+        log.warning("learner.prepass_k=%d but this run already trained without a task pre-pass; not running one",
+                    lc.prepass_k)
         return None
-    return TaskPrepass(tasks, lc.baseline_k, lc.group_size)
+    return TaskPrepass(tasks, lc.prepass_k, lc.group_size)
 
 
 def save_prepass(path: Path, prepass: TaskPrepass, lc: LearnerConfig) -> list[str]:
     """Write the finished task pre-pass to ``path`` (atomically) and return the valuable task ids.
 
     Raises:
-        ValueError: no task met ``baseline_min_success`` (nothing to train on; the message lists the results).
+        ValueError: no task met ``prepass_min_success`` (nothing to train on; the message lists the results).
     """
     results = prepass.results
-    kept = prepass.valuable(lc.baseline_min_success, drop_solved=lc.baseline_drop_solved,
+    kept = prepass.valuable(lc.prepass_min_success, drop_solved=lc.prepass_drop_solved,
                              success_threshold=lc.success_threshold)
     summary = {task_id: f"{sum(is_success(s, lc.success_threshold) for s in scores)}/{len(scores)}"
                for task_id, scores in results.items()}
     if not kept:
-        raise ValueError(f"the baseline pass found no task with >= {lc.baseline_min_success} successes in "
-                         f"{lc.baseline_k} rollouts (successes per task: {summary}); lower "
-                         "learner.baseline_min_success or set learner.baseline_k=0")
+        raise ValueError(f"the task pre-pass found no task with >= {lc.prepass_min_success} successes in "
+                         f"{lc.prepass_k} rollouts (successes per task: {summary}); lower "
+                         "learner.prepass_min_success or set learner.prepass_k=0")
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"k": lc.baseline_k, "results": results, "valuable": kept}, indent=1))
+    tmp.write_text(json.dumps({"k": lc.prepass_k, "results": results, "valuable": kept}, indent=1))
     tmp.replace(path)
-    log.info("baseline pass: kept %d of %d tasks (successes per task: %s)", len(kept), len(results), summary)
+    log.info("task pre-pass: kept %d of %d tasks (successes per task: %s)", len(kept), len(results), summary)
     return kept
 
 
@@ -223,7 +230,7 @@ def load_prepass(path: Path) -> list[str]:
     try:
         kept = json.loads(path.read_text())["valuable"]
     except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: not a baseline pass result ({type(exc).__name__}: {exc}); remove it to run "
+        raise ValueError(f"{path}: not a task pre-pass result ({type(exc).__name__}: {exc}); remove it to run "
                          "the pass again") from exc
     if not isinstance(kept, list) or not kept or not all(isinstance(i, str) for i in kept):
         raise ValueError(f"{path}: \"valuable\" must be a non-empty list of task ids, got {kept!r}; remove it "
@@ -235,12 +242,13 @@ def valuable_pool(tasks: list[Task], kept: list[str]) -> list[Task]:
     """The tasks of ``tasks`` whose ids are in ``kept`` (pool order).
 
     Raises:
-        ValueError: none of them is in the pool (a baseline.json from another task set).
+        ValueError: none of them is in the pool (a prepass.json from another task set).
     """
     pool = [t for t in tasks if t.id in set(kept)]
     if not pool:
-        raise ValueError(f"none of the baseline pass's valuable tasks {kept} is in the task pool; remove "
-                         f"{PREPASS_FILE} from the run folder to run the pass again")
+        raise ValueError(f"none of the task pre-pass's valuable tasks {kept} is in the task pool; remove "
+                         f"{PREPASS_FILE} (or {OLD_PREPASS_FILE}, from an older run) from the run folder to run the "
+                         "pass again")
     return pool
 
 
@@ -254,12 +262,12 @@ def task_selector(tasks: list[Task], lc: LearnerConfig) -> TaskSelector:
 
 def training_pool(tasks: list[Task], lc: LearnerConfig, path: Path) -> list[Task]:
     """The tasks training uses when no pass runs now: the valuable ones of a finished pass saved at ``path``
-    (with ``learner.baseline_k`` set), else all of ``tasks``.
+    (with ``learner.prepass_k`` set), else all of ``tasks``.
 
     Raises:
         ValueError: ``path`` is malformed or names no task of the pool (see :func:`load_prepass`).
     """
-    if lc.baseline_k and path.exists():
+    if lc.prepass_k and path.exists():
         return valuable_pool(tasks, load_prepass(path))
     return tasks
 
@@ -275,7 +283,7 @@ class TaskPlan:
             pass (a restart) or all of them (no pass).
         prepass: the pass to run before training, or None.
         selector: the online task selector over ``pool``, or None while a pass is due.
-        path: <run>/baseline.json.
+        path: <run>/prepass.json (<run>/baseline.json in an older run that has only that; :func:`prepass_path`).
     """
 
     tasks: list[Task]
@@ -294,7 +302,7 @@ class TaskPlan:
         (``pool``, ``selector``) and return the selector (the run hands it to the service, learner.run.run_prepass).
 
         Raises:
-            ValueError: no task met ``learner.baseline_min_success`` (see :func:`save_prepass`).
+            ValueError: no task met ``learner.prepass_min_success`` (see :func:`save_prepass`).
         """
         if self.prepass is None:
             raise RuntimeError("finish_prepass without a pre-pass")
@@ -308,9 +316,10 @@ def plan_tasks(tasks: list[Task], lc: LearnerConfig, run: Path, *, resuming: boo
     """The learner's :class:`TaskPlan` for the run folder ``run`` (``resuming``: it holds a checkpoint).
 
     Raises:
-        ValueError: a finished pass's <run>/baseline.json is malformed or names no task of ``tasks``.
+        ValueError: a finished pass's <run>/prepass.json (or an older run's baseline.json) is malformed or names
+            no task of ``tasks``.
     """
-    path = run / PREPASS_FILE
+    path = prepass_path(run)
     prepass = plan_prepass(tasks, lc, path, resuming=resuming)
     if prepass is not None:
         return TaskPlan(tasks, tasks, prepass, None, path)

@@ -122,7 +122,7 @@ class RunStats:
         successes = self.window.outcomes.get(Outcome.SUCCESS.value, 0)
         return (f"no optimizer step for {idle:.0f} s: {successes} successes in {trajectories} trajectories since "
                 f"the last step, {flat} groups without a reward difference; nothing to learn from. Consider a "
-                "baseline pass (learner.baseline_k) or easier tasks")
+                "task pre-pass (learner.prepass_k) or easier tasks")
 
     async def watch_stall(self, warning_s: float, timeout_s: float, period_s: float = 5.0) -> None:
         """Say why no optimizer step happens (every ``warning_s``; also kept in ``stall``), and raise StalledRun

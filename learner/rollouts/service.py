@@ -418,8 +418,8 @@ class LearnerService:
                 "zero_variance_since_step": self.stats.zero_variance_since_step,
                 **({"stopped": self.stopped} if self.stopped else {}),
                 **({"evaluation": self.evaluation.status()} if self.evaluation is not None else {}),
-                # the task pre-pass's progress keeps its status.json key from when it was the "baseline pass"
-                **({"baseline": {"groups_recorded": self.prepass.recorded_groups,
+                # the task pre-pass's progress (status.json files of runs before issue 52 named it "baseline")
+                **({"prepass": {"groups_recorded": self.prepass.recorded_groups,
                                  "groups_planned": self.prepass.planned_groups}} if self.prepass else {})}
 
     def state_dict(self, waiting: int = 0) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Covers: assignments under the staleness rule (requests wait, never fail), acks, de-duplication, a learner
 restart (actors notice the new learner id and re-send what they hold), hostile frames (rejected, counted,
-the learner keeps serving), and the baseline pass (its groups are evaluated, never trained on; training then
+the learner keeps serving), and the task pre-pass (its groups are evaluated, never trained on; training then
 draws only the valuable tasks).
 """
 
@@ -204,9 +204,9 @@ async def test_a_repeated_request_gets_the_same_assignment_again(transport):
         ctx.destroy(linger=0)
 
 
-async def test_baseline_pass_keeps_valuable_tasks_and_trains_on_none_of_it(transport, tmp_path):
+async def test_task_prepass_keeps_valuable_tasks_and_trains_on_none_of_it(transport, tmp_path):
     other = Task.from_dict({**TASK.to_dict(), "id": "grid4-blue", "instruction": "click blue"})
-    lc = LearnerConfig(baseline_k=2, group_size=2, task_retire=False)  # one group of 2 per task
+    lc = LearnerConfig(prepass_k=2, group_size=2, task_retire=False)  # one group of 2 per task
     plan = plan_tasks([TASK, other], lc, tmp_path, resuming=False)
     assert plan.prepass is not None and plan.selector is None
     scheduler = GroupScheduler(plan.pool, group_size=2, group_budget=0, pick_task=plan.pick_task)
@@ -218,7 +218,7 @@ async def test_baseline_pass_keeps_valuable_tasks_and_trains_on_none_of_it(trans
             passing = asyncio.create_task(run_prepass(plan, service, lc))
             for _ in range(4):
                 assignment = await asyncio.wait_for(link.request_work(), 5)
-                assert "baseline" in service.status() and service.stats.prepass_running
+                assert "prepass" in service.status() and service.stats.prepass_running
                 outcome, score = scores[assignment.task["id"]][assignment.rollout_index]
                 await link.submit(trajectory(assignment, outcome, score))
             await asyncio.wait_for(passing, 5)
@@ -227,7 +227,7 @@ async def test_baseline_pass_keeps_valuable_tasks_and_trains_on_none_of_it(trans
             assert json.loads((tmp_path / PREPASS_FILE).read_text())["valuable"] == ["grid4-red"]
             assert service.groups.empty()  # nothing to train on
             assert service.admission.accepted == 0 and service.stats.window.take().outcomes == {}
-            assert "baseline" not in service.status() and not service.stats.prepass_running
+            assert "prepass" not in service.status() and not service.stats.prepass_running
             # training hands out only the valuable task
             assert (await asyncio.wait_for(link.request_work(), 5)).task["id"] == "grid4-red"
         restarted = plan_tasks([TASK, other], lc, tmp_path, resuming=True)  # a restart reuses the finished pass

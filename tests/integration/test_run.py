@@ -129,7 +129,7 @@ def test_a_run_that_cannot_learn_says_why_and_fails_after_the_stall_timeout(tmp_
     assert proc.returncode != 0, proc.stdout[-3000:]
     assert "STALLED: no optimizer step" in proc.stdout, proc.stdout[-3000:]
     log = (run_dir / "logs" / "learner.log").read_text()
-    assert "0 successes in" in log and "Consider a baseline pass" in log
+    assert "0 successes in" in log and "Consider a task pre-pass" in log
     assert "StalledRun" in log and "learner.stall_timeout_s = 25 s" in log
     assert not read_metrics(run_dir / "metrics.jsonl")  # not a single optimizer step
     assert run_containers(run_dir) == []

@@ -267,3 +267,38 @@ def test_every_shipped_config_loads_and_names_built_in_tasks(path):
         return
     ids = {t.id for t in load_tasks()}
     assert config.learner.task_ids and all(any(i == p or i.startswith(p) for i in ids) for p in config.learner.task_ids)
+
+
+def test_the_old_baseline_keys_are_read_as_the_prepass_keys_with_one_warning_each(tmp_path, caplog):
+    """Issue 52 item 3: ARPO's task pre-pass is no longer called "baseline"; a run file written before the rename
+    still loads (c7b7a74 has no learner.prepass_k, so this fails there), and says which key to use now."""
+    path = tmp_path / "old.toml"
+    path.write_text("[learner]\nbaseline_k = 4\nbaseline_min_success = 2\nbaseline_drop_solved = true\n")
+    with caplog.at_level("WARNING", logger="arpo_async.config"):
+        lc = load_config(path).learner
+    assert (lc.prepass_k, lc.prepass_min_success, lc.prepass_drop_solved) == (4, 2, True)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3 and all(str(path) in line and "rename it" in line for line in lines)
+    for old, new in [("learner.baseline_k", "learner.prepass_k"), ("learner.baseline_drop_solved",
+                                                                   "learner.prepass_drop_solved")]:
+        assert sum(f"{old} is now called {new}" in line for line in lines) == 1
+    assert "prepass_k = 4" in dump_toml(load_config(path)) and "baseline" not in dump_toml(load_config(path))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="arpo_async.config"):  # an override by the old name, too
+        assert load_config(None, ["learner.baseline_k=3"]).learner.prepass_k == 3
+    assert [r.getMessage().count("learner.prepass_k") > 0 for r in caplog.records] == [True]
+    with pytest.raises(ConfigError, match="learner.prepass_k: must be int, got 'many'"):
+        load_config(None, ["learner.baseline_k=many"])  # the value is checked under the new name
+
+
+@pytest.mark.parametrize("table", ["baseline_k = 4\nprepass_k = 4",
+                                   "prepass_min_success = 1\nbaseline_min_success = 2"])
+def test_a_run_file_with_both_the_old_and_the_new_prepass_key_is_refused(tmp_path, table):
+    path = tmp_path / "both.toml"
+    path.write_text(f"[learner]\n{table}\n")
+    with pytest.raises(ConfigError, match=rf"config {path}: both learner\.baseline_\w+ and learner\.prepass_\w+ "
+                                          r"are given; .* keep only learner\.prepass_"):
+        load_config(path)
+    old_only = tmp_path / "old.toml"
+    old_only.write_text("[learner]\nbaseline_k = 4\n")  # an override by the new name on an old file is no clash
+    assert load_config(old_only, ["learner.prepass_k=6"]).learner.prepass_k == 6

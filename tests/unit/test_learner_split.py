@@ -89,7 +89,7 @@ def test_the_arpo_osworld_run_file_sets_arpos_recipe():
     assert (lc.split, ev.split, lc.group_size, lc.groups_per_step, lc.updates_per_batch) == ("arpo-128", "arpo-128",
                                                                                            8, 16, 2)
     assert (ac.max_steps, ac.history_images, ac.image_profile, ac.desktop_memory_mb) == (15, 15, "osworld", 2048)
-    assert lc.replay and lc.replay_mode == "arpo" and lc.baseline_k > 0 and lc.baseline_min_success == 1
+    assert lc.replay and lc.replay_mode == "arpo" and lc.prepass_k > 0 and lc.prepass_min_success == 1
     assert lc.osworld_files and ev.tasks == lc.tasks and ev.enabled
     assert config.model == ""  # the tiny policy runs as written; UI-TARS-1.5-7B is commented
     assert "# model = \"/ckpt/UI-TARS-1.5-7B\"" in ARPO_OSWORLD.read_text()

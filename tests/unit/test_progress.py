@@ -141,6 +141,14 @@ def test_progress_line_names_the_tasks_set_aside(tmp_path):
     assert "task_error=3" in line and line.endswith("| SET ASIDE (task errors): bad-task")
 
 
+@pytest.mark.parametrize("key", ["prepass", "baseline"])  # "baseline": the status.json of a run before issue 52
+def test_progress_line_shows_the_task_prepass_under_its_new_and_its_old_status_key(tmp_path, key):
+    config = load_config(None, [f'run_dir="{tmp_path}"'])
+    (tmp_path / "status.json").write_text(json.dumps({key: {"groups_recorded": 3, "groups_planned": 8}}))
+    line = progress_line(config, started=0.0, now=1.0)
+    assert "task pre-pass 3/8 groups | " in line and "baseline" not in line
+
+
 def test_progress_line_shows_groups_without_a_reward_difference_and_a_waiting_step(tmp_path):
     """Issue 49 item 1: the share of groups dropped for no reward difference, and, once groups_per_step of them
     came back since the last step, that the next step waits for groups with one; then the tasks solved."""

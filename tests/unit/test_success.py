@@ -64,9 +64,9 @@ def verdicts(score: float, lc: LearnerConfig, tmp_path: Path) -> dict[str, bool]
     baseline = TaskPrepass([TASK], 1, 1)
     baseline.record_group(TASK.id, [score])
     try:
-        found["baseline pass"] = save_prepass(tmp_path / "baseline.json", baseline, lc) == [TASK.id]
+        found["task pre-pass"] = save_prepass(tmp_path / "prepass.json", baseline, lc) == [TASK.id]
     except ValueError:  # no task had a success
-        found["baseline pass"] = False
+        found["task pre-pass"] = False
     window = WindowStats()
     window.record(TASK, traj.outcome.value)
     found["metrics success rate"] = per_task_success(window)["task_success"] == {TASK.id: 1.0}
@@ -80,7 +80,7 @@ def verdicts(score: float, lc: LearnerConfig, tmp_path: Path) -> dict[str, bool]
 @pytest.mark.parametrize("threshold", [None, 0.5])
 @pytest.mark.parametrize("score", [0.05, 0.1, 0.3, 1.0])
 def test_every_counter_selector_and_buffer_agrees(score, threshold, replay_mode, tmp_path):
-    lc = LearnerConfig(replay_mode=replay_mode, baseline_k=1,
+    lc = LearnerConfig(replay_mode=replay_mode, prepass_k=1,
                        **({} if threshold is None else {"success_threshold": threshold}))
     expected = is_success(score, lc.success_threshold)
     assert expected == (score > (0.1 if threshold is None else 0.5))
@@ -89,5 +89,5 @@ def test_every_counter_selector_and_buffer_agrees(score, threshold, replay_mode,
 
 
 def test_a_trajectory_scored_0_3_is_a_success_by_default_and_a_failure_at_0_5(tmp_path):
-    assert all(verdicts(0.3, LearnerConfig(baseline_k=1), tmp_path).values())
-    assert not any(verdicts(0.3, LearnerConfig(baseline_k=1, success_threshold=0.5), tmp_path).values())
+    assert all(verdicts(0.3, LearnerConfig(prepass_k=1), tmp_path).values())
+    assert not any(verdicts(0.3, LearnerConfig(prepass_k=1, success_threshold=0.5), tmp_path).values())

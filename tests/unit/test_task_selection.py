@@ -1,4 +1,4 @@
-"""Reference tests for learner.algo.task_selection: baseline pass, valuable tasks, online retirement and revisits."""
+"""Reference tests for learner.algo.task_selection: task pre-pass, valuable tasks, online retirement and revisits."""
 
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ def ids(picks: list[Task]) -> list[str]:
     return [t.id for t in picks]
 
 
-# ---------------------------------------------------------------- baseline pass
+# ---------------------------------------------------------------- task pre-pass
 
 
-def test_baseline_plan_and_valuable_tasks():
+def test_prepass_plan_and_valuable_tasks():
     assert [(t.id, k) for t, k in prepass_plan(POOL, 8)] == [("a", 8), ("b", 8), ("c", 8), ("d", 8)]
     results = {"a": [0, 0, 1, 0], "b": [0, 0.1, 0.05, 0], "c": [1, 1, 1, 1], "d": [], "e": [0.05, 0.6, 0.3, 1.0]}
     assert valuable_tasks(results) == ["a", "c", "e"]  # "d" has no result, "b" no score above 0.1 (e: 3 of 4)
@@ -45,20 +45,20 @@ def test_baseline_plan_and_valuable_tasks():
         valuable_tasks(results, min_success=0)
 
 
-def test_baseline_pass_as_a_scheduler_task_source():
-    baseline = TaskPrepass(POOL[:3], k=6, group_size=4)  # ceil(6 / 4) = 2 groups per task
-    picks = [baseline.pick_task() for _ in range(6)]
+def test_prepass_as_a_scheduler_task_source():
+    prepass = TaskPrepass(POOL[:3], k=6, group_size=4)  # ceil(6 / 4) = 2 groups per task
+    picks = [prepass.pick_task() for _ in range(6)]
     assert ids(picks) == ["a", "b", "c", "a", "b", "c"]
-    assert baseline.exhausted and not baseline.done
+    assert prepass.exhausted and not prepass.done
     with pytest.raises(PrepassExhausted):
-        baseline.pick_task()
+        prepass.pick_task()
     for task_id, scores in [("a", FAILED), ("b", FAILED), ("c", SOLVED), ("a", [0, 1, 0, 0]), ("b", FAILED),
                             ("c", SOLVED)]:
-        assert baseline.record_group(task_id, scores)
-    assert not baseline.record_group("zzz", FAILED)
-    assert baseline.done
-    assert baseline.valuable() == ["a", "c"]
-    assert baseline.valuable(drop_solved=True) == ["a"]
+        assert prepass.record_group(task_id, scores)
+    assert not prepass.record_group("zzz", FAILED)
+    assert prepass.done
+    assert prepass.valuable() == ["a", "c"]
+    assert prepass.valuable(drop_solved=True) == ["a"]
 
 
 # ---------------------------------------------------------------- online selection
@@ -199,50 +199,73 @@ def test_bad_parameters_are_rejected(kwargs):
         TaskSelector([])
 
 
-def test_learner_baseline_file_is_written_reused_and_checked(tmp_path):
+def test_learner_prepass_file_is_written_reused_and_checked(tmp_path):
     from arpo_async.config import LearnerConfig
     from learner.algo.prepass import load_prepass, plan_prepass, save_prepass, valuable_pool
 
-    lc = LearnerConfig(baseline_k=2, group_size=2)
-    path = tmp_path / "baseline.json"
-    baseline = plan_prepass(POOL, lc, path, resuming=False)
-    assert baseline is not None and baseline.planned_groups == 4
-    assert plan_prepass(POOL, LearnerConfig(), path, resuming=False) is None  # baseline_k = 0: no pass
+    lc = LearnerConfig(prepass_k=2, group_size=2)
+    path = tmp_path / "prepass.json"
+    prepass = plan_prepass(POOL, lc, path, resuming=False)
+    assert prepass is not None and prepass.planned_groups == 4
+    assert plan_prepass(POOL, LearnerConfig(), path, resuming=False) is None  # prepass_k = 0: no pass
     assert plan_prepass(POOL, lc, path, resuming=True) is None  # a run that trained without one
     for t in POOL:
-        baseline.pick_task()
-        baseline.record_group(t.id, [1.0, 0.0] if t.id in ("b", "d") else [0.0, 0.0])
-    assert save_prepass(path, baseline, lc) == ["b", "d"]
+        prepass.pick_task()
+        prepass.record_group(t.id, [1.0, 0.0] if t.id in ("b", "d") else [0.0, 0.0])
+    assert save_prepass(path, prepass, lc) == ["b", "d"]
     assert load_prepass(path) == ["b", "d"]
     assert plan_prepass(POOL, lc, path, resuming=False) is None  # a restart reuses the finished pass
     assert [t.id for t in valuable_pool(POOL, ["d", "b"])] == ["b", "d"]
-    with pytest.raises(ValueError, match="none of the baseline pass's valuable tasks"):
+    with pytest.raises(ValueError, match="none of the task pre-pass's valuable tasks"):
         valuable_pool(POOL, ["zz"])
 
 
-def test_learner_baseline_with_no_valuable_task_is_a_clear_error(tmp_path):
+def test_learner_prepass_with_no_valuable_task_is_a_clear_error(tmp_path):
     from arpo_async.config import LearnerConfig
     from learner.algo.prepass import save_prepass
 
-    lc = LearnerConfig(baseline_k=2, group_size=2)
-    baseline = TaskPrepass(POOL[:2], k=2, group_size=2)
+    lc = LearnerConfig(prepass_k=2, group_size=2)
+    prepass = TaskPrepass(POOL[:2], k=2, group_size=2)
     for t in POOL[:2]:
-        baseline.pick_task()
-        baseline.record_group(t.id, [0.0, 0.0])
+        prepass.pick_task()
+        prepass.record_group(t.id, [0.0, 0.0])
     with pytest.raises(ValueError, match=r"no task with >= 1 successes in 2 rollouts .*'a': '0/2'"):
-        save_prepass(tmp_path / "baseline.json", baseline, lc)
-    assert not (tmp_path / "baseline.json").exists()
+        save_prepass(tmp_path / "prepass.json", prepass, lc)
+    assert not (tmp_path / "prepass.json").exists()
 
 
 @pytest.mark.parametrize("text", ["{not json", '{"k": 2}', '{"valuable": []}', '{"valuable": "b"}', "[1]",
                                   '{"valuable": [1, 2]}'])
-def test_a_damaged_baseline_file_is_a_clear_error(tmp_path, text):
+def test_a_damaged_prepass_file_is_a_clear_error(tmp_path, text):
     from learner.algo.prepass import load_prepass
 
-    path = tmp_path / "baseline.json"
+    path = tmp_path / "prepass.json"
     path.write_text(text)
-    with pytest.raises(ValueError, match="baseline.json.*remove it to run the pass again"):
+    with pytest.raises(ValueError, match="prepass.json.*remove it to run the pass again"):
         load_prepass(path)
+
+
+def test_an_older_run_folders_baseline_json_is_read_on_resume(tmp_path):
+    """Issue 52 item 3: a run folder written when the pre-pass was the "baseline pass" holds baseline.json; resuming
+    it trains on the tasks that file kept and runs no new pass (on c7b7a74 the new file name is not there at all)."""
+    import json
+
+    from arpo_async.config import LearnerConfig
+    from learner.algo.prepass import OLD_PREPASS_FILE, PREPASS_FILE, plan_tasks, prepass_path
+
+    lc = LearnerConfig(prepass_k=2, group_size=2)
+    assert prepass_path(tmp_path) == tmp_path / PREPASS_FILE == tmp_path / "prepass.json"  # a new run
+    (tmp_path / OLD_PREPASS_FILE).write_text(json.dumps({"k": 2, "results": {}, "valuable": ["c", "a"]}))
+    assert prepass_path(tmp_path) == tmp_path / "baseline.json"
+    for resuming in (True, False):  # a checkpoint or none yet: either way the finished pass is reused
+        plan = plan_tasks(POOL, lc, tmp_path, resuming=resuming)
+        assert plan.prepass is None and ids(plan.pool) == ["a", "c"] and plan.selector is not None
+    assert not (tmp_path / PREPASS_FILE).exists()  # nothing is written over or beside the older run's file
+    (tmp_path / OLD_PREPASS_FILE).write_text('{"valuable": []}')  # a damaged old file is named as such
+    with pytest.raises(ValueError, match="baseline.json.*remove it to run the pass again"):
+        plan_tasks(POOL, lc, tmp_path, resuming=True)
+    (tmp_path / PREPASS_FILE).write_text(json.dumps({"k": 2, "results": {}, "valuable": ["d"]}))
+    assert ids(plan_tasks(POOL, lc, tmp_path, resuming=True).pool) == ["d"]  # the new file wins when both exist
 
 
 def test_a_task_with_task_errors_in_a_row_is_set_aside_and_never_picked_again():
