@@ -2,7 +2,7 @@
 
 Owns: :func:`is_success` and its default threshold. Every counter, selector and buffer that asks "was this
 episode a success?" calls it with ``learner.success_threshold``: the actor's outcome (actors.episode), the
-batch success rate (learner.algo.batcher), the task windows (learner.algo.task_selection), the baseline pass
+batch success rate (learner.algo.batcher), the task windows (learner.algo.task_selection), the task pre-pass
 (learner.algo.prepass) and both replay buffers (learner.algo.replay); the success rates of metrics.jsonl, the progress
 line and `arpo eval` reports count Outcome.SUCCESS, which the actor set with this same function.
 
