@@ -192,11 +192,11 @@ async def _processes(c: ControllerClient) -> list[str]:
 
 
 async def test_reset_returns_one_desktop_to_its_boot_state_after_every_builtin_task(fleet):
-    """Every built-in task scores 0.0 untouched, 1.0 when solved and 0.0 when the agent gives up (FAIL) on a
-    solved desktop. One container serves every task in turn, reset in place between them: after each reset the
-    screen is pixel-identical to the freshly booted one and only the base processes run, so each task is checked
-    as on a fresh desktop (one container boot, not one per task; test_eval.py's oracle test solves every task
-    again through `arpo eval`'s episodes)."""
+    """Every built-in task scores 0.0 untouched (also when the agent says DONE), 1.0 when solved and 0.0 when the
+    agent gives up (FAIL) on a solved desktop. One container serves every task in turn, reset in place between
+    them: after each reset the screen is pixel-identical to the freshly booted one and only the base processes run,
+    so each task is checked as on a fresh desktop (one container boot, not one per task; test_eval.py's oracle
+    test solves every task again through `arpo eval`'s episodes)."""
     desktop = await fleet.start()
     c = desktop.controller
     boot_screen, boot_processes = await _screen(c), await _processes(c)
@@ -205,6 +205,8 @@ async def test_reset_returns_one_desktop_to_its_boot_state_after_every_builtin_t
         task = BUILTIN[task_id]
         await run_setup(c, task.config)
         assert await evaluate(c, task, last_action=None) == 0.0, task_id
+        # an agent that says it is done at once (test_eval.py's quitter runs one task of each family as episodes)
+        assert await evaluate(c, task, last_action="DONE") == 0.0, task_id
         await SOLUTIONS[task_id](c)
         assert await evaluate(c, task, last_action="DONE") == 1.0, task_id
         # OSWorld: giving up scores 0 even when the desktop state is right

@@ -1,7 +1,7 @@
-"""`arpo eval` and actors.eval.evaluate on real desktops: an oracle scores 1.0 and a quitter 0.0 on every
-built-in task; errored tasks stay in the denominator with their reason; an interrupted evaluation resumes to the
-report of an uninterrupted one; the command's Ctrl-C writes a report and --resume finishes it; `arpo view` shows
-the episodes.
+"""`arpo eval` and actors.eval.evaluate on real desktops: an oracle scores 1.0 on every built-in task and a
+quitter 0.0 on one task of each family; errored tasks stay in the denominator with their reason; an interrupted
+evaluation resumes to the report of an uninterrupted one; the command's Ctrl-C writes a report and --resume
+finishes it; `arpo view` shows the episodes.
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def _comparable(report: dict) -> dict:
     return {**kept, "provenance": provenance}
 
 
-async def test_oracle_scores_one_and_a_quitter_zero_on_every_builtin_task(eval_config, encoder, tmp_path):
+async def test_oracle_scores_one_on_every_builtin_task_and_a_quitter_zero(eval_config, encoder, tmp_path):
     builtin = runnable_tasks(load_task_set(None))
     oracle = await evaluate(OraclePolicy(builtin, encoder), None, desktops=2, max_steps=MAX_STEPS,
                             out=tmp_path / "oracle", config=eval_config, encoder=encoder)
@@ -72,9 +72,15 @@ async def test_oracle_scores_one_and_a_quitter_zero_on_every_builtin_task(eval_c
     assert oracle["errors"] == []
     assert {name: s["success_rate"] for name, s in oracle["tasks_detail"].items()} == {
         f"{t.family}/{t.id}": 1.0 for t in builtin}
-    quitter = await evaluate(finished_only, None, desktops=2, out=tmp_path / "quit", config=eval_config,
-                             encoder=encoder)
-    assert quitter["overall"]["episodes"] == len(builtin) and quitter["overall"]["successes"] == 0
+    # The quitter on one task of each family (test_desktop.py scores every built-in task 0.0 when "DONE" is said
+    # on its untouched desktop): what an episode that ends at once writes, not each evaluator again.
+    families = sorted({t.family for t in builtin})
+    sample = [next(t for t in builtin if t.family == family) for family in families]
+    split = tmp_path / "quit-split.json"
+    split.write_text(json.dumps({t.family: [t.id] for t in sample}))
+    quitter = await evaluate(finished_only, None, split=split, desktops=2, out=tmp_path / "quit",
+                             config=eval_config, encoder=encoder)
+    assert quitter["overall"]["episodes"] == len(sample) == len(families) and quitter["overall"]["successes"] == 0
     assert quitter["errors"] == [] and quitter["overall"]["mean_steps"] == 1.0
     # OSWorld's number: the mean score over every planned episode (the built-in evaluators score 0 or 1)
     assert (oracle["overall"]["score_sum"], oracle["overall"]["score_total"]) == (len(builtin), len(builtin))
@@ -82,7 +88,7 @@ async def test_oracle_scores_one_and_a_quitter_zero_on_every_builtin_task(eval_c
     assert (quitter["overall"]["score_mean"], quitter["overall"]["harness_errors"]) == (0.0, 0)
     # OSWorld's layout: a result.txt per episode, OUT/<domain>/<task id>/result.txt
     results = sorted((tmp_path / "quit").glob("*/*/result.txt"))
-    assert len(results) == len(builtin) and {p.read_text() for p in results} == {"0.0\n"}
+    assert len(results) == len(sample) and {p.read_text() for p in results} == {"0.0\n"}
 
 
 async def test_interrupted_evaluation_resumes_to_the_uninterrupted_report(eval_config, encoder, tmp_path):
@@ -188,7 +194,7 @@ def _sigint_as_a_shell_gives_it() -> None:
 def test_command_ctrl_c_writes_the_report_and_resume_runs_only_the_rest(tiny_model, desktop_image, tmp_path):
     out = tmp_path / "out"
     args = [sys.executable, "-m", "arpo_cli", "eval", "--model", str(tiny_model), "--tasks", "grid4",
-            "--repeats", "12", "--desktops", "1", "--max-steps", "1", "--temperature", "1", "--out", str(out),
+            "--repeats", "2", "--desktops", "1", "--max-steps", "1", "--temperature", "1", "--out", str(out),
             "--set", f"actors.image={desktop_image!r}"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2],
                             preexec_fn=_sigint_as_a_shell_gives_it)
@@ -196,8 +202,8 @@ def test_command_ctrl_c_writes_the_report_and_resume_runs_only_the_rest(tiny_mod
         until_sync(lambda: len(list(out.glob("*/*/*/episode.json"))) >= 2, 240, "two finished episodes",
                    check=lambda: _running(proc))
         proc.send_signal(signal.SIGINT)
-        try:  # a Ctrl-C that is lost shows: 96 episodes take ~75 s
-            output = proc.communicate(timeout=30)[0].decode()
+        try:  # 16 episodes: the 14 left take ~11 s on a quiet machine, so a lost Ctrl-C is sent again in time
+            output = proc.communicate(timeout=5)[0].decode()
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGINT)  # as a user presses Ctrl-C again; the report is still written
             output = proc.communicate(timeout=120)[0].decode()
