@@ -10,9 +10,10 @@ and restored with every checkpoint) and drives the phases of a run in one functi
    folder holds no finished one (learner.algo.prepass); then training switches to the tasks it kept;
 4. training: the training loop until ``learner.steps`` optimizer steps in all, or every task solved
    (learner.train.loop.TrainingLoop.run);
-5. final evaluation: the held-out round on the final weights, waited for at most ``eval.final_timeout_s``. The
-   training loop runs it as part of its last batch (that batch's metrics record carries the round's result), so
-   its time is part of phase 4's;
+5. final evaluation: the held-out round on the final weights, waited for at most ``eval.final_timeout_s``
+   (learner.train.loop.TrainingLoop.final_evaluation): at ``learner.steps`` the last batch's metrics record, held
+   back by the loop, carries the round's result and is then checkpointed and written; a run stopped as solved
+   checkpoints its last step again and writes the round's result as one more record;
 6. shutdown: status.json's last word (why the run stopped), the actors told to stop, the outbox flushed.
 
 Each phase is timed, as AReaL's trainer times its stages (``stats_tracker.record_timing(...)`` around rollout,
@@ -45,8 +46,8 @@ from learner.train.loop import TrainingLoop
 
 log = logging.getLogger("arpo.learner")
 
-PHASES = ("resume", "first_evaluation", "prepass", "training", "shutdown")
-"""The timed phases of a run, in order (status.json ``phase_s``; the final evaluation is part of ``training``)."""
+PHASES = ("resume", "first_evaluation", "prepass", "training", "final_evaluation", "shutdown")
+"""The timed phases of a run, in order (status.json ``phase_s``)."""
 
 
 @dataclass
@@ -138,6 +139,8 @@ class Run:
                 await run_prepass(self.plan, service, lc)
             with self.timed("training"):
                 await self.loop.run(metrics)
+            with self.timed("final_evaluation"):
+                await self.loop.final_evaluation()
             with self.timed("shutdown"):
                 service.stopped = self.loop.stopped
                 write_status_now(self.folder / "status.json", self.status)  # `arpo run` says why it stopped

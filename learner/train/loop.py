@@ -20,9 +20,10 @@ Schedules (``learner.schedule``): "async" trains on ``groups_per_step`` scored g
 while the staleness rule keeps handing out work; "lockstep" is ARPO's synchronous loop: open a rollout batch of
 ``groups_per_step`` groups, wait for all of it, train (no step when no group had reward variance), publish,
 repeat. Both write the same records. Held-out evaluation (``[eval]``, learner.rollouts.evaluation_rounds): a record
-carries the newest evaluation round completed since the previous record (``eval_success``, ...); the last batch's
-record waits for the round on the final weights, at most ``eval.final_timeout_s``; a run that stops as solved
-writes that round's result in an evaluation record after its last batch's (:meth:`TrainingLoop.stop_solved`).
+carries the newest evaluation round completed since the previous record (``eval_success``, ...). The round on the
+final weights is a phase of its own, after training (:meth:`TrainingLoop.final_evaluation`, run by learner.run.Run):
+the last batch's record is held back for it, waits for it at most ``eval.final_timeout_s`` and carries its result;
+a run that stops as solved writes that round's result in an evaluation record after its last batch's.
 
 Owns: the loop's counters (rollout and skipped batches, wall time across restarts), resuming from the newest
 checkpoint (learner.train.checkpoint), and keeping the servers current: every ``learner.resync_interval_s`` a server
@@ -32,9 +33,9 @@ while a batch trains or publishes.
 Ends early when every task is solved (``learner.stop_when_solved``): the task selector
 (learner.algo.task_selection) has retired every task, so every group it can hand out would have no reward difference
 and be dropped (DAPO's dynamic sampling, arXiv:2503.14476, which this loop follows by waiting for
-``groups_per_step`` groups with one); the loop then says so in one line (``stopped``), runs the held-out round on
-the final weights, checkpoints its last step again (with the selector's solved state), writes the round's result as
-one more record and returns as at ``learner.steps``.
+``groups_per_step`` groups with one); the loop then says so in one line (``stopped``) and returns as at
+``learner.steps``; the final evaluation then runs the held-out round on the final weights, checkpoints the last step
+again (with the selector's solved state) and writes the round's result as one more record.
 
 Invariants: never trains past ``learner.steps`` optimizer steps in all; a version is announced only after its
 weights reached every inference server; the first record after a restart says what was resumed.
@@ -47,7 +48,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from arpo_async.config import LearnerConfig
 from arpo_async.messages import Outcome
@@ -122,7 +123,9 @@ class TrainingLoop:
         self._round_ends = 0
         """Lockstep: rollout batches whose every group :meth:`collect` has scored and not yet trained."""
         self._last_record: dict[str, Any] | None = None
-        """The metrics record of the last batch this process trained (checkpointed again by :meth:`stop_solved`)."""
+        """The metrics record of the last batch this process trained (checkpointed again after a solved stop)."""
+        self._held: tuple[dict[str, Any], int] | None = None
+        """The last batch's record and its optimizer steps, held back for the final evaluation's result."""
 
     @property
     def replay(self) -> ReplayBuffer:
@@ -186,7 +189,20 @@ class TrainingLoop:
         self.metrics = metrics
         if self.state.published_version == 0:  # a new run: keep the weights it starts from (weights/v0, never pruned)
             await self.publisher.keep_initial(self.trainer)
-        training = asyncio.ensure_future(self.run_lockstep() if self.lc.schedule == "lockstep" else self.run_async())
+        await self._with_helpers(self.run_lockstep() if self.lc.schedule == "lockstep" else self.run_async())
+
+    async def final_evaluation(self) -> None:
+        """The final evaluation (:meth:`evaluate_final_weights`) after :meth:`run` returned, with :meth:`collect` and
+        (with ``learner.resync_interval_s``) :meth:`keep_servers_current` beside it, as during training.
+
+        Raises:
+            SyncRejected, WeightsMismatch: a catch-up failed (the learner stops).
+        """
+        await self._with_helpers(self.evaluate_final_weights())
+
+    async def _with_helpers(self, work: Awaitable[None]) -> None:
+        """Run ``work`` with the loop's helpers beside it until it returns (or a helper fails: its error is raised)."""
+        training = asyncio.ensure_future(work)
         helpers = [asyncio.create_task(self.collect())]
         if self.lc.resync_interval_s > 0:
             helpers.append(asyncio.create_task(self.keep_servers_current()))
@@ -313,17 +329,27 @@ class TrainingLoop:
         if self._resumed is not None:  # the first record after a restart says what was resumed
             record["resumed_from"], self._resumed = self._resumed, None
         if service.evaluation is not None:
-            if self.done and self.final_eval_timeout_s > 0:
-                await service.finish_evaluation(self.final_eval_timeout_s)
+            if self.done and self.final_eval_timeout_s > 0:  # the final evaluation completes and writes it
+                self._held = (record, updates)
+                return
             record.update(service.evaluation.take_result())
-        every = lc.checkpoint_every
-        if every and state.step // every > (state.step - updates) // every:
+        await self.close_batch(record, updates)
+
+    async def close_batch(self, record: dict[str, Any], updates: int) -> None:
+        """Checkpoint when ``learner.checkpoint_every`` falls within the batch's ``updates`` steps, then write the
+        batch's metrics ``record`` and its log line.
+
+        Raises:
+            RuntimeError: ``metrics`` is not set.
+        """
+        step, every = self.state.step, self.lc.checkpoint_every
+        if every and step // every > (step - updates) // every:
             await self.checkpoint(record)
         self._last_record = record
         if self.metrics is None:
             raise RuntimeError("TrainingLoop.metrics must be set before training")
         self.metrics.write(record)
-        log.info("step %d: version %d, success %.2f, loss %.4f, lag %.2f", state.step, version,
+        log.info("step %d: version %d, success %.2f, loss %.4f, lag %.2f", step, record["policy_version"],
                  record["success_rate"], record["loss"], record["staleness_mean"])
 
     async def checkpoint(self, record: dict[str, Any]) -> None:
@@ -340,9 +366,23 @@ class TrainingLoop:
         log.info("checkpoint %s (%.1f s)", folder, record["checkpoint_s"])
 
     async def stop_solved(self) -> None:
-        """End training as solved: set and log ``stopped`` (one line); then, when this process took a step, end as a
-        run at ``learner.steps`` ends (the step's weights are already on every server: each step publishes before it
-        is announced):
+        """End training as solved: set and log ``stopped`` (one line) and freeze the task selector; the final
+        evaluation follows (:meth:`evaluate_final_weights`)."""
+        selector = self.service.selector
+        self.stopped = selector.solved_reason() if selector is not None else "every task is solved"
+        if selector is not None:
+            selector.freeze()  # groups still in flight must not reactivate a task after the run said it is solved
+        log.warning("%s", self.stopped)
+
+    async def evaluate_final_weights(self) -> None:
+        """The final evaluation, after training returned.
+
+        At ``learner.steps`` with ``[eval]`` and ``eval.final_timeout_s`` > 0: the last batch's record (held back by
+        :meth:`train`) waits for the round on the final weights, at most ``eval.final_timeout_s``, takes its result
+        (``eval_*``), is checkpointed when due and written (:meth:`close_batch`).
+
+        Stopped as solved (:meth:`stop_solved`) after a step of this process, as a run at ``learner.steps`` ends (the
+        step's weights are already on every server: each step publishes before it is announced):
 
         1. with ``[eval]`` and ``eval.final_timeout_s`` > 0, the held-out round on the final weights starts
            (:meth:`LearnerService.start_final_evaluation`: an older round still running is abandoned; a round of these
@@ -354,15 +394,19 @@ class TrainingLoop:
            is written as the evaluation record (learner.train.records.evaluation_record): the last batch's record
            went out before the run knew it was the last.
 
-        A run that took no step in this process (resumed after it stopped as solved, or solved before its first
-        step) only says so: its weights were evaluated before, by the process that trained them or the round of the
-        initial weights."""
-        selector = self.service.selector
-        self.stopped = selector.solved_reason() if selector is not None else "every task is solved"
-        if selector is not None:
-            selector.freeze()  # groups still in flight must not reactivate a task after the run said it is solved
-        log.warning("%s", self.stopped)
-        if self._last_record is None:
+        Nothing else: a run that stopped as solved with no step in this process (resumed after it stopped as solved,
+        or solved before its first step) had its weights evaluated before, by the process that trained them or the
+        round of the initial weights.
+
+        Raises:
+            RuntimeError: ``metrics`` is not set.
+        """
+        if self._held is not None:
+            (record, updates), self._held = self._held, None
+            await self.service.finish_evaluation(self.final_eval_timeout_s)
+            record.update(self.service.evaluation.take_result())
+            return await self.close_batch(record, updates)
+        if not self.stopped or self._last_record is None:
             return
         final = self.service.evaluation is not None and self.final_eval_timeout_s > 0
         if final:

@@ -70,5 +70,6 @@ def test_the_demo_stops_by_itself_once_its_task_is_solved(tmp_path, desktop_imag
     assert set(final["eval_task_success"]) == set(held_out)
     learner_log = (run_dir / "logs" / "learner.log").read_text()
     assert f"(policy version {last['policy_version']}, step {last['step']}): mean score" in learner_log
+    assert learner_log.index("phase training:") < learner_log.index("phase final_evaluation:")  # after the loop
     assert status["totals"]["eval_trajectories"] >= 8
     assert run_containers(load_config(run_dir / "config.toml", []).resolved_run_id) == []

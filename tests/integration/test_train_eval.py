@@ -4,6 +4,7 @@ step, at every 2 steps and on the final weights, on either schedule. metrics.jso
 rounds; no evaluation episode reaches training's statistics."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ from arpo_async.inference_client import Generation
 from arpo_async.messages import Assignment
 from arpo_async.metrics import read_metrics
 from arpo_async.model.inputs import PromptEncoder
+from learner.run import PHASES
 from tests.integration.test_run import run_containers
 from tests.unit.test_tensorboard_metrics import read_tensorboard
 
@@ -61,6 +63,10 @@ def test_a_run_evaluates_its_initial_and_final_weights_on_a_held_out_split(tmp_p
     assert all(f"eval_task_success/{task}" in scalars for task in HELD_OUT)
     learner_log = (run_dir / "logs" / "learner.log").read_text()
     assert "waiting up to 600 s for the evaluation round of step 4" in learner_log
+    # the final evaluation is a phase of its own, after training, timed in the log and in status.json
+    logged = re.findall(r"\bphase (\w+): [0-9.]+ s$", learner_log, re.MULTILINE)
+    assert logged == list(PHASES), logged
+    assert list(status["phase_s"]) == list(PHASES[:len(status["phase_s"])]) and "final_evaluation" in status["phase_s"]
     assert run_containers(run_dir) == []
 
 

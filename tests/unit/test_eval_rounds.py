@@ -134,9 +134,9 @@ async def test_rounds_come_due_at_multiples_skip_while_one_runs_and_the_final_on
 
 
 async def test_a_run_stopping_as_solved_makes_the_round_of_its_last_weights_the_final_one():
-    """LearnerService.start_final_evaluation (learner.train.loop.TrainingLoop.stop_solved): a round of the final
-    weights starts and goes out to the requests waiting; one of these weights already running or complete and not
-    yet recorded is kept; an older one still running gives way; eval.final_timeout_s = 0 starts none."""
+    """LearnerService.start_final_evaluation (learner.train.loop.TrainingLoop.evaluate_final_weights): a round of
+    the final weights starts and goes out to the requests waiting; one of these weights already running or complete
+    and not yet recorded is kept; an older one still running gives way; eval.final_timeout_s = 0 starts none."""
     service = make_service(every_steps=4, repeats=1, final_step=80, lockstep=True)  # no training handed out
     evaluation = service.evaluation
     await hello(service, "a", 16)
@@ -145,7 +145,8 @@ async def test_a_run_stopping_as_solved_makes_the_round_of_its_last_weights_the_
     assert [a.evaluation for a in await ask(service, 3)] == [True, True]  # its 2 episodes; the third request waits
     await trained(service, 6, 3)  # the run stops as solved after step 6: the round of step 4 gives way
     assert await service.start_final_evaluation() is True
-    assert (evaluation.round.step, evaluation.round.version) == (6, 3) and service.state.totals["eval_rounds_abandoned"] == 1
+    assert (evaluation.round.step, evaluation.round.version) == (6, 3)
+    assert service.state.totals["eval_rounds_abandoned"] == 1
     handed = [m for m in sent(service) if isinstance(m, Assignment)]
     assert [(a.evaluation, a.policy_version) for a in handed] == [(True, 3)]  # to the request that waited
     handed += await ask(service, 1, first=10)

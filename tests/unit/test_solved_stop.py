@@ -4,8 +4,9 @@ groups arrive as the service hands them on (the selector records each, then the 
 without a reward difference are counted for the progress line; the stop is one line, and only with every task
 solved by the evaluator's score (never by the reward) and learner.stop_when_solved on. A run with [eval] that stops
 as solved after a step of its own evaluates its final weights as a run at learner.steps does (a real Trainer on the
-tiny policy takes the step): the round is handed out while the loop stops, and its result follows the last batch's
-record as the evaluation record."""
+tiny policy takes the step): the round is handed out in the final evaluation after the loop stops
+(TrainingLoop.evaluate_final_weights, as learner.run.Run calls it), and its result follows the last batch's record as
+the evaluation record."""
 
 from __future__ import annotations
 
@@ -143,7 +144,12 @@ async def test_a_run_that_stops_as_solved_evaluates_its_final_weights_in_a_recor
     service, evaluation = loop.service, loop.service.evaluation
     encoder = PromptEncoder(tiny_model)
     tasks = [asyncio.create_task(loop.collect())]
-    run = asyncio.create_task(loop.run_async())
+
+    async def train_then_evaluate() -> None:  # training, then the final evaluation, as learner.run.Run runs them
+        await loop.run_async()
+        await loop.evaluate_final_weights()
+
+    run = asyncio.create_task(train_then_evaluate())
     try:
         await hello(service, "a", 8)
         g = real_group(encoder, "g0", [1.0, 0.0])  # a reward difference: one optimizer step, version 1
@@ -156,7 +162,7 @@ async def test_a_run_that_stops_as_solved_evaluates_its_final_weights_in_a_recor
         for n in range(4):  # every rollout of the task's last 4 groups succeeds: solved
             hand_on(loop, f"s{n}", [1.0, 1.0])
         final = await until(lambda: evaluation.round, 30, "the round on the final weights")
-        assert (final.step, final.version) == (1, 1) and not run.done()  # the loop waits for it
+        assert (final.step, final.version) == (1, 1) and not run.done()  # the final evaluation waits for it
         handed = await ask(service, 3)  # the actors still get work: the round's 2 episodes first
         assert [(a.evaluation, a.policy_version, a.task["id"]) for a in handed[:2]] == [(True, 1, HELD_A.id)] * 2
         for a, outcome in zip(handed[:2], ["SUCCESS", "FAILURE"]):
