@@ -34,7 +34,9 @@ def short_run(tmp_path_factory, desktop_image, tiny_model) -> Path:
     run_dir = tmp_path_factory.mktemp("viewer") / "viewer-run"  # own run id: other tests kill "demo" desktops
     proc = subprocess.run(
         [sys.executable, "-m", "arpo_cli.cli", "run", "--out", str(run_dir), "--model", str(tiny_model),
-         "--steps", "1", "--actors", "4", "--set", "learner.sample_trajectories=1.0",
+         "--steps", "1", "--actors", "2", "--set", "actors.warm_spares=0", "--set", "learner.group_size=2",
+         "--set", "learner.groups_per_step=1", "--set", 'learner.task_ids=["grid4-"]',
+         "--set", "learner.sample_trajectories=1.0",
          "--set", "actors.max_steps=2", "--set", 'actors.grammar_actions=["click","drag"]',
          "--set", "serve.port=31947", "--set", 'actors.inference_urls=["http://127.0.0.1:31947"]',
          "--set", "transport.endpoint=tcp://127.0.0.1:31948"],
@@ -46,7 +48,9 @@ def short_run(tmp_path_factory, desktop_image, tiny_model) -> Path:
 def test_page_of_a_real_run_in_chromium(short_run, tmp_path):
     assert CHROMIUM, "needs Debian's chromium on PATH (scripts/bootstrap.sh installs it)"
     records = [json.loads(p.read_text()) for p in short_run.glob("trajectories/*/record.json")]
-    assert len(records) >= 8  # rate 1: every trajectory that came back (one step needs G=4 x 2 groups)
+    # rate 1: every trajectory that came back (one step needs a group of G=2 with a success and a failure; the
+    # 4-button tasks, which the tiny random policy solves now and then, give one within a few groups)
+    assert len(records) >= 2
     steps = sum(len(r["steps"]) for r in records)
     pointed = sum(1 for r in records for s in r["steps"] if any(a["point"] for a in s["actions"]))
     assert steps > 0 and pointed > 0 and all(r["screen_size"] == [1280, 720] for r in records)
