@@ -4,6 +4,7 @@ desktop, through the real episode loop and OSWorld's own evaluators, in real osw
     python -m bench.osworld_solutions OSWorld/evaluation_examples/examples                   # every solution
     python -m bench.osworld_solutions OSWorld/evaluation_examples/examples --domains os,vlc --desktops 2
     python -m bench.osworld_solutions --smoke        # SAMPLE: 3 of OSWorld's task files copied into tests/data
+    python -m bench.osworld_solutions OSWorld/evaluation_examples/examples --osworld-files MIRROR  # tasks that download
 
 Each task runs twice with ``actors.eval.evaluate`` (what ``arpo eval`` runs): with the oracle answering from the
 task's solution (``arpo eval --oracle``), and with a policy that answers ``finished`` at once (the untouched desktop:
@@ -46,6 +47,13 @@ def osworld_config(overrides: list[str] = ()):
 
     config = load_config(None, ['actors.image_profile="osworld"', "actors.desktop_memory_mb=2048", *overrides])
     return prepare(config, lambda line: print(line, file=sys.stderr, flush=True))
+
+
+def mirror_overrides(mirror: Path | None) -> list[str]:
+    """The config overrides that give a run ``mirror`` as ``learner.osworld_files`` (none for None): the folder of
+    OSWorld's files (fetched, or a stand-in mirror from ``actors.osworld.stand_in_mirror``) that tasks' download
+    steps read."""
+    return [] if mirror is None else [f"learner.osworld_files={json.dumps(str(mirror.resolve()))}"]
 
 
 def write_split(solutions, path: Path) -> Path:
@@ -103,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--desktops", type=int, default=1, help="desktops at a time (default 1)")
     parser.add_argument("--smoke", action="store_true", help=f"smoke mode: the {len(SAMPLE)} SAMPLE tasks only")
     parser.add_argument("--out", type=Path, help="keep the results folders here (a new or empty folder)")
+    parser.add_argument("--osworld-files", type=Path, help="a mirror of OSWorld's files (learner.osworld_files; "
+                        "e.g. a stand-in mirror from actors.osworld.stand_in_mirror) for tasks that download files")
     args = parser.parse_args(argv)
     if args.folder is None and args.smoke:
         args.folder = SMOKE_DIR
@@ -110,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the task folder: OSWorld's evaluation_examples/examples (or --smoke)")
     if not args.folder.is_dir():
         parser.error(f"{args.folder} is not a folder")
+    if args.osworld_files is not None and not args.osworld_files.is_dir():
+        parser.error(f"--osworld-files {args.osworld_files} is not a folder")
     domains = {d for d in args.domains.split(",") if d}
     wanted = set(SAMPLE) if args.smoke else {t for t in args.tasks.split(",") if t}
     solutions = [s for s in load_solutions().values()
@@ -121,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="osworld-solutions-") as tmp:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        rows = asyncio.run(prove(args.folder, solutions, out, desktops=args.desktops))
+        rows = asyncio.run(prove(args.folder, solutions, out, desktops=args.desktops,
+                                 config=osworld_config(mirror_overrides(args.osworld_files))))
     for task_id, r in sorted(rows.items(), key=lambda kv: (kv[1]["domain"], kv[0])):
         print(f"{r['domain']:<20} {task_id}  actions={r['actions']:<2} solved={r['solved']} "
               f"untouched={r['untouched']} solved_s={r['solved_s'] and round(r['solved_s'], 1)} "
