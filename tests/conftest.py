@@ -5,6 +5,7 @@ import secrets
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,8 @@ other work. The build starts in the background when collection ends, so the test
 meanwhile (they come first: the osworld tests are named test_osworld_* and test_stand_in_*); the ``osworld_image``
 fixture waits for it. It runs outside every test's own timeout (pyproject's 600 s), within this budget of its own."""
 _osworld_build: dict = {}
-"""The background build: {"thread", "proc", "log"} while it runs; then also {"tag": ...} or {"error": ...}."""
+"""The background build: {"thread", "proc", "log"} while it runs; then also {"tag": ...} or {"error": ...}; and
+the background builders of the metrics and SGLang environments ("metric_env", "sglang_env": their processes)."""
 
 
 def _build_osworld() -> None:
@@ -43,7 +45,13 @@ def _build_osworld() -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start building the osworld image, if a collected test needs it, in the background (see
     OSWORLD_BUILD_BUDGET_S); also the OSWorld metrics environment (``python -m actors.osworld.metric_env``, a few
-    minutes of pip), which the evaluators of those tests use: a test that needs it first waits on its build lock."""
+    minutes of pip), which the evaluators of those tests use: a test that needs it first waits on its build lock.
+    Likewise the SGLang test environment (``python -m tests.sglang_env``) when a collected test needs
+    ``sglang_python``: on a fresh machine its pip installs then overlap the tests that come before."""
+    if any("sglang_python" in getattr(item, "fixturenames", ()) for item in session.items):
+        _osworld_build["sglang_env"] = subprocess.Popen([sys.executable, "-m", "tests.sglang_env"],
+                                                        cwd=Path(__file__).resolve().parents[1],
+                                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if not any("osworld_image" in getattr(item, "fixturenames", ()) for item in session.items):
         return
     import tempfile
@@ -60,7 +68,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Stop a background build still running when the session ends early (``-x``, Ctrl-C)."""
-    for proc in (_osworld_build.get("proc"), _osworld_build.get("metric_env")):
+    for proc in (_osworld_build.get("proc"), _osworld_build.get("metric_env"), _osworld_build.get("sglang_env")):
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
