@@ -30,15 +30,16 @@ def test_every_stored_step_parses_back_to_itself():
             thought, action = reply_action(step, _point)
             parsed = parse_reply(f"Thought: {thought}\nAction: {action}", resized_size=SCREEN, screen_size=SCREEN,
                                  coordinate_mode="absolute").action
-            kind = next(k for k in ("type", "hotkey", "click", "wait", "call_user", "finished") if k in step)
+            kind = next(k for k in ("type", "hotkey", "click", "left_double", "wait", "call_user", "finished")
+                        if k in step)
             expected = {"call_user": "fail"}.get(kind, kind)
             assert parsed.kind == expected, (sol.task_id, step)
             if kind == "type":
                 assert parsed.text == step["type"], sol.task_id
             if kind == "hotkey":
                 assert parsed.key == step["hotkey"], sol.task_id
-            if kind == "click":
-                assert parsed.point == tuple(float(v) for v in step["click"])
+            if kind in ("click", "left_double"):
+                assert parsed.point == tuple(float(v) for v in step[kind])
 
 
 def test_a_type_step_with_quotes_backslashes_and_newlines_survives_the_reply():
@@ -93,3 +94,27 @@ def test_a_plan_gets_its_closing_finished_unless_it_ends_the_episode_itself(tmp_
         "a": {"note": "", "steps": [{"hotkey": "ctrl alt t"}, {"type": "ls\n"}]},
         "b": {"note": "", "steps": [{"call_user": True}]}}}))
     assert {s.task_id: s.actions for s in read_solutions(path)} == {"a": 3, "b": 1}
+
+
+ACTING_DOMAINS_BEFORE = {"os", "gimp", "vlc", "chrome"}
+"""The domains whose stored solutions acted (did more than call_user) before issue 51 item 5's additions."""
+
+
+def test_at_least_12_solutions_act_in_at_least_3_domains_that_had_none_acting():
+    acting = [s for s in load_solutions().values() if s.steps[-1] != {"call_user": True}]
+    new = [s for s in acting if s.domain not in ACTING_DOMAINS_BEFORE]
+    assert len(new) >= 12 and len({s.domain for s in new}) >= 3, sorted((s.domain, s.task_id[:8]) for s in new)
+
+
+def test_the_bench_takes_a_files_mirror_into_the_run_config_and_refuses_one_that_is_not_a_folder(tmp_path, capsys):
+    from arpo_async.config import load_config
+    from bench.osworld_solutions import main, mirror_overrides
+
+    mirror = tmp_path / "mirror with 'quotes' \" and spaces"
+    mirror.mkdir()
+    assert load_config(None, mirror_overrides(mirror)).learner.osworld_files == str(mirror.resolve())
+    assert mirror_overrides(None) == []
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path), "--osworld-files", str(tmp_path / "absent")])
+    assert exc.value.code == 2
+    assert f"--osworld-files {tmp_path / 'absent'} is not a folder" in capsys.readouterr().err
