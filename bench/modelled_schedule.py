@@ -125,7 +125,8 @@ async def run_schedule(name: str, model: GpuTimingModel, encoder, pngs: list[byt
     from learner.algo.batcher import Batcher
     from learner.main import replay_buffer
     from learner.rollouts.scheduler import GroupScheduler
-    from learner.rollouts.service import GroupQueue, LearnerService
+    from learner.rollouts.rounds import GroupQueue
+    from learner.rollouts.service import LearnerService
     from learner.rollouts.staleness import LockstepAdmission, StalenessManager
     from learner.state import RunState
     from learner.train.checkpoint import Checkpointer

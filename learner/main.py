@@ -57,7 +57,8 @@ from learner.algo.prepass import TaskPlan, plan_tasks
 from learner.algo.replay import ReplayBuffer, ReplayError, make_replay
 from learner.rollouts.evaluation_rounds import EvaluationRounds, evaluation_tasks
 from learner.rollouts.scheduler import GroupScheduler
-from learner.rollouts.service import GroupQueue, LearnerService
+from learner.rollouts.rounds import GroupQueue
+from learner.rollouts.service import LearnerService
 from learner.rollouts.staleness import LockstepAdmission, StalenessManager
 from learner.rollouts.trajectory_sample import TrajectorySampler
 from learner.run import Run

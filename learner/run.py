@@ -134,7 +134,7 @@ class Run:
             if self.keep_ranks_alive is not None:
                 background.append(tg.create_task(self.keep_ranks_alive()))
             with self.timed("first_evaluation"):
-                await service.begin_evaluation()
+                await service.control.begin_evaluation()
             with self.timed("prepass"):
                 await run_prepass(self.plan, service, lc)
             with self.timed("training"):
@@ -152,7 +152,7 @@ class Run:
 
 async def run_prepass(plan: TaskPlan, service: LearnerService, lc: LearnerConfig) -> None:
     """The task pre-pass, when ``plan`` has one due: hand out its groups through ``service`` until every one came
-    back (learner.rollouts.service.LearnerService.run_prepass), save it (<run>/prepass.json), then switch the
+    back (learner.rollouts.rounds.RoundControl.run_prepass), save it (<run>/prepass.json), then switch the
     service to training on the tasks it kept (lockstep: only the rounds the training loop opens). Nothing when none
     is due.
 
@@ -161,6 +161,6 @@ async def run_prepass(plan: TaskPlan, service: LearnerService, lc: LearnerConfig
     """
     if plan.prepass is None:
         return
-    await service.run_prepass(plan.prepass)
+    await service.control.run_prepass(plan.prepass)
     selector = plan.finish_prepass(lc)
-    await service.start_training(selector, 0 if lc.schedule == "lockstep" else None)
+    await service.control.start_training(selector, 0 if lc.schedule == "lockstep" else None)

@@ -243,9 +243,9 @@ def healthy(url: str) -> bool:
 async def trained(service, step: int, version: int) -> None:
     """What the training loop's last stage does after a batch (learner.train.loop.TrainingLoop.train): the run
     state now holds ``step`` optimizer steps and policy ``version``; the service is told
-    (LearnerService.on_trained: evaluation rounds, the version announced, more work admitted)."""
+    (learner.rollouts.rounds.RoundControl.on_trained: evaluation rounds, the version announced, more work admitted)."""
     service.state.step, service.state.published_version = step, version
-    await service.on_trained()
+    await service.control.on_trained()
 
 
 def loop_counters(service, replay=None) -> dict:

@@ -88,7 +88,8 @@ class RunStats:
         self.stall: str | None = None
         """Why no optimizer step is happening, while that lasts (shown in status.json and the progress line)."""
         self.prepass_running = False
-        """True while the task pre-pass runs (set by LearnerService.run_prepass): the stall check is quiet then."""
+        """True while the task pre-pass runs (set by learner.rollouts.rounds.RoundControl.run_prepass): the stall
+        check is quiet then."""
         self.lag = LoopLag()
         """The learner's event-loop lag (its :meth:`LoopLag.run` is one of the learner's tasks)."""
         self.peak_depths: collections.Counter[str] = collections.Counter()

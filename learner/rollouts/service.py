@@ -1,13 +1,15 @@
 """Learner service: the learner's side of the conversation with actors, and the message dispatch.
 
 Role: takes each message from the ROUTER pump's inbox (:meth:`LearnerService.serve`) and routes it; owns the
-task pre-pass while it runs and the hand-off of complete groups. Its halves: :class:`learner.rollouts.peers.Peers`
+hand-off of each complete group to its round control (:class:`learner.rollouts.rounds.RoundControl`: the task
+pre-pass, lockstep rollout batches, evaluation rounds). Its halves: :class:`learner.rollouts.peers.Peers`
 (known actors, waiting requests, running rollouts, de-duplication, the announced policy version),
 :class:`learner.rollouts.acks.HeldAcks` (Acks held for a burst) and :class:`learner.rollouts.run_stats.RunStats`
 (counters, the outcome window, the stall check). Channels (made by the wiring function, learner.main): the pump's
 inbox and outbox, and ``groups``, the queue of complete groups the training loop (learner.train.loop) takes; the
-loop reports each step back through one call, :meth:`LearnerService.on_trained`. Shares the run's state
-(learner.state.RunState: step, policy version, totals) with the loop; never scores a group (learner.algo does).
+loop reports each step back through one call, :meth:`learner.rollouts.rounds.RoundControl.on_trained`. Shares the
+run's state (learner.state.RunState: step, policy version, totals) with the loop; never scores a group
+(learner.algo does).
 
 - hello / heartbeat -> reply with LearnerStatus (learner id + version), so actors notice a restarted learner; a
   Hello opens the peer's session (learner.rollouts.sessions), which its requests and trajectories must name;
@@ -19,12 +21,14 @@ loop reports each step back through one call, :meth:`LearnerService.on_trained`.
   taken for its rollout slot only under the session the slot was handed out under, with the slot's task (else a counted
   Reject: ``owner``, ``task``, ``duplicate`` for an id reused with other content; nothing it sends can erase a
   running slot's owner); taken ones are recorded in the scheduler; a complete group goes on ``groups`` as it
-  completes (lockstep: once all of a rollout batch opened by :meth:`LearnerService.open_round` has come back,
-  :data:`ROUND_END` follows its groups);
+  completes (lockstep: once all of a rollout batch opened by
+  :meth:`learner.rollouts.rounds.RoundControl.open_round` has come back, :data:`learner.rollouts.rounds.ROUND_END`
+  follows its groups);
 - an evaluation episode's trajectory (learner.rollouts.evaluation_rounds) is acked, validated and de-duplicated the same
   way, then goes to the evaluation rounds only: never to the scheduler, ``groups``, the task selector,
-  task pre-pass, outcome window or trajectory sample; a round comes due in :meth:`LearnerService.on_trained`, and
-  the final one of a run that stops as solved in :meth:`LearnerService.start_final_evaluation`;
+  task pre-pass, outcome window or trajectory sample; a round comes due in
+  :meth:`learner.rollouts.rounds.RoundControl.on_trained`, and the final one of a run that stops as solved in
+  :meth:`learner.rollouts.rounds.RoundControl.start_final_evaluation`;
 - a message that failed to decode, or whose handling raised, is counted in ``rejections`` and answered with a
   Reject; the service goes on.
 
@@ -45,30 +49,17 @@ from arpo_async.messages import Heartbeat, Hello, Outcome, Reject, Trajectory, W
 from arpo_async.process import WarningBudget
 from arpo_async.transport import Envelope, Outbox, Undecodable, peer_name
 from arpo_async.validation import InvalidMessage, WireLimits, check_hello, check_trajectory, check_work_request
-from learner.algo.prepass import TaskPrepass
-from learner.algo.task_selection import NoTaskLeft, TaskSelector, trainable_scores
+from learner.algo.task_selection import NoTaskLeft, TaskSelector
 from learner.rollouts.acks import ACK_DELAY_S, HeldAcks
 from learner.rollouts.evaluation_rounds import EvaluationRounds
 from learner.rollouts.peers import Admission, Peers
+from learner.rollouts.rounds import GroupQueue, RoundControl
 from learner.rollouts.run_stats import RunStats
-from learner.rollouts.scheduler import Group, GroupScheduler
+from learner.rollouts.scheduler import GroupScheduler
 from learner.rollouts.trajectory_sample import TrajectorySampler
 from learner.state import RunState
 
 log = logging.getLogger(__name__)
-
-ROUND_END = None
-"""Lockstep: put on ``groups`` after the last group of a rollout batch (the loop trains on what came before it)."""
-
-
-class GroupQueue(asyncio.Queue):
-    """The unbounded queue of complete groups from the service to the training loop (each a
-    :class:`learner.rollouts.scheduler.Group`, or :data:`ROUND_END` in lockstep); :meth:`pending` shows what waits."""
-
-    def pending(self) -> list[Group]:
-        """The groups waiting, oldest first (a copy; :data:`ROUND_END` markers left out)."""
-        return [group for group in self._queue if group is not ROUND_END]
-
 
 class LearnerService:
     """Dispatches actor messages; see the module docstring.
@@ -80,7 +71,8 @@ class LearnerService:
         groups: where complete training groups go (a new unbounded queue when None).
         state: the run's state, shared with the training loop: its ``totals`` are the counters everything here
             counts into (when None: the state ``evaluation`` counts into, else a new one).
-        rounds: lockstep: :data:`ROUND_END` follows each rollout batch's groups on ``groups`` (:meth:`open_round`).
+        rounds: lockstep: :data:`learner.rollouts.rounds.ROUND_END` follows each rollout batch's groups on
+            ``groups`` (:meth:`learner.rollouts.rounds.RoundControl.open_round`).
         learner_id: this learner's id, announced in LearnerStatus; a new random one when None.
         selector: the online task selector fed with every complete training group (None: none).
         vocab_size: token ids of trajectories must lie in [0, vocab_size) (None: not checked).
@@ -113,7 +105,8 @@ class LearnerService:
         self.scheduler = scheduler
         self.admission = admission
         self.groups: GroupQueue = groups if groups is not None else GroupQueue()
-        """Complete training groups for the training loop (and :data:`ROUND_END` markers in lockstep)."""
+        """Complete training groups for the training loop (and :data:`learner.rollouts.rounds.ROUND_END` markers in
+        lockstep)."""
         if state is None:
             state = evaluation.state if evaluation is not None else RunState()
         if evaluation is not None and evaluation.state is not state:
@@ -121,8 +114,6 @@ class LearnerService:
                              "the run's state")
         self.state = state
         """The run's state (step, published version, counters), shared by argument; never replaced."""
-        self.rounds = rounds
-        self.selector = selector
         self.vocab_size = vocab_size
         self.limits = limits
         self.sampler = sampler
@@ -134,10 +125,10 @@ class LearnerService:
         self.peers = Peers(outbox, scheduler, admission, self.state, learner_id=self.learner_id,
                            peer_timeout_s=peer_timeout_s, run_id=run_id,
                            max_slots_per_peer=max_slots_per_peer, evaluation=evaluation)
-        self.prepass: TaskPrepass | None = None
-        """The task pre-pass while it runs (its groups go to it, not to training)."""
-        self._prepass_done = asyncio.Event()
-        self._round_open = False
+        self.control = RoundControl(scheduler, admission, self.peers, self.stats, self.state, self.groups,
+                                    lockstep=rounds, selector=selector, evaluation=evaluation)
+        """Opens and closes the run's rounds (task pre-pass, lockstep batches, evaluation) and takes each complete
+        training group (learner.rollouts.rounds.RoundControl)."""
         self.acks = HeldAcks(outbox, self.state, ack_delay_s)
         """The Acks of the current burst of messages (:meth:`handle`)."""
         self._inbox: asyncio.Queue[Envelope] | None = None
@@ -247,7 +238,7 @@ class LearnerService:
         evaluation rounds); a Reject when it says so. A training rollout taken is then counted (the statistics
         window, learner.rollouts.run_stats), offered to the sample kept for `arpo view`, reported to the admission
         rule and the task selector; the group it completes goes to the task pre-pass while that runs, else on
-        ``groups`` (lockstep: :data:`ROUND_END` after a rollout batch's last group)."""
+        ``groups`` (learner.rollouts.rounds.RoundControl.take_group)."""
         try:
             check_trajectory(traj, vocab_size=self.vocab_size, version=self.announced_version, limits=self.limits)
             problem = None
@@ -272,109 +263,13 @@ class LearnerService:
         if self.sampler is not None:
             await self.sampler.offer(taken, task, step=self.state.step, version=self.announced_version)
         self.admission.on_finish(accepted=Outcome(taken.outcome).trainable)
-        if self.selector is not None and self.selector.record_rollout(task.id, taken.outcome == Outcome.TASK_ERROR):
+        selector = self.control.selector
+        if selector is not None and selector.record_rollout(task.id, taken.outcome == Outcome.TASK_ERROR):
             log.error("task %s set aside: its last %d rollouts ended in TASK_ERROR (the last: %s); it is not handed "
-                      "out again in this run", task.id, self.selector.task_error_limit, taken.error[:300])
-        if group is not None and self.prepass is not None:
-            self.prepass.record_group(group.task.id, trainable_scores(group))
-            self.admission.on_discard(sum(Outcome(t.outcome).trainable for t in group.trajectories()))  # never trained
-            if self.prepass.done:
-                self._prepass_done.set()
-        elif group is not None:
-            if self.selector is not None:
-                self.selector.record_group(group.task.id, trainable_scores(group))
-            self.groups.put_nowait(group)
-            if self.rounds and self._round_open and self.scheduler.idle:
-                self._round_open = False
-                self.groups.put_nowait(ROUND_END)
+                      "out again in this run", task.id, selector.task_error_limit, taken.error[:300])
+        if group is not None:
+            self.control.take_group(group)
         await self.peers.dispatch()
-
-    async def run_prepass(self, prepass: TaskPrepass) -> None:
-        """ARPO's task pre-pass (learner.algo.prepass): hand out ``prepass``'s groups (k rollouts of every task with
-        the current policy) and wait until every one has come back. The groups are recorded in ``prepass`` and
-        never trained on; the outcome window is reset afterwards, so the first training step's success rate is
-        training's own. The scores are in ``prepass.results`` when this returns.
-
-        The scheduler must have been built (or switched with ``set_task_source``) with ``prepass.pick_task``
-        and a group budget of 0; this adds the pass's groups to the budget.
-        """
-        self.prepass, self.stats.prepass_running = prepass, True
-        self._prepass_done.clear()
-        self.scheduler.add_group_budget(prepass.planned_groups)
-        await self.peers.dispatch()
-        try:
-            await self._prepass_done.wait()
-        finally:
-            self.prepass, self.stats.prepass_running = None, False
-        self.stats.window.take()
-
-    async def open_round(self, groups: int) -> None:
-        """Lockstep: hand out one rollout batch of ``groups`` groups; once all of it came back, :data:`ROUND_END`
-        follows its complete groups on ``groups``.
-
-        Raises:
-            RuntimeError: the previous round has not come back yet, or the service was not built with ``rounds``.
-            ValueError: the scheduler opens groups without a budget (the async schedule).
-        """
-        if not self.rounds or self._round_open or not self.scheduler.idle:
-            raise RuntimeError("open_round while the previous rollout batch is still out (or not lockstep)")
-        self._round_open = True
-        self.scheduler.add_group_budget(groups)
-        await self.peers.dispatch()
-
-    async def start_training(self, selector: TaskSelector, group_budget: int | None) -> None:
-        """After the task pre-pass: pick training tasks with ``selector`` (None budget: open groups without
-        limit; 0: only what :meth:`open_round` adds), restart the stall clock and hand out work."""
-        self.selector = selector
-        self.scheduler.set_task_source(selector.pick_task, group_budget)
-        self.stats.training_starts()
-        await self.peers.dispatch()
-
-    async def on_trained(self) -> None:
-        """The training loop advanced ``state`` (its step and published version): start an evaluation round if one
-        is due (at that version), announce the version to every known actor, admit more work."""
-        self.stats.on_step()
-        if self.evaluation is not None:
-            self.evaluation.on_step(self.state.step, self.state.published_version)
-        await self.peers.announce(self.state.published_version)
-
-    async def begin_evaluation(self) -> None:
-        """Training starts (or resumes): a fresh run hands out its evaluation round of the initial weights now
-        (learner.rollouts.evaluation_rounds.EvaluationRounds.begin); nothing without ``evaluation``."""
-        if self.evaluation is not None and self.evaluation.begin(self.state.step, self.state.published_version):
-            await self.peers.dispatch()
-
-    async def start_final_evaluation(self) -> bool:
-        """The run stops before ``learner.steps`` (every task solved, learner.train.loop.TrainingLoop.stop_solved):
-        make the evaluation round of the current weights (``state.step``, ``state.published_version``) the final one
-        and hand its episodes out to the requests waiting (learner.rollouts.evaluation_rounds.EvaluationRounds.on_stop);
-        the service keeps serving actors until they are told to shut down, so the round runs as any other. Returns
-        whether a round started (False without ``evaluation``, with ``eval.final_timeout_s`` = 0, or when a round of
-        these weights is already running or complete)."""
-        if self.evaluation is None or not self.evaluation.on_stop(self.state.step, self.state.published_version):
-            return False
-        await self.peers.dispatch()
-        return True
-
-    async def finish_evaluation(self, timeout_s: float) -> bool:
-        """Wait for the evaluation round running (the final one, at the end of a run), at most ``timeout_s``
-        seconds; the wait and its outcome are logged. True when none runs any more (or the run does not
-        evaluate)."""
-        if self.evaluation is None or self.evaluation.round is None:
-            return True
-        current = self.evaluation.round
-        log.info("waiting up to %.0f s for the evaluation round of step %d (%d of %d episodes back)", timeout_s,
-                 current.step, len(current.outcomes), len(current.slots))
-        done = await self.evaluation.wait(timeout_s)
-        if not done:
-            log.warning("the evaluation round of step %d is not complete after %.0f s (%d of %d episodes back); "
-                        "the run ends without its result", current.step, timeout_s, len(current.outcomes),
-                        len(current.slots))
-        return done
-
-    def on_unusable_batch(self) -> None:
-        """The training loop got a batch with no usable sample (no optimizer step): count it."""
-        self.state.totals["unusable_batches"] += 1
 
     def queue_depths(self) -> dict[str, int]:
         """Queue depths now (metrics.jsonl ``queues``): the learner's ``inbox`` (messages received, not yet
@@ -392,7 +287,7 @@ class LearnerService:
         """The counters a metrics record carries now (learner.train.records.step_record's ``counters``); takes the
         window of the loop-lag probe (``loop_lag_ms``) and of the queue peaks (``queues_max``), so each record
         covers the time since the previous one."""
-        return {"task_selection": self.selector.stats() if self.selector is not None else {},
+        return {"task_selection": self.control.selector.stats() if self.control.selector is not None else {},
                 "drops": dict(self.state.drops), "totals": dict(self.state.totals),
                 "rejections": dict(self.stats.rejections), "queues": self.queue_depths(),
                 "queues_max": self.stats.take_peaks(), "loop_lag_ms": self.stats.lag.take(),
@@ -401,7 +296,7 @@ class LearnerService:
     def status(self) -> dict:
         """A snapshot for progress displays (written to <run>/status.json by
         learner.rollouts.run_stats.write_status)."""
-        totals = self.state.totals
+        totals, prepass = self.state.totals, self.control.prepass
         return {"learner_id": self.learner_id, "policy_version": self.announced_version, "stall": self.stats.stall,
                 "trajectories": totals["trajectories"],
                 "from_desktop": totals["from_desktop"], "running": self.admission.running,
@@ -413,14 +308,14 @@ class LearnerService:
                 "loop_lag_ms": self.stats.lag.summary(), "loop_lag_buckets": self.stats.lag.buckets(),
                 **({"messages": self.message_counts()} if self.message_counts is not None else {}),
                 "totals": dict(totals), "wall_s": self.stats.wall_s,
-                "set_aside": self.selector.set_aside if self.selector is not None else [],
-                "solved": self.selector.retired if self.selector is not None else [],
+                "set_aside": self.control.selector.set_aside if self.control.selector is not None else [],
+                "solved": self.control.selector.retired if self.control.selector is not None else [],
                 "zero_variance_since_step": self.stats.zero_variance_since_step,
                 **({"stopped": self.stopped} if self.stopped else {}),
                 **({"evaluation": self.evaluation.status()} if self.evaluation is not None else {}),
                 # the task pre-pass's progress (status.json files of runs before issue 52 named it "baseline")
-                **({"prepass": {"groups_recorded": self.prepass.recorded_groups,
-                                 "groups_planned": self.prepass.planned_groups}} if self.prepass else {})}
+                **({"prepass": {"groups_recorded": prepass.recorded_groups,
+                                 "groups_planned": prepass.planned_groups}} if prepass else {})}
 
     def state_dict(self, waiting: int = 0) -> dict[str, Any]:
         """The service's resumable state (the run's own, step, version and counters, is ``state``'s:

@@ -11,8 +11,9 @@ Role: runs the algorithm as named stages, in this order (each a call in :meth:`T
 5. train: ``updates_per_batch`` optimizer steps in a thread (learner.train.trainer);
 6. publish: the weights as the next policy version (learner.train.publisher);
 7. advance the state: step and version in learner.state.RunState, then one call back to the rollouts side,
-   :meth:`LearnerService.on_trained` (it announces the version to the actors and admits more work); then a
-   checkpoint every ``learner.checkpoint_every`` steps and one metrics.jsonl record (learner.train.records).
+   :meth:`learner.rollouts.rounds.RoundControl.on_trained` (it announces the version to the actors and admits more
+   work); then a checkpoint every ``learner.checkpoint_every`` steps and one metrics.jsonl record
+   (learner.train.records).
 
 Stages 1-3 run per group as each complete group arrives from the service (:meth:`TrainingLoop.collect`, at the
 policy version current then, as ARPO scores a group when it is sampled), while a batch trains; 4-7 per batch.
@@ -58,7 +59,8 @@ from learner.algo.batcher import Batcher, ScoredGroup
 from learner.algo.samples import train_samples
 from learner.algo.forced_tokens import ForcedTokens
 from learner.algo.replay import ReplayBuffer
-from learner.rollouts.service import ROUND_END, GroupQueue, LearnerService
+from learner.rollouts.rounds import ROUND_END, GroupQueue
+from learner.rollouts.service import LearnerService
 from learner.state import RunState
 from learner.train.checkpoint import Checkpointer, capture, reconcile_metrics, restore
 from learner.train.lead_trainer import LeadTrainer
@@ -135,7 +137,8 @@ class TrainingLoop:
     @property
     def extra_state(self) -> dict[str, Any]:
         """Components saved in checkpoints besides the service and the replay buffer."""
-        return {"task_selection": self.service.selector} if self.service.selector is not None else {}
+        selector = self.service.control.selector
+        return {"task_selection": selector} if selector is not None else {}
 
     @property
     def done(self) -> bool:
@@ -145,7 +148,7 @@ class TrainingLoop:
     def solved(self) -> bool:
         """Whether the run should end as solved: ``learner.stop_when_solved`` and every task the selector holds is
         retired (learner.algo.task_selection.TaskSelector.solved; never during a task pre-pass)."""
-        selector = self.service.selector
+        selector = self.service.control.selector
         return self.lc.stop_when_solved and selector is not None and selector.solved
 
     @property
@@ -290,7 +293,7 @@ class TrainingLoop:
         while not self.done:
             if self.solved:
                 return await self.stop_solved()
-            await self.service.open_round(self.lc.groups_per_step)
+            await self.service.control.open_round(self.lc.groups_per_step)
             await self._ready(lambda: self._round_ends > 0)
             self._round_ends -= 1
             batch = self.batcher.take_all()
@@ -315,13 +318,13 @@ class TrainingLoop:
                 stats = await asyncio.to_thread(self.trainer.train_batch, samples, minibatches=updates)  # 5. train
             except TrainerInputError as error:  # every sample unusable: nothing to learn from, nothing changes
                 self.skipped_batches += 1
-                service.on_unusable_batch()
+                service.control.on_unusable_batch()
                 log.error("rollout batch %d: no usable sample (%s); no optimizer step", self.rollout_batches, error)
                 return
             version = state.published_version + 1
             publish_s = await self.publisher.publish_from(self.trainer, version)  # 6. publish
             state.advance(updates, version)  # 7. advance the state
-            await service.on_trained()
+            await service.control.on_trained()
         counters = {**service.counters(), "replay": self.replay.stats()}
         record = step_record(state.step, version, batch, stats, window, counters, publish_s, self.wall_s,
                              schedule=lc.schedule, updates=updates, optimizer_steps=self.trainer.steps,
@@ -368,7 +371,7 @@ class TrainingLoop:
     async def stop_solved(self) -> None:
         """End training as solved: set and log ``stopped`` (one line) and freeze the task selector; the final
         evaluation follows (:meth:`evaluate_final_weights`)."""
-        selector = self.service.selector
+        selector = self.service.control.selector
         self.stopped = selector.solved_reason() if selector is not None else "every task is solved"
         if selector is not None:
             selector.freeze()  # groups still in flight must not reactivate a task after the run said it is solved
@@ -385,9 +388,10 @@ class TrainingLoop:
         step's weights are already on every server: each step publishes before it is announced):
 
         1. with ``[eval]`` and ``eval.final_timeout_s`` > 0, the held-out round on the final weights starts
-           (:meth:`LearnerService.start_final_evaluation`: an older round still running is abandoned; a round of these
-           weights already running, or complete and not yet recorded, is the final one), its episodes handed out
-           while the service keeps serving the actors (they are told to shut down only after this returns);
+           (:meth:`learner.rollouts.rounds.RoundControl.start_final_evaluation`: an older round still running is
+           abandoned; a round of these weights already running, or complete and not yet recorded, is the final one), its
+           episodes handed out while the service keeps serving the actors (they are told to shut down only after this
+           returns);
         2. with ``learner.checkpoint_every`` on, the last step is checkpointed again, so the checkpoint holds the
            task selector's solved windows and a resumed run stops at once too;
         3. the round is waited for, at most ``eval.final_timeout_s`` (:meth:`write_final_evaluation`), and its result
@@ -403,14 +407,14 @@ class TrainingLoop:
         """
         if self._held is not None:
             (record, updates), self._held = self._held, None
-            await self.service.finish_evaluation(self.final_eval_timeout_s)
+            await self.service.control.finish_evaluation(self.final_eval_timeout_s)
             record.update(self.service.evaluation.take_result())
             return await self.close_batch(record, updates)
         if not self.stopped or self._last_record is None:
             return
         final = self.service.evaluation is not None and self.final_eval_timeout_s > 0
         if final:
-            await self.service.start_final_evaluation()
+            await self.service.control.start_final_evaluation()
         if self.lc.checkpoint_every:
             await self.checkpoint(dict(self._last_record))
         if final:
@@ -428,7 +432,7 @@ class TrainingLoop:
         if self.metrics is None:
             raise RuntimeError("TrainingLoop.metrics must be set before training")
         service = self.service
-        await service.finish_evaluation(self.final_eval_timeout_s)
+        await service.control.finish_evaluation(self.final_eval_timeout_s)
         result = service.evaluation.take_result()
         if not result:
             return

@@ -223,7 +223,7 @@ async def test_task_prepass_keeps_valuable_tasks_and_trains_on_none_of_it(transp
                 await link.submit(trajectory(assignment, outcome, score))
             await asyncio.wait_for(passing, 5)
             assert plan.prepass.results == {"grid4-red": [1.0, 0.0], "grid4-blue": [0.0, 0.0]}
-            assert [t.id for t in plan.pool] == ["grid4-red"] and plan.selector is service.selector
+            assert [t.id for t in plan.pool] == ["grid4-red"] and plan.selector is service.control.selector
             assert json.loads((tmp_path / PREPASS_FILE).read_text())["valuable"] == ["grid4-red"]
             assert service.groups.empty()  # nothing to train on
             assert service.admission.accepted == 0 and service.stats.window.take().outcomes == {}
@@ -271,7 +271,7 @@ async def test_a_task_whose_rollouts_end_in_task_error_is_set_aside_and_named(tr
     try:
         async with learner(ctx, transport, batch=8, eta=4, scheduler=scheduler) as service, \
                 actor(ctx, transport) as link:
-            service.selector = selector
+            service.control.selector = selector
             handed: list[str] = []
             while "grid4-red" not in service.status()["set_aside"]:
                 assignment = await asyncio.wait_for(link.request_work(), 5)

@@ -26,7 +26,7 @@ from learner.algo.grpo import group_advantages
 from learner.algo.replay import make_replay
 from learner.main import main as learner_main
 from learner.rollouts.scheduler import Group
-from learner.rollouts.service import GroupQueue
+from learner.rollouts.rounds import GroupQueue
 from learner.state import RunState
 from learner.train.checkpoint import Checkpointer
 from learner.train.loop import TrainingLoop

@@ -67,7 +67,7 @@ async def ask(service: LearnerService, n: int, first: int = 0) -> list[Assignmen
 async def test_a_round_completes_counting_errors_as_failures_and_trains_on_nothing():
     service = make_service(max_steps=3, temperature=0.7)
     await hello(service, "a", 16)
-    await service.begin_evaluation()  # step 0: the round of the initial weights
+    await service.control.begin_evaluation()  # step 0: the round of the initial weights
     handed = await ask(service, 6)
     evaluation = [a for a in handed if a.evaluation]
     assert len(evaluation) == 4 and handed[:4] == evaluation  # evaluation first, then training
@@ -75,7 +75,7 @@ async def test_a_round_completes_counting_errors_as_failures_and_trains_on_nothi
     assert sorted(a.task["id"] for a in evaluation) == sorted([HELD_A.id] * 2 + [HELD_B.id] * 2)
     assert [a.task["id"] for a in handed[4:]] == [TRAIN.id, TRAIN.id] and not any(a.evaluation for a in handed[4:])
     assert service.admission.running == 2  # evaluation episodes are outside the admission rule
-    selector_before = service.selector.stats()
+    selector_before = service.control.selector.stats()
 
     outcomes = {(HELD_A.id, 0): "SUCCESS", (HELD_A.id, 1): "ENV_ERROR", (HELD_B.id, 0): "TASK_ERROR",
                 (HELD_B.id, 1): "FAILURE"}
@@ -100,7 +100,7 @@ async def test_a_round_completes_counting_errors_as_failures_and_trains_on_nothi
     assert service.stats.window.take().outcomes == collections.Counter()
     assert set(service.scheduler.task_stats) == {TRAIN.id}
     assert service.groups.empty()
-    assert service.selector.stats() == selector_before and service.peers.assigned.keys() == {
+    assert service.control.selector.stats() == selector_before and service.peers.assigned.keys() == {
         (a.group_id, a.rollout_index) for a in handed[4:]}
 
 
@@ -125,26 +125,26 @@ async def test_rounds_come_due_at_multiples_skip_while_one_runs_and_the_final_on
     assert service.state.totals["late"] == 1 and evaluation.results == []
     final = [a for a in await ask(service, 4, first=1) if a.evaluation]
     assert len(final) == 2 and {a.policy_version for a in final} == {4}
-    assert not await service.finish_evaluation(0.01)  # still out: the wait is bounded
+    assert not await service.control.finish_evaluation(0.01)  # still out: the wait is bounded
     for a in final:
         await service.handle(trajectory(service, a, "SUCCESS", version=4))
-    assert await service.finish_evaluation(1.0)
+    assert await service.control.finish_evaluation(1.0)
     result = evaluation.take_result()
     assert (result["eval_success"], result["eval_step"], result["eval_policy_version"]) == (1.0, 12, 4)
 
 
 async def test_a_run_stopping_as_solved_makes_the_round_of_its_last_weights_the_final_one():
-    """LearnerService.start_final_evaluation (learner.train.loop.TrainingLoop.evaluate_final_weights): a round of
+    """RoundControl.start_final_evaluation (learner.train.loop.TrainingLoop.evaluate_final_weights): a round of
     the final weights starts and goes out to the requests waiting; one of these weights already running or complete
     and not yet recorded is kept; an older one still running gives way; eval.final_timeout_s = 0 starts none."""
     service = make_service(every_steps=4, repeats=1, final_step=80, lockstep=True)  # no training handed out
     evaluation = service.evaluation
     await hello(service, "a", 16)
     await trained(service, 4, 2)  # a round of step 4 starts (due)
-    assert await service.start_final_evaluation() is False and evaluation.round.step == 4  # these weights: kept
+    assert await service.control.start_final_evaluation() is False and evaluation.round.step == 4  # these weights: kept
     assert [a.evaluation for a in await ask(service, 3)] == [True, True]  # its 2 episodes; the third request waits
     await trained(service, 6, 3)  # the run stops as solved after step 6: the round of step 4 gives way
-    assert await service.start_final_evaluation() is True
+    assert await service.control.start_final_evaluation() is True
     assert (evaluation.round.step, evaluation.round.version) == (6, 3)
     assert service.state.totals["eval_rounds_abandoned"] == 1
     handed = [m for m in sent(service) if isinstance(m, Assignment)]
@@ -152,18 +152,19 @@ async def test_a_run_stopping_as_solved_makes_the_round_of_its_last_weights_the_
     handed += await ask(service, 1, first=10)
     for a in handed:
         await service.handle(trajectory(service, a, "SUCCESS", version=3))
-    assert evaluation.round is None and await service.start_final_evaluation() is False  # complete, not yet taken
+    # complete, not yet taken
+    assert evaluation.round is None and await service.control.start_final_evaluation() is False
     assert evaluation.take_result()["eval_policy_version"] == 3
 
     off = make_service(repeats=1, final_timeout_s=0.0)
     await trained(off, 2, 1)
-    assert await off.start_final_evaluation() is False and off.evaluation.round is None
+    assert await off.control.start_final_evaluation() is False and off.evaluation.round is None
 
 
 async def test_an_episode_of_a_silent_actor_is_handed_out_again():
     service = make_service(repeats=1)
     await hello(service, "a", 4)
-    await service.begin_evaluation()
+    await service.control.begin_evaluation()
     first = await ask(service, 2)
     service.peers.actors["a"] -= 3600  # "a" has been silent for an hour
     await service.peers.forget_silent_peers()
@@ -178,10 +179,10 @@ async def test_an_episode_of_a_silent_actor_is_handed_out_again():
 async def test_lockstep_hands_out_evaluation_episodes_between_rounds():
     service = make_service(repeats=1, lockstep=True)
     await hello(service, "a", 8)
-    await service.begin_evaluation()
+    await service.control.begin_evaluation()
     handed = await ask(service, 3)
     assert [a.evaluation for a in handed] == [True, True]  # no rollout batch is open: training waits
-    await service.open_round(1)
+    await service.control.open_round(1)
     handed = [m for m in sent(service) if isinstance(m, Assignment)]
     assert [a.task["id"] for a in handed] == [TRAIN.id]
 

@@ -15,7 +15,7 @@ from learner.algo.advantages import AdvantageFunctionError
 from learner.algo.batcher import Batcher
 from learner.algo.replay import make_replay
 from learner.rollouts.scheduler import Group
-from learner.rollouts.service import ROUND_END, GroupQueue
+from learner.rollouts.rounds import ROUND_END, GroupQueue
 from learner.state import RunState
 from learner.train.checkpoint import Checkpointer
 from learner.train.loop import TrainingLoop

@@ -55,7 +55,7 @@ def training(tmp_path, *overrides: str) -> TrainingLoop:
 def hand_on(loop: TrainingLoop, group_id: str, scores: list[float]) -> None:
     """What LearnerService does with a complete training group: record it in the selector, queue it."""
     g = group(group_id, scores)
-    loop.service.selector.record_group(g.task.id, trainable_scores(g))
+    loop.service.control.selector.record_group(g.task.id, trainable_scores(g))
     loop.groups.put_nowait(g)
 
 
@@ -94,8 +94,8 @@ async def test_all_failing_groups_never_stop_the_run_and_neither_does_a_solved_t
         await asyncio.wait_for(failing._ready(lambda: failing.state.totals["groups"] == 8), 10)
         await asyncio.wait_for(going._ready(lambda: going.state.totals["groups"] == 8), 10)
         assert not any(run.done() for run in runs)
-        assert not failing.solved and failing.service.selector.retired == []
-        assert going.service.selector.solved and not going.solved  # solved, but told to keep going
+        assert not failing.solved and failing.service.control.selector.retired == []
+        assert going.service.control.selector.solved and not going.solved  # solved, but told to keep going
         assert failing.stopped == going.stopped == ""
     finally:
         for task in collectors + runs:
@@ -153,7 +153,7 @@ async def test_a_run_that_stops_as_solved_evaluates_its_final_weights_in_a_recor
     try:
         await hello(service, "a", 8)
         g = real_group(encoder, "g0", [1.0, 0.0])  # a reward difference: one optimizer step, version 1
-        service.selector.record_group(g.task.id, trainable_scores(g))
+        service.control.selector.record_group(g.task.id, trainable_scores(g))
         loop.groups.put_nowait(g)
         await until(lambda: loop.state.published_version == 1
                     and len(read_metrics(tmp_path / "metrics.jsonl")) == 1, 120,
