@@ -96,7 +96,7 @@ class Run:
 
     def status(self) -> dict:
         """status.json now: the service's snapshot and the phases' seconds so far (``phase_s``)."""
-        return {**self.service.status(), "phase_s": dict(self.phase_s)}
+        return {**self.service.report.status(), "phase_s": dict(self.phase_s)}
 
     async def run(self) -> None:
         """Run every phase in order (see the module docstring), writing metrics records to <run>/metrics.jsonl
@@ -130,7 +130,7 @@ class Run:
                           tg.create_task(write_status(self.folder / "status.json", self.status)),
                           tg.create_task(service.stats.watch_stall(lc.stall_warning_s, lc.stall_timeout_s)),
                           tg.create_task(service.stats.lag.run()),
-                          tg.create_task(service.stats.watch_depths(service.queue_depths))]
+                          tg.create_task(service.stats.watch_depths(service.report.queue_depths))]
             if self.keep_ranks_alive is not None:
                 background.append(tg.create_task(self.keep_ranks_alive()))
             with self.timed("first_evaluation"):
@@ -142,7 +142,7 @@ class Run:
             with self.timed("final_evaluation"):
                 await self.loop.final_evaluation()
             with self.timed("shutdown"):
-                service.stopped = self.loop.stopped
+                service.report.stopped = self.loop.stopped
                 write_status_now(self.folder / "status.json", self.status)  # `arpo run` says why it stopped
                 await service.shutdown_actors(self.loop.stopped or "training finished")
                 await self.outbox.flush()

@@ -253,7 +253,7 @@ def loop_counters(service, replay=None) -> dict:
     buffer's statistics (``replay``; an empty ARPO buffer's when None)."""
     from learner.algo.replay import SuccessReplay
 
-    return {**service.counters(), "replay": (replay if replay is not None else SuccessReplay()).stats()}
+    return {**service.report.counters(), "replay": (replay if replay is not None else SuccessReplay()).stats()}
 
 
 ADVANTAGE_LOG_ENV = "ARPO_TEST_ADVANTAGE_LOG"

@@ -161,7 +161,7 @@ class RunStats:
         return taken
 
     async def watch_depths(self, depths: Callable[[], dict[str, int]], period_s: float = 0.05) -> None:
-        """Sample ``depths()`` (learner.rollouts.service.LearnerService.queue_depths) every ``period_s`` seconds into
+        """Sample ``depths()`` (learner.rollouts.status.StatusReport.queue_depths) every ``period_s`` seconds into
         the peaks, until cancelled: a queue that fills and drains between two metrics records still shows its peak
         (to within one period)."""
         while True:

@@ -4,8 +4,9 @@ Role: takes each message from the ROUTER pump's inbox (:meth:`LearnerService.ser
 hand-off of each complete group to its round control (:class:`learner.rollouts.rounds.RoundControl`: the task
 pre-pass, lockstep rollout batches, evaluation rounds). Its halves: :class:`learner.rollouts.peers.Peers`
 (known actors, waiting requests, running rollouts, de-duplication, the announced policy version),
-:class:`learner.rollouts.acks.HeldAcks` (Acks held for a burst) and :class:`learner.rollouts.run_stats.RunStats`
-(counters, the outcome window, the stall check). Channels (made by the wiring function, learner.main): the pump's
+:class:`learner.rollouts.acks.HeldAcks` (Acks held for a burst), :class:`learner.rollouts.run_stats.RunStats`
+(counters, the outcome window, the stall check) and :class:`learner.rollouts.status.StatusReport` (the counters of a
+metrics record, the status.json snapshot). Channels (made by the wiring function, learner.main): the pump's
 inbox and outbox, and ``groups``, the queue of complete groups the training loop (learner.train.loop) takes; the
 loop reports each step back through one call, :meth:`learner.rollouts.rounds.RoundControl.on_trained`. Shares the
 run's state (learner.state.RunState: step, policy version, totals) with the loop; never scores a group
@@ -56,6 +57,7 @@ from learner.rollouts.peers import Admission, Peers
 from learner.rollouts.rounds import GroupQueue, RoundControl
 from learner.rollouts.run_stats import RunStats
 from learner.rollouts.scheduler import GroupScheduler
+from learner.rollouts.status import StatusReport
 from learner.rollouts.trajectory_sample import TrajectorySampler
 from learner.state import RunState
 
@@ -120,7 +122,6 @@ class LearnerService:
         """Keeps a sample of the trajectories with their screenshots for `arpo view` (None: none kept)."""
         self.learner_id = learner_id or uuid.uuid4().hex[:12]
         self.stats = RunStats(self.state)
-        self._ready_groups = ready_groups or (lambda: len(self.groups.pending()))
         self.evaluation = evaluation
         self.peers = Peers(outbox, scheduler, admission, self.state, learner_id=self.learner_id,
                            peer_timeout_s=peer_timeout_s, run_id=run_id,
@@ -131,11 +132,9 @@ class LearnerService:
         training group (learner.rollouts.rounds.RoundControl)."""
         self.acks = HeldAcks(outbox, self.state, ack_delay_s)
         """The Acks of the current burst of messages (:meth:`handle`)."""
-        self._inbox: asyncio.Queue[Envelope] | None = None
-        """The inbox :meth:`serve` consumes (for its depth)."""
-        self.message_counts = message_counts
-        self.stopped = ""
-        """Why the run ended early (the training loop's solved line; in status.json as ``stopped``), else ""."""
+        self.report = StatusReport(self.learner_id, self.state, self.stats, self.peers, admission, self.control,
+                                   outbox, ready_groups or (lambda: len(self.groups.pending())), message_counts)
+        """The counters for metrics records and the status.json snapshot (learner.rollouts.status.StatusReport)."""
         self._warnings = WarningBudget(log)
         """Rejections are logged within a budget (a flood of bad frames writes a few lines; every one is counted)."""
 
@@ -152,7 +151,7 @@ class LearnerService:
         Raises:
             learner.algo.task_selection.NoTaskLeft: every task has been set aside after TASK_ERRORs (the run stops).
         """
-        self._inbox = inbox
+        self.report.inbox = inbox
         try:
             await self._serve(inbox)
         finally:
@@ -270,52 +269,6 @@ class LearnerService:
         if group is not None:
             self.control.take_group(group)
         await self.peers.dispatch()
-
-    def queue_depths(self) -> dict[str, int]:
-        """Queue depths now (metrics.jsonl ``queues``): the learner's ``inbox`` (messages received, not yet
-        handled), ``waiting_requests`` (work requests not yet admitted) and ``waiting_max_peer`` (the longest
-        single peer's), ``running`` (rollouts out), ``ready_groups`` (complete groups not yet trained on),
-        ``outbox`` (messages queued for the socket) and ``outbox_full_waits`` (sends that found it full), and,
-        over the actors heard from, their last Heartbeat's ``actor_running``, ``actor_waiting``, ``actor_unacked``
-        (trajectories not yet acked) and ``actor_outbox`` (summed), and ``actor_outbox_max``
-        (learner.rollouts.peers.Peers.depths)."""
-        return {"inbox": self._inbox.qsize() if self._inbox is not None else 0, **self.peers.depths(),
-                "ready_groups": self._ready_groups(), "outbox": self.outbox.qsize(),
-                "outbox_full_waits": self.outbox.full_waits}
-
-    def counters(self) -> dict[str, Any]:
-        """The counters a metrics record carries now (learner.train.records.step_record's ``counters``); takes the
-        window of the loop-lag probe (``loop_lag_ms``) and of the queue peaks (``queues_max``), so each record
-        covers the time since the previous one."""
-        return {"task_selection": self.control.selector.stats() if self.control.selector is not None else {},
-                "drops": dict(self.state.drops), "totals": dict(self.state.totals),
-                "rejections": dict(self.stats.rejections), "queues": self.queue_depths(),
-                "queues_max": self.stats.take_peaks(), "loop_lag_ms": self.stats.lag.take(),
-                **({"messages": self.message_counts()} if self.message_counts is not None else {})}
-
-    def status(self) -> dict:
-        """A snapshot for progress displays (written to <run>/status.json by
-        learner.rollouts.run_stats.write_status)."""
-        totals, prepass = self.state.totals, self.control.prepass
-        return {"learner_id": self.learner_id, "policy_version": self.announced_version, "stall": self.stats.stall,
-                "trajectories": totals["trajectories"],
-                "from_desktop": totals["from_desktop"], "running": self.admission.running,
-                "step": self.state.step,
-                "waiting_requests": self.peers.waiting_count, "actors": len(self.peers.actors),
-                "outcomes": {k: v for k, v in totals.items() if k.isupper()},
-                "drops": dict(self.state.drops), "ready_groups": self._ready_groups(),
-                "queues": self.queue_depths(), "queues_max": dict(self.stats.run_peak_depths),
-                "loop_lag_ms": self.stats.lag.summary(), "loop_lag_buckets": self.stats.lag.buckets(),
-                **({"messages": self.message_counts()} if self.message_counts is not None else {}),
-                "totals": dict(totals), "wall_s": self.stats.wall_s,
-                "set_aside": self.control.selector.set_aside if self.control.selector is not None else [],
-                "solved": self.control.selector.retired if self.control.selector is not None else [],
-                "zero_variance_since_step": self.stats.zero_variance_since_step,
-                **({"stopped": self.stopped} if self.stopped else {}),
-                **({"evaluation": self.evaluation.status()} if self.evaluation is not None else {}),
-                # the task pre-pass's progress (status.json files of runs before issue 52 named it "baseline")
-                **({"prepass": {"groups_recorded": prepass.recorded_groups,
-                                 "groups_planned": prepass.planned_groups}} if prepass else {})}
 
     def state_dict(self, waiting: int = 0) -> dict[str, Any]:
         """The service's resumable state (the run's own, step, version and counters, is ``state``'s:

@@ -325,7 +325,7 @@ class TrainingLoop:
             publish_s = await self.publisher.publish_from(self.trainer, version)  # 6. publish
             state.advance(updates, version)  # 7. advance the state
             await service.control.on_trained()
-        counters = {**service.counters(), "replay": self.replay.stats()}
+        counters = {**service.report.counters(), "replay": self.replay.stats()}
         record = step_record(state.step, version, batch, stats, window, counters, publish_s, self.wall_s,
                              schedule=lc.schedule, updates=updates, optimizer_steps=self.trainer.steps,
                              rollout_batches=self.rollout_batches, skipped_batches=self.skipped_batches)

@@ -63,7 +63,7 @@ def step_record(step: int, version: int, batch: list[ScoredGroup], stats: Mappin
         stats: the trainer's statistics of the batch (``loss`` required; learner.train.trainer.Trainer.train_batch).
         window: what arrived since the last batch: success_rate (and task_success, family_success) is over its
             trainable trajectories, stage_s is p50/p95 of its per-stage timings (arpo_async.stage_timings).
-        counters: the learner's counters now (learner.rollouts.service.LearnerService.counters): ``replay``,
+        counters: the learner's counters now (learner.rollouts.status.StatusReport.counters): ``replay``,
             ``task_selection``, ``drops``, ``totals``, ``rejections``, ``queues`` (queue depths now),
             ``queues_max`` (each queue's peak since the previous record), ``loop_lag_ms`` (the event loop's lag
             since the previous record: p50, p99, max in ms, samples; arpo_async.loop_lag) and, when the

@@ -237,7 +237,7 @@ async def actors_process(tiny_serve, tiny_model, desktop_image, transport, tmp_p
                 os.close(log)
             async def episodes_on_desktops() -> bool:
                 assert proc.returncode is None, log_path.read_text()[-3000:]
-                return service.status()["running"] >= 1 and len(await labelled(run_id)) >= 2
+                return service.report.status()["running"] >= 1 and len(await labelled(run_id)) >= 2
 
             await until(episodes_on_desktops, EPISODE_DEADLINE_S, f"arpo-actors to start an episode (log: {log_path})",
                         every_s=0.2)

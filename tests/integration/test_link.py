@@ -218,7 +218,7 @@ async def test_task_prepass_keeps_valuable_tasks_and_trains_on_none_of_it(transp
             passing = asyncio.create_task(run_prepass(plan, service, lc))
             for _ in range(4):
                 assignment = await asyncio.wait_for(link.request_work(), 5)
-                assert "prepass" in service.status() and service.stats.prepass_running
+                assert "prepass" in service.report.status() and service.stats.prepass_running
                 outcome, score = scores[assignment.task["id"]][assignment.rollout_index]
                 await link.submit(trajectory(assignment, outcome, score))
             await asyncio.wait_for(passing, 5)
@@ -227,7 +227,7 @@ async def test_task_prepass_keeps_valuable_tasks_and_trains_on_none_of_it(transp
             assert json.loads((tmp_path / PREPASS_FILE).read_text())["valuable"] == ["grid4-red"]
             assert service.groups.empty()  # nothing to train on
             assert service.admission.accepted == 0 and service.stats.window.take().outcomes == {}
-            assert "prepass" not in service.status() and not service.stats.prepass_running
+            assert "prepass" not in service.report.status() and not service.stats.prepass_running
             # training hands out only the valuable task
             assert (await asyncio.wait_for(link.request_work(), 5)).task["id"] == "grid4-red"
         restarted = plan_tasks([TASK, other], lc, tmp_path, resuming=True)  # a restart reuses the finished pass
@@ -273,7 +273,7 @@ async def test_a_task_whose_rollouts_end_in_task_error_is_set_aside_and_named(tr
                 actor(ctx, transport) as link:
             service.control.selector = selector
             handed: list[str] = []
-            while "grid4-red" not in service.status()["set_aside"]:
+            while "grid4-red" not in service.report.status()["set_aside"]:
                 assignment = await asyncio.wait_for(link.request_work(), 5)
                 handed.append(assignment.task["id"])
                 broken = assignment.task["id"] == "grid4-red"
@@ -282,8 +282,8 @@ async def test_a_task_whose_rollouts_end_in_task_error_is_set_aside_and_named(tr
                 await link.submit(traj)
                 await until(lambda: service.state.totals["trajectories"] == len(handed), 5, "the trajectory")
                 assert len(handed) < 20
-            assert service.state.totals["TASK_ERROR"] == 2 and service.counters()["task_selection"]["set_aside"] == [
-                "grid4-red"]
+            assert service.state.totals["TASK_ERROR"] == 2
+            assert service.report.counters()["task_selection"]["set_aside"] == ["grid4-red"]
             later = [(await asyncio.wait_for(link.request_work(), 5)).task["id"] for _ in range(2)]
             assert "grid4-red" not in later[-1:]  # after the group open when it was set aside, only grid4-blue
     finally:

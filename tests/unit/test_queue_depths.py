@@ -48,7 +48,7 @@ async def test_per_peer_request_queues_and_actor_outboxes_are_gauged():
         await service.handle(Envelope(WorkRequest(f"b-r{i}", "b", session=sessions["b"]), "b"))
     await service.handle(Envelope(Heartbeat("a", running=2, waiting=3, unacked=0, outbox=7), "a"))
     await service.handle(Envelope(Heartbeat("b", running=0, waiting=2, unacked=1, outbox=3), "b"))
-    depths = service.queue_depths()
+    depths = service.report.queue_depths()
     assert depths["running"] == 2  # the admission rule's capacity: (eta + version + 1) x B = 2
     assert depths["waiting_requests"] == 5 and depths["waiting_max_peer"] == 3  # a: 3 waiting, b: 2
     assert depths["actor_outbox"] == 10 and depths["actor_outbox_max"] == 7
@@ -58,7 +58,7 @@ async def test_per_peer_request_queues_and_actor_outboxes_are_gauged():
 async def test_peaks_outlive_the_queue_and_each_record_takes_its_window():
     service = make_service()
     session = await hello(service, "a", 8)
-    watcher = asyncio.create_task(service.stats.watch_depths(service.queue_depths, period_s=0.005))
+    watcher = asyncio.create_task(service.stats.watch_depths(service.report.queue_depths, period_s=0.005))
     try:
         for i in range(6):
             await service.handle(Envelope(WorkRequest(f"r{i}", "a", session=session), "a"))
@@ -74,8 +74,8 @@ async def test_peaks_outlive_the_queue_and_each_record_takes_its_window():
                 service.groups.get_nowait()
             await trained(service, service.state.step + 1, service.state.published_version + 1)  # a new version admits more
             handed = [m for m in sent(service) if isinstance(m, Assignment)]
-        await until(lambda: service.queue_depths()["waiting_requests"] == 0)
-        counters = service.counters()
+        await until(lambda: service.report.queue_depths()["waiting_requests"] == 0)
+        counters = service.report.counters()
     finally:
         watcher.cancel()
     assert counters["queues"]["waiting_requests"] == 0
@@ -85,7 +85,7 @@ async def test_peaks_outlive_the_queue_and_each_record_takes_its_window():
     assert counters["messages"] == {"received": {"trajectory": 3}, "sent": {"ack": 3}}
     assert set(counters["loop_lag_ms"]) == {"p50", "p99", "max", "samples"}
     assert service.stats.take_peaks().get("waiting_requests", 0) == 0  # the next window starts from now
-    assert service.status()["queues_max"]["waiting_requests"] == 4  # the run-wide peak stays
+    assert service.report.status()["queues_max"]["waiting_requests"] == 4  # the run-wide peak stays
 
 
 async def test_the_inbox_depth_is_gauged_while_serve_works_through_it():
@@ -96,9 +96,9 @@ async def test_the_inbox_depth_is_gauged_while_serve_works_through_it():
         await asyncio.sleep(0)  # serve() now waits on the inbox
         for i in range(3):
             inbox.put_nowait(Envelope(Heartbeat("a", 0, 0, 0), "a"))
-        assert service.queue_depths()["inbox"] == 3
+        assert service.report.queue_depths()["inbox"] == 3
         await until(lambda: inbox.empty())
-        assert service.queue_depths()["inbox"] == 0
+        assert service.report.queue_depths()["inbox"] == 0
     finally:
         server.cancel()
 

@@ -75,7 +75,7 @@ async def test_the_loop_stops_once_every_task_is_solved_and_says_so_in_one_line(
     assert loop.stopped == SOLVED_LINE and loop.state.step == 0
     assert loop.state.totals["groups"] == 4 and loop.state.drops["zero_variance"] == 4
     assert loop.service.stats.zero_variance_since_step == 4
-    assert loop.service.status()["solved"] == [TASK.id]
+    assert loop.service.report.status()["solved"] == [TASK.id]
     assert not (tmp_path / "ck").exists()  # no step taken: nothing to checkpoint
 
 
