@@ -1,5 +1,6 @@
 """SGLang 0.5.23's HTTP contract, checked with SGLang's own types, for tests (run it with the python of
-tests/sglang_env.py: ``<sglang env>/bin/python tests/sglang_contract.py < exchanges.json``).
+tests/sglang_env.py: ``<sglang env>/bin/python tests/sglang_contract.py < exchanges.json``, or with ``--lines``
+one JSON list a line, see :func:`main`).
 
 The input is a JSON list of recorded exchanges, ``{"kind": "request" | "response", "method", "path", "body",
 "status"?, "text"?, "vocab_size"?}``; the output (stdout, one line) a JSON list with the problems found for each
@@ -294,9 +295,20 @@ def check(exchanges: list[dict]) -> list[dict]:
     return out
 
 
+RESULTS_PREFIX = "RESULTS "
+"""With ``--lines``, each answer line starts with this (SGLang's imports may print lines of their own)."""
+
+
 def main() -> None:
+    """Check one JSON list of exchanges read from stdin and print the results as one line; with ``--lines``, check
+    each line of stdin (one JSON list each) until it closes, answering each with one line ``RESULTS <json>``, so
+    one process (SGLang's imports take most of a check's time) serves a test module's checks."""
     install_vllm_placeholder()
-    print(json.dumps(check(json.load(sys.stdin))))
+    if "--lines" not in sys.argv[1:]:
+        print(json.dumps(check(json.load(sys.stdin))))
+        return
+    for line in sys.stdin:
+        print(RESULTS_PREFIX + json.dumps(check(json.loads(line))), flush=True)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,13 @@
 from __future__ import annotations
 
 import json
+import select
 import subprocess
+import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from actors.episode import EpisodeRunner
@@ -31,14 +34,56 @@ from tests.support import catch_all_http_server
 CONTRACT = Path(__file__).resolve().parents[1] / "sglang_contract.py"
 
 
-def sglang_check(python: Path, exchanges: list[dict]) -> list[dict]:
-    """Run SGLang's checks on ``exchanges`` in the SGLang environment; one result (with ``problems``) each."""
-    proc = subprocess.run([str(python), str(CONTRACT)], input=json.dumps(exchanges), capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == len(exchanges)
-    return results
+RESULTS_PREFIX = "RESULTS "
+"""What starts the contract's answer lines (tests/sglang_contract.py's RESULTS_PREFIX; that module is not imported
+here: it runs in the SGLang environment and silences warnings when imported)."""
+ANSWER_DEADLINE_S = 180.0
+"""How long one check may take, SGLang's imports (about 30 s on a loaded 2-core machine) included."""
+
+
+class Contract:
+    """tests/sglang_contract.py ``--lines`` in the SGLang environment, one process for the module (SGLang's imports
+    are most of a check's time): :meth:`check` sends one line of exchanges and reads the answer line."""
+
+    def __init__(self, python: Path, log: Path) -> None:
+        self.log = log
+        with open(log, "w") as err:
+            self.proc = subprocess.Popen([str(python), str(CONTRACT), "--lines"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=err, text=True)
+
+    def check(self, exchanges: list[dict]) -> list[dict]:
+        """SGLang's checks on ``exchanges``: one result (with ``problems``) each. Fails naming the process's
+        stderr when it exits or does not answer within ANSWER_DEADLINE_S."""
+        self.proc.stdin.write(json.dumps(exchanges) + "\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + ANSWER_DEADLINE_S
+        while True:
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            line = self.proc.stdout.readline() if ready else ""
+            assert line, (f"no answer from the contract check (exit {self.proc.poll()}): "
+                          f"{self.log.read_text()[-3000:]}")
+            if line.startswith(RESULTS_PREFIX):
+                results = json.loads(line[len(RESULTS_PREFIX):])
+                assert len(results) == len(exchanges)
+                return results
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def contract(sglang_python, tmp_path_factory):
+    checker = Contract(sglang_python, tmp_path_factory.mktemp("sglang-contract") / "stderr.log")
+    try:
+        yield checker
+    finally:
+        checker.close()
 
 
 def problems_of(results: list[dict]) -> list[str]:
@@ -70,7 +115,7 @@ class Recorder:
         return web.json_response({"success": True, "message": "Success"})
 
 
-async def test_every_request_body_decodes_into_sglang_types(sglang_python, tiny_model):
+async def test_every_request_body_decodes_into_sglang_types(contract, tiny_model):
     encoder = PromptEncoder(tiny_model)
     constrained = EpisodeRunner(encoder, None, ActorConfig(constrained=True)).sampling_params
     free = EpisodeRunner(encoder, None, ActorConfig(constrained=False, temperature=0.7, top_p=0.9)).sampling_params
@@ -117,8 +162,7 @@ async def test_every_request_body_decodes_into_sglang_types(sglang_python, tiny_
     assert set(generate[0]["body"]) == {"input_ids", "image_data", "sampling_params", "return_logprob",
                                         "logprob_start_len", "rid", "stream"}
     vocab = json.loads((tiny_model / "config.json").read_text())["text_config"]["vocab_size"]
-    results = sglang_check(sglang_python, [{"kind": "request", "vocab_size": vocab, **r}
-                                           for r in recorder.requests])
+    results = contract.check([{"kind": "request", "vocab_size": vocab, **r} for r in recorder.requests])
     assert problems_of(results) == []
 
     # the check is not vacuous: what SGLang refuses is reported, naming the field
@@ -130,7 +174,7 @@ async def test_every_request_body_decodes_into_sglang_types(sglang_python, tiny_
            {"kind": "request", "method": "POST", "path": "/init_weights_update_group",
             "body": {"master_address": "h", "master_port": 1, "world_size": 2}},
            {"kind": "request", "method": "GET", "path": "/pause_generation", "body": None}]
-    found = [r["problems"] for r in sglang_check(sglang_python, bad)]
+    found = [r["problems"] for r in contract.check(bad)]
     assert all(found), found
     assert "max_tokens" in " ".join(found[0])
     assert "weight_version" in " ".join(found[1])
@@ -147,7 +191,7 @@ async def exchange(session: aiohttp.ClientSession, method: str, url: str, path: 
                 "text": text if parsed is None else ""}
 
 
-async def test_arpo_serve_generate_response_has_sglang_fields(sglang_python, tiny_serve, tiny_model):
+async def test_arpo_serve_generate_response_has_sglang_fields(contract, tiny_serve, tiny_model):
     encoder = PromptEncoder(tiny_model)
     prompt = encoder.encode([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Click."}]}],
                             [(320, 180)])
@@ -157,10 +201,10 @@ async def test_arpo_serve_generate_response_has_sglang_fields(sglang_python, tin
     async with aiohttp.ClientSession() as session:
         answer = await exchange(session, "POST", tiny_serve.url, "/generate", body)
     assert answer["status"] == 200
-    assert problems_of(sglang_check(sglang_python, [answer])) == []
+    assert problems_of(contract.check([answer])) == []
 
 
-async def test_arpo_serve_admin_responses_have_sglang_fields(sglang_python, tiny_serve, tiny_model):
+async def test_arpo_serve_admin_responses_have_sglang_fields(contract, tiny_serve, tiny_model):
     async with aiohttp.ClientSession() as session:
         answers = [
             await exchange(session, "GET", tiny_serve.url, "/health"),
@@ -180,12 +224,12 @@ async def test_arpo_serve_admin_responses_have_sglang_fields(sglang_python, tiny
         ]
     statuses = [a["status"] for a in answers]
     assert statuses == [200, 200, 400, 400, 200, 200, 200, 400, 200, 200, 200], statuses
-    assert problems_of(sglang_check(sglang_python, answers)) == []
+    assert problems_of(contract.check(answers)) == []
 
 
-async def test_arpo_serve_info_responses_have_sglang_fields(sglang_python, tiny_serve):
+async def test_arpo_serve_info_responses_have_sglang_fields(contract, tiny_serve):
     async with aiohttp.ClientSession() as session:
         answers = [await exchange(session, "GET", tiny_serve.url, "/get_server_info"),
                    await exchange(session, "GET", tiny_serve.url, "/get_model_info")]
     assert [a["status"] for a in answers] == [200, 200]
-    assert problems_of(sglang_check(sglang_python, answers)) == []
+    assert problems_of(contract.check(answers)) == []
