@@ -104,17 +104,3 @@ def test_at_least_12_solutions_act_in_at_least_3_domains_that_had_none_acting():
     acting = [s for s in load_solutions().values() if s.steps[-1] != {"call_user": True}]
     new = [s for s in acting if s.domain not in ACTING_DOMAINS_BEFORE]
     assert len(new) >= 12 and len({s.domain for s in new}) >= 3, sorted((s.domain, s.task_id[:8]) for s in new)
-
-
-def test_the_bench_takes_a_files_mirror_into_the_run_config_and_refuses_one_that_is_not_a_folder(tmp_path, capsys):
-    from arpo_async.config import load_config
-    from bench.osworld_solutions import main, mirror_overrides
-
-    mirror = tmp_path / "mirror with 'quotes' \" and spaces"
-    mirror.mkdir()
-    assert load_config(None, mirror_overrides(mirror)).learner.osworld_files == str(mirror.resolve())
-    assert mirror_overrides(None) == []
-    with pytest.raises(SystemExit) as exc:
-        main([str(tmp_path), "--osworld-files", str(tmp_path / "absent")])
-    assert exc.value.code == 2
-    assert f"--osworld-files {tmp_path / 'absent'} is not a folder" in capsys.readouterr().err
