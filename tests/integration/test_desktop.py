@@ -300,7 +300,9 @@ async def test_controller_api_shapes(fleet):
     assert not await c.activate_window("No Such Window")
 
 
-async def test_setup_errors_are_task_setup_errors(fleet):
+async def test_setup_errors_are_task_setup_errors(fleet, monkeypatch):
+    # the window step's deadline (a minute: apps that start slowly) shortened: the error at its end is what counts
+    monkeypatch.setattr("actors.osworld.setup.WINDOW_WAIT_S", 2.0)
     c = (await fleet.start()).controller
     with pytest.raises(TaskSetupError, match="unknown type 'teleport'"):
         await run_setup(c, [{"type": "teleport", "parameters": {"settings_file": "x"}}])
