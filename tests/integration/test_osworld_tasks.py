@@ -98,7 +98,7 @@ async def test_until_is_any_one_condition(fleet):
     assert (await c.execute("test -e /tmp/arpo-until", shell=True))["returncode"] == 0
 
 
-async def test_missing_app_and_late_window(fleet):
+async def test_missing_app_and_late_window(fleet, monkeypatch):
     """Launching a program the image lacks is a setup error of kind app_missing (the desktop is fine);
     activate_window waits for a window that appears only after the step starts."""
     c = (await fleet.start()).controller
@@ -108,6 +108,7 @@ async def test_missing_app_and_late_window(fleet):
     await run_setup(c, [
         {"type": "launch", "parameters": {"command": "sleep 1; exec xterm -T 'Late Window'", "shell": True}},
         {"type": "activate_window", "parameters": {"window_name": "Late Window"}}])
+    monkeypatch.setattr("actors.osworld.setup.WINDOW_WAIT_S", 3.0)  # the wait for a window never there, shortened
     with pytest.raises(TaskSetupError, match="no visible window") as err:
         await run_setup(c, [{"type": "close_window", "parameters": {"window_name": "Never There"}}])
     assert err.value.kind == "setup_failed"
